@@ -1,0 +1,67 @@
+//! The ports through which `brain` reaches the event log and the tools. `session` and
+//! `hands` implement them; tests of the loops use in-memory fakes.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::event::Event;
+use crate::id::ExecutionId;
+use crate::message::ToolCall;
+
+/// The event log failed to record an event. Fatal for the execution: a run that cannot
+/// be recorded cannot be explained or resumed, so it stops.
+#[derive(Debug, thiserror::Error)]
+#[error("event log: {0}")]
+pub struct SinkError(pub String);
+
+/// Where an execution's events go. An append returns once the event is durable.
+#[async_trait]
+pub trait EventSink: Send + Sync {
+    /// Records `event` as the next event of `execution` and returns its sequence number.
+    async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError>;
+}
+
+/// A tool as the model sees it: name, description and JSON Schema of its arguments.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolDefinition {
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+}
+
+/// What a tool call produced, for the model. `is_error` covers everything the model
+/// should see and react to: bad arguments, a path outside the workspace, a non-zero exit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub content: String,
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    pub fn ok(content: impl Into<String>) -> Self {
+        Self { content: content.into(), is_error: false }
+    }
+
+    pub fn error(content: impl Into<String>) -> Self {
+        Self { content: content.into(), is_error: true }
+    }
+}
+
+/// A failure of the tool machinery itself (the sandbox is gone), not of the tool call.
+/// Fatal for the execution; model-visible failures are [`ToolOutput::error`] instead.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// The sandbox cannot run anything any more. Not retryable within this execution.
+    #[error("sandbox unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Runs the agent's tool calls.
+#[async_trait]
+pub trait ToolExecutor: Send + Sync {
+    /// The tools offered to the model.
+    fn definitions(&self) -> Vec<ToolDefinition>;
+
+    /// Runs one call. Unknown tools and malformed arguments are `Ok` with `is_error`.
+    async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError>;
+}
