@@ -1,2 +1,78 @@
-//! placeholder
-fn main() {}
+//! The `nerve` binary: parses the command line into a validated configuration, wires the
+//! concrete parts (SQLite log, Docker sandbox, provider) and reports the outcome.
+//!
+//! Exit codes: 0 when the execution completed (or an inspection succeeded), 1 for any
+//! other termination or a failed `verify`, 2 for usage and configuration errors (one line
+//! on stderr, nothing written to the log), 130 when aborted by a second Ctrl-C.
+
+mod args;
+mod config;
+mod inspect;
+mod output;
+mod progress;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::args::{Cli, Command};
+
+/// An error that ends the process with a given exit code and one line on stderr.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    /// A usage or configuration error: exit 2.
+    pub(crate) fn usage(message: impl std::fmt::Display) -> Self {
+        Self { code: 2, message: message.to_string() }
+    }
+
+    /// A runtime failure after the execution started: exit 1.
+    pub(crate) fn runtime(message: impl std::fmt::Display) -> Self {
+        Self { code: 1, message: message.to_string() }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => return report(&Failure::runtime(format!("cannot start the async runtime: {error}"))),
+    };
+    let outcome = runtime.block_on(dispatch(cli));
+    // Do not wait for stray blocking tasks (a hung Docker call) at exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => report(&failure),
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<u8, Failure> {
+    let db = cli.db_path()?;
+    match cli.command {
+        Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
+        Command::Replay { id, json } => inspect::replay(&db, &id, json),
+        Command::List { json } => inspect::list(&db, json),
+        Command::Show { id, json } => inspect::show(&db, &id, json),
+        Command::Events { id, json } => inspect::events(&db, &id, json),
+        Command::Verify { id } => inspect::verify(&db, &id),
+    }
+}
+
+fn report(failure: &Failure) -> ExitCode {
+    output::error_line(&format!("nerve: {}", failure.message));
+    ExitCode::from(failure.code)
+}
+
+/// Logs go to stderr, filtered by `NERVE_LOG` (default: warnings).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NERVE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

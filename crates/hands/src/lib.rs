@@ -1,1 +1,36 @@
-//! placeholder
+//! Nerve's hands: the agent's tools, run inside a hardened, per-execution Docker sandbox
+//! managed through bollard. Nothing here knows about the model or the event log; `brain`
+//! reaches the tools through [`nerve_core::ToolExecutor`].
+
+mod image;
+mod sandbox;
+mod tools;
+
+pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
+pub use sandbox::{ExecOutput, Sandbox, SandboxConfig, connect_docker, reap_orphans};
+pub use tools::SandboxTools;
+
+/// Errors of the sandbox layer. None is shown to the model: a model-visible tool failure
+/// is a [`nerve_core::ToolOutput::error`], not one of these.
+#[derive(Debug, thiserror::Error)]
+pub enum HandsError {
+    /// No Docker engine answered on the local socket. Returned by [`connect_docker`];
+    /// retryable once an engine runs.
+    #[error("cannot reach the Docker engine ({0}); is dockerd running and is /var/run/docker.sock accessible?")]
+    DockerUnavailable(String),
+    /// The sandbox image is missing. Returned by [`Sandbox::start`]; not retryable until
+    /// the image is built (`cargo xtask image`).
+    #[error("sandbox image `{0}` not found; build it with `cargo xtask image` (or pass --image)")]
+    ImageMissing(String),
+    /// Building the default image failed (no static busybox on the host, a bad tarball).
+    /// Returned by [`build_default_image`].
+    #[error("cannot build the sandbox image: {0}")]
+    ImageBuild(String),
+    /// The workspace directory is missing or not a directory. Returned by [`Sandbox::start`].
+    #[error("workspace {0}")]
+    Workspace(String),
+    /// The Docker engine refused or failed an operation on the container. Returned by
+    /// every container operation; the sandbox should be considered lost.
+    #[error("docker: {0}")]
+    Docker(#[from] bollard::errors::Error),
+}

@@ -1,0 +1,139 @@
+//! The read-only commands: `replay`, `list`, `show`, `events`, `verify`. They open the log
+//! read-only, so they never block a run that is writing it.
+
+use std::path::Path;
+
+use nerve_core::ExecutionId;
+use nerve_session::{Replay, Store, StoredEvent};
+
+use crate::Failure;
+use crate::output;
+
+fn open(db: &Path) -> Result<Store, Failure> {
+    if !db.exists() {
+        return Err(Failure::usage(format!("no event log at {} (run `nerve run` first, or pass --db)", db.display())));
+    }
+    Store::open_read_only(db).map_err(Failure::usage)
+}
+
+fn load(db: &Path, id: &str) -> Result<(Store, ExecutionId, Vec<StoredEvent>), Failure> {
+    let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
+    let store = open(db)?;
+    let events = store.events(&execution).map_err(Failure::usage)?;
+    Ok((store, execution, events))
+}
+
+pub(crate) fn replay_json(replayed: &Replay) -> serde_json::Value {
+    serde_json::json!({
+        "execution_id": replayed.execution_id,
+        "completeness": replayed.completeness(),
+        "complete": replayed.complete,
+        "total_turns": replayed.total_turns,
+        "termination_reason": replayed.termination_reason,
+        "task_status": replayed.task_status,
+        "task": replayed.started.as_ref().map(|s| s.task.clone()),
+        "messages": replayed.messages.len(),
+        "input_tokens": replayed.usage.input_tokens,
+        "output_tokens": replayed.usage.output_tokens,
+        "cost_usd": replayed.cost.as_usd(),
+        "error": replayed.error,
+        "gaps": replayed.gaps,
+        "malformed_events": replayed.malformed_events,
+        "duplicate_turns": replayed.duplicate_turns,
+        "events": replayed.events,
+    })
+}
+
+pub(crate) fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+    let (_, execution, events) = load(db, id)?;
+    let replayed = nerve_session::replay(&execution.to_string(), &events);
+    if json {
+        output::json(&replay_json(&replayed));
+    } else {
+        output::line(&format!("execution  {}", replayed.execution_id));
+        if let Some(started) = &replayed.started {
+            output::line(&format!("task       {}", started.task.lines().next().unwrap_or_default()));
+        }
+        output::line(&format!(
+            "ended      {}",
+            replayed.termination_reason.map_or_else(|| "never (crashed or still running)".to_owned(), |r| r.to_string())
+        ));
+        output::line(&format!("turns      {}", replayed.total_turns));
+        output::line(&format!("messages   {}", replayed.messages.len()));
+        output::line(&format!("cost       {}", replayed.cost));
+        output::line(&format!(
+            "complete   {:.2}{}",
+            replayed.completeness(),
+            if replayed.complete { "" } else { " (incomplete)" }
+        ));
+        for gap in &replayed.gaps {
+            output::line(&format!("gap        {}", gap.detail));
+        }
+    }
+    Ok(0)
+}
+
+pub(crate) fn list(db: &Path, json: bool) -> Result<u8, Failure> {
+    let executions = open(db)?.executions().map_err(Failure::usage)?;
+    if json {
+        output::json(&serde_json::json!(executions));
+    } else {
+        for e in executions {
+            output::line(&format!(
+                "{}  {}  {:<16}  {}",
+                e.execution_id,
+                e.started_at,
+                e.termination_reason.as_deref().unwrap_or("(unfinished)"),
+                e.task.as_deref().and_then(|t| t.lines().next()).unwrap_or_default()
+            ));
+        }
+    }
+    Ok(0)
+}
+
+pub(crate) fn show(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+    replay(db, id, json)
+}
+
+pub(crate) fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+    let (_, _, events) = load(db, id)?;
+    if json {
+        let list: Vec<serde_json::Value> = events
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "seq": e.seq,
+                    "ts": e.ts,
+                    "kind": e.kind,
+                    "payload": serde_json::from_str::<serde_json::Value>(&e.payload).unwrap_or(serde_json::Value::Null),
+                })
+            })
+            .collect();
+        output::json(&serde_json::Value::Array(list));
+    } else {
+        for e in &events {
+            let mut payload = e.payload.clone();
+            if payload.len() > 160 {
+                let cut = (0..=157).rev().find(|&i| payload.is_char_boundary(i)).unwrap_or(0);
+                payload.truncate(cut);
+                payload.push_str("...");
+            }
+            output::line(&format!("{:>5}  {}  {:<18}  {payload}", e.seq, e.ts, e.kind));
+        }
+    }
+    Ok(0)
+}
+
+pub(crate) fn verify(db: &Path, id: &str) -> Result<u8, Failure> {
+    let (store, execution, _) = load(db, id)?;
+    match store.verify(&execution).map_err(Failure::usage)? {
+        Ok(count) => {
+            output::line(&format!("ok: {count} events, hash chain intact"));
+            Ok(0)
+        }
+        Err(broken) => {
+            output::error_line(&format!("nerve: {broken}"));
+            Ok(1)
+        }
+    }
+}
