@@ -10,6 +10,7 @@ mod config;
 mod inspect;
 mod output;
 mod progress;
+mod provider;
 mod run;
 
 use std::process::ExitCode;

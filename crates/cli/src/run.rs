@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nerve_brain::{AgentEngine, EngineConfig, ExecutionResult, Provider, ScriptedProvider, Task};
+use nerve_brain::{AgentEngine, EngineConfig, ExecutionResult, Provider, Task};
 use nerve_core::{Complexity, EventSink, ExecutionId, LoopType, MicroUsd, Redactor, TaskId, TaskStatus};
 use nerve_hands::{DEFAULT_IMAGE, ImageSource, Sandbox, SandboxConfig, SandboxTools};
 use nerve_session::SqliteSink;
@@ -25,7 +25,7 @@ pub(crate) async fn run(args: RunArgs, db: &Path, config_path: Option<&Path>) ->
     let config = Config::load(config_path)?;
     let workspace = validate_workspace(&args.workspace)?;
     let description = read_task(&args)?;
-    let provider = build_provider(&args.provider, args.model.as_deref())?;
+    let provider = crate::provider::build(&args.provider, args.model.as_deref())?;
     let budget_cost = args
         .budget_usd
         .map(|usd| MicroUsd::from_usd(usd).ok_or_else(|| Failure::usage(format!("--budget-usd {usd} is not a dollar amount"))))
@@ -156,22 +156,6 @@ fn read_task(args: &RunArgs) -> Result<String, Failure> {
         return Err(Failure::usage("the task is empty"));
     }
     Ok(text)
-}
-
-fn build_provider(spec: &str, model: Option<&str>) -> Result<Arc<dyn Provider>, Failure> {
-    if let Some(path) = spec.strip_prefix("script:") {
-        if path.is_empty() {
-            return Err(Failure::usage("--provider script: needs a cassette path, e.g. script:demo.jsonl"));
-        }
-        let _ = model;
-        return Ok(Arc::new(ScriptedProvider::from_file(Path::new(path)).map_err(Failure::usage)?));
-    }
-    match spec {
-        "openai" | "anthropic" => Err(Failure::usage(format!(
-            "provider `{spec}` is not wired into this build yet; use --provider script:FILE"
-        ))),
-        other => Err(Failure::usage(format!("unknown provider `{other}` (expected script:PATH, openai or anthropic)"))),
-    }
 }
 
 fn build_redactor() -> Result<Redactor, Failure> {
