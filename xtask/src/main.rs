@@ -1,2 +1,275 @@
-//! placeholder
-fn main() {}
+//! `cargo xtask`: every piece of project automation, in Rust rather than shell.
+//!
+//! - `ci`            what `.ci/run` runs: prerequisites, fmt, clippy, the whole test suite
+//! - `test-sandbox`  build the sandbox image and run every Docker-dependent test
+//! - `image`         (re)build the default sandbox image `nerve-sandbox:latest`
+//! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
+//! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain)
+
+#![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str =
+    "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain]>";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = project_root();
+    std::env::set_current_dir(&root).with_context(|| format!("cannot enter {}", root.display()))?;
+    match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("test-sandbox") => test_sandbox(),
+        Some("image") => image(true),
+        Some("demo") => demo(),
+        Some("bench") => bench(args.get(1).map(String::as_str)),
+        Some(other) => bail!("unknown task `{other}`\n{USAGE}"),
+        None => bail!("{USAGE}"),
+    }
+}
+
+fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+}
+
+fn run(command: &mut Command) -> Result<()> {
+    eprintln!("$ {}", describe(command));
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {}", describe(command)))?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", describe(command));
+    }
+    Ok(())
+}
+
+fn describe(command: &Command) -> String {
+    std::iter::once(command.get_program().to_string_lossy().into_owned())
+        .chain(command.get_args().map(|a| a.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn ci() -> Result<()> {
+    ensure_prerequisites()?;
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    image(false)?;
+    // Docker tests must run here: a missing engine is a failure, never a skip.
+    run(cargo()
+        .args(["test", "--workspace"])
+        .env("NERVE_REQUIRE_DOCKER", "1"))
+}
+
+fn test_sandbox() -> Result<()> {
+    ensure_prerequisites()?;
+    image(false)?;
+    run(cargo()
+        .args([
+            "test",
+            "-p",
+            "nerve-hands",
+            "-p",
+            "nerve-executor",
+            "-p",
+            "nerve-tests",
+        ])
+        .env("NERVE_REQUIRE_DOCKER", "1"))
+}
+
+/// Builds the default sandbox image; with `force`, even when it exists.
+fn image(force: bool) -> Result<()> {
+    ensure_prerequisites()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let docker = nerve_hands::connect_docker().await?;
+        if force || !nerve_hands::image_exists(&docker, nerve_hands::DEFAULT_IMAGE).await? {
+            eprintln!("building {}", nerve_hands::DEFAULT_IMAGE);
+            nerve_hands::build_default_image(
+                &docker,
+                &nerve_hands::ImageSource::default(),
+                nerve_hands::DEFAULT_IMAGE,
+            )
+            .await?;
+        }
+        Ok::<(), anyhow::Error>(())
+    })
+}
+
+fn demo() -> Result<()> {
+    ensure_prerequisites()?;
+    image(false)?;
+    run(cargo().args(["build", "--quiet", "--package", "nerve-cli"]))?;
+    let demo = Path::new("target").join("demo");
+    let workspace = demo.join("workspace");
+    if workspace.exists() {
+        std::fs::remove_dir_all(&workspace)
+            .with_context(|| format!("cannot clear {}", workspace.display()))?;
+    }
+    copy_dir(Path::new("examples/demo/workspace"), &workspace)?;
+    let db = demo.join("nerve.db");
+    let nerve = Path::new("target").join("debug").join("nerve");
+    let output = Command::new(&nerve)
+        .args(["--db"])
+        .arg(&db)
+        .args(["run", "--workspace"])
+        .arg(&workspace)
+        .args([
+            "--task-file",
+            "examples/demo/task.txt",
+            "--provider",
+            "script:examples/demo/cassette.jsonl",
+            "--json",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run nerve")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    print!("{stdout}");
+    let last = stdout.lines().last().unwrap_or_default();
+    let id = last
+        .split("\"execution_id\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .context("nerve run printed no execution id")?
+        .to_owned();
+    if !output.status.success() {
+        bail!("the demo run did not complete ({})", output.status);
+    }
+    println!("\nworkspace after the run ({}):", workspace.display());
+    println!("{}", std::fs::read_to_string(workspace.join("greet.sh"))?);
+    println!("replay of {id}:");
+    run(Command::new(&nerve)
+        .arg("--db")
+        .arg(&db)
+        .args(["replay", &id]))
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in
+        std::fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))?
+    {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+fn bench(area: Option<&str>) -> Result<()> {
+    let packages: &[&str] = match area {
+        None => &["nerve-core", "nerve-session", "nerve-brain"],
+        Some("core") => &["nerve-core"],
+        Some("session") => &["nerve-session"],
+        Some("brain") => &["nerve-brain"],
+        Some(other) => bail!("unknown bench area `{other}`\n{USAGE}"),
+    };
+    for package in packages {
+        run(cargo().args(["bench", "--package", package]))?;
+    }
+    Ok(())
+}
+
+/// Debian's static busybox (for the sandbox image) and a running Docker engine. Installed
+/// or started when missing and we are root; otherwise a clear explanation.
+fn ensure_prerequisites() -> Result<()> {
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let busybox_ok = Command::new("dpkg")
+        .args(["-s", "busybox-static"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !busybox_ok {
+        if !is_root {
+            bail!(
+                "the sandbox image needs Debian's busybox-static: sudo apt-get install busybox-static"
+            );
+        }
+        apt_install(&["busybox-static"])?;
+    }
+    if docker_answers() {
+        return Ok(());
+    }
+    if !is_root {
+        bail!(
+            "no Docker engine answers on /var/run/docker.sock: start dockerd (or add yourself to the docker group)"
+        );
+    }
+    if Command::new("sh")
+        .args(["-c", "command -v dockerd"])
+        .output()
+        .is_ok_and(|o| !o.status.success())
+    {
+        apt_install(&["docker.io"])?;
+    }
+    start_dockerd()
+}
+
+fn apt_install(packages: &[&str]) -> Result<()> {
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(packages)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn docker_answers() -> bool {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(_) => return false,
+    };
+    runtime.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), nerve_hands::connect_docker())
+            .await
+            .is_ok_and(|r| r.is_ok())
+    })
+}
+
+fn start_dockerd() -> Result<()> {
+    eprintln!("starting dockerd (log: target/dockerd.log)");
+    std::fs::create_dir_all("target")?;
+    let log = std::fs::File::create("target/dockerd.log")?;
+    Command::new("dockerd")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .stdin(Stdio::null())
+        .spawn()
+        .context("cannot start dockerd")?;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(90) {
+        if docker_answers() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    bail!("dockerd did not answer within 90 s; see target/dockerd.log")
+}

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nerve_core::event::{
-    CallPurpose, ContextCreated, Finish, MessageAppended, ModelCalled, Retry, Started, TaskTransition,
+    CallPurpose, ContextCreated, Finish, MessageAppended, ModelCalled, Retry, Started,
+    TaskTransition,
 };
 use nerve_core::{
-    CredentialKeyError, Event, EventSink, ExecutionId, LoopType, Message, MicroUsd, SinkError, TaskId,
-    TaskStatus, TerminationReason, TokenUsage, ToolDefinition, ToolExecutor, TransitionError,
-    validate_metadata,
+    CredentialKeyError, Event, EventSink, ExecutionId, LoopType, Message, MicroUsd, SinkError,
+    TaskId, TaskStatus, TerminationReason, TokenUsage, ToolDefinition, ToolExecutor,
+    TransitionError, validate_metadata,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -102,7 +103,10 @@ pub struct AgentEngine {
 
 impl std::fmt::Debug for AgentEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentEngine").field("provider", &self.provider.name()).field("config", &self.config).finish()
+        f.debug_struct("AgentEngine")
+            .field("provider", &self.provider.name())
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -119,7 +123,10 @@ pub(crate) struct Stop {
 
 impl Stop {
     pub(crate) fn new(reason: TerminationReason, error: impl Into<String>) -> Self {
-        Self { reason, error: Some(error.into()) }
+        Self {
+            reason,
+            error: Some(error.into()),
+        }
     }
 }
 
@@ -149,15 +156,21 @@ impl Run {
 
     pub(crate) async fn push_message(&mut self, message: Message) -> Result<(), SinkError> {
         let index = u32::try_from(self.ctx.messages.len()).unwrap_or(u32::MAX);
-        self.record(Event::MessageAppended(MessageAppended { index, message: message.clone() })).await?;
+        self.record(Event::MessageAppended(MessageAppended {
+            index,
+            message: message.clone(),
+        }))
+        .await?;
         self.ctx.messages.push(message);
         Ok(())
     }
 
     async fn transition(&mut self, to: TaskStatus) -> Result<(), Stop> {
         let from = self.ctx.task_status;
-        from.transition(to).map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
-        self.record(Event::TaskTransition(TaskTransition { from, to })).await?;
+        from.transition(to)
+            .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
+        self.record(Event::TaskTransition(TaskTransition { from, to }))
+            .await?;
         self.ctx.task_status = to;
         Ok(())
     }
@@ -165,70 +178,114 @@ impl Run {
     /// The checks made at every turn boundary, in order: cancellation, wall clock, turns.
     pub(crate) fn check_boundary(&self) -> Result<(), Stop> {
         if self.cancel.is_cancelled() {
-            return Err(Stop { reason: TerminationReason::Shutdown, error: None });
+            return Err(Stop {
+                reason: TerminationReason::Shutdown,
+                error: None,
+            });
         }
-        if self.deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-            return Err(Stop::new(TerminationReason::TimedOut, "wall-clock timeout reached"));
+        if self
+            .deadline
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            return Err(Stop::new(
+                TerminationReason::TimedOut,
+                "wall-clock timeout reached",
+            ));
         }
         if self.ctx.turn_count() >= self.config.max_turns {
-            return Err(Stop::new(TerminationReason::MaxTurns, format!("reached the limit of {} turns", self.config.max_turns)));
+            return Err(Stop::new(
+                TerminationReason::MaxTurns,
+                format!("reached the limit of {} turns", self.config.max_turns),
+            ));
         }
         Ok(())
     }
 
     /// Budgets are checked before every model call, retries included.
     fn check_budget(&self) -> Result<(), Stop> {
-        if let Some(limit) = self.config.budget_tokens {
-            if self.ctx.usage.total() >= limit {
-                return Err(Stop::new(
-                    TerminationReason::BudgetExhausted,
-                    format!("token budget exhausted: {} of {limit} tokens used", self.ctx.usage.total()),
-                ));
-            }
+        if let Some(limit) = self.config.budget_tokens
+            && self.ctx.usage.total() >= limit
+        {
+            return Err(Stop::new(
+                TerminationReason::BudgetExhausted,
+                format!(
+                    "token budget exhausted: {} of {limit} tokens used",
+                    self.ctx.usage.total()
+                ),
+            ));
         }
-        if let Some(limit) = self.config.budget_cost {
-            if self.ctx.cost >= limit {
-                return Err(Stop::new(
-                    TerminationReason::BudgetExhausted,
-                    format!("cost budget exhausted: {} of {limit} spent", self.ctx.cost),
-                ));
-            }
+        if let Some(limit) = self.config.budget_cost
+            && self.ctx.cost >= limit
+        {
+            return Err(Stop::new(
+                TerminationReason::BudgetExhausted,
+                format!("cost budget exhausted: {} of {limit} spent", self.ctx.cost),
+            ));
         }
         Ok(())
     }
 
     /// One model call with retries. Usage of every attempt is charged.
-    pub(crate) async fn call_model(&mut self, turn: u32, purpose: CallPurpose) -> Result<ModelResponse, Stop> {
+    pub(crate) async fn call_model(
+        &mut self,
+        turn: u32,
+        purpose: CallPurpose,
+    ) -> Result<ModelResponse, Stop> {
         let mut attempt = 1;
         let mut slept = Duration::ZERO;
         loop {
             self.check_budget()?;
             if self.cancel.is_cancelled() {
-                return Err(Stop { reason: TerminationReason::Shutdown, error: None });
+                return Err(Stop {
+                    reason: TerminationReason::Shutdown,
+                    error: None,
+                });
             }
-            let request = ModelRequest { messages: &self.ctx.messages, tools: &self.tool_definitions, purpose };
+            let request = ModelRequest {
+                messages: &self.ctx.messages,
+                tools: &self.tool_definitions,
+                purpose,
+            };
             let result = self.provider.complete(request).await;
             let (outcome, usage) = match &result {
                 Ok(response) => ("ok", response.usage),
                 Err(error) => (error.kind(), TokenUsage::default()),
             };
-            self.record(Event::ModelCalled(ModelCalled { turn, purpose, outcome: outcome.to_owned(), usage })).await?;
+            self.record(Event::ModelCalled(ModelCalled {
+                turn,
+                purpose,
+                outcome: outcome.to_owned(),
+                usage,
+            }))
+            .await?;
             match result {
                 Ok(response) => {
                     self.ctx.usage += response.usage;
                     self.ctx.cost += self.config.pricing.cost(response.usage);
                     return Ok(response);
                 }
-                Err(ProviderError::Transient { kind, message, retry_after }) => {
+                Err(ProviderError::Transient {
+                    kind,
+                    message,
+                    retry_after,
+                }) => {
                     let delay = self.config.retry.delay(attempt, retry_after);
-                    if attempt >= self.config.retry.max_attempts || slept + delay > self.config.retry.max_total_delay {
+                    if attempt >= self.config.retry.max_attempts
+                        || slept + delay > self.config.retry.max_total_delay
+                    {
                         return Err(Stop::new(
                             TerminationReason::Error,
                             format!("provider failed after {attempt} attempts: {kind}: {message}"),
                         ));
                     }
                     let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-                    self.record(Event::Retry(Retry { turn, attempt, error: kind.to_owned(), delay_ms: millis })).await?;
+                    self.record(Event::Retry(Retry {
+                        turn,
+                        attempt,
+                        error: kind.to_owned(),
+                        delay_ms: millis,
+                    }))
+                    .await?;
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         () = self.cancel.cancelled() => return Err(Stop { reason: TerminationReason::Shutdown, error: None }),
@@ -236,8 +293,13 @@ impl Run {
                     slept += delay;
                     attempt += 1;
                 }
-                Err(error @ (ProviderError::ContextOverflow(_) | ProviderError::Permanent { .. })) => {
-                    return Err(Stop::new(TerminationReason::Error, format!("provider error: {error}")));
+                Err(
+                    error @ (ProviderError::ContextOverflow(_) | ProviderError::Permanent { .. }),
+                ) => {
+                    return Err(Stop::new(
+                        TerminationReason::Error,
+                        format!("provider error: {error}"),
+                    ));
                 }
             }
         }
@@ -254,9 +316,10 @@ impl AgentEngine {
         cancel: CancellationToken,
     ) -> Result<ExecutionResult, EngineError> {
         validate_metadata(&task.metadata)?;
-        let status = match task.status {
-            TaskStatus::Created => TaskStatus::Created.transition(TaskStatus::Assigned)?,
-            other => other,
+        let status = if task.status == TaskStatus::Created {
+            TaskStatus::Created.transition(TaskStatus::Assigned)?
+        } else {
+            task.status
         };
         status.transition(TaskStatus::InProgress)?;
         if self.config.budget_tokens == Some(0) || self.config.budget_cost == Some(MicroUsd::ZERO) {
@@ -307,11 +370,16 @@ impl AgentEngine {
         }
         run.record(Event::ContextCreated(ContextCreated {
             context_window: self.config.context_window,
-            tools: run.tool_definitions.iter().map(|d| d.name.clone()).collect(),
+            tools: run
+                .tool_definitions
+                .iter()
+                .map(|d| d.name.clone())
+                .collect(),
         }))
         .await?;
         run.push_message(Message::system(SYSTEM_PROMPT)).await?;
-        run.push_message(Message::user(task.description.clone()).pinned()).await?;
+        run.push_message(Message::user(task.description.clone()).pinned())
+            .await?;
         run.transition(TaskStatus::InProgress).await?;
         Ok(())
     }
@@ -319,7 +387,9 @@ impl AgentEngine {
     async fn drive(&self, run: &mut Run) -> Stop {
         match self.config.loop_type {
             // The plan loops arrive with the engine issue; until then every loop is react.
-            LoopType::React | LoopType::PlanExecute | LoopType::Hybrid | LoopType::Auto => react::run(run).await,
+            LoopType::React | LoopType::PlanExecute | LoopType::Hybrid | LoopType::Auto => {
+                react::run(run).await
+            }
         }
     }
 }
@@ -337,12 +407,11 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
         | TerminationReason::Parked => None,
     };
     let mut error = outcome.error;
-    if let Some(to) = target {
-        if run.ctx.task_status.can_transition_to(to) {
-            if let Err(stop) = run.transition(to).await {
-                error.get_or_insert(stop.error.unwrap_or_default());
-            }
-        }
+    if let Some(to) = target
+        && run.ctx.task_status.can_transition_to(to)
+        && let Err(stop) = run.transition(to).await
+    {
+        error.get_or_insert(stop.error.unwrap_or_default());
     }
     if outcome.reason == TerminationReason::Error && error.is_none() {
         error = Some("unknown error".into());
@@ -359,5 +428,9 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
         tracing::error!(%sink_error, "could not record the finish event");
         error.get_or_insert_with(|| sink_error.to_string());
     }
-    ExecutionResult { context: run.ctx, termination_reason: outcome.reason, error }
+    ExecutionResult {
+        context: run.ctx,
+        termination_reason: outcome.reason,
+        error,
+    }
 }

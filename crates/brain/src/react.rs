@@ -56,21 +56,33 @@ async fn turn(run: &mut Run) -> Result<Option<Stop>, Stop> {
                 run.push_message(Message::user("Your answer was cut off by the output limit. Continue exactly where you stopped.")).await?;
                 None
             }
-            FinishReason::Stop | FinishReason::ToolCalls => Some(Stop { reason: TerminationReason::Completed, error: None }),
+            FinishReason::Stop | FinishReason::ToolCalls => Some(Stop {
+                reason: TerminationReason::Completed,
+                error: None,
+            }),
         });
     }
     Ok(None)
 }
 
 async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<(), Stop> {
-    run.record(Event::ToolCallStarted(ToolCallStarted { turn, call: call.clone() })).await?;
+    run.record(Event::ToolCallStarted(ToolCallStarted {
+        turn,
+        call: call.clone(),
+    }))
+    .await?;
     let started = Instant::now();
     let output = run
         .tools
         .execute(call)
         .await
         .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
-    let result = ToolResult { call_id: call.id.clone(), name: call.name.clone(), content: output.content, is_error: output.is_error };
+    let result = ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: output.content,
+        is_error: output.is_error,
+    };
     run.record(Event::ToolCallFinished(ToolCallFinished {
         turn,
         result: result.clone(),

@@ -7,7 +7,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::Failure;
 
 #[derive(Debug, Parser)]
-#[command(name = "nerve", version, about = "Run an LLM agent in a hardened sandbox, with a log you can replay and resume.")]
+#[command(
+    name = "nerve",
+    version,
+    about = "Run an LLM agent in a hardened sandbox, with a log you can replay and resume."
+)]
 pub(crate) struct Cli {
     /// The SQLite event log (default: $XDG_STATE_HOME/nerve/nerve.db).
     #[arg(long, global = true, env = "NERVE_DB", value_name = "PATH")]
@@ -27,8 +31,12 @@ impl Cli {
         let state = std::env::var_os("XDG_STATE_HOME")
             .map(PathBuf::from)
             .filter(|p| p.is_absolute())
-            .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".local").join("state")))
-            .ok_or_else(|| Failure::usage("cannot locate a state directory: set --db, NERVE_DB or HOME"))?;
+            .or_else(|| {
+                std::env::var_os("HOME").map(|home| Path::new(&home).join(".local").join("state"))
+            })
+            .ok_or_else(|| {
+                Failure::usage("cannot locate a state directory: set --db, NERVE_DB or HOME")
+            })?;
         Ok(state.join("nerve").join("nerve.db"))
     }
 }

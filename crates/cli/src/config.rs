@@ -26,12 +26,18 @@ pub(crate) struct SandboxSection {
 impl Config {
     /// Reads `path`, or the defaults when no file was named.
     pub(crate) fn load(path: Option<&Path>) -> Result<Self, Failure> {
-        let Some(path) = path else { return Ok(Self::default()) };
+        let Some(path) = path else {
+            return Ok(Self::default());
+        };
         let text = std::fs::read_to_string(path)
             .map_err(|e| Failure::usage(format!("cannot read config {}: {e}", path.display())))?;
         toml::from_str(&text).map_err(|e| {
             let first = e.to_string().lines().next().unwrap_or_default().to_owned();
-            Failure::usage(format!("invalid config {}: {first} ({})", path.display(), e.message()))
+            Failure::usage(format!(
+                "invalid config {}: {first} ({})",
+                path.display(),
+                e.message()
+            ))
         })
     }
 }

@@ -11,7 +11,10 @@ use crate::output;
 
 fn open(db: &Path) -> Result<Store, Failure> {
     if !db.exists() {
-        return Err(Failure::usage(format!("no event log at {} (run `nerve run` first, or pass --db)", db.display())));
+        return Err(Failure::usage(format!(
+            "no event log at {} (run `nerve run` first, or pass --db)",
+            db.display()
+        )));
     }
     Store::open_read_only(db).map_err(Failure::usage)
 }
@@ -52,11 +55,17 @@ pub(crate) fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
     } else {
         output::line(&format!("execution  {}", replayed.execution_id));
         if let Some(started) = &replayed.started {
-            output::line(&format!("task       {}", started.task.lines().next().unwrap_or_default()));
+            output::line(&format!(
+                "task       {}",
+                started.task.lines().next().unwrap_or_default()
+            ));
         }
         output::line(&format!(
             "ended      {}",
-            replayed.termination_reason.map_or_else(|| "never (crashed or still running)".to_owned(), |r| r.to_string())
+            replayed.termination_reason.map_or_else(
+                || "never (crashed or still running)".to_owned(),
+                |r| r.to_string()
+            )
         ));
         output::line(&format!("turns      {}", replayed.total_turns));
         output::line(&format!("messages   {}", replayed.messages.len()));
@@ -64,7 +73,11 @@ pub(crate) fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
         output::line(&format!(
             "complete   {:.2}{}",
             replayed.completeness(),
-            if replayed.complete { "" } else { " (incomplete)" }
+            if replayed.complete {
+                ""
+            } else {
+                " (incomplete)"
+            }
         ));
         for gap in &replayed.gaps {
             output::line(&format!("gap        {}", gap.detail));
@@ -84,7 +97,10 @@ pub(crate) fn list(db: &Path, json: bool) -> Result<u8, Failure> {
                 e.execution_id,
                 e.started_at,
                 e.termination_reason.as_deref().unwrap_or("(unfinished)"),
-                e.task.as_deref().and_then(|t| t.lines().next()).unwrap_or_default()
+                e.task
+                    .as_deref()
+                    .and_then(|t| t.lines().next())
+                    .unwrap_or_default()
             ));
         }
     }
@@ -114,11 +130,17 @@ pub(crate) fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
         for e in &events {
             let mut payload = e.payload.clone();
             if payload.len() > 160 {
-                let cut = (0..=157).rev().find(|&i| payload.is_char_boundary(i)).unwrap_or(0);
+                let cut = (0..=157)
+                    .rev()
+                    .find(|&i| payload.is_char_boundary(i))
+                    .unwrap_or(0);
                 payload.truncate(cut);
                 payload.push_str("...");
             }
-            output::line(&format!("{:>5}  {}  {:<18}  {payload}", e.seq, e.ts, e.kind));
+            output::line(&format!(
+                "{:>5}  {}  {:<18}  {payload}",
+                e.seq, e.ts, e.kind
+            ));
         }
     }
     Ok(0)

@@ -29,21 +29,34 @@ pub(crate) struct Failure {
 impl Failure {
     /// A usage or configuration error: exit 2.
     pub(crate) fn usage(message: impl std::fmt::Display) -> Self {
-        Self { code: 2, message: message.to_string() }
+        Self {
+            code: 2,
+            message: message.to_string(),
+        }
     }
 
     /// A runtime failure after the execution started: exit 1.
     pub(crate) fn runtime(message: impl std::fmt::Display) -> Self {
-        Self { code: 1, message: message.to_string() }
+        Self {
+            code: 1,
+            message: message.to_string(),
+        }
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
-        Err(error) => return report(&Failure::runtime(format!("cannot start the async runtime: {error}"))),
+        Err(error) => {
+            return report(&Failure::runtime(format!(
+                "cannot start the async runtime: {error}"
+            )));
+        }
     };
     let outcome = runtime.block_on(dispatch(cli));
     // Do not wait for stray blocking tasks (a hung Docker call) at exit.
@@ -75,5 +88,8 @@ fn report(failure: &Failure) -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("NERVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

@@ -24,20 +24,30 @@ fn describe(event: &Event) -> Option<String> {
         Event::ToolCallStarted(started) => {
             let mut args = started.call.arguments.to_string();
             if args.len() > 120 {
-                let cut = (0..=117).rev().find(|&i| args.is_char_boundary(i)).unwrap_or(0);
+                let cut = (0..=117)
+                    .rev()
+                    .find(|&i| args.is_char_boundary(i))
+                    .unwrap_or(0);
                 args.truncate(cut);
                 args.push_str("...");
             }
-            Some(format!("  turn {} -> {} {args}", started.turn, started.call.name))
+            Some(format!(
+                "  turn {} -> {} {args}",
+                started.turn, started.call.name
+            ))
         }
-        Event::ToolCallFinished(finished) if finished.result.is_error => {
-            Some(format!("  turn {} <- {} failed", finished.turn, finished.result.name))
-        }
+        Event::ToolCallFinished(finished) if finished.result.is_error => Some(format!(
+            "  turn {} <- {} failed",
+            finished.turn, finished.result.name
+        )),
         Event::TurnCompleted(turn) => Some(format!(
             "turn {}: {} in / {} out tokens, {} ({})",
             turn.turn, turn.usage.input_tokens, turn.usage.output_tokens, turn.cost, turn.finish
         )),
-        Event::Retry(retry) => Some(format!("  retry {} after {}: waiting {} ms", retry.attempt, retry.error, retry.delay_ms)),
+        Event::Retry(retry) => Some(format!(
+            "  retry {} after {}: waiting {} ms",
+            retry.attempt, retry.error, retry.delay_ms
+        )),
         Event::Started(_)
         | Event::ContextCreated(_)
         | Event::MessageAppended(_)

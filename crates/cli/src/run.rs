@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nerve_brain::{AgentEngine, EngineConfig, ExecutionResult, Provider, Task};
-use nerve_core::{Complexity, EventSink, ExecutionId, LoopType, MicroUsd, Redactor, TaskId, TaskStatus};
+use nerve_core::{
+    Complexity, EventSink, ExecutionId, LoopType, MicroUsd, Redactor, TaskId, TaskStatus,
+};
 use nerve_hands::{DEFAULT_IMAGE, ImageSource, Sandbox, SandboxConfig, SandboxTools};
 use nerve_session::SqliteSink;
 use secrecy::SecretString;
@@ -21,40 +23,84 @@ use crate::progress::ProgressSink;
 /// Environment variables whose values are registered with the redactor when set.
 const PROVIDER_KEY_VARS: &[&str] = &["OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
 
-pub(crate) async fn run(args: RunArgs, db: &Path, config_path: Option<&Path>) -> Result<u8, Failure> {
+pub(crate) async fn run(
+    args: RunArgs,
+    db: &Path,
+    config_path: Option<&Path>,
+) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
     let workspace = validate_workspace(&args.workspace)?;
     let description = read_task(&args)?;
     let provider = crate::provider::build(&args.provider, args.model.as_deref())?;
     let budget_cost = args
         .budget_usd
-        .map(|usd| MicroUsd::from_usd(usd).ok_or_else(|| Failure::usage(format!("--budget-usd {usd} is not a dollar amount"))))
+        .map(|usd| {
+            MicroUsd::from_usd(usd)
+                .ok_or_else(|| Failure::usage(format!("--budget-usd {usd} is not a dollar amount")))
+        })
         .transpose()?;
     let redactor = Arc::new(build_redactor()?);
 
-    let docker = nerve_hands::connect_docker().await.map_err(Failure::usage)?;
+    let docker = nerve_hands::connect_docker()
+        .await
+        .map_err(Failure::usage)?;
     if let Err(error) = nerve_hands::reap_orphans(&docker).await {
         tracing::warn!(%error, "could not reap orphaned sandboxes");
     }
-    let image = args.image.clone().or(config.sandbox.image.clone()).unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
-    if image == DEFAULT_IMAGE && !nerve_hands::image_exists(&docker, &image).await.map_err(Failure::usage)? {
+    let image = args
+        .image
+        .clone()
+        .or(config.sandbox.image.clone())
+        .unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
+    if image == DEFAULT_IMAGE
+        && !nerve_hands::image_exists(&docker, &image)
+            .await
+            .map_err(Failure::usage)?
+    {
         if !args.json {
             output::error_line(&format!("building the sandbox image {image} (once)"));
         }
-        let source = config.sandbox.busybox.clone().map_or_else(ImageSource::default, |busybox| ImageSource { busybox });
-        nerve_hands::build_default_image(&docker, &source, &image).await.map_err(Failure::usage)?;
+        let source = config
+            .sandbox
+            .busybox
+            .clone()
+            .map_or_else(ImageSource::default, |busybox| ImageSource { busybox });
+        nerve_hands::build_default_image(&docker, &source, &image)
+            .await
+            .map_err(Failure::usage)?;
     }
 
     let execution_id = ExecutionId::new();
     let sandbox_config = SandboxConfig::new(image, workspace.clone(), execution_id);
-    let sandbox = Arc::new(Sandbox::start(docker, &sandbox_config).await.map_err(Failure::usage)?);
-    let outcome = run_in_sandbox(&args, db, &workspace, description, provider, budget_cost, redactor, execution_id, &sandbox).await;
+    let sandbox = Arc::new(
+        Sandbox::start(docker, &sandbox_config)
+            .await
+            .map_err(Failure::usage)?,
+    );
+    let outcome = run_in_sandbox(
+        &args,
+        db,
+        &workspace,
+        description,
+        provider,
+        budget_cost,
+        redactor,
+        execution_id,
+        &sandbox,
+    )
+    .await;
     if let Err(error) = sandbox.remove().await {
         tracing::warn!(%error, "could not remove the sandbox; the reaper will at the next start");
     }
     let result = outcome?;
     report(&result, args.json);
-    Ok(if result.termination_reason == nerve_core::TerminationReason::Completed { 0 } else { 1 })
+    Ok(
+        if result.termination_reason == nerve_core::TerminationReason::Completed {
+            0
+        } else {
+            1
+        },
+    )
 }
 
 #[allow(clippy::too_many_arguments)] // One call site; a struct would only rename these.
@@ -118,7 +164,10 @@ async fn run_in_sandbox(
     }
     let cancel = CancellationToken::new();
     let watcher = tokio::spawn(watch_interrupts(cancel.clone()));
-    let result = engine.run(execution_id, task, cancel).await.map_err(Failure::usage);
+    let result = engine
+        .run(execution_id, task, cancel)
+        .await
+        .map_err(Failure::usage);
     watcher.abort();
     result
 }
@@ -137,10 +186,14 @@ async fn watch_interrupts(cancel: CancellationToken) {
 }
 
 fn validate_workspace(path: &Path) -> Result<PathBuf, Failure> {
-    let resolved = std::fs::canonicalize(path)
-        .map_err(|e| Failure::usage(format!("workspace {}: {}", path.display(), describe_io(&e))))?;
+    let resolved = std::fs::canonicalize(path).map_err(|e| {
+        Failure::usage(format!("workspace {}: {}", path.display(), describe_io(&e)))
+    })?;
     if !resolved.is_dir() {
-        return Err(Failure::usage(format!("workspace {} is not a directory", path.display())));
+        return Err(Failure::usage(format!(
+            "workspace {} is not a directory",
+            path.display()
+        )));
     }
     Ok(resolved)
 }
@@ -148,9 +201,14 @@ fn validate_workspace(path: &Path) -> Result<PathBuf, Failure> {
 fn read_task(args: &RunArgs) -> Result<String, Failure> {
     let text = match (&args.task, &args.task_file) {
         (Some(text), _) => text.clone(),
-        (None, Some(file)) => std::fs::read_to_string(file)
-            .map_err(|e| Failure::usage(format!("task file {}: {}", file.display(), describe_io(&e))))?,
-        (None, None) => return Err(Failure::usage("give the task with --task TEXT or --task-file FILE")),
+        (None, Some(file)) => std::fs::read_to_string(file).map_err(|e| {
+            Failure::usage(format!("task file {}: {}", file.display(), describe_io(&e)))
+        })?,
+        (None, None) => {
+            return Err(Failure::usage(
+                "give the task with --task TEXT or --task-file FILE",
+            ));
+        }
     };
     if text.trim().is_empty() {
         return Err(Failure::usage("the task is empty"));
@@ -161,16 +219,25 @@ fn read_task(args: &RunArgs) -> Result<String, Failure> {
 fn build_redactor() -> Result<Redactor, Failure> {
     let secrets: Vec<(&str, SecretString)> = PROVIDER_KEY_VARS
         .iter()
-        .filter_map(|name| std::env::var(name).ok().filter(|v| v.len() >= nerve_core::redact::MIN_SECRET_LEN).map(|v| (*name, SecretString::from(v))))
+        .filter_map(|name| {
+            std::env::var(name)
+                .ok()
+                .filter(|v| v.len() >= nerve_core::redact::MIN_SECRET_LEN)
+                .map(|v| (*name, SecretString::from(v)))
+        })
         .collect();
-    Redactor::with_secrets(secrets.iter().map(|(name, secret)| (*name, secret))).map_err(Failure::usage)
+    Redactor::with_secrets(secrets.iter().map(|(name, secret)| (*name, secret)))
+        .map_err(Failure::usage)
 }
 
 fn describe_io(error: &std::io::Error) -> String {
-    match error.kind() {
-        std::io::ErrorKind::NotFound => "does not exist".to_owned(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
-        _ => error.to_string(),
+    // An if-chain, not a match: io::ErrorKind is non-exhaustive.
+    if error.kind() == std::io::ErrorKind::NotFound {
+        "does not exist".to_owned()
+    } else if error.kind() == std::io::ErrorKind::PermissionDenied {
+        "permission denied".to_owned()
+    } else {
+        error.to_string()
     }
 }
 
@@ -198,7 +265,11 @@ fn report(result: &ExecutionResult, json: bool) {
             ctx.usage.output_tokens,
             ctx.cost,
             ctx.task_status,
-            result.error.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
+            result
+                .error
+                .as_ref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
         ));
     }
 }

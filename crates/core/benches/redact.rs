@@ -19,10 +19,14 @@ fn corpus(with_secrets: bool) -> String {
             i % 60,
             i % 97
         ));
-        text.push_str(&format!("{{\"item\":{i},\"name\":\"widget-{i}\",\"tags\":[\"a\",\"b\"]}}\n"));
+        text.push_str(&format!(
+            "{{\"item\":{i},\"name\":\"widget-{i}\",\"tags\":[\"a\",\"b\"]}}\n"
+        ));
         text.push_str("    fn handle(&self, req: Request) -> Result<Response, Error> { todo_list.push(req) }\n");
-        if with_secrets && i % 50 == 0 {
-            text.push_str("export GITHUB_TOKEN=ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789 canary-0123456789\n");
+        if with_secrets && i.is_multiple_of(50) {
+            text.push_str(
+                "export GITHUB_TOKEN=ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789 canary-0123456789\n",
+            );
         }
         i += 1;
     }
@@ -33,16 +37,29 @@ fn corpus(with_secrets: bool) -> String {
 fn well_known_formats(bencher: Bencher, with_secrets: bool) {
     let text = corpus(with_secrets);
     let redactor = Redactor::new();
-    bencher.counter(BytesCount::of_str(&text)).bench(|| redactor.redact(black_box(&text)).len());
+    bencher
+        .counter(BytesCount::of_str(&text))
+        .bench(|| redactor.redact(black_box(&text)).len());
 }
 
 #[divan::bench(args = [false, true])]
 fn with_registered_secrets(bencher: Bencher, with_secrets: bool) {
     let text = corpus(with_secrets);
     let secrets: Vec<(String, SecretString)> = (0..16)
-        .map(|i| (format!("rule{i}"), SecretString::from(format!("canary-{i:010}"))))
+        .map(|i| {
+            (
+                format!("rule{i}"),
+                SecretString::from(format!("canary-{i:010}")),
+            )
+        })
         .collect();
-    let redactor =
-        Redactor::with_secrets(secrets.iter().map(|(label, secret)| (label.as_str(), secret))).unwrap_or_default();
-    bencher.counter(BytesCount::of_str(&text)).bench(|| redactor.redact(black_box(&text)).len());
+    let redactor = Redactor::with_secrets(
+        secrets
+            .iter()
+            .map(|(label, secret)| (label.as_str(), secret)),
+    )
+    .unwrap_or_default();
+    bencher
+        .counter(BytesCount::of_str(&text))
+        .bench(|| redactor.redact(black_box(&text)).len());
 }

@@ -13,7 +13,8 @@ use crate::redact::Redactor;
 /// in the key (`githubToken`, `DB_PASSWORD`, `x-api-key`).
 static CREDENTIAL_KEY: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // A constant pattern; covered by every test of this module.
-    Regex::new(r"(?i)token|secret|api[_-]?key|password|bearer").expect("valid credential-key pattern")
+    Regex::new(r"(?i)token|secret|api[_-]?key|password|bearer")
+        .expect("valid credential-key pattern")
 });
 
 /// Task metadata holds keys that look like credentials.
@@ -102,7 +103,9 @@ pub const CREDENTIAL_ENV_PATTERNS: &[&str] = &[
 /// Whether an environment variable of this name must not enter a sandbox.
 pub fn is_credential_env_name(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
-    CREDENTIAL_ENV_PATTERNS.iter().any(|pattern| upper.contains(pattern))
+    CREDENTIAL_ENV_PATTERNS
+        .iter()
+        .any(|pattern| upper.contains(pattern))
 }
 
 /// Splits `vars` into what may enter a sandbox and the names that were dropped: names that
@@ -131,7 +134,10 @@ mod tests {
     use super::*;
 
     fn check(metadata: serde_json::Value, expected: &[&str]) {
-        let found = validate_metadata(&metadata).err().map(|e| e.paths).unwrap_or_default();
+        let found = validate_metadata(&metadata)
+            .err()
+            .map(|e| e.paths)
+            .unwrap_or_default();
         assert_eq!(found, expected, "metadata: {metadata}");
     }
 
@@ -140,10 +146,19 @@ mod tests {
         check(json!({"api_key": "x"}), &["api_key"]);
         check(json!({"a": {"b": [{"API-KEY": 1}]}}), &["a.b[0].API-KEY"]);
         check(json!({"description": "my password is hunter2"}), &[]);
-        check(json!([{"x": {"githubToken": null}}]), &["[0].x.githubToken"]);
+        check(
+            json!([{"x": {"githubToken": null}}]),
+            &["[0].x.githubToken"],
+        );
         check(
             json!({"z_secret": 1, "apikey": 2, "nested": {"Bearer": 3, "Password": {"token": 4}}}),
-            &["apikey", "nested.Bearer", "nested.Password", "nested.Password.token", "z_secret"],
+            &[
+                "apikey",
+                "nested.Bearer",
+                "nested.Password",
+                "nested.Password.token",
+                "z_secret",
+            ],
         );
         check(json!({"name": "deploy", "tags": ["token", "secret"]}), &[]);
         check(json!(null), &[]);
@@ -173,7 +188,15 @@ mod tests {
         let (kept, dropped) = filter_sandbox_env(vars, &redactor);
         let kept: Vec<_> = kept.into_iter().map(|(k, _)| k).collect();
         assert_eq!(kept, ["PATH", "LANG"]);
-        assert_eq!(dropped, ["GITHUB_TOKEN", "aws_secret_access_key", "INNOCENT", "OPENAI_API_KEY"]);
+        assert_eq!(
+            dropped,
+            [
+                "GITHUB_TOKEN",
+                "aws_secret_access_key",
+                "INNOCENT",
+                "OPENAI_API_KEY"
+            ]
+        );
     }
 
     /// Keys drawn from an alphabet that cannot spell any credential pattern.
@@ -209,8 +232,11 @@ mod tests {
             Just(serde_json::Value::Null),
             any::<i64>().prop_map(serde_json::Value::from),
             // Values may say anything, credentials included: only keys are checked.
-            prop_oneof![Just("password: hunter2".to_owned()), "[a-z ]{0,12}".prop_map(String::from)]
-                .prop_map(serde_json::Value::from),
+            prop_oneof![
+                Just("password: hunter2".to_owned()),
+                "[a-z ]{0,12}".prop_map(String::from)
+            ]
+            .prop_map(serde_json::Value::from),
         ];
         leaf.prop_recursive(4, 32, 4, |inner| {
             prop_oneof![
@@ -224,7 +250,12 @@ mod tests {
     /// Places `{key: 1}` at the end of `path` inside `doc`, building containers as needed,
     /// and returns the expected reported path.
     fn plant(doc: serde_json::Value, path: &[Step], key: &str) -> (serde_json::Value, String) {
-        fn go(node: serde_json::Value, path: &[Step], key: &str, shown: &mut String) -> serde_json::Value {
+        fn go(
+            node: serde_json::Value,
+            path: &[Step],
+            key: &str,
+            shown: &mut String,
+        ) -> serde_json::Value {
             match path.split_first() {
                 None => {
                     let mut map = match node {

@@ -8,7 +8,9 @@ use uuid::Uuid;
 
 /// Returned when a string is not a valid id.
 #[derive(Debug, thiserror::Error)]
-#[error("`{input}` is not a valid {what} (expected a UUID such as 0192f0c4-7b1e-7c3a-9f00-4a5b6c7d8e9f)")]
+#[error(
+    "`{input}` is not a valid {what} (expected a UUID such as 0192f0c4-7b1e-7c3a-9f00-4a5b6c7d8e9f)"
+)]
 pub struct ParseIdError {
     what: &'static str,
     input: String,

@@ -14,7 +14,9 @@ pub mod redact;
 pub mod task;
 pub mod usage;
 
-pub use credentials::{CredentialKeyError, filter_sandbox_env, is_credential_env_name, validate_metadata};
+pub use credentials::{
+    CredentialKeyError, filter_sandbox_env, is_credential_env_name, validate_metadata,
+};
 pub use event::{Event, EventKind, Finish, ToolCallFinished, ToolCallStarted, TurnCompleted};
 pub use execution::{Complexity, ExecutionStatus, LoopType, TerminationReason};
 pub use id::{BlockId, ExecutionId, TaskId, ToolCallId};

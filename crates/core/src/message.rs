@@ -67,7 +67,11 @@ pub struct Message {
 
 impl Message {
     pub fn text(role: MessageRole, text: impl Into<String>) -> Self {
-        Self { role, parts: vec![MessagePart::Text { text: text.into() }], pinned: false }
+        Self {
+            role,
+            parts: vec![MessagePart::Text { text: text.into() }],
+            pinned: false,
+        }
     }
 
     pub fn system(text: impl Into<String>) -> Self {
@@ -109,6 +113,10 @@ impl Message {
     }
 
     pub fn tool_result(result: ToolResult) -> Self {
-        Self { role: MessageRole::Tool, parts: vec![MessagePart::ToolResult(result)], pinned: false }
+        Self {
+            role: MessageRole::Tool,
+            parts: vec![MessagePart::ToolResult(result)],
+            pinned: false,
+        }
     }
 }

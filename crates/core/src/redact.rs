@@ -15,25 +15,47 @@ pub const MIN_SECRET_LEN: usize = 6;
 /// Well-known token formats, in priority order (an Anthropic key also looks like an OpenAI
 /// key, so it comes first). Group names are the `<kind>` in `[REDACTED:<kind>]`.
 const FORMATS: &[(&str, &str)] = &[
-    ("private_key", r"-----BEGIN[A-Z ]{0,24}PRIVATE KEY-----(?s:.*?-----END[A-Z ]{0,24}PRIVATE KEY-----|.*)"),
+    (
+        "private_key",
+        r"-----BEGIN[A-Z ]{0,24}PRIVATE KEY-----(?s:.*?-----END[A-Z ]{0,24}PRIVATE KEY-----|.*)",
+    ),
     ("anthropic_key", r"(?-u:\b)sk-ant-[A-Za-z0-9_\-]{20,}"),
-    ("openai_key", r"(?-u:\b)sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}"),
-    ("github_token", r"(?-u:\b)(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})"),
-    ("aws_access_key_id", r"(?-u:\b)(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?-u:\b)"),
-    ("slack_token", r"(?-u:\b)(?:xox[abposr]|xapp)-[A-Za-z0-9\-]{10,}"),
-    ("jwt", r"(?-u:\b)eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"),
+    (
+        "openai_key",
+        r"(?-u:\b)sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
+    ),
+    (
+        "github_token",
+        r"(?-u:\b)(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})",
+    ),
+    (
+        "aws_access_key_id",
+        r"(?-u:\b)(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?-u:\b)",
+    ),
+    (
+        "slack_token",
+        r"(?-u:\b)(?:xox[abposr]|xapp)-[A-Za-z0-9\-]{10,}",
+    ),
+    (
+        "jwt",
+        r"(?-u:\b)eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*",
+    ),
 ];
 
 static COMBINED: LazyLock<Regex> = LazyLock::new(|| {
-    let alternation: Vec<String> =
-        FORMATS.iter().map(|(kind, pattern)| format!("(?P<{kind}>{pattern})")).collect();
+    let alternation: Vec<String> = FORMATS
+        .iter()
+        .map(|(kind, pattern)| format!("(?P<{kind}>{pattern})"))
+        .collect();
     #[allow(clippy::expect_used)] // Constant patterns; every redactor test compiles them.
     Regex::new(&alternation.join("|")).expect("valid token-format patterns")
 });
 
 /// A registered secret was too short to redact safely.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("secret `{label}` is shorter than {MIN_SECRET_LEN} characters and cannot be redacted safely")]
+#[error(
+    "secret `{label}` is shorter than {MIN_SECRET_LEN} characters and cannot be redacted safely"
+)]
 pub struct SecretTooShort {
     pub label: String,
 }
@@ -49,7 +71,9 @@ pub struct Redactor {
 impl std::fmt::Debug for Redactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print the patterns: they are the secrets.
-        f.debug_struct("Redactor").field("registered", &self.replacements.len()).finish()
+        f.debug_struct("Redactor")
+            .field("registered", &self.replacements.len())
+            .finish()
     }
 }
 
@@ -62,7 +86,10 @@ impl Default for Redactor {
 impl Redactor {
     /// A redactor for the well-known token formats only.
     pub fn new() -> Self {
-        Self { secrets: None, replacements: Vec::new() }
+        Self {
+            secrets: None,
+            replacements: Vec::new(),
+        }
     }
 
     /// A redactor that also replaces each registered secret value, labelled with its name,
@@ -76,7 +103,9 @@ impl Redactor {
         for (label, secret) in secrets {
             let value = secret.expose_secret();
             if value.chars().count() < MIN_SECRET_LEN {
-                return Err(SecretTooShort { label: label.to_owned() });
+                return Err(SecretTooShort {
+                    label: label.to_owned(),
+                });
             }
             for form in encoded_forms(value) {
                 if !patterns.contains(&form) {
@@ -91,8 +120,13 @@ impl Redactor {
         let automaton = AhoCorasickBuilder::new()
             .match_kind(MatchKind::LeftmostLongest)
             .build(&patterns)
-            .map_err(|_| SecretTooShort { label: "<automaton>".to_owned() })?;
-        Ok(Self { secrets: Some(automaton), replacements })
+            .map_err(|_| SecretTooShort {
+                label: "<automaton>".to_owned(),
+            })?;
+        Ok(Self {
+            secrets: Some(automaton),
+            replacements,
+        })
     }
 
     /// `text` with every secret replaced; borrowed when there was nothing to replace.
@@ -153,9 +187,18 @@ mod tests {
 
     #[test]
     fn well_known_formats() {
-        check("key sk-abcdefghijklmnopqrstuvwxyz012345 end", "key [REDACTED:openai_key] end");
-        check("sk-proj-AbCdEfGhIjKlMnOpQrStUvWx_yz-0123", "[REDACTED:openai_key]");
-        check("x=sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz", "x=[REDACTED:anthropic_key]");
+        check(
+            "key sk-abcdefghijklmnopqrstuvwxyz012345 end",
+            "key [REDACTED:openai_key] end",
+        );
+        check(
+            "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx_yz-0123",
+            "[REDACTED:openai_key]",
+        );
+        check(
+            "x=sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz",
+            "x=[REDACTED:anthropic_key]",
+        );
         check(
             "token ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789 ok",
             "token [REDACTED:github_token] ok",
@@ -164,7 +207,10 @@ mod tests {
             "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEF",
             "[REDACTED:github_token]",
         );
-        check("aws AKIAIOSFODNN7EXAMPLE.", "aws [REDACTED:aws_access_key_id].");
+        check(
+            "aws AKIAIOSFODNN7EXAMPLE.",
+            "aws [REDACTED:aws_access_key_id].",
+        );
         check("xoxb-123456789012-abcdefghijkl", "[REDACTED:slack_token]");
         check(
             "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
@@ -179,7 +225,10 @@ mod tests {
             r#"{"pem":"[REDACTED:private_key]"}"#,
         );
         // A truncated key is redacted to the end rather than leaked.
-        check("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNz", "[REDACTED:private_key]");
+        check(
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNz",
+            "[REDACTED:private_key]",
+        );
     }
 
     #[test]
@@ -191,7 +240,10 @@ mod tests {
             "eyJ alone",
             "",
         ] {
-            assert!(matches!(Redactor::new().redact(text), Cow::Borrowed(_)), "{text}");
+            assert!(
+                matches!(Redactor::new().redact(text), Cow::Borrowed(_)),
+                "{text}"
+            );
         }
     }
 
@@ -203,7 +255,10 @@ mod tests {
         let json = serde_json::json!({"out": "p@ss\"w/rd\\42"}).to_string();
         assert_eq!(redactor.redact(&json), r#"{"out":"[REDACTED:db]"}"#);
         let twice = serde_json::json!({"payload": json}).to_string();
-        assert_eq!(redactor.redact(&twice), r#"{"payload":"{\"out\":\"[REDACTED:db]\"}"}"#);
+        assert_eq!(
+            redactor.redact(&twice),
+            r#"{"payload":"{\"out\":\"[REDACTED:db]\"}"}"#
+        );
         assert!(redactor.contains_secret("xx p@ss\"w/rd\\42"));
         assert!(!redactor.contains_secret("nothing here"));
     }
@@ -212,7 +267,10 @@ mod tests {
     fn short_secrets_are_refused_and_debug_hides_values() {
         let short = SecretString::from("abc");
         let err = Redactor::with_secrets([("pin", &short)]).unwrap_err();
-        assert_eq!(err.to_string(), "secret `pin` is shorter than 6 characters and cannot be redacted safely");
+        assert_eq!(
+            err.to_string(),
+            "secret `pin` is shorter than 6 characters and cannot be redacted safely"
+        );
         let secret = SecretString::from("canary-0123456789");
         let redactor = Redactor::with_secrets([("gh", &secret)]).unwrap();
         assert!(!format!("{redactor:?}").contains("canary"));

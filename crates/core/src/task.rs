@@ -142,8 +142,13 @@ mod tests {
         ] {
             check(from, to, false);
         }
-        let err = TaskStatus::Completed.transition(TaskStatus::InProgress).unwrap_err();
-        assert_eq!(err.to_string(), "illegal task transition completed -> in_progress");
+        let err = TaskStatus::Completed
+            .transition(TaskStatus::InProgress)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "illegal task transition completed -> in_progress"
+        );
     }
 
     #[test]

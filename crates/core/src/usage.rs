@@ -27,7 +27,12 @@ fn is_zero(n: &u64) -> bool {
 
 impl TokenUsage {
     pub const fn new(input_tokens: u64, output_tokens: u64) -> Self {
-        Self { input_tokens, output_tokens, cache_read_tokens: 0, cache_write_tokens: 0 }
+        Self {
+            input_tokens,
+            output_tokens,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+        }
     }
 
     pub const fn total(&self) -> u64 {
@@ -43,7 +48,9 @@ impl Add for TokenUsage {
             input_tokens: self.input_tokens.saturating_add(rhs.input_tokens),
             output_tokens: self.output_tokens.saturating_add(rhs.output_tokens),
             cache_read_tokens: self.cache_read_tokens.saturating_add(rhs.cache_read_tokens),
-            cache_write_tokens: self.cache_write_tokens.saturating_add(rhs.cache_write_tokens),
+            cache_write_tokens: self
+                .cache_write_tokens
+                .saturating_add(rhs.cache_write_tokens),
         }
     }
 }
@@ -61,7 +68,9 @@ impl Sum for TokenUsage {
 }
 
 /// Money in millionths of a US dollar. Integer so that sums never drift.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct MicroUsd(pub u64);
 
@@ -86,7 +95,7 @@ impl MicroUsd {
 
     /// Parse a dollar amount such as `0.25` given by a user. Rejects negatives and NaN.
     pub fn from_usd(usd: f64) -> Option<Self> {
-        if !usd.is_finite() || usd < 0.0 || usd > 1e12 {
+        if !(0.0..=1e12).contains(&usd) {
             return None;
         }
         // Range checked above, so the cast cannot truncate meaningfully.

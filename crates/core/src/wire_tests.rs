@@ -18,24 +18,36 @@ fn block() -> BlockId {
 }
 
 fn call() -> ToolCall {
-    ToolCall { id: "call_1".into(), name: "shell".into(), arguments: json!({"command": "ls"}) }
+    ToolCall {
+        id: "call_1".into(),
+        name: "shell".into(),
+        arguments: json!({"command": "ls"}),
+    }
 }
 
 fn result() -> ToolResult {
-    ToolResult { call_id: "call_1".into(), name: "shell".into(), content: "a.txt\n".into(), is_error: false }
+    ToolResult {
+        call_id: "call_1".into(),
+        name: "shell".into(),
+        content: "a.txt\n".into(),
+        is_error: false,
+    }
 }
 
 #[test]
 fn enums() {
-    insta::assert_json_snapshot!("enums", json!({
-        "termination_reason": TerminationReason::ALL,
-        "task_status": TaskStatus::ALL,
-        "execution_status": [ExecutionStatus::Idle, ExecutionStatus::Executing, ExecutionStatus::Paused],
-        "loop_type": [LoopType::React, LoopType::PlanExecute, LoopType::Hybrid, LoopType::Auto],
-        "complexity": [Complexity::Simple, Complexity::Medium, Complexity::Complex, Complexity::Epic],
-        "message_role": [MessageRole::System, MessageRole::User, MessageRole::Assistant, MessageRole::Tool],
-        "call_purpose": [CallPurpose::Agent, CallPurpose::Plan, CallPurpose::Summary],
-    }));
+    insta::assert_json_snapshot!(
+        "enums",
+        json!({
+            "termination_reason": TerminationReason::ALL,
+            "task_status": TaskStatus::ALL,
+            "execution_status": [ExecutionStatus::Idle, ExecutionStatus::Executing, ExecutionStatus::Paused],
+            "loop_type": [LoopType::React, LoopType::PlanExecute, LoopType::Hybrid, LoopType::Auto],
+            "complexity": [Complexity::Simple, Complexity::Medium, Complexity::Complex, Complexity::Epic],
+            "message_role": [MessageRole::System, MessageRole::User, MessageRole::Assistant, MessageRole::Tool],
+            "call_purpose": [CallPurpose::Agent, CallPurpose::Plan, CallPurpose::Summary],
+        })
+    );
     for reason in TerminationReason::ALL {
         assert_eq!(json!(reason), json!(reason.as_str()));
     }
@@ -52,8 +64,13 @@ fn messages() {
         Message {
             role: MessageRole::Assistant,
             parts: vec![
-                MessagePart::Thinking { text: "look first".into(), signature: Some("sig==".into()) },
-                MessagePart::Text { text: "Listing files.".into() },
+                MessagePart::Thinking {
+                    text: "look first".into(),
+                    signature: Some("sig==".into()),
+                },
+                MessagePart::Text {
+                    text: "Listing files.".into(),
+                },
                 MessagePart::ToolCall(call()),
             ],
             pinned: false,
@@ -61,7 +78,10 @@ fn messages() {
         Message::tool_result(result()),
         Message {
             role: MessageRole::User,
-            parts: vec![MessagePart::CompactionSummary { text: "## Goal\n...".into(), archived: vec![block()] }],
+            parts: vec![MessagePart::CompactionSummary {
+                text: "## Goal\n...".into(),
+                archived: vec![block()],
+            }],
             pinned: false,
         },
     ];
@@ -70,7 +90,12 @@ fn messages() {
 
 #[test]
 fn usage_and_turns() {
-    let usage = TokenUsage { input_tokens: 1200, output_tokens: 40, cache_read_tokens: 1000, cache_write_tokens: 0 };
+    let usage = TokenUsage {
+        input_tokens: 1200,
+        output_tokens: 40,
+        cache_read_tokens: 1000,
+        cache_write_tokens: 0,
+    };
     let turn = TurnRecord {
         turn: 1,
         usage,
@@ -97,11 +122,29 @@ fn events() {
             max_turns: 20,
             config: json!({"timeout_secs": null}),
         }),
-        Event::ContextCreated(ContextCreated { context_window: Some(128_000), tools: vec!["shell".into()] }),
-        Event::MessageAppended(MessageAppended { index: 1, message: Message::user("go").pinned() }),
-        Event::ModelCalled(ModelCalled { turn: 1, purpose: CallPurpose::Agent, outcome: "ok".into(), usage }),
-        Event::ToolCallStarted(ToolCallStarted { turn: 1, call: call() }),
-        Event::ToolCallFinished(ToolCallFinished { turn: 1, result: result(), duration_ms: 7 }),
+        Event::ContextCreated(ContextCreated {
+            context_window: Some(128_000),
+            tools: vec!["shell".into()],
+        }),
+        Event::MessageAppended(MessageAppended {
+            index: 1,
+            message: Message::user("go").pinned(),
+        }),
+        Event::ModelCalled(ModelCalled {
+            turn: 1,
+            purpose: CallPurpose::Agent,
+            outcome: "ok".into(),
+            usage,
+        }),
+        Event::ToolCallStarted(ToolCallStarted {
+            turn: 1,
+            call: call(),
+        }),
+        Event::ToolCallFinished(ToolCallFinished {
+            turn: 1,
+            result: result(),
+            duration_ms: 7,
+        }),
         Event::TurnCompleted(TurnCompleted {
             turn: 1,
             usage,
@@ -110,8 +153,16 @@ fn events() {
             finish: "tool_calls".into(),
             duration_ms: 20,
         }),
-        Event::TaskTransition(TaskTransition { from: TaskStatus::Assigned, to: TaskStatus::InProgress }),
-        Event::Retry(Retry { turn: 2, attempt: 1, error: "rate_limited".into(), delay_ms: 20 }),
+        Event::TaskTransition(TaskTransition {
+            from: TaskStatus::Assigned,
+            to: TaskStatus::InProgress,
+        }),
+        Event::Retry(Retry {
+            turn: 2,
+            attempt: 1,
+            error: "rate_limited".into(),
+            delay_ms: 20,
+        }),
         Event::Finish(Finish {
             termination_reason: TerminationReason::Completed,
             task_status: TaskStatus::InReview,

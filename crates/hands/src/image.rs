@@ -23,7 +23,9 @@ pub struct ImageSource {
 
 impl Default for ImageSource {
     fn default() -> Self {
-        Self { busybox: PathBuf::from("/bin/busybox") }
+        Self {
+            busybox: PathBuf::from("/bin/busybox"),
+        }
     }
 }
 
@@ -31,13 +33,19 @@ impl Default for ImageSource {
 pub async fn image_exists(docker: &Docker, image: &str) -> Result<bool, HandsError> {
     match docker.inspect_image(image).await {
         Ok(_) => Ok(true),
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(false),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Ok(false),
         Err(other) => Err(other.into()),
     }
 }
 
 /// Builds (or rebuilds) `tag` from `source` by importing a root filesystem tarball.
-pub async fn build_default_image(docker: &Docker, source: &ImageSource, tag: &str) -> Result<(), HandsError> {
+pub async fn build_default_image(
+    docker: &Docker,
+    source: &ImageSource,
+    tag: &str,
+) -> Result<(), HandsError> {
     let tarball = rootfs_tarball(&source.busybox)?;
     let (repo, version) = tag.rsplit_once(':').unwrap_or((tag, "latest"));
     let options = CreateImageOptionsBuilder::default()
@@ -50,7 +58,11 @@ pub async fn build_default_image(docker: &Docker, source: &ImageSource, tag: &st
             "LABEL org.nerve.image=sandbox".to_owned(),
         ])
         .build();
-    let mut progress = docker.create_image(Some(options), Some(bollard::body_full(tarball.into())), None);
+    let mut progress = docker.create_image(
+        Some(options),
+        Some(bollard::body_full(tarball.into())),
+        None,
+    );
     while let Some(step) = progress.next().await {
         let step = step?;
         if let Some(error) = step.error_detail.and_then(|detail| detail.message) {
@@ -75,21 +87,81 @@ fn rootfs_tarball(busybox: &Path) -> Result<Vec<u8>, HandsError> {
     }
     let applets = list_applets(busybox)?;
     let mut builder = tar::Builder::new(Vec::new());
-    let io = |e: std::io::Error| HandsError::ImageBuild(format!("cannot write the image tarball: {e}"));
-    for dir in ["bin", "usr", "usr/bin", "etc", "tmp", "workspace", "opt", "opt/nerve", "proc", "dev", "sys"] {
+    let io =
+        |e: std::io::Error| HandsError::ImageBuild(format!("cannot write the image tarball: {e}"));
+    for dir in [
+        "bin",
+        "usr",
+        "usr/bin",
+        "etc",
+        "tmp",
+        "workspace",
+        "opt",
+        "opt/nerve",
+        "proc",
+        "dev",
+        "sys",
+    ] {
         let mode = if dir == "tmp" { 0o1777 } else { 0o755 };
-        append_entry(&mut builder, tar::EntryType::Directory, dir, mode, &[], None).map_err(io)?;
+        append_entry(
+            &mut builder,
+            tar::EntryType::Directory,
+            dir,
+            mode,
+            &[],
+            None,
+        )
+        .map_err(io)?;
     }
-    append_entry(&mut builder, tar::EntryType::Regular, "bin/busybox", 0o755, &binary, None).map_err(io)?;
+    append_entry(
+        &mut builder,
+        tar::EntryType::Regular,
+        "bin/busybox",
+        0o755,
+        &binary,
+        None,
+    )
+    .map_err(io)?;
     for applet in applets.iter().filter(|a| a.as_str() != "busybox") {
-        append_entry(&mut builder, tar::EntryType::Symlink, &format!("bin/{applet}"), 0o777, &[], Some("busybox"))
-            .map_err(io)?;
+        append_entry(
+            &mut builder,
+            tar::EntryType::Symlink,
+            &format!("bin/{applet}"),
+            0o777,
+            &[],
+            Some("busybox"),
+        )
+        .map_err(io)?;
     }
-    append_entry(&mut builder, tar::EntryType::Symlink, "usr/bin/env", 0o777, &[], Some("/bin/busybox")).map_err(io)?;
+    append_entry(
+        &mut builder,
+        tar::EntryType::Symlink,
+        "usr/bin/env",
+        0o777,
+        &[],
+        Some("/bin/busybox"),
+    )
+    .map_err(io)?;
     let passwd = b"root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/tmp:/bin/sh\n";
-    append_entry(&mut builder, tar::EntryType::Regular, "etc/passwd", 0o644, passwd, None).map_err(io)?;
+    append_entry(
+        &mut builder,
+        tar::EntryType::Regular,
+        "etc/passwd",
+        0o644,
+        passwd,
+        None,
+    )
+    .map_err(io)?;
     let group = b"root:x:0:\nnogroup:x:65534:\n";
-    append_entry(&mut builder, tar::EntryType::Regular, "etc/group", 0o644, group, None).map_err(io)?;
+    append_entry(
+        &mut builder,
+        tar::EntryType::Regular,
+        "etc/group",
+        0o644,
+        group,
+        None,
+    )
+    .map_err(io)?;
     builder.into_inner().map_err(io)
 }
 
@@ -117,19 +189,33 @@ fn append_entry(
 /// A static ELF has no `PT_INTERP` program header (no dynamic loader).
 fn is_static_elf(binary: &[u8]) -> bool {
     const PT_INTERP: u32 = 3;
-    let read_u16 = |at: usize| binary.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let read_u32 = |at: usize| binary.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let read_u16 = |at: usize| {
+        binary
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let read_u32 = |at: usize| {
+        binary
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
     let read_u64 = |at: usize| {
-        binary.get(at..at + 8).map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+        binary
+            .get(at..at + 8)
+            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
     };
     // Only 64-bit little-endian ELF is supported (the sandbox runs x86_64).
     if binary.get(0..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1]) {
         return false;
     }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (read_u64(0x20), read_u16(0x36), read_u16(0x38)) else {
+    let (Some(phoff), Some(phentsize), Some(phnum)) =
+        (read_u64(0x20), read_u16(0x36), read_u16(0x38))
+    else {
         return false;
     };
-    let Ok(phoff) = usize::try_from(phoff) else { return false };
+    let Ok(phoff) = usize::try_from(phoff) else {
+        return false;
+    };
     (0..usize::from(phnum))
         .all(|i| read_u32(phoff + i * usize::from(phentsize)).is_some_and(|kind| kind != PT_INTERP))
 }
@@ -138,20 +224,33 @@ fn list_applets(busybox: &Path) -> Result<Vec<String>, HandsError> {
     let output = std::process::Command::new(busybox)
         .arg("--list")
         .output()
-        .map_err(|e| HandsError::ImageBuild(format!("cannot run {} --list: {e}", busybox.display())))?;
+        .map_err(|e| {
+            HandsError::ImageBuild(format!("cannot run {} --list: {e}", busybox.display()))
+        })?;
     if !output.status.success() {
-        return Err(HandsError::ImageBuild(format!("{} --list failed", busybox.display())));
+        return Err(HandsError::ImageBuild(format!(
+            "{} --list failed",
+            busybox.display()
+        )));
     }
     let applets: Vec<String> = String::from_utf8_lossy(&output.stdout)
         .lines()
         .map(str::trim)
-        .filter(|name| !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' || c == '['))
+        .filter(|name| {
+            !name.is_empty()
+                && name.chars().all(|c| {
+                    c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' || c == '['
+                })
+        })
         .map(str::to_owned)
         .collect();
     if applets.iter().any(|a| a == "sh") {
         Ok(applets)
     } else {
-        Err(HandsError::ImageBuild(format!("{} has no `sh` applet", busybox.display())))
+        Err(HandsError::ImageBuild(format!(
+            "{} has no `sh` applet",
+            busybox.display()
+        )))
     }
 }
 
@@ -163,7 +262,10 @@ mod tests {
     fn static_detection() {
         let busybox = Path::new("/bin/busybox");
         if busybox.exists() {
-            assert!(is_static_elf(&std::fs::read(busybox).unwrap()), "busybox-static is static");
+            assert!(
+                is_static_elf(&std::fs::read(busybox).unwrap()),
+                "busybox-static is static"
+            );
         }
         let dynamic = std::fs::read("/bin/ls").unwrap();
         assert!(!is_static_elf(&dynamic), "coreutils ls is dynamic");

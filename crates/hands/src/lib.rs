@@ -16,7 +16,9 @@ pub use tools::SandboxTools;
 pub enum HandsError {
     /// No Docker engine answered on the local socket. Returned by [`connect_docker`];
     /// retryable once an engine runs.
-    #[error("cannot reach the Docker engine ({0}); is dockerd running and is /var/run/docker.sock accessible?")]
+    #[error(
+        "cannot reach the Docker engine ({0}); is dockerd running and is /var/run/docker.sock accessible?"
+    )]
     DockerUnavailable(String),
     /// The sandbox image is missing. Returned by [`Sandbox::start`]; not retryable until
     /// the image is built (`cargo xtask image`).

@@ -43,7 +43,11 @@ pub struct SandboxConfig {
 }
 
 impl SandboxConfig {
-    pub fn new(image: impl Into<String>, workspace: impl Into<PathBuf>, execution_id: ExecutionId) -> Self {
+    pub fn new(
+        image: impl Into<String>,
+        workspace: impl Into<PathBuf>,
+        execution_id: ExecutionId,
+    ) -> Self {
         Self {
             image: image.into(),
             workspace: workspace.into(),
@@ -73,9 +77,16 @@ pub struct ExecOutput {
 /// Connects to the local engine and negotiates the API version with it (our machines run
 /// engines older than bollard's default API version).
 pub async fn connect_docker() -> Result<Docker, HandsError> {
-    let docker = Docker::connect_with_local_defaults().map_err(|e| HandsError::DockerUnavailable(e.to_string()))?;
-    let docker = docker.negotiate_version().await.map_err(|e| HandsError::DockerUnavailable(e.to_string()))?;
-    docker.ping().await.map_err(|e| HandsError::DockerUnavailable(e.to_string()))?;
+    let docker = Docker::connect_with_local_defaults()
+        .map_err(|e| HandsError::DockerUnavailable(e.to_string()))?;
+    let docker = docker
+        .negotiate_version()
+        .await
+        .map_err(|e| HandsError::DockerUnavailable(e.to_string()))?;
+    docker
+        .ping()
+        .await
+        .map_err(|e| HandsError::DockerUnavailable(e.to_string()))?;
     Ok(docker)
 }
 
@@ -97,7 +108,10 @@ impl Sandbox {
         let meta = std::fs::metadata(&workspace)
             .map_err(|e| HandsError::Workspace(format!("{}: {e}", workspace.display())))?;
         if !meta.is_dir() {
-            return Err(HandsError::Workspace(format!("{} is not a directory", workspace.display())));
+            return Err(HandsError::Workspace(format!(
+                "{} is not a directory",
+                workspace.display()
+            )));
         }
         if !image_exists(&docker, &config.image).await? {
             return Err(HandsError::ImageMissing(config.image.clone()));
@@ -113,7 +127,10 @@ impl Sandbox {
         let labels = HashMap::from([
             (LABEL_MANAGED.to_owned(), "true".to_owned()),
             (LABEL_EXECUTION.to_owned(), config.execution_id.to_string()),
-            (LABEL_OWNER.to_owned(), owner_token(std::process::id()).unwrap_or_default()),
+            (
+                LABEL_OWNER.to_owned(),
+                owner_token(std::process::id()).unwrap_or_default(),
+            ),
         ]);
         let host_config = HostConfig {
             binds: Some(vec![format!("{}:/workspace:rw", path_str(&workspace)?)]),
@@ -151,7 +168,12 @@ impl Sandbox {
         let name = format!("nerve-{}", config.execution_id);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = docker.create_container(Some(options), body).await?;
-        let sandbox = Self { docker, id: created.id, user, env };
+        let sandbox = Self {
+            docker,
+            id: created.id,
+            user,
+            env,
+        };
         if let Err(error) = sandbox.docker.start_container(&sandbox.id, None).await {
             let _ = sandbox.remove().await;
             return Err(error.into());
@@ -177,7 +199,15 @@ impl Sandbox {
         max_output: usize,
     ) -> Result<ExecOutput, HandsError> {
         let seconds = timeout.as_secs().max(1).to_string();
-        let cmd = vec!["/bin/timeout", "-s", "KILL", seconds.as_str(), "/bin/sh", "-c", command];
+        let cmd = vec![
+            "/bin/timeout",
+            "-s",
+            "KILL",
+            seconds.as_str(),
+            "/bin/sh",
+            "-c",
+            command,
+        ];
         let exec = self
             .docker
             .create_exec(
@@ -194,7 +224,10 @@ impl Sandbox {
                 },
             )
             .await?;
-        let started = self.docker.start_exec(&exec.id, Some(StartExecOptions::default())).await?;
+        let started = self
+            .docker
+            .start_exec(&exec.id, Some(StartExecOptions::default()))
+            .await?;
         let mut stdout = HeadTail::new(max_output);
         let mut stderr = HeadTail::new(max_output);
         let mut hung = false;
@@ -205,7 +238,9 @@ impl Sandbox {
                 while let Some(chunk) = output.next().await {
                     match chunk? {
                         bollard::container::LogOutput::StdOut { message }
-                        | bollard::container::LogOutput::Console { message } => stdout.push(&message),
+                        | bollard::container::LogOutput::Console { message } => {
+                            stdout.push(&message)
+                        }
                         bollard::container::LogOutput::StdErr { message } => stderr.push(&message),
                         bollard::container::LogOutput::StdIn { .. } => {}
                     }
@@ -232,34 +267,54 @@ impl Sandbox {
 
     /// Stops and removes the container. Idempotent.
     pub async fn remove(&self) -> Result<(), HandsError> {
-        let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        let options = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
         match self.docker.remove_container(&self.id, Some(options)).await {
-            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Ok(())
+            | Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
             Err(other) => Err(other.into()),
         }
     }
 }
 
 fn path_str(path: &Path) -> Result<&str, HandsError> {
-    path.to_str().ok_or_else(|| HandsError::Workspace(format!("{} is not valid UTF-8", path.display())))
+    path.to_str()
+        .ok_or_else(|| HandsError::Workspace(format!("{} is not valid UTF-8", path.display())))
 }
 
 /// Removes Nerve containers whose owning process is gone (killed, crashed), and returns
 /// how many it removed. Containers of live processes are left alone.
 pub async fn reap_orphans(docker: &Docker) -> Result<usize, HandsError> {
     let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
-    let options = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+    let options = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
     let mut removed = 0;
     for container in docker.list_containers(Some(options)).await? {
-        let owner = container.labels.as_ref().and_then(|labels| labels.get(LABEL_OWNER)).cloned();
+        let owner = container
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(LABEL_OWNER))
+            .cloned();
         if owner.as_deref().is_some_and(owner_alive) {
             continue;
         }
         if let Some(id) = container.id {
-            let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+            let options = RemoveContainerOptionsBuilder::default()
+                .force(true)
+                .v(true)
+                .build();
             match docker.remove_container(&id, Some(options)).await {
                 Ok(()) => removed += 1,
-                Err(bollard::errors::Error::DockerResponseServerError { status_code: 404 | 409, .. }) => {}
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404 | 409,
+                    ..
+                }) => {}
                 Err(other) => return Err(other.into()),
             }
         }
@@ -276,12 +331,18 @@ fn owner_token(pid: u32) -> Option<String> {
 fn start_time(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 22; the command name (field 2) may hold spaces, so count after its `)`.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19).map(str::to_owned)
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)
+        .map(str::to_owned)
 }
 
 fn owner_alive(token: &str) -> bool {
     let mut parts = token.split(':');
-    let (Some(_boot), Some(pid)) = (parts.next(), parts.next()) else { return false };
+    let (Some(_boot), Some(pid)) = (parts.next(), parts.next()) else {
+        return false;
+    };
     pid.parse::<u32>().ok().and_then(owner_token).as_deref() == Some(token)
 }
 
@@ -296,7 +357,12 @@ struct HeadTail {
 
 impl HeadTail {
     fn new(cap: usize) -> Self {
-        Self { cap, head: Vec::new(), tail: std::collections::VecDeque::new(), omitted: 0 }
+        Self {
+            cap,
+            head: Vec::new(),
+            tail: std::collections::VecDeque::new(),
+            omitted: 0,
+        }
     }
 
     fn push(&mut self, mut bytes: &[u8]) {
@@ -342,7 +408,11 @@ mod tests {
     fn head_tail_cap() {
         check(10, &["hello"], "hello");
         check(4, &["abcdefgh"], "ab\n[... 4 bytes omitted ...]\ngh");
-        check(4, &["a", "b", "c", "d", "e", "f"], "ab\n[... 2 bytes omitted ...]\nef");
+        check(
+            4,
+            &["a", "b", "c", "d", "e", "f"],
+            "ab\n[... 2 bytes omitted ...]\nef",
+        );
         check(0, &["abc"], "\n[... 3 bytes omitted ...]\n");
     }
 

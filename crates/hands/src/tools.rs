@@ -49,7 +49,11 @@ impl SandboxTools {
             Ok(dir) => dir,
             Err(message) => return Ok(ToolOutput::error(message)),
         };
-        let timeout = Duration::from_secs(args.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS).clamp(1, MAX_TIMEOUT_SECS));
+        let timeout = Duration::from_secs(
+            args.timeout_secs
+                .unwrap_or(DEFAULT_TIMEOUT_SECS)
+                .clamp(1, MAX_TIMEOUT_SECS),
+        );
         let output = self
             .sandbox
             .exec(&args.command, &workdir, timeout, MAX_OUTPUT_BYTES)
@@ -68,7 +72,10 @@ impl SandboxTools {
         }
         let failed = match (output.timed_out, output.exit_code) {
             (true, _) => {
-                content.push_str(&format!("[timed out after {}s; the command and its children were killed]", timeout.as_secs()));
+                content.push_str(&format!(
+                    "[timed out after {}s; the command and its children were killed]",
+                    timeout.as_secs()
+                ));
                 true
             }
             (false, Some(code)) => {
@@ -80,7 +87,10 @@ impl SandboxTools {
                 true
             }
         };
-        Ok(ToolOutput { content, is_error: failed })
+        Ok(ToolOutput {
+            content,
+            is_error: failed,
+        })
     }
 }
 
@@ -92,7 +102,9 @@ fn confine(path: &str) -> Result<String, String> {
         Some(_) | None => path,
     };
     if relative.starts_with('/') && relative.len() == path.len() {
-        return Err(format!("path escapes the workspace: {path} (paths are relative to the workspace root)"));
+        return Err(format!(
+            "path escapes the workspace: {path} (paths are relative to the workspace root)"
+        ));
     }
     let mut parts: Vec<&str> = Vec::new();
     for component in relative.split('/') {
@@ -106,7 +118,11 @@ fn confine(path: &str) -> Result<String, String> {
             other => parts.push(other),
         }
     }
-    Ok(if parts.is_empty() { "/workspace".to_owned() } else { format!("/workspace/{}", parts.join("/")) })
+    Ok(if parts.is_empty() {
+        "/workspace".to_owned()
+    } else {
+        format!("/workspace/{}", parts.join("/"))
+    })
 }
 
 fn parse<T: DeserializeOwned>(call: &ToolCall) -> Result<T, ToolOutput> {
@@ -121,7 +137,11 @@ fn definition<T: JsonSchema>(name: &str, description: &str) -> ToolDefinition {
         object.remove("title");
         object.remove("description");
     }
-    ToolDefinition { name: name.to_owned(), description: description.to_owned(), parameters: schema }
+    ToolDefinition {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        parameters: schema,
+    }
 }
 
 #[async_trait]
@@ -141,7 +161,11 @@ impl ToolExecutor for SandboxTools {
             },
             other => Ok(ToolOutput::error(format!(
                 "unknown tool `{other}`; available tools: {}",
-                self.definitions().iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
+                self.definitions()
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))),
         }
     }
@@ -152,7 +176,11 @@ mod tests {
     use super::*;
 
     fn check(input: &str, expected: Result<&str, ()>) {
-        assert_eq!(confine(input).map_err(|_| ()), expected.map(str::to_owned), "{input}");
+        assert_eq!(
+            confine(input).map_err(|_| ()),
+            expected.map(str::to_owned),
+            "{input}"
+        );
     }
 
     #[test]
