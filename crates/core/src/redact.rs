@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
-use regex::{Captures, Regex};
+use regex::Regex;
 use secrecy::{ExposeSecret, SecretString};
 
 /// Registered secrets shorter than this are refused: redacting them would shred ordinary text.
@@ -42,13 +42,49 @@ const FORMATS: &[(&str, &str)] = &[
     ),
 ];
 
-static COMBINED: LazyLock<Regex> = LazyLock::new(|| {
-    let alternation: Vec<String> = FORMATS
+/// The literal every format starts with. Candidates are found with one Aho-Corasick pass
+/// (memchr-class speed on clean text); only at a candidate does a format's regex run,
+/// anchored there, so the cost is linear in the text plus the length of the matches.
+/// (A single combined regex was measured at ~375 MB/s on text with a token every 14 KB:
+/// its engine scanned backwards from each inner literal.)
+const PREFIXES: &[(&str, &[usize])] = &[
+    ("-----BEGIN", &[0]),
+    ("sk-", &[1, 2]),
+    ("ghp_", &[3]),
+    ("gho_", &[3]),
+    ("ghu_", &[3]),
+    ("ghs_", &[3]),
+    ("ghr_", &[3]),
+    ("github_pat_", &[3]),
+    ("AKIA", &[4]),
+    ("ASIA", &[4]),
+    ("ABIA", &[4]),
+    ("ACCA", &[4]),
+    ("xox", &[5]),
+    ("xapp-", &[5]),
+    ("eyJ", &[6]),
+];
+
+static CANDIDATES: LazyLock<AhoCorasick> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // Constant literals; every redactor test builds them.
+    AhoCorasickBuilder::new()
+        .match_kind(MatchKind::LeftmostFirst)
+        .build(PREFIXES.iter().map(|(prefix, _)| prefix))
+        .expect("valid prefixes")
+});
+
+/// Each format anchored at the start of the slice it is run on. Formats but `private_key`
+/// begin at a word boundary, which is checked on the byte before the candidate.
+static ANCHORED: LazyLock<Vec<(&'static str, Regex)>> = LazyLock::new(|| {
+    FORMATS
         .iter()
-        .map(|(kind, pattern)| format!("(?P<{kind}>{pattern})"))
-        .collect();
-    #[allow(clippy::expect_used)] // Constant patterns; every redactor test compiles them.
-    Regex::new(&alternation.join("|")).expect("valid token-format patterns")
+        .map(|(kind, pattern)| {
+            let pattern = pattern.trim_start_matches("(?-u:\\b)");
+            #[allow(clippy::expect_used)] // Constant patterns; every redactor test compiles them.
+            let regex = Regex::new(&format!("^(?:{pattern})")).expect("valid token-format pattern");
+            (*kind, regex)
+        })
+        .collect()
 });
 
 /// A registered secret was too short to redact safely.
@@ -138,8 +174,8 @@ impl Redactor {
             Some(_) | None => Cow::Borrowed(text),
         };
         match registered {
-            Cow::Borrowed(text) => COMBINED.replace_all(text, replace_format),
-            Cow::Owned(text) => match COMBINED.replace_all(&text, replace_format) {
+            Cow::Borrowed(text) => replace_formats(text),
+            Cow::Owned(text) => match replace_formats(&text) {
                 Cow::Borrowed(_) => Cow::Owned(text),
                 Cow::Owned(redacted) => Cow::Owned(redacted),
             },
@@ -148,17 +184,50 @@ impl Redactor {
 
     /// Whether `text` holds anything this redactor would replace.
     pub fn contains_secret(&self, text: &str) -> bool {
-        self.secrets.as_ref().is_some_and(|a| a.is_match(text)) || COMBINED.is_match(text)
+        self.secrets.as_ref().is_some_and(|a| a.is_match(text)) || next_format(text, 0).is_some()
     }
 }
 
-fn replace_format(caps: &Captures<'_>) -> String {
-    let kind = FORMATS
-        .iter()
-        .map(|(kind, _)| *kind)
-        .find(|kind| caps.name(kind).is_some())
-        .unwrap_or("secret");
-    format!("[REDACTED:{kind}]")
+/// Finds the next well-known token at or after `from`: its span and kind.
+fn next_format(text: &str, mut from: usize) -> Option<(usize, usize, &'static str)> {
+    while from < text.len() {
+        let candidate = CANDIDATES.find(&text[from..])?;
+        let start = from + candidate.start();
+        let (_, formats) = PREFIXES[candidate.pattern().as_usize()];
+        let previous = start.checked_sub(1).map(|i| text.as_bytes()[i]);
+        let at_boundary = previous.is_none_or(|b| !b.is_ascii_alphanumeric() && b != b'_');
+        for &format in formats {
+            let (kind, regex) = &ANCHORED[format];
+            // Every format but the PEM block starts at a word boundary.
+            if (format == 0 || at_boundary)
+                && let Some(found) = regex.find(&text[start..])
+            {
+                return Some((start, start + found.end(), kind));
+            }
+        }
+        from = start + 1;
+    }
+    None
+}
+
+fn replace_formats(text: &str) -> Cow<'_, str> {
+    let mut out: Option<String> = None;
+    let mut copied = 0;
+    while let Some((start, end, kind)) = next_format(text, copied) {
+        let out = out.get_or_insert_with(|| String::with_capacity(text.len()));
+        out.push_str(&text[copied..start]);
+        out.push_str("[REDACTED:");
+        out.push_str(kind);
+        out.push(']');
+        copied = end;
+    }
+    match out {
+        None => Cow::Borrowed(text),
+        Some(mut out) => {
+            out.push_str(&text[copied..]);
+            Cow::Owned(out)
+        }
+    }
 }
 
 /// The raw value, plus the forms it takes when embedded in a JSON string (once and twice
@@ -274,5 +343,30 @@ mod tests {
         let secret = SecretString::from("canary-0123456789");
         let redactor = Redactor::with_secrets([("gh", &secret)]).unwrap();
         assert!(!format!("{redactor:?}").contains("canary"));
+    }
+
+    proptest::proptest! {
+        /// A token planted anywhere in arbitrary text is always replaced with its kind,
+        /// and the text around it survives.
+        #[test]
+        fn planted_tokens_never_survive(
+            before in "[ -~\n]{0,200}",
+            after in "[ -~\n]{0,200}",
+            which in 0usize..6,
+        ) {
+            let (token, kind) = [
+                ("sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz", "anthropic_key"),
+                ("sk-proj-AbCdEfGhIjKlMnOpQrStUvWx_yz-0123", "openai_key"),
+                ("ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789", "github_token"),
+                ("AKIAIOSFODNN7EXAMPLE", "aws_access_key_id"),
+                ("xoxb-123456789012-abcdefghijkl", "slack_token"),
+                ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N", "jwt"),
+            ][which];
+            let text = format!("{before} {token} {after}");
+            let redacted = Redactor::new().redact(&text).into_owned();
+            proptest::prop_assert!(!redacted.contains(token), "{redacted}");
+            let marker = format!("[REDACTED:{kind}]");
+            proptest::prop_assert!(redacted.contains(&marker), "{redacted}");
+        }
     }
 }
