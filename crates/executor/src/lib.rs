@@ -1,1 +1,35 @@
-//! placeholder
+//! Nerve's in-sandbox executor: the protocol types (shared with the host in `nerve-hands`) and
+//! the request handlers behind the `nerve-executor` binary.
+//!
+//! The binary runs inside the container as one long-lived attached `docker exec` and speaks
+//! JSON Lines on stdin and stdout: one [`Request`] per line in, one [`Response`] per line out,
+//! in order. It runs shell commands in their own process groups with deadlines and bounded
+//! output ([`ExecRequest`]), and file operations confined to the workspace root, refusing `..`,
+//! absolute paths elsewhere and symlinks that leave it ([`Workspace`]). End of input ends it.
+//!
+//! Architecture invariants: no async runtime and no `unsafe` (system calls go through `rustix`);
+//! the binary is static (`+crt-static`) so it runs in a `FROM scratch` image; nothing here
+//! knows about Docker or the host, which only sees the protocol module.
+
+mod args;
+mod confine;
+mod error;
+mod exec;
+mod files;
+mod glob;
+mod grep;
+mod output;
+mod protocol;
+mod server;
+
+pub use args::{Invocation, ROOT_ENV, USAGE, parse_args};
+pub use confine::{CONTAINER_ROOT, Workspace};
+pub use error::Error;
+pub use exec::{kill_remaining_children, reap_children};
+pub use protocol::{
+    Decoded, DirEntry, EditFileOutput, EditFileRequest, EntryKind, ExecOutput, ExecRequest,
+    GrepOutput, GrepRequest, ListDirOutput, ListDirRequest, Op, Pong, ReadFileOutput,
+    ReadFileRequest, Reply, Request, Response, VERSION, WriteFileOutput, WriteFileRequest,
+    decode_response,
+};
+pub use server::{Config, Executor, Limits};

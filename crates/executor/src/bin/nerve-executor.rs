@@ -1,0 +1,68 @@
+//! `nerve-executor`: serves the executor protocol on stdin/stdout inside the sandbox.
+//!
+//! Exit codes: 0 when the input ended or the host closed the output (a broken pipe is how the
+//! host says goodbye), 1 when the workspace root cannot be opened or I/O fails, 2 for a bad
+//! command line. Diagnostics go to stderr as one line.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use nerve_executor::{Executor, Invocation, ROOT_ENV, USAGE, VERSION};
+
+fn main() -> ExitCode {
+    let config =
+        match nerve_executor::parse_args(std::env::args_os().skip(1), std::env::var_os(ROOT_ENV)) {
+            Ok(Invocation::Serve(config)) => config,
+            Ok(Invocation::Help) => return say(&mut io::stdout(), USAGE, ExitCode::SUCCESS),
+            Ok(Invocation::Version) => {
+                return say(
+                    &mut io::stdout(),
+                    &format!("nerve-executor {VERSION}"),
+                    ExitCode::SUCCESS,
+                );
+            }
+            Err(message) => {
+                return say(
+                    &mut io::stderr(),
+                    &format!("nerve-executor: {message}"),
+                    ExitCode::from(2),
+                );
+            }
+        };
+    // Become the subreaper of everything we start: a command's orphans are re-parented to us
+    // instead of to the container's init, so we can reap them and know when a process group is
+    // really empty, whether or not the container runs an init.
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        let _ = writeln!(
+            io::stderr(),
+            "nerve-executor: warning: cannot become a child subreaper: {e}"
+        );
+    }
+    let root = config.root.clone();
+    let executor = match Executor::new(config) {
+        Ok(executor) => executor,
+        Err(e) => {
+            let message = format!(
+                "nerve-executor: cannot open the workspace root {}: {e}",
+                root.display()
+            );
+            return say(&mut io::stderr(), &message, ExitCode::FAILURE);
+        }
+    };
+    let result = executor.serve(io::stdin().lock(), io::stdout().lock());
+    nerve_executor::kill_remaining_children();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => say(
+            &mut io::stderr(),
+            &format!("nerve-executor: {e}"),
+            ExitCode::FAILURE,
+        ),
+    }
+}
+
+fn say(out: &mut impl Write, text: &str, code: ExitCode) -> ExitCode {
+    let _ = writeln!(out, "{text}");
+    code
+}

@@ -1,0 +1,397 @@
+//! `exec`: one shell command in its own process group, with a deadline and bounded output.
+//!
+//! A single thread multiplexes everything with `poll`: the two output pipes and a pidfd that
+//! becomes readable when the shell exits. No reader threads are left behind when an orphan
+//! keeps a pipe open, and no async runtime is needed.
+//!
+//! The life of a command:
+//! 1. `sh -c command` is spawned as the leader of a new process group, stdin `/dev/null`.
+//! 2. Output is streamed into [`HeadTail`] captures while we wait for the shell to exit or the
+//!    deadline to pass. On the deadline the whole group gets SIGKILL.
+//! 3. When the shell has exited it is observed with `WNOWAIT`, so it stays a zombie and its
+//!    pid, which is the group id, cannot be reused; the rest of the group (background jobs,
+//!    grandchildren) gets SIGKILL; only then is the shell reaped.
+//! 4. Draining: pipes are read until every writer is gone. Group members re-parented to the
+//!    executor (it is a child subreaper, see the binary) are reaped as they die, which is how we
+//!    know the group is really empty. A process that left the group (`setsid`) may still hold
+//!    a pipe: once the group is gone it gets [`ORPHAN_GRACE`] to flush, then we answer anyway.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions, WaitOptions};
+
+use crate::error::Error;
+use crate::output::HeadTail;
+use crate::protocol::{ExecOutput, ExecRequest};
+
+/// After the shell exits, the longest we wait for the rest of its group to die and the pipes
+/// to close. Only reached when something outlives SIGKILL or is not ours to reap.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
+/// Once the group is gone, how long pipes held by processes that left it may still be read.
+const ORPHAN_GRACE: Duration = Duration::from_millis(50);
+
+/// How long a shell that got SIGKILL may take to exit (it may be in uninterruptible sleep)
+/// before we answer without its status.
+const KILL_LIMIT: Duration = Duration::from_secs(5);
+
+/// The polling interval when no descriptor can announce the event we wait for: a group
+/// becoming empty, or the shell exiting when the kernel gave us no pidfd.
+const TICK: Duration = Duration::from_millis(2);
+
+/// Timeouts beyond a week are treated as a week, which keeps `Instant` arithmetic in range.
+const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// One output pipe and what has been captured from it.
+#[derive(Debug)]
+struct Stream {
+    pipe: Option<File>,
+    capture: HeadTail,
+}
+
+impl Stream {
+    fn new(pipe: Option<impl Into<std::os::fd::OwnedFd>>, cap: usize) -> Self {
+        Self {
+            pipe: pipe.map(|p| File::from(p.into())),
+            capture: HeadTail::new(cap),
+        }
+    }
+
+    /// Reads what is available; closes the pipe at end of file or on an error.
+    fn read_some(&mut self, buffer: &mut [u8]) {
+        let Some(pipe) = &mut self.pipe else { return };
+        match pipe.read(buffer) {
+            Ok(0) => self.pipe = None,
+            Ok(n) => self.capture.push(&buffer[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock) => {}
+            Err(_) => self.pipe = None,
+        }
+    }
+}
+
+/// Where a command is in its life.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Running,
+    /// SIGKILL was sent to the group at `at` because the deadline passed.
+    Killed {
+        at: Instant,
+    },
+    /// The shell has exited; output is drained until `until`.
+    Draining {
+        until: Instant,
+    },
+}
+
+pub(crate) fn exec(
+    request: &ExecRequest,
+    cwd: &Path,
+    shell: &Path,
+    max_output: u64,
+) -> Result<ExecOutput, Error> {
+    if request.timeout_ms == 0 {
+        return Err(Error::Invalid("timeout_ms must be positive".to_owned()));
+    }
+    let cap = usize::try_from(request.max_output_bytes.min(max_output)).unwrap_or(usize::MAX);
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(request.timeout_ms).min(MAX_TIMEOUT);
+    let mut child = Command::new(shell)
+        .arg("-c")
+        .arg(&request.command)
+        .current_dir(cwd)
+        .envs(&request.env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            shell: shell.display().to_string(),
+            source,
+        })?;
+    let pid = Pid::from_child(&child);
+    let mut streams = [
+        Stream::new(child.stdout.take(), cap),
+        Stream::new(child.stderr.take(), cap),
+    ];
+    // Without a pidfd (an old kernel or seccomp profile) the exit is found by polling.
+    let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty()).ok();
+    let mut buffer = vec![0; 64 * 1024];
+    let mut phase = Phase::Running;
+    let mut timed_out = false;
+    let mut status: Option<ExitStatus> = None;
+
+    loop {
+        let now = Instant::now();
+        let wake = match phase {
+            Phase::Running | Phase::Killed { .. } if has_exited(pid) => {
+                kill_group(pid);
+                status = child.wait().ok();
+                reap_group(pid);
+                phase = Phase::Draining {
+                    until: now + DRAIN_LIMIT,
+                };
+                continue;
+            }
+            Phase::Running if now >= deadline => {
+                timed_out = true;
+                kill_group(pid);
+                phase = Phase::Killed { at: now };
+                continue;
+            }
+            Phase::Running => tick_unless(pidfd.is_some(), deadline, now),
+            Phase::Killed { at } if now >= at + KILL_LIMIT => break,
+            Phase::Killed { at } => tick_unless(pidfd.is_some(), at + KILL_LIMIT, now),
+            Phase::Draining { until } => {
+                reap_group(pid);
+                let group_alive = rustix::process::test_kill_process_group(pid).is_ok();
+                let pipes_open = streams.iter().any(|s| s.pipe.is_some());
+                if (!pipes_open && !group_alive) || now >= until {
+                    break;
+                }
+                if group_alive {
+                    until.min(now + TICK)
+                } else {
+                    // Only processes outside the group hold the pipes now: give them a moment
+                    // to flush, once, then answer.
+                    let grace = until.min(now + ORPHAN_GRACE);
+                    phase = Phase::Draining { until: grace };
+                    grace
+                }
+            }
+        };
+
+        let mut ready = [false; 2];
+        {
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(3);
+            let mut owners = Vec::with_capacity(2);
+            for (index, stream) in streams.iter().enumerate() {
+                if let Some(pipe) = &stream.pipe {
+                    fds.push(PollFd::new(pipe, PollFlags::IN));
+                    owners.push(index);
+                }
+            }
+            if let (Some(pidfd), Phase::Running | Phase::Killed { .. }) = (&pidfd, phase) {
+                fds.push(PollFd::new(pidfd, PollFlags::IN));
+            }
+            let timeout = timespec(wake.saturating_duration_since(now));
+            // EINTR and friends just mean "look again"; the loop re-derives everything.
+            if rustix::event::poll(&mut fds, Some(&timeout)).is_ok() {
+                for (fd, &index) in fds.iter().zip(&owners) {
+                    ready[index] = !fd.revents().is_empty();
+                }
+            }
+        }
+        for (stream, ready) in streams.iter_mut().zip(ready) {
+            if ready {
+                stream.read_some(&mut buffer);
+            }
+        }
+    }
+
+    let [stdout, stderr] = streams;
+    let (stdout, stdout_omitted_bytes) = stdout.capture.finish();
+    let (stderr, stderr_omitted_bytes) = stderr.capture.finish();
+    Ok(ExecOutput {
+        exit_code: status.and_then(|s| s.code()),
+        signal: status.and_then(|s| s.signal()),
+        timed_out,
+        stdout,
+        stderr,
+        stdout_omitted_bytes,
+        stderr_omitted_bytes,
+        duration_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+/// `target`, or a short tick when nothing will wake `poll` for the event we wait for.
+fn tick_unless(announced: bool, target: Instant, now: Instant) -> Instant {
+    if announced {
+        target
+    } else {
+        target.min(now + TICK)
+    }
+}
+
+fn timespec(duration: Duration) -> Timespec {
+    Timespec::try_from(duration).unwrap_or(Timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    })
+}
+
+/// Whether the shell has exited, leaving it unreaped (`WNOWAIT`) so its pid stays reserved.
+fn has_exited(pid: Pid) -> bool {
+    let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    // An error (ECHILD) means there is nothing left to wait for.
+    !matches!(rustix::process::waitid(WaitId::Pid(pid), options), Ok(None))
+}
+
+fn kill_group(pgid: Pid) {
+    // ESRCH (nobody left) is the expected way for this to fail.
+    let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
+}
+
+/// Reaps the group's members that are our children, without blocking.
+fn reap_group(pgid: Pid) {
+    while let Ok(Some(_)) = rustix::process::waitpgid(pgid, WaitOptions::NOHANG) {}
+}
+
+/// Reaps every exited child, without blocking. Only safe while no command is running, since it
+/// would also collect the status of a shell `exec` is still waiting for.
+pub fn reap_children() {
+    while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
+}
+
+/// Kills and reaps every child of this process, including processes that escaped their
+/// command's group (`setsid`) and were re-parented to the executor. Meant for shutdown.
+pub fn kill_remaining_children() {
+    let me = rustix::process::getpid();
+    for _ in 0..100 {
+        reap_children();
+        let children = children_of(me);
+        if children.is_empty() {
+            return;
+        }
+        for child in children {
+            let _ = rustix::process::kill_process(child, Signal::KILL);
+            if rustix::process::getpgid(Some(child)).ok() == Some(child) {
+                kill_group(child);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The children of `parent`, from `/proc/*/stat` (empty when `/proc` is not mounted).
+fn children_of(parent: Pid) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid = Pid::from_raw(entry.file_name().to_str()?.parse().ok()?)?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // The command name in parentheses may contain anything, so parse after the last ')'.
+            let fields = &stat[stat.rfind(')')? + 1..];
+            let ppid: i32 = fields.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent.as_raw_nonzero().get()).then_some(pid)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn run(command: &str, timeout_ms: u64, max_output_bytes: u64) -> ExecOutput {
+        let request = ExecRequest {
+            command: command.into(),
+            workdir: None,
+            timeout_ms,
+            max_output_bytes,
+            env: BTreeMap::from([("GREETING".into(), "hi".into())]),
+        };
+        exec(&request, Path::new("/"), Path::new("/bin/sh"), u64::MAX).unwrap()
+    }
+
+    /// Runs `command` and compares everything but the duration.
+    fn check(
+        command: &str,
+        max_output_bytes: u64,
+        expected: (Option<i32>, Option<i32>, &str, &str, u64),
+    ) {
+        let mut got = run(command, 60_000, max_output_bytes);
+        got.duration_ms = 0;
+        let (exit_code, signal, stdout, stderr, stdout_omitted_bytes) = expected;
+        let expected = ExecOutput {
+            exit_code,
+            signal,
+            timed_out: false,
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+            stdout_omitted_bytes,
+            stderr_omitted_bytes: 0,
+            duration_ms: 0,
+        };
+        assert_eq!(got, expected, "{command}");
+    }
+
+    #[test]
+    fn runs_commands() {
+        check("echo hello", 100, (Some(0), None, "hello\n", "", 0));
+        check(
+            "echo oops >&2; exit 3",
+            100,
+            (Some(3), None, "", "oops\n", 0),
+        );
+        check(
+            "echo $GREETING; pwd",
+            100,
+            (Some(0), None, "hi\n/\n", "", 0),
+        );
+        check(
+            "read x || echo \"no stdin [$x]\"",
+            100,
+            (Some(0), None, "no stdin []\n", "", 0),
+        );
+        check("kill -TERM $$", 100, (None, Some(15), "", "", 0));
+        check(
+            "printf '\\377ok'",
+            100,
+            (Some(0), None, "\u{fffd}ok", "", 0),
+        );
+        check(
+            "printf 0123456789",
+            4,
+            (Some(0), None, "01\n[... 6 bytes omitted ...]\n89", "", 6),
+        );
+    }
+
+    #[test]
+    fn refuses_a_zero_timeout_and_a_missing_shell() {
+        let request = ExecRequest {
+            command: "true".into(),
+            workdir: None,
+            timeout_ms: 0,
+            max_output_bytes: 10,
+            env: BTreeMap::new(),
+        };
+        let error = exec(&request, Path::new("/"), Path::new("/bin/sh"), 10).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid request: timeout_ms must be positive"
+        );
+        let request = ExecRequest {
+            timeout_ms: 10,
+            ..request
+        };
+        let error = exec(&request, Path::new("/"), Path::new("/nonexistent/sh"), 10).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot start /nonexistent/sh: "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn times_out() {
+        let got = run("echo started; exec sleep 30", 200, 100);
+        assert!(got.timed_out);
+        assert_eq!(
+            (got.exit_code, got.signal, got.stdout.as_str()),
+            (None, Some(9), "started\n")
+        );
+        assert!(got.duration_ms >= 200);
+    }
+}

@@ -1,0 +1,279 @@
+//! The request loop: read a line, handle it, write one response line, in order, forever.
+//!
+//! Requests are handled one at a time (the host serialises them), so a slow command delays the
+//! next request rather than racing it; the host bounds that with `timeout_ms`. No line can stop
+//! the loop: malformed input gets an error response with whatever id could be salvaged. Only
+//! end of input or a failed write (the host went away) ends it.
+
+use std::io::{self, BufRead, Write};
+use std::path::PathBuf;
+
+use crate::confine::{CONTAINER_ROOT, Workspace};
+use crate::error::Error;
+use crate::protocol::{ExecOutput, ExecRequest, Op, Pong, Reply, Request, Response, VERSION};
+use crate::{exec, files, grep};
+
+/// Size and count caps. Every one bounds either the executor's memory or a response's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// The most content bytes one `read_file` response carries.
+    pub max_read_bytes: usize,
+    /// Lines `read_file` returns when the request gives no `limit`.
+    pub read_lines: u64,
+    /// The largest file `write_file` writes and `edit_file` reads or writes.
+    pub max_file_bytes: u64,
+    /// Entries `list_dir` returns at most.
+    pub max_list_entries: usize,
+    /// Matching lines `grep` returns at most.
+    pub max_grep_matches: usize,
+    /// Files larger than this are skipped by `grep`.
+    pub max_grep_file_bytes: u64,
+    /// Files `grep` opens at most per request.
+    pub max_grep_files: u64,
+    /// Bytes of one matching line that `grep` shows.
+    pub max_grep_line_bytes: usize,
+    /// Upper bound on `exec`'s `max_output_bytes`, whatever the request says.
+    pub max_output_bytes: u64,
+    /// The longest request line accepted (`write_file` content is inside it, JSON-escaped).
+    pub max_request_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_read_bytes: 256 * 1024,
+            read_lines: 2000,
+            max_file_bytes: 16 * 1024 * 1024,
+            max_list_entries: 1000,
+            max_grep_matches: 500,
+            max_grep_file_bytes: 4 * 1024 * 1024,
+            max_grep_files: 50_000,
+            max_grep_line_bytes: 400,
+            max_output_bytes: 16 * 1024 * 1024,
+            max_request_bytes: 128 * 1024 * 1024,
+        }
+    }
+}
+
+/// Everything the executor needs to know before it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The workspace root: file ops are confined to it and commands start in it.
+    pub root: PathBuf,
+    /// The shell that runs commands as `shell -c command`.
+    pub shell: PathBuf,
+    /// Size and count caps.
+    pub limits: Limits,
+    /// Reap every exited child between requests. Right for the executor process, which is a
+    /// subreaper and adopts its commands' orphans; wrong inside a test process, where it would
+    /// steal the exit status of children that other threads wait for.
+    pub reap_orphans: bool,
+}
+
+impl Config {
+    /// The defaults for the sandbox: root `/workspace`, shell `/bin/sh`, default limits.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: root.into(),
+            shell: PathBuf::from("/bin/sh"),
+            limits: Limits::default(),
+            reap_orphans: true,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::new(CONTAINER_ROOT)
+    }
+}
+
+/// A configured executor with its workspace root held open.
+#[derive(Debug)]
+pub struct Executor {
+    config: Config,
+    workspace: Workspace,
+}
+
+impl Executor {
+    /// Opens the workspace root; fails if it is not a directory.
+    pub fn new(config: Config) -> io::Result<Self> {
+        let workspace = Workspace::open(&config.root)?;
+        Ok(Self { config, workspace })
+    }
+
+    /// The confined view of the root that file ops go through.
+    pub fn workspace(&self) -> &Workspace {
+        &self.workspace
+    }
+
+    /// Serves requests from `input` until it ends. Returns the error of a failed read or write;
+    /// a broken pipe on `output` means the host has gone.
+    pub fn serve(&self, mut input: impl BufRead, mut output: impl Write) -> io::Result<()> {
+        let cap = self.config.limits.max_request_bytes;
+        loop {
+            let Some(line) = files::read_line(&mut input, cap.saturating_add(1))? else {
+                return Ok(());
+            };
+            let response = if line.total > cap as u64 {
+                let message = format!(
+                    "the request line is {} bytes; the limit is {cap}",
+                    line.total
+                );
+                Response {
+                    id: None,
+                    result: Err(Error::Malformed(message).to_string()),
+                }
+            } else if line.kept.trim_ascii().is_empty() {
+                continue;
+            } else {
+                self.handle_line(&line.kept)
+            };
+            let mut text = response.to_line();
+            text.push('\n');
+            output.write_all(text.as_bytes())?;
+            output.flush()?;
+        }
+    }
+
+    /// Handles one request line (without or with its newline).
+    pub fn handle_line(&self, line: &[u8]) -> Response {
+        match serde_json::from_slice::<Request>(line) {
+            Ok(request) => self.handle(&request),
+            Err(e) => {
+                // Salvage the id if the line is JSON with a numeric id, so the host can match
+                // the error to its request.
+                let id = serde_json::from_slice::<serde_json::Value>(line)
+                    .ok()
+                    .and_then(|value| value.get("id")?.as_u64());
+                Response {
+                    id,
+                    result: Err(Error::Malformed(e.to_string()).to_string()),
+                }
+            }
+        }
+    }
+
+    /// Handles one parsed request.
+    pub fn handle(&self, request: &Request) -> Response {
+        if self.config.reap_orphans {
+            exec::reap_children();
+        }
+        let (workspace, limits) = (&self.workspace, &self.config.limits);
+        let result = match &request.op {
+            Op::Exec(r) => self.exec(r).map(Reply::Exec),
+            Op::ReadFile(r) => files::read_file(workspace, limits, r).map(Reply::ReadFile),
+            Op::WriteFile(r) => files::write_file(workspace, limits, r).map(Reply::WriteFile),
+            Op::EditFile(r) => files::edit_file(workspace, limits, r).map(Reply::EditFile),
+            Op::ListDir(r) => files::list_dir(workspace, limits, r).map(Reply::ListDir),
+            Op::Grep(r) => grep::grep(workspace, limits, r).map(Reply::Grep),
+            Op::Ping => Ok(Reply::Pong(Pong {
+                version: VERSION.to_owned(),
+            })),
+        };
+        Response {
+            id: Some(request.id),
+            result: result.map_err(|e| e.to_string()),
+        }
+    }
+
+    fn exec(&self, request: &ExecRequest) -> Result<ExecOutput, Error> {
+        let cwd = self
+            .workspace
+            .workdir(request.workdir.as_deref().unwrap_or(""))?;
+        exec::exec(
+            request,
+            &cwd,
+            &self.config.shell,
+            self.config.limits.max_output_bytes,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `input` to a fresh executor on an empty temp root and compares the output lines,
+    /// with `duration_ms` zeroed.
+    fn check(input: &str, expected: &[&str]) {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            reap_orphans: false,
+            limits: Limits {
+                max_request_bytes: 200,
+                ..Limits::default()
+            },
+            ..Config::new(tmp.path())
+        };
+        let executor = Executor::new(config).unwrap();
+        let mut output = Vec::new();
+        executor.serve(input.as_bytes(), &mut output).unwrap();
+        let duration = regex::Regex::new(r#""duration_ms":\d+"#).unwrap();
+        let output = String::from_utf8(output).unwrap();
+        let got: Vec<String> = output
+            .lines()
+            .map(|l| duration.replace(l, r#""duration_ms":0"#).into_owned())
+            .collect();
+        assert_eq!(got, expected, "{input}");
+        assert!(output.is_empty() || output.ends_with('\n'));
+    }
+
+    #[test]
+    fn answers_every_line_in_order() {
+        check("", &[]);
+        check("\n  \n", &[]);
+        check(
+            concat!(
+                r#"{"id":1,"op":"ping"}"#,
+                "\n",
+                r#"{"id":2,"op":"write_file","path":"a/b.txt","content":"one\ntwo\n"}"#,
+                "\n",
+                r#"{"id":3,"op":"exec","command":"cat a/b.txt; exit 4","timeout_ms":10000,"max_output_bytes":100}"#,
+                "\n",
+                r#"{"id":4,"op":"exec","command":"basename \"$PWD\"","workdir":"/workspace/a","timeout_ms":10000,"max_output_bytes":100}"#,
+                "\n",
+                r#"{"id":5,"op":"exec","command":"pwd","workdir":"../","timeout_ms":10000,"max_output_bytes":0}"#,
+                "\n",
+                r#"{"id":6,"op":"read_file","path":"a/b.txt","offset":1}"#,
+                "\n",
+            ),
+            &[
+                &format!(r#"{{"id":1,"ok":true,"version":"{VERSION}"}}"#),
+                r#"{"id":2,"ok":true,"bytes":8,"created":true}"#,
+                r#"{"id":3,"ok":true,"exit_code":4,"timed_out":false,"stdout":"one\ntwo\n","stderr":"","stdout_omitted_bytes":0,"stderr_omitted_bytes":0,"duration_ms":0}"#,
+                r#"{"id":4,"ok":true,"exit_code":0,"timed_out":false,"stdout":"a\n","stderr":"","stdout_omitted_bytes":0,"stderr_omitted_bytes":0,"duration_ms":0}"#,
+                r#"{"id":5,"ok":false,"error":"path escapes the workspace: ../"}"#,
+                r#"{"id":6,"ok":true,"content":"two\n","lines":1,"size":8}"#,
+            ],
+        );
+    }
+
+    #[test]
+    fn malformed_lines_get_errors_and_serving_goes_on() {
+        check(
+            concat!(
+                "not json\n",
+                r#"{"id":5,"op":"launch"}"#,
+                "\n",
+                r#"{"id":6,"op":"exec"}"#,
+                "\n",
+                r#"{"id":"seven","op":"ping"}"#,
+                "\n",
+                "\u{1}\u{2}\n",
+                r#"{"id":8,"op":"ping","padding":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#,
+                "\n",
+                r#"{"id":9,"op":"ping"}"#,
+            ),
+            &[
+                r#"{"id":null,"ok":false,"error":"malformed request: expected ident at line 1 column 2"}"#,
+                r#"{"id":5,"ok":false,"error":"malformed request: unknown variant `launch`, expected one of `exec`, `read_file`, `write_file`, `edit_file`, `list_dir`, `grep`, `ping` at line 1 column 22"}"#,
+                r#"{"id":6,"ok":false,"error":"malformed request: missing field `command` at line 1 column 20"}"#,
+                r#"{"id":null,"ok":false,"error":"malformed request: invalid type: string \"seven\", expected u64 at line 1 column 13"}"#,
+                r#"{"id":null,"ok":false,"error":"malformed request: expected value at line 1 column 1"}"#,
+                r#"{"id":null,"ok":false,"error":"malformed request: the request line is 229 bytes; the limit is 200"}"#,
+                &format!(r#"{{"id":9,"ok":true,"version":"{VERSION}"}}"#),
+            ],
+        );
+    }
+}
