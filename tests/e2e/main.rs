@@ -7,4 +7,6 @@
 
 mod bad_input;
 mod demo;
+mod loops;
+mod sandbox;
 mod support;

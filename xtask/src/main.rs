@@ -2,9 +2,10 @@
 //!
 //! - `ci`            what `.ci/run` runs: prerequisites, fmt, clippy, the whole test suite
 //! - `test-sandbox`  build the sandbox image and run every Docker-dependent test
-//! - `image`         (re)build the default sandbox image `nerve-sandbox:latest`
+//! - `image`         (re)build the default sandbox image `nerve-sandbox:latest` and the static
+//!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
-//! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain)
+//! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, sandbox)
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
@@ -15,7 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 const USAGE: &str =
-    "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain]>";
+    "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain|sandbox]>";
+
+/// The target triple the executor is built for: `--target` keeps `+crt-static` away from
+/// build scripts and proc macros, which must stay dynamic.
+const EXECUTOR_TRIPLE: &str = "x86_64-unknown-linux-gnu";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -24,7 +29,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("test-sandbox") => test_sandbox(),
-        Some("image") => image(true),
+        Some("image") => image(true).map(drop),
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some(other) => bail!("unknown task `{other}`\n{USAGE}"),
@@ -36,6 +41,14 @@ fn project_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Cargo's target directory: `$CARGO_TARGET_DIR` (relative to the project root), else `target`.
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => project_root().join(dir),
+        None => project_root().join("target"),
+    }
 }
 
 fn cargo() -> Command {
@@ -71,16 +84,18 @@ fn ci() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    image(false)?;
+    let executor = image(false)?;
     // Docker tests must run here: a missing engine is a failure, never a skip.
     run(cargo()
         .args(["test", "--workspace"])
-        .env("NERVE_REQUIRE_DOCKER", "1"))
+        .env("NERVE_REQUIRE_DOCKER", "1")
+        .env(nerve_hands::EXECUTOR_ENV, &executor))
 }
 
 fn test_sandbox() -> Result<()> {
-    ensure_prerequisites()?;
-    image(false)?;
+    let executor = image(false)?;
+    // The end-to-end tests drive the real `nerve` binary.
+    run(cargo().args(["build", "--package", "nerve-cli"]))?;
     run(cargo()
         .args([
             "test",
@@ -91,12 +106,15 @@ fn test_sandbox() -> Result<()> {
             "-p",
             "nerve-tests",
         ])
-        .env("NERVE_REQUIRE_DOCKER", "1"))
+        .env("NERVE_REQUIRE_DOCKER", "1")
+        .env(nerve_hands::EXECUTOR_ENV, &executor))
 }
 
-/// Builds the default sandbox image; with `force`, even when it exists.
-fn image(force: bool) -> Result<()> {
+/// Builds the static executor and the default sandbox image (the image only when missing,
+/// unless `force`). Returns where the executor is.
+fn image(force: bool) -> Result<PathBuf> {
     ensure_prerequisites()?;
+    let executor = build_executor()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -112,12 +130,56 @@ fn image(force: bool) -> Result<()> {
             .await?;
         }
         Ok::<(), anyhow::Error>(())
-    })
+    })?;
+    Ok(executor)
+}
+
+/// Builds `nerve-executor` static and stripped, and installs it as
+/// `<target dir>/sandbox/nerve-executor`, where `nerve` and the tests look for it. It is
+/// built in its own target directory (`<target dir>/executor`) so that its RUSTFLAGS do not
+/// invalidate the cache of the normal build.
+fn build_executor() -> Result<PathBuf> {
+    let target = target_dir();
+    let build_dir = target.join("executor");
+    run(cargo()
+        .args([
+            "build",
+            "--release",
+            "--package",
+            "nerve-executor",
+            "--target",
+            EXECUTOR_TRIPLE,
+        ])
+        .env("CARGO_TARGET_DIR", &build_dir)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS"))?;
+    let built = build_dir
+        .join(EXECUTOR_TRIPLE)
+        .join("release")
+        .join("nerve-executor");
+    let sandbox_dir = target.join("sandbox");
+    std::fs::create_dir_all(&sandbox_dir)
+        .with_context(|| format!("cannot create {}", sandbox_dir.display()))?;
+    // Copy, strip, then rename into place: running sandboxes have the old file bind-mounted,
+    // and a rename leaves their inode alone where an in-place write would change it.
+    let staged = sandbox_dir.join(".nerve-executor.new");
+    std::fs::copy(&built, &staged).with_context(|| format!("cannot copy {}", built.display()))?;
+    match Command::new("strip").arg(&staged).status() {
+        Ok(status) if status.success() => {}
+        Ok(status) => {
+            eprintln!("warning: strip failed ({status}); keeping the unstripped executor")
+        }
+        Err(_) => eprintln!("note: no `strip` on PATH; the executor keeps its symbols"),
+    }
+    let installed = sandbox_dir.join("nerve-executor");
+    std::fs::rename(&staged, &installed)
+        .with_context(|| format!("cannot install {}", installed.display()))?;
+    eprintln!("executor: {}", installed.display());
+    Ok(installed)
 }
 
 fn demo() -> Result<()> {
-    ensure_prerequisites()?;
-    image(false)?;
+    let executor = image(false)?;
     run(cargo().args(["build", "--quiet", "--package", "nerve-cli"]))?;
     let demo = Path::new("target").join("demo");
     let workspace = demo.join("workspace");
@@ -127,8 +189,9 @@ fn demo() -> Result<()> {
     }
     copy_dir(Path::new("examples/demo/workspace"), &workspace)?;
     let db = demo.join("nerve.db");
-    let nerve = Path::new("target").join("debug").join("nerve");
+    let nerve = target_dir().join("debug").join("nerve");
     let output = Command::new(&nerve)
+        .env(nerve_hands::EXECUTOR_ENV, &executor)
         .args(["--db"])
         .arg(&db)
         .args(["run", "--workspace"])
@@ -159,6 +222,7 @@ fn demo() -> Result<()> {
     println!("{}", std::fs::read_to_string(workspace.join("greet.sh"))?);
     println!("replay of {id}:");
     run(Command::new(&nerve)
+        .env(nerve_hands::EXECUTOR_ENV, &executor)
         .arg("--db")
         .arg(&db)
         .args(["replay", &id]))
@@ -182,14 +246,23 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 
 fn bench(area: Option<&str>) -> Result<()> {
     let packages: &[&str] = match area {
-        None => &["nerve-core", "nerve-session", "nerve-brain"],
+        None => &["nerve-core", "nerve-session", "nerve-brain", "nerve-hands"],
         Some("core") => &["nerve-core"],
         Some("session") => &["nerve-session"],
         Some("brain") => &["nerve-brain"],
+        Some("sandbox") => &["nerve-hands"],
         Some(other) => bail!("unknown bench area `{other}`\n{USAGE}"),
     };
     for package in packages {
-        run(cargo().args(["bench", "--package", package]))?;
+        if *package == "nerve-hands" {
+            // The sandbox benchmark needs the engine, the image and the executor.
+            let executor = image(false)?;
+            run(cargo()
+                .args(["bench", "--package", package, "--bench", "sandbox"])
+                .env(nerve_hands::EXECUTOR_ENV, &executor))?;
+        } else {
+            run(cargo().args(["bench", "--package", package]))?;
+        }
     }
     Ok(())
 }

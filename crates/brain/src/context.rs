@@ -2,7 +2,8 @@
 //! so that a checkpoint is a snapshot of it.
 
 use nerve_core::{
-    ExecutionId, Message, MicroUsd, TaskId, TaskStatus, TerminationReason, TokenUsage, TurnRecord,
+    ExecutionId, LoopType, Message, MicroUsd, TaskId, TaskStatus, TerminationReason, TokenUsage,
+    TurnRecord,
 };
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +18,8 @@ pub struct AgentContext {
     pub cost: MicroUsd,
     pub task_status: TaskStatus,
     pub compactions: u32,
+    /// The loop that runs (never `auto` once resolved).
+    pub loop_type: LoopType,
 }
 
 impl AgentContext {

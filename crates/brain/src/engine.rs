@@ -1,25 +1,29 @@
 //! `AgentEngine`: takes a task from `assigned` to a well-defined end. It validates the
-//! task, records the start, seeds the conversation, runs a loop under the guardrails and
-//! records the finish; every step is an event through the sink port.
+//! task, chooses the loop, records the start, seeds the conversation, runs the loop under
+//! the guardrails and records the finish; every step is an event through the sink port.
+//! It also resumes an execution rebuilt from its log.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nerve_core::event::{
-    CallPurpose, ContextCreated, Finish, MessageAppended, ModelCalled, Retry, Started,
-    TaskTransition,
-};
+use nerve_core::event::{ContextCreated, Finish, Resumed, Started};
 use nerve_core::{
-    CredentialKeyError, Event, EventSink, ExecutionId, LoopType, Message, MicroUsd, SinkError,
-    TaskId, TaskStatus, TerminationReason, TokenUsage, ToolDefinition, ToolExecutor,
-    TransitionError, validate_metadata,
+    Complexity, CredentialKeyError, Event, EventSink, ExecutionId, LoopType, Message, MessagePart,
+    MicroUsd, TaskId, TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId, ToolExecutor,
+    ToolResult, TransitionError, validate_metadata,
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::{Approval, Approver, PolicyAction, ToolPolicy, Unattended};
+use crate::auto::{AutoLoopConfig, select_loop};
 use crate::context::{AgentContext, ExecutionResult};
-use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
+use crate::plan::{self, PlanMode};
+use crate::prompt::PromptProfile;
+use crate::provider::Provider;
 use crate::react;
 use crate::retry::RetryPolicy;
+use crate::runner::{Guards, Run, Stop};
+use crate::stagnation::{StagnationConfig, StagnationDetector};
 
 /// Prices in micro-dollars per million tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,17 +39,38 @@ impl Pricing {
     }
 }
 
-/// The guardrails and choices of one execution.
+/// The guardrails and choices of one execution. Defaults are the design's.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
+    /// The loop to run; `auto` resolves from `complexity` and the budget.
     pub loop_type: LoopType,
+    pub complexity: Option<Complexity>,
+    pub auto: AutoLoopConfig,
     pub max_turns: u32,
     pub timeout: Option<Duration>,
     pub budget_tokens: Option<u64>,
     pub budget_cost: Option<MicroUsd>,
+    /// Tokens left at which the one-time near-budget warning fires.
+    pub reserve_tokens: u64,
+    /// Percent of the cost limit left at which the warning fires.
+    pub reserve_cost_percent: u32,
     pub pricing: Pricing,
     pub context_window: Option<u64>,
     pub retry: RetryPolicy,
+    pub stagnation: StagnationConfig,
+    pub policy: ToolPolicy,
+    /// Continuation prompts after `max_tokens` before the answer is taken as final.
+    pub max_tokens_recoveries: u32,
+    /// Re-prompts of an empty answer right after a failing tool result.
+    pub premature_end_retries: u32,
+    pub max_replans: u32,
+    /// Hybrid: most plan steps, and turns per step.
+    pub hybrid_max_steps: usize,
+    pub hybrid_step_turns: u32,
+    /// Plan-execute: most plan steps.
+    pub plan_max_steps: usize,
+    /// `None`: chosen from the model's name.
+    pub prompt_profile: Option<PromptProfile>,
     /// Settings worth recording in the start event (never secrets).
     pub recorded_config: serde_json::Value,
 }
@@ -54,13 +79,26 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             loop_type: LoopType::React,
+            complexity: None,
+            auto: AutoLoopConfig::default(),
             max_turns: 20,
             timeout: None,
             budget_tokens: None,
             budget_cost: None,
+            reserve_tokens: 512,
+            reserve_cost_percent: 10,
             pricing: Pricing::default(),
             context_window: None,
             retry: RetryPolicy::default(),
+            stagnation: StagnationConfig::default(),
+            policy: ToolPolicy::default(),
+            max_tokens_recoveries: 2,
+            premature_end_retries: 2,
+            max_replans: 3,
+            hybrid_max_steps: 7,
+            hybrid_step_turns: 5,
+            plan_max_steps: 20,
+            prompt_profile: None,
             recorded_config: serde_json::Value::Null,
         }
     }
@@ -78,6 +116,28 @@ pub struct Task {
     pub workspace: String,
 }
 
+/// An execution as its log left it, for [`AgentEngine::resume`]. The CLI builds it from
+/// the session's replay; brain does not read the log itself.
+#[derive(Debug, Clone)]
+pub struct ResumeState {
+    pub task_id: TaskId,
+    pub messages: Vec<Message>,
+    /// Completed turns.
+    pub turns: u32,
+    pub usage: TokenUsage,
+    pub cost: MicroUsd,
+    pub task_status: TaskStatus,
+    /// Usage of the model call of the turn that began but never completed, if any.
+    pub pending_turn_usage: TokenUsage,
+    /// Tool calls started but never finished: their effect is in doubt.
+    pub in_doubt: Vec<ToolCallId>,
+    /// Human decisions recorded for calls that were waiting for approval.
+    pub approvals: Vec<(ToolCallId, Approval)>,
+    /// 1 for the first resume.
+    pub attempt: u32,
+    pub from_checkpoint_seq: Option<u64>,
+}
+
 /// Why an execution could not start. Nothing has been recorded when these are returned.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -90,14 +150,21 @@ pub enum EngineError {
     /// The budget is already exhausted before the first call. Not retryable.
     #[error("budget exhausted before start: {0}")]
     Budget(String),
+    /// The log holds nothing to resume from. Not retryable.
+    #[error("nothing to resume: {0}")]
+    NothingToResume(String),
 }
 
 /// Runs agents. Holds the concrete parts behind the core ports.
 #[derive(Clone)]
 pub struct AgentEngine {
     pub provider: Arc<dyn Provider>,
+    /// A separate model for planning and checkpoint calls; `None`: `provider`.
+    pub planner: Option<Arc<dyn Provider>>,
     pub tools: Arc<dyn ToolExecutor>,
     pub sink: Arc<dyn EventSink>,
+    /// Who answers `ask` rules; [`Unattended`] parks instead.
+    pub approver: Arc<dyn Approver>,
     pub config: EngineConfig,
 }
 
@@ -106,207 +173,40 @@ impl std::fmt::Debug for AgentEngine {
         f.debug_struct("AgentEngine")
             .field("provider", &self.provider.name())
             .field("config", &self.config)
-            .finish()
-    }
-}
-
-const SYSTEM_PROMPT: &str = "You are Nerve, an autonomous software agent working in a sandboxed workspace. \
-The workspace is your current directory (/workspace); it has no network access. Use the tools to inspect \
-and change it, verify what you did, and finish with a short final answer that says what changed.";
-
-/// Why a loop stopped early; carried out of the guardrail checks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Stop {
-    pub(crate) reason: TerminationReason,
-    pub(crate) error: Option<String>,
-}
-
-impl Stop {
-    pub(crate) fn new(reason: TerminationReason, error: impl Into<String>) -> Self {
-        Self {
-            reason,
-            error: Some(error.into()),
-        }
-    }
-}
-
-impl From<SinkError> for Stop {
-    fn from(error: SinkError) -> Self {
-        Self::new(TerminationReason::Error, error.to_string())
-    }
-}
-
-/// Everything a loop needs while it runs.
-pub(crate) struct Run {
-    pub(crate) execution_id: ExecutionId,
-    pub(crate) provider: Arc<dyn Provider>,
-    pub(crate) tools: Arc<dyn ToolExecutor>,
-    pub(crate) tool_definitions: Vec<ToolDefinition>,
-    sink: Arc<dyn EventSink>,
-    pub(crate) config: EngineConfig,
-    pub(crate) ctx: AgentContext,
-    cancel: CancellationToken,
-    deadline: Option<Instant>,
-}
-
-impl Run {
-    pub(crate) async fn record(&self, event: Event) -> Result<(), SinkError> {
-        self.sink.append(self.execution_id, event).await.map(|_| ())
-    }
-
-    pub(crate) async fn push_message(&mut self, message: Message) -> Result<(), SinkError> {
-        let index = u32::try_from(self.ctx.messages.len()).unwrap_or(u32::MAX);
-        self.record(Event::MessageAppended(MessageAppended {
-            index,
-            message: message.clone(),
-        }))
-        .await?;
-        self.ctx.messages.push(message);
-        Ok(())
-    }
-
-    async fn transition(&mut self, to: TaskStatus) -> Result<(), Stop> {
-        let from = self.ctx.task_status;
-        from.transition(to)
-            .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
-        self.record(Event::TaskTransition(TaskTransition { from, to }))
-            .await?;
-        self.ctx.task_status = to;
-        Ok(())
-    }
-
-    /// The checks made at every turn boundary, in order: cancellation, wall clock, turns.
-    pub(crate) fn check_boundary(&self) -> Result<(), Stop> {
-        if self.cancel.is_cancelled() {
-            return Err(Stop {
-                reason: TerminationReason::Shutdown,
-                error: None,
-            });
-        }
-        if self
-            .deadline
-            .is_some_and(|deadline| Instant::now() >= deadline)
-        {
-            return Err(Stop::new(
-                TerminationReason::TimedOut,
-                "wall-clock timeout reached",
-            ));
-        }
-        if self.ctx.turn_count() >= self.config.max_turns {
-            return Err(Stop::new(
-                TerminationReason::MaxTurns,
-                format!("reached the limit of {} turns", self.config.max_turns),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Budgets are checked before every model call, retries included.
-    fn check_budget(&self) -> Result<(), Stop> {
-        if let Some(limit) = self.config.budget_tokens
-            && self.ctx.usage.total() >= limit
-        {
-            return Err(Stop::new(
-                TerminationReason::BudgetExhausted,
-                format!(
-                    "token budget exhausted: {} of {limit} tokens used",
-                    self.ctx.usage.total()
-                ),
-            ));
-        }
-        if let Some(limit) = self.config.budget_cost
-            && self.ctx.cost >= limit
-        {
-            return Err(Stop::new(
-                TerminationReason::BudgetExhausted,
-                format!("cost budget exhausted: {} of {limit} spent", self.ctx.cost),
-            ));
-        }
-        Ok(())
-    }
-
-    /// One model call with retries. Usage of every attempt is charged.
-    pub(crate) async fn call_model(
-        &mut self,
-        turn: u32,
-        purpose: CallPurpose,
-    ) -> Result<ModelResponse, Stop> {
-        let mut attempt = 1;
-        let mut slept = Duration::ZERO;
-        loop {
-            self.check_budget()?;
-            if self.cancel.is_cancelled() {
-                return Err(Stop {
-                    reason: TerminationReason::Shutdown,
-                    error: None,
-                });
-            }
-            let request = ModelRequest {
-                messages: &self.ctx.messages,
-                tools: &self.tool_definitions,
-                purpose,
-            };
-            let result = self.provider.complete(request).await;
-            let (outcome, usage) = match &result {
-                Ok(response) => ("ok", response.usage),
-                Err(error) => (error.kind(), TokenUsage::default()),
-            };
-            self.record(Event::ModelCalled(ModelCalled {
-                turn,
-                purpose,
-                outcome: outcome.to_owned(),
-                usage,
-            }))
-            .await?;
-            match result {
-                Ok(response) => {
-                    self.ctx.usage += response.usage;
-                    self.ctx.cost += self.config.pricing.cost(response.usage);
-                    return Ok(response);
-                }
-                Err(ProviderError::Transient {
-                    kind,
-                    message,
-                    retry_after,
-                }) => {
-                    let delay = self.config.retry.delay(attempt, retry_after);
-                    if attempt >= self.config.retry.max_attempts
-                        || slept + delay > self.config.retry.max_total_delay
-                    {
-                        return Err(Stop::new(
-                            TerminationReason::Error,
-                            format!("provider failed after {attempt} attempts: {kind}: {message}"),
-                        ));
-                    }
-                    let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-                    self.record(Event::Retry(Retry {
-                        turn,
-                        attempt,
-                        error: kind.to_owned(),
-                        delay_ms: millis,
-                    }))
-                    .await?;
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = self.cancel.cancelled() => return Err(Stop { reason: TerminationReason::Shutdown, error: None }),
-                    }
-                    slept += delay;
-                    attempt += 1;
-                }
-                Err(
-                    error @ (ProviderError::ContextOverflow(_) | ProviderError::Permanent { .. }),
-                ) => {
-                    return Err(Stop::new(
-                        TerminationReason::Error,
-                        format!("provider error: {error}"),
-                    ));
-                }
-            }
-        }
+            .finish_non_exhaustive()
     }
 }
 
 impl AgentEngine {
+    /// An engine with no separate planner and no interactive approver.
+    pub fn new(
+        provider: Arc<dyn Provider>,
+        tools: Arc<dyn ToolExecutor>,
+        sink: Arc<dyn EventSink>,
+        config: EngineConfig,
+    ) -> Self {
+        Self { provider, planner: None, tools, sink, approver: Arc::new(Unattended), config }
+    }
+
+    fn new_run(&self, execution_id: ExecutionId, ctx: AgentContext, cancel: CancellationToken) -> Run {
+        Run {
+            execution_id,
+            provider: Arc::clone(&self.provider),
+            planner: self.planner.clone(),
+            tools: Arc::clone(&self.tools),
+            approver: Arc::clone(&self.approver),
+            tool_definitions: self.tools.definitions(),
+            sink: Arc::clone(&self.sink),
+            config: self.config.clone(),
+            ctx,
+            cancel,
+            deadline: self.config.timeout.map(|t| Instant::now() + t),
+            stagnation: StagnationDetector::new(self.config.stagnation),
+            guards: Guards::default(),
+            step: None,
+        }
+    }
+
     /// Runs `task` to its end. Returns `Err` only when the execution could not start, in
     /// which case nothing was recorded.
     pub async fn run(
@@ -325,44 +225,42 @@ impl AgentEngine {
         if self.config.budget_tokens == Some(0) || self.config.budget_cost == Some(MicroUsd::ZERO) {
             return Err(EngineError::Budget("the budget is zero".into()));
         }
-
-        let mut run = Run {
+        let ctx = AgentContext {
             execution_id,
-            provider: Arc::clone(&self.provider),
-            tools: Arc::clone(&self.tools),
-            tool_definitions: self.tools.definitions(),
-            sink: Arc::clone(&self.sink),
-            config: self.config.clone(),
-            ctx: AgentContext {
-                execution_id,
-                task_id: task.id,
-                messages: Vec::new(),
-                turns: Vec::new(),
-                usage: TokenUsage::default(),
-                cost: MicroUsd::ZERO,
-                task_status: task.status,
-                compactions: 0,
-            },
-            cancel,
-            deadline: self.config.timeout.map(|t| Instant::now() + t),
+            task_id: task.id,
+            messages: Vec::new(),
+            turns: Vec::new(),
+            usage: TokenUsage::default(),
+            cost: MicroUsd::ZERO,
+            task_status: task.status,
+            compactions: 0,
+            loop_type: self.config.loop_type,
         };
+        let mut run = self.new_run(execution_id, ctx, cancel);
+        // A fresh run has spent nothing, so only the complexity decides here.
+        run.ctx.loop_type =
+            select_loop(self.config.loop_type, self.config.complexity, run.budget_used_percent(), &self.config.auto);
         let outcome = match self.start(&mut run, &task).await {
-            Ok(()) => self.drive(&mut run).await,
+            Ok(()) => drive(&mut run).await,
             Err(stop) => stop,
         };
         Ok(finish(run, outcome).await)
     }
 
     async fn start(&self, run: &mut Run, task: &Task) -> Result<(), Stop> {
+        let mut recorded = self.config.recorded_config.clone();
+        if let Some(map) = recorded.as_object_mut() {
+            map.insert("requested_loop".into(), serde_json::json!(self.config.loop_type));
+        }
         run.record(Event::Started(Started {
             task_id: task.id,
             task: task.description.clone(),
             workspace: task.workspace.clone(),
-            loop_type: self.config.loop_type,
+            loop_type: run.ctx.loop_type,
             provider: self.provider.name().to_owned(),
             model: self.provider.model().to_owned(),
             max_turns: self.config.max_turns,
-            config: self.config.recorded_config.clone(),
+            config: recorded,
         }))
         .await?;
         if run.ctx.task_status == TaskStatus::Created {
@@ -370,26 +268,144 @@ impl AgentEngine {
         }
         run.record(Event::ContextCreated(ContextCreated {
             context_window: self.config.context_window,
-            tools: run
-                .tool_definitions
-                .iter()
-                .map(|d| d.name.clone())
-                .collect(),
+            tools: run.tool_definitions.iter().map(|d| d.name.clone()).collect(),
         }))
         .await?;
-        run.push_message(Message::system(SYSTEM_PROMPT)).await?;
-        run.push_message(Message::user(task.description.clone()).pinned())
-            .await?;
+        let profile = self.config.prompt_profile.unwrap_or_else(|| PromptProfile::for_model(self.provider.model()));
+        run.push_message(Message::system(profile.system_prompt())).await?;
+        run.push_message(Message::user(task.description.clone()).pinned()).await?;
         run.transition(TaskStatus::InProgress).await?;
         Ok(())
     }
 
-    async fn drive(&self, run: &mut Run) -> Stop {
-        match self.config.loop_type {
-            // The plan loops arrive with the engine issue; until then every loop is react.
-            LoopType::React | LoopType::PlanExecute | LoopType::Hybrid | LoopType::Auto => {
-                react::run(run).await
+    /// Continues an execution from its log: records the resume, settles the calls of the
+    /// interrupted turn (in-doubt calls are told to the model, never re-run; decided
+    /// approvals are carried out), then runs the ReAct loop to the end. A resumed plan loop
+    /// continues as ReAct: its plan and progress are in the conversation.
+    pub async fn resume(
+        &self,
+        execution_id: ExecutionId,
+        state: ResumeState,
+        cancel: CancellationToken,
+    ) -> Result<ExecutionResult, EngineError> {
+        if state.messages.is_empty() {
+            return Err(EngineError::NothingToResume("the log holds no conversation".into()));
+        }
+        let ctx = AgentContext {
+            execution_id,
+            task_id: state.task_id,
+            messages: state.messages.clone(),
+            turns: Vec::new(),
+            usage: state.usage + state.pending_turn_usage,
+            cost: state.cost + self.config.pricing.cost(state.pending_turn_usage),
+            task_status: state.task_status,
+            compactions: 0,
+            loop_type: LoopType::React,
+        };
+        let mut run = self.new_run(execution_id, ctx, cancel);
+        // Turn records before the resume are in the log; keep the count contiguous.
+        run.ctx.turns = (1..=state.turns)
+            .map(|turn| nerve_core::TurnRecord {
+                turn,
+                usage: TokenUsage::default(),
+                cost: MicroUsd::ZERO,
+                tool_calls: Vec::new(),
+                finish: String::new(),
+                duration_ms: 0,
+            })
+            .collect();
+        let outcome = match resume_start(&mut run, &state).await {
+            Ok(()) => react::run(&mut run).await,
+            Err(stop) => stop,
+        };
+        Ok(finish(run, outcome).await)
+    }
+}
+
+async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
+    run.record(Event::Resumed(Resumed {
+        attempt: state.attempt,
+        from_checkpoint_seq: state.from_checkpoint_seq,
+        from_turn: state.turns,
+        in_doubt: state.in_doubt.clone(),
+    }))
+    .await?;
+    if run.ctx.task_status != TaskStatus::InProgress {
+        run.transition(TaskStatus::InProgress).await?;
+    }
+    // The calls of the last assistant message that have no result yet.
+    let answered: Vec<&ToolCallId> = run
+        .ctx
+        .messages
+        .iter()
+        .flat_map(|m| &m.parts)
+        .filter_map(|part| match part {
+            MessagePart::ToolResult(result) => Some(&result.call_id),
+            MessagePart::Text { .. }
+            | MessagePart::ToolCall(_)
+            | MessagePart::Thinking { .. }
+            | MessagePart::CompactionSummary { .. } => None,
+        })
+        .collect();
+    let pending: Vec<ToolCall> = run
+        .ctx
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == nerve_core::MessageRole::Assistant)
+        .map(|m| m.tool_calls().filter(|call| !answered.contains(&&call.id)).cloned().collect())
+        .unwrap_or_default();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let number = state.turns + 1;
+    for call in &pending {
+        if state.in_doubt.contains(&call.id) {
+            let result = ToolResult {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                content: "[Nerve] The execution stopped while this call was running, so its effect is unknown. \
+                          Check the workspace before running it again."
+                    .into(),
+                is_error: true,
+            };
+            react::finish_tool(run, number, result, 0).await?;
+            continue;
+        }
+        let (action, _) = run.config.policy.evaluate(call);
+        let decided = state.approvals.iter().find(|(id, _)| *id == call.id).map(|(_, a)| a.clone());
+        match (action, decided) {
+            (PolicyAction::Ask, Some(approval)) if approval.approved => {
+                react::execute_tool(run, number, call).await?;
             }
+            (PolicyAction::Ask, Some(approval)) => {
+                let reason = approval.reason.unwrap_or_else(|| "no reason given".into());
+                react::deny(run, number, call, &format!("denied by the user: {reason}")).await?;
+            }
+            (PolicyAction::Allow | PolicyAction::Deny | PolicyAction::Ask, None)
+            | (PolicyAction::Allow | PolicyAction::Deny, Some(_)) => {
+                react::execute_calls(run, number, std::slice::from_ref(call)).await?;
+            }
+        }
+    }
+    react::complete_turn(run, number, state.pending_turn_usage, "tool_calls", &pending, started).await
+}
+
+async fn drive(run: &mut Run) -> Stop {
+    match run.ctx.loop_type {
+        LoopType::React | LoopType::Auto => react::run(run).await,
+        LoopType::PlanExecute => {
+            let mode = PlanMode { max_steps: run.config.plan_max_steps, step_turns: None, checkpoints: false };
+            plan::run(run, mode).await
+        }
+        LoopType::Hybrid => {
+            let mode = PlanMode {
+                max_steps: run.config.hybrid_max_steps,
+                step_turns: Some(run.config.hybrid_step_turns),
+                checkpoints: true,
+            };
+            plan::run(run, mode).await
         }
     }
 }
@@ -428,9 +444,172 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
         tracing::error!(%sink_error, "could not record the finish event");
         error.get_or_insert_with(|| sink_error.to_string());
     }
-    ExecutionResult {
-        context: run.ctx,
-        termination_reason: outcome.reason,
-        error,
+    ExecutionResult { context: run.ctx, termination_reason: outcome.reason, error }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use nerve_core::Event;
+
+    use super::*;
+    use crate::scripted::ScriptedProvider;
+    use crate::testing::{EchoTools, MemorySink};
+
+    struct Outcome {
+        result: Result<ExecutionResult, EngineError>,
+        sink: Arc<MemorySink>,
+    }
+
+    async fn run_with(cassette: &str, config: EngineConfig, metadata: serde_json::Value, cancel: bool) -> Outcome {
+        let sink = Arc::new(MemorySink::default());
+        let engine = AgentEngine::new(
+            Arc::new(ScriptedProvider::parse("test", cassette).unwrap()),
+            Arc::new(EchoTools::default()),
+            Arc::clone(&sink) as Arc<dyn EventSink>,
+            config,
+        );
+        let task = Task {
+            id: TaskId::new(),
+            description: "do it".into(),
+            metadata,
+            status: TaskStatus::Created,
+            workspace: "/w".into(),
+        };
+        let token = CancellationToken::new();
+        if cancel {
+            token.cancel();
+        }
+        let result = engine.run(ExecutionId::new(), task, token).await;
+        Outcome { result, sink }
+    }
+
+    async fn check(cassette: &str, config: EngineConfig, reason: TerminationReason, status: TaskStatus) -> Outcome {
+        let outcome = run_with(cassette, config, serde_json::Value::Null, false).await;
+        let result = outcome.result.as_ref().unwrap();
+        assert_eq!(result.termination_reason, reason, "{:?}", result.error);
+        assert_eq!(result.context.task_status, status);
+        let events = outcome.sink.events();
+        match events.last() {
+            Some(Event::Finish(finish)) => {
+                assert_eq!(finish.termination_reason, reason);
+                assert_eq!(finish.task_status, status);
+                assert_eq!(finish.error, result.error);
+            }
+            other => panic!("the last event must be the finish, got {other:?}"),
+        }
+        outcome
+    }
+
+    const TOOL_TURN: &str = r#"{"tool_calls":[{"name":"shell","arguments":{"command":"ls"}}]}"#;
+
+    #[tokio::test]
+    async fn completed_run_records_every_step_in_order() {
+        let cassette = format!("{TOOL_TURN}\n{{\"text\":\"done\"}}");
+        let outcome = check(&cassette, EngineConfig::default(), TerminationReason::Completed, TaskStatus::InReview).await;
+        assert_eq!(
+            outcome.sink.kinds(),
+            [
+                "started",
+                "task_transition",
+                "context_created",
+                "message_appended",
+                "message_appended",
+                "task_transition",
+                "model_called",
+                "message_appended",
+                "tool_call_started",
+                "tool_call_finished",
+                "message_appended",
+                "turn_completed",
+                "model_called",
+                "message_appended",
+                "turn_completed",
+                "task_transition",
+                "finish",
+            ]
+        );
+        let result = outcome.result.unwrap();
+        assert_eq!(result.context.turn_count(), 2);
+        assert_eq!(result.context.messages.len(), 5);
+        assert!(result.context.messages[1].pinned, "the task is pinned");
+    }
+
+    #[tokio::test]
+    async fn max_turns_stops_the_loop_and_leaves_the_task_in_progress() {
+        let cassette = [TOOL_TURN; 5].join("\n");
+        let config = EngineConfig { max_turns: 2, ..EngineConfig::default() };
+        let outcome = check(&cassette, config, TerminationReason::MaxTurns, TaskStatus::InProgress).await;
+        assert_eq!(outcome.result.unwrap().context.turn_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_rate_limit_is_retried_and_recorded() {
+        let cassette = "{\"error\":\"rate_limited\",\"retry_after_ms\":5}\n{\"text\":\"done\"}";
+        let outcome = check(cassette, EngineConfig::default(), TerminationReason::Completed, TaskStatus::InReview).await;
+        let retries: Vec<_> = outcome
+            .sink
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Retry(retry) => Some(retry),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(retries.len(), 1);
+        assert_eq!(retries[0].error, "rate_limited");
+        assert!(retries[0].delay_ms >= 5);
+    }
+
+    #[tokio::test]
+    async fn a_permanent_error_fails_the_task_with_a_message() {
+        let outcome =
+            check("{\"error\":\"auth\"}", EngineConfig::default(), TerminationReason::Error, TaskStatus::Failed).await;
+        let error = outcome.result.unwrap().error.unwrap();
+        assert!(error.contains("auth"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn an_exhausted_script_is_an_error_not_a_hang() {
+        let outcome = check(TOOL_TURN, EngineConfig::default(), TerminationReason::Error, TaskStatus::Failed).await;
+        assert!(outcome.result.unwrap().error.unwrap().contains("script exhausted"));
+    }
+
+    #[tokio::test]
+    async fn the_token_budget_is_checked_before_each_call() {
+        let cassette = r#"{"tool_calls":[{"name":"shell","arguments":{}}],"usage":{"input_tokens":90,"output_tokens":20}}
+{"text":"never reached"}"#;
+        let config = EngineConfig { budget_tokens: Some(100), ..EngineConfig::default() };
+        let outcome = check(cassette, config, TerminationReason::BudgetExhausted, TaskStatus::InProgress).await;
+        assert_eq!(outcome.result.unwrap().context.turn_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn cancellation_stops_at_the_boundary_and_interrupts_the_task() {
+        let outcome = run_with("{\"text\":\"x\"}", EngineConfig::default(), serde_json::Value::Null, true).await;
+        let result = outcome.result.unwrap();
+        assert_eq!(result.termination_reason, TerminationReason::Shutdown);
+        assert_eq!(result.context.task_status, TaskStatus::Interrupted);
+        assert_eq!(result.context.turn_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn credentials_in_task_metadata_are_refused_before_anything_is_recorded() {
+        let metadata = serde_json::json!({"deploy": {"api_key": "x"}});
+        let outcome = run_with("{\"text\":\"x\"}", EngineConfig::default(), metadata, false).await;
+        let error = outcome.result.unwrap_err().to_string();
+        assert!(error.contains("deploy.api_key"), "{error}");
+        assert!(outcome.sink.kinds().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_timeout_ends_the_run_as_timed_out() {
+        // The first answer arrives late; the second would take far longer than the limit.
+        let cassette = r#"{"delay_ms":300,"tool_calls":[{"name":"shell","arguments":{}}]}
+{"delay_ms":60000,"text":"never"}"#;
+        let config = EngineConfig { timeout: Some(Duration::from_millis(100)), ..EngineConfig::default() };
+        let outcome = check(cassette, config, TerminationReason::TimedOut, TaskStatus::InProgress).await;
+        assert_eq!(outcome.result.unwrap().context.turn_count(), 0, "the slow first call is cut off");
     }
 }

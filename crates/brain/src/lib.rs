@@ -3,15 +3,40 @@
 //! sandbox only through the ports of `nerve-core`, so every loop runs in-process against
 //! fakes in tests and against SQLite and Docker in production.
 
+pub mod anthropic;
+pub mod approval;
+pub mod auto;
 pub mod context;
 pub mod engine;
+pub mod http;
+pub mod models;
+pub mod openai;
+mod plan;
+pub mod prompt;
 pub mod provider;
 mod react;
+mod runner;
 pub mod retry;
 pub mod scripted;
+pub mod sse;
+pub mod stagnation;
+pub mod stream;
 pub mod tokens;
 
+#[cfg(test)]
+mod loop_tests;
+#[cfg(test)]
+mod testing;
+
+pub use anthropic::{AnthropicConfig, AnthropicProvider};
 pub use context::{AgentContext, ExecutionResult};
-pub use engine::{AgentEngine, EngineConfig, EngineError, Pricing, Task};
-pub use provider::{FinishReason, ModelRequest, ModelResponse, Provider, ProviderError};
+pub use engine::{AgentEngine, EngineConfig, EngineError, Pricing, ResumeState, Task};
+pub use http::{ClientError, HttpConfig};
+pub use models::{ModelInfo, ModelOverride, ModelTable, ModelTableError};
+pub use openai::{OpenAiConfig, OpenAiProvider};
+pub use provider::{
+    FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice,
+};
 pub use scripted::{ScriptError, ScriptedProvider};
+pub use stream::{Delta, ModelStream, StreamChunk};
+pub use tokens::{TokenCounter, counter_for_model};

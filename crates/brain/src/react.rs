@@ -1,43 +1,76 @@
 //! The ReAct loop: think (one model call), act (run the tool calls it asked for), observe
-//! (feed the results back), until the model answers without tool calls or a guardrail stops it.
+//! (feed the results back), until the model answers without tool calls or a guardrail
+//! stops it. Its turn is also the unit of work of the plan loops' steps.
 
 use std::time::Instant;
 
-use nerve_core::event::{CallPurpose, ToolCallFinished, ToolCallStarted, TurnCompleted};
-use nerve_core::{Event, Message, TerminationReason, ToolCall, ToolResult, TurnRecord};
+use nerve_core::event::{
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, CallPurpose, Decider, Stagnation,
+    StagnationAction, ToolCallFinished, ToolCallStarted, TurnCompleted,
+};
+use nerve_core::{Event, Message, MessagePart, MessageRole, TerminationReason, ToolCall, ToolResult, TurnRecord};
 
-use crate::engine::{Run, Stop};
+use crate::approval::PolicyAction;
 use crate::provider::FinishReason;
+use crate::runner::{Run, Stop};
+use crate::stagnation::{TurnSignature, Verdict, corrective_message};
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TurnEnd {
+    /// Tool calls ran (or a guardrail re-prompted); the loop goes on.
+    Continue,
+    /// The model answered without tool calls: its final text.
+    Final(String),
+}
+
+const CONTINUE_AFTER_MAX_TOKENS: &str =
+    "[Nerve] Your answer was cut off by the output limit. Continue exactly where you stopped.";
+const REPROMPT_AFTER_FAILURE: &str = "[Nerve] Your last tool call failed and you ended without an answer. \
+Read the error, then either fix the problem with another tool call or explain why the task cannot be done.";
 
 pub(crate) async fn run(run: &mut Run) -> Stop {
     loop {
-        if let Err(stop) = run.check_boundary() {
-            return stop;
-        }
         match turn(run).await {
-            Ok(Some(done)) => return done,
-            Ok(None) => {}
+            Ok(TurnEnd::Continue) => {}
+            Ok(TurnEnd::Final(_)) => return Stop::completed(),
             Err(stop) => return stop,
         }
     }
 }
 
-/// One turn. `Ok(Some(..))` when the model finished.
-async fn turn(run: &mut Run) -> Result<Option<Stop>, Stop> {
+/// One turn: the boundary checks, one model call, its tool calls, the turn record, and the
+/// guardrails that look at the result (stagnation, max-tokens, premature end).
+pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
+    run.check_boundary()?;
+    run.warn_near_budget().await?;
     let started = Instant::now();
     let number = run.ctx.turn_count() + 1;
-    let response = run.call_model(number, CallPurpose::Agent).await?;
+    let tools = run.tool_definitions.clone();
+    let response = run.call_model(number, CallPurpose::Agent, &tools).await?;
     let calls: Vec<ToolCall> = response.message.tool_calls().cloned().collect();
+    let text = response.message.text_content();
     run.push_message(response.message).await?;
-    for call in &calls {
-        execute_tool(run, number, call).await?;
-    }
+    let results = execute_calls(run, number, &calls).await?;
+    complete_turn(run, number, response.usage, response.finish.as_str(), &calls, started).await?;
+    after_turn(run, number, &calls, &results, response.finish, text).await
+}
+
+/// Records the end of turn `number`.
+pub(crate) async fn complete_turn(
+    run: &mut Run,
+    number: u32,
+    usage: nerve_core::TokenUsage,
+    finish: &str,
+    calls: &[ToolCall],
+    started: Instant,
+) -> Result<(), Stop> {
     let record = TurnRecord {
         turn: number,
-        usage: response.usage,
-        cost: run.config.pricing.cost(response.usage),
-        tool_calls: calls.clone(),
-        finish: response.finish.as_str().to_owned(),
+        usage,
+        cost: run.config.pricing.cost(usage),
+        tool_calls: calls.to_vec(),
+        finish: finish.to_owned(),
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
     };
     run.record(Event::TurnCompleted(TurnCompleted {
@@ -50,45 +83,177 @@ async fn turn(run: &mut Run) -> Result<Option<Stop>, Stop> {
     }))
     .await?;
     run.ctx.turns.push(record);
-    if calls.is_empty() {
-        return Ok(match response.finish {
-            FinishReason::MaxTokens => {
-                run.push_message(Message::user("Your answer was cut off by the output limit. Continue exactly where you stopped.")).await?;
-                None
-            }
-            FinishReason::Stop | FinishReason::ToolCalls => Some(Stop {
-                reason: TerminationReason::Completed,
-                error: None,
-            }),
-        });
-    }
-    Ok(None)
+    Ok(())
 }
 
-async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<(), Stop> {
-    run.record(Event::ToolCallStarted(ToolCallStarted {
+/// The guardrails that judge a finished turn.
+pub(crate) async fn after_turn(
+    run: &mut Run,
+    number: u32,
+    calls: &[ToolCall],
+    results: &[ToolResult],
+    finish: FinishReason,
+    text: String,
+) -> Result<TurnEnd, Stop> {
+    if !calls.is_empty() {
+        return match run.stagnation.observe(TurnSignature::new(calls, results)) {
+            Verdict::Continue => Ok(TurnEnd::Continue),
+            Verdict::Correct(report) => {
+                record_stagnation(run, number, StagnationAction::Corrected, &report).await?;
+                run.push_message(Message::user(format!("[Nerve] {}", corrective_message(&report)))).await?;
+                Ok(TurnEnd::Continue)
+            }
+            Verdict::Terminate(report) => {
+                record_stagnation(run, number, StagnationAction::Terminated, &report).await?;
+                Err(Stop::new(
+                    TerminationReason::Stagnation,
+                    format!("the agent kept repeating itself: {}", report.repeated_calls.join(", ")),
+                ))
+            }
+        };
+    }
+    if finish == FinishReason::MaxTokens && run.guards.max_tokens_continuations < run.config.max_tokens_recoveries {
+        run.guards.max_tokens_continuations += 1;
+        run.push_message(Message::user(CONTINUE_AFTER_MAX_TOKENS)).await?;
+        return Ok(TurnEnd::Continue);
+    }
+    if text.trim().is_empty()
+        && last_tool_result_failed(&run.ctx.messages)
+        && run.guards.premature_reprompts < run.config.premature_end_retries
+    {
+        run.guards.premature_reprompts += 1;
+        run.push_message(Message::user(REPROMPT_AFTER_FAILURE)).await?;
+        return Ok(TurnEnd::Continue);
+    }
+    Ok(TurnEnd::Final(text))
+}
+
+async fn record_stagnation(
+    run: &Run,
+    turn: u32,
+    action: StagnationAction,
+    report: &crate::stagnation::StagnationReport,
+) -> Result<(), Stop> {
+    run.record(Event::Stagnation(Stagnation {
         turn,
-        call: call.clone(),
+        action,
+        repetition_ratio: report.repetition_ratio,
+        cycle_length: report.cycle_length.and_then(|k| u32::try_from(k).ok()),
+        repeated_calls: report.repeated_calls.clone(),
+        no_progress_call: report.no_progress_call.clone(),
+        step: run.step,
     }))
     .await?;
+    Ok(())
+}
+
+/// Whether the last tool result before the final assistant message was a failure, looking
+/// past our own re-prompts and earlier empty answers.
+fn last_tool_result_failed(messages: &[Message]) -> bool {
+    messages
+        .iter()
+        .rev()
+        .skip(1)
+        .find(|m| match m.role {
+            MessageRole::Tool => true,
+            MessageRole::Assistant => m.tool_calls().next().is_some() || !m.text_content().trim().is_empty(),
+            MessageRole::User | MessageRole::System => false,
+        })
+        .is_some_and(|m| {
+            m.parts.iter().any(|part| matches!(part, MessagePart::ToolResult(result) if result.is_error))
+        })
+}
+
+/// Runs `calls` in order through the approval gate, recording intent before and outcome
+/// after each. Returns the results; parks (as `Err`) when a call waits for a human.
+pub(crate) async fn execute_calls(run: &mut Run, turn: u32, calls: &[ToolCall]) -> Result<Vec<ToolResult>, Stop> {
+    let mut results = Vec::with_capacity(calls.len());
+    for call in calls {
+        let (action, rule) = run.config.policy.evaluate(call);
+        let result = match action {
+            PolicyAction::Allow => execute_tool(run, turn, call).await?,
+            PolicyAction::Deny => {
+                record_decision(run, turn, call, ApprovalDecision::Denied, Decider::Policy, &rule, None).await?;
+                deny(run, turn, call, &format!("denied by the tool policy ({rule})")).await?
+            }
+            PolicyAction::Ask => {
+                run.record(Event::ApprovalRequested(ApprovalRequested { turn, call: call.clone(), rule: rule.clone() }))
+                    .await?;
+                match run.approver.decide(call, &rule).await {
+                    None => {
+                        return Err(Stop::new(
+                            TerminationReason::Parked,
+                            format!("tool call {} ({}) waits for approval: nerve approve <id>", call.id, call.name),
+                        ));
+                    }
+                    Some(approval) => {
+                        let decision =
+                            if approval.approved { ApprovalDecision::Approved } else { ApprovalDecision::Denied };
+                        record_decision(run, turn, call, decision, Decider::User, &rule, approval.reason.clone())
+                            .await?;
+                        if approval.approved {
+                            execute_tool(run, turn, call).await?
+                        } else {
+                            let reason = approval.reason.unwrap_or_else(|| "no reason given".into());
+                            deny(run, turn, call, &format!("denied by the user: {reason}")).await?
+                        }
+                    }
+                }
+            }
+        };
+        results.push(result);
+    }
+    Ok(results)
+}
+
+pub(crate) async fn record_decision(
+    run: &Run,
+    turn: u32,
+    call: &ToolCall,
+    decision: ApprovalDecision,
+    decided_by: Decider,
+    rule: &str,
+    reason: Option<String>,
+) -> Result<(), Stop> {
+    run.record(Event::ApprovalDecided(ApprovalDecided {
+        turn,
+        call_id: call.id.clone(),
+        decision,
+        decided_by,
+        rule: rule.to_owned(),
+        reason,
+    }))
+    .await?;
+    Ok(())
+}
+
+/// A refused call still gets a result the model sees (and it is recorded like any other).
+pub(crate) async fn deny(run: &mut Run, turn: u32, call: &ToolCall, why: &str) -> Result<ToolResult, Stop> {
+    let result = ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: format!("The call was not run: {why}."),
+        is_error: true,
+    };
+    finish_tool(run, turn, result, 0).await
+}
+
+pub(crate) async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
+    run.record(Event::ToolCallStarted(ToolCallStarted { turn, call: call.clone() })).await?;
     let started = Instant::now();
-    let output = run
-        .tools
-        .execute(call)
-        .await
-        .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
+    let output = run.tools.execute(call).await.map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
     let result = ToolResult {
         call_id: call.id.clone(),
         name: call.name.clone(),
         content: output.content,
         is_error: output.is_error,
     };
-    run.record(Event::ToolCallFinished(ToolCallFinished {
-        turn,
-        result: result.clone(),
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-    }))
-    .await?;
-    run.push_message(Message::tool_result(result)).await?;
-    Ok(())
+    let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    finish_tool(run, turn, result, millis).await
+}
+
+pub(crate) async fn finish_tool(run: &mut Run, turn: u32, result: ToolResult, duration_ms: u64) -> Result<ToolResult, Stop> {
+    run.record(Event::ToolCallFinished(ToolCallFinished { turn, result: result.clone(), duration_ms })).await?;
+    run.push_message(Message::tool_result(result.clone())).await?;
+    Ok(result)
 }

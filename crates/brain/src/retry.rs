@@ -30,7 +30,10 @@ impl RetryPolicy {
     /// `[0, min(max_delay, base * 2^(attempt-1))]`, but never shorter than `retry_after`.
     pub fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
         let exponent = attempt.saturating_sub(1).min(20);
-        let ceiling = self.base_delay.saturating_mul(1 << exponent).min(self.max_delay);
+        let ceiling = self
+            .base_delay
+            .saturating_mul(1 << exponent)
+            .min(self.max_delay);
         let ceiling_ms = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
         let jittered = Duration::from_millis(fastrand::u64(0..=ceiling_ms));
         retry_after.map_or(jittered, |after| jittered.max(after.min(self.max_delay)))
@@ -46,9 +49,15 @@ mod tests {
         let policy = RetryPolicy::default();
         for attempt in 1..=10 {
             for _ in 0..50 {
-                let ceiling = policy.base_delay.saturating_mul(1 << (attempt - 1)).min(policy.max_delay);
+                let ceiling = policy
+                    .base_delay
+                    .saturating_mul(1 << (attempt - 1))
+                    .min(policy.max_delay);
                 assert!(policy.delay(attempt, None) <= ceiling);
-                assert!(policy.delay(attempt, Some(Duration::from_millis(400))) >= Duration::from_millis(400));
+                assert!(
+                    policy.delay(attempt, Some(Duration::from_millis(400)))
+                        >= Duration::from_millis(400)
+                );
             }
         }
         // A provider asking for an hour gets at most the policy's ceiling.

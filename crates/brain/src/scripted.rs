@@ -13,7 +13,7 @@ use nerve_core::{Message, MessagePart, MessageRole, TokenUsage, ToolCall, ToolCa
 use serde::Deserialize;
 
 use crate::provider::{FinishReason, ModelRequest, ModelResponse, Provider, ProviderError};
-use crate::tokens;
+use crate::tokens::{CachedCounter, Estimate, TokenCounter};
 
 /// A cassette that cannot be used, with the line that is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,8 +71,18 @@ struct LineUsage {
 /// One validated cassette entry.
 #[derive(Debug, Clone)]
 enum Entry {
-    Respond { line: usize, text: Option<String>, calls: Vec<LineCall>, usage: Option<TokenUsage>, finish: Option<FinishReason>, delay: Duration },
-    Fail { error: ProviderError, delay: Duration },
+    Respond {
+        line: usize,
+        text: Option<String>,
+        calls: Vec<LineCall>,
+        usage: Option<TokenUsage>,
+        finish: Option<FinishReason>,
+        delay: Duration,
+    },
+    Fail {
+        error: ProviderError,
+        delay: Duration,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -88,14 +98,19 @@ pub struct ScriptedProvider {
     name: String,
     entries: HashMap<CallPurpose, Vec<Entry>>,
     cursors: Mutex<HashMap<CallPurpose, usize>>,
+    /// Estimates usage a line does not give; cached, so a long run stays cheap per turn.
+    counter: CachedCounter<Estimate>,
 }
 
 impl ScriptedProvider {
     /// Reads and validates a cassette file; any bad line fails the whole file, naming it.
     pub fn from_file(path: &Path) -> Result<Self, ScriptError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ScriptError { path: shown.clone(), line: None, message: format!("cannot read: {e}") })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ScriptError {
+            path: shown.clone(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
         Self::parse(&shown, &text)
     }
 
@@ -108,17 +123,29 @@ impl ScriptedProvider {
             if trimmed.is_empty() || trimmed.starts_with('#') {
                 continue;
             }
-            let fail = |message: String| ScriptError { path: path.to_owned(), line: Some(number), message };
-            let line: Line = serde_json::from_str(trimmed).map_err(|e| fail(format!("not a valid cassette line: {e}")))?;
+            let fail = |message: String| ScriptError {
+                path: path.to_owned(),
+                line: Some(number),
+                message,
+            };
+            let line: Line = serde_json::from_str(trimmed)
+                .map_err(|e| fail(format!("not a valid cassette line: {e}")))?;
             let purpose = match line.call.as_deref() {
                 None | Some("agent") => CallPurpose::Agent,
                 Some("plan") => CallPurpose::Plan,
                 Some("summary") => CallPurpose::Summary,
-                Some(other) => return Err(fail(format!("unknown call `{other}` (expected agent, plan or summary)"))),
+                Some(other) => {
+                    return Err(fail(format!(
+                        "unknown call `{other}` (expected agent, plan or summary)"
+                    )));
+                }
             };
             let delay = Duration::from_millis(line.delay_ms);
             let entry = match line.error.as_deref() {
-                Some(kind) => Entry::Fail { error: scripted_error(kind, line.retry_after_ms).map_err(fail)?, delay },
+                Some(kind) => Entry::Fail {
+                    error: scripted_error(kind, line.retry_after_ms).map_err(fail)?,
+                    delay,
+                },
                 None => Entry::Respond {
                     line: number,
                     finish: match line.finish.as_deref() {
@@ -127,22 +154,35 @@ impl ScriptedProvider {
                         Some("tool_calls") => Some(FinishReason::ToolCalls),
                         Some("max_tokens") => Some(FinishReason::MaxTokens),
                         Some(other) => {
-                            return Err(fail(format!("unknown finish `{other}` (expected stop, tool_calls or max_tokens)")));
+                            return Err(fail(format!(
+                                "unknown finish `{other}` (expected stop, tool_calls or max_tokens)"
+                            )));
                         }
                     },
                     text: line.text,
                     calls: line
                         .tool_calls
                         .into_iter()
-                        .map(|call| LineCall { id: call.id, name: call.name, arguments: call.arguments })
+                        .map(|call| LineCall {
+                            id: call.id,
+                            name: call.name,
+                            arguments: call.arguments,
+                        })
                         .collect(),
-                    usage: line.usage.map(|u| TokenUsage::new(u.input_tokens, u.output_tokens)),
+                    usage: line
+                        .usage
+                        .map(|u| TokenUsage::new(u.input_tokens, u.output_tokens)),
                     delay,
                 },
             };
             entries.entry(purpose).or_default().push(entry);
         }
-        Ok(Self { name: format!("script:{path}"), entries, cursors: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            name: format!("script:{path}"),
+            entries,
+            cursors: Mutex::new(HashMap::new()),
+            counter: CachedCounter::new(Estimate),
+        })
     }
 
     /// Marks the first `used` lines of `purpose` as consumed: a resumed execution continues
@@ -171,13 +211,35 @@ fn scripted_error(kind: &str, retry_after_ms: Option<u64>) -> Result<ProviderErr
     let retry_after = retry_after_ms.map(Duration::from_millis);
     let message = "scripted error".to_owned();
     Ok(match kind {
-        "rate_limited" => ProviderError::Transient { kind: "rate_limited", message, retry_after },
-        "overloaded" => ProviderError::Transient { kind: "overloaded", message, retry_after },
-        "server_error" => ProviderError::Transient { kind: "server_error", message, retry_after },
-        "timeout" => ProviderError::Transient { kind: "timeout", message, retry_after },
+        "rate_limited" => ProviderError::Transient {
+            kind: "rate_limited",
+            message,
+            retry_after,
+        },
+        "overloaded" => ProviderError::Transient {
+            kind: "overloaded",
+            message,
+            retry_after,
+        },
+        "server_error" => ProviderError::Transient {
+            kind: "server_error",
+            message,
+            retry_after,
+        },
+        "timeout" => ProviderError::Transient {
+            kind: "timeout",
+            message,
+            retry_after,
+        },
         "context_overflow" => ProviderError::ContextOverflow(message),
-        "auth" => ProviderError::Permanent { kind: "auth", message },
-        "bad_request" => ProviderError::Permanent { kind: "bad_request", message },
+        "auth" => ProviderError::Permanent {
+            kind: "auth",
+            message,
+        },
+        "bad_request" => ProviderError::Permanent {
+            kind: "bad_request",
+            message,
+        },
         other => {
             return Err(format!(
                 "unknown error `{other}` (expected rate_limited, overloaded, server_error, timeout, context_overflow, auth or bad_request)"
@@ -200,7 +262,11 @@ impl Provider for ScriptedProvider {
         let Some(entry) = self.next(request.purpose) else {
             return Err(ProviderError::Permanent {
                 kind: "script_exhausted",
-                message: format!("script exhausted: the cassette has no {:?} line left", request.purpose).to_lowercase(),
+                message: format!(
+                    "script exhausted: the cassette has no {:?} line left",
+                    request.purpose
+                )
+                .to_lowercase(),
             });
         };
         match entry {
@@ -208,7 +274,14 @@ impl Provider for ScriptedProvider {
                 tokio::time::sleep(delay).await;
                 Err(error)
             }
-            Entry::Respond { line, text, calls, usage, finish, delay } => {
+            Entry::Respond {
+                line,
+                text,
+                calls,
+                usage,
+                finish,
+                delay,
+            } => {
                 tokio::time::sleep(delay).await;
                 let mut parts = Vec::new();
                 if let Some(text) = text.filter(|t| !t.is_empty()) {
@@ -221,14 +294,29 @@ impl Provider for ScriptedProvider {
                         arguments: call.arguments,
                     }));
                 }
-                let message = Message { role: MessageRole::Assistant, parts, pinned: false };
+                let message = Message {
+                    role: MessageRole::Assistant,
+                    parts,
+                    pinned: false,
+                };
                 let has_calls = message.tool_calls().next().is_some();
                 let usage = usage.unwrap_or_else(|| {
-                    let tools: u64 = request.tools.iter().map(|t| tokens::estimate_text(&t.parameters.to_string())).sum();
-                    TokenUsage::new(tokens::estimate_messages(request.messages) + tools, tokens::estimate_message(&message))
+                    TokenUsage::new(
+                        self.counter.count_messages(request.messages)
+                            + self.counter.count_tools(request.tools),
+                        self.counter.count_message(&message),
+                    )
                 });
-                let finish = finish.unwrap_or(if has_calls { FinishReason::ToolCalls } else { FinishReason::Stop });
-                Ok(ModelResponse { message, usage, finish })
+                let finish = finish.unwrap_or(if has_calls {
+                    FinishReason::ToolCalls
+                } else {
+                    FinishReason::Stop
+                });
+                Ok(ModelResponse {
+                    message,
+                    usage,
+                    finish,
+                })
             }
         }
     }
@@ -245,11 +333,26 @@ mod tests {
 
     #[test]
     fn bad_lines_are_named() {
-        check_err("# comment\n\n{\"text\":\"a\"}\nnot json\n", "cassette c.jsonl line 4: not a valid cassette line: expected ident at line 1 column 2");
-        check_err("{\"finish\":\"done\"}", "cassette c.jsonl line 1: unknown finish `done` (expected stop, tool_calls or max_tokens)");
-        check_err("{\"call\":\"x\"}", "cassette c.jsonl line 1: unknown call `x` (expected agent, plan or summary)");
-        check_err("{\"error\":\"nope\"}", "cassette c.jsonl line 1: unknown error `nope` (expected rate_limited, overloaded, server_error, timeout, context_overflow, auth or bad_request)");
-        check_err("{\"txt\":\"a\"}", "cassette c.jsonl line 1: not a valid cassette line: unknown field `txt`, expected one of `text`, `tool_calls`, `usage`, `finish`, `delay_ms`, `call`, `error`, `retry_after_ms` at line 1 column 6");
+        check_err(
+            "# comment\n\n{\"text\":\"a\"}\nnot json\n",
+            "cassette c.jsonl line 4: not a valid cassette line: expected ident at line 1 column 2",
+        );
+        check_err(
+            "{\"finish\":\"done\"}",
+            "cassette c.jsonl line 1: unknown finish `done` (expected stop, tool_calls or max_tokens)",
+        );
+        check_err(
+            "{\"call\":\"x\"}",
+            "cassette c.jsonl line 1: unknown call `x` (expected agent, plan or summary)",
+        );
+        check_err(
+            "{\"error\":\"nope\"}",
+            "cassette c.jsonl line 1: unknown error `nope` (expected rate_limited, overloaded, server_error, timeout, context_overflow, auth or bad_request)",
+        );
+        check_err(
+            "{\"txt\":\"a\"}",
+            "cassette c.jsonl line 1: not a valid cassette line: unknown field `txt`, expected one of `text`, `tool_calls`, `usage`, `finish`, `delay_ms`, `call`, `error`, `retry_after_ms` at line 1 column 6",
+        );
     }
 
     #[tokio::test]
@@ -262,28 +365,69 @@ mod tests {
 {"text":"done"}"#,
         )
         .unwrap();
-        let request = |purpose| ModelRequest { messages: &[], tools: &[], purpose };
-        let first = provider.complete(request(CallPurpose::Agent)).await.unwrap();
+        let request = |purpose| ModelRequest {
+            messages: &[],
+            tools: &[],
+            purpose,
+        };
+        let first = provider
+            .complete(request(CallPurpose::Agent))
+            .await
+            .unwrap();
         assert_eq!(first.finish, FinishReason::ToolCalls);
         assert_eq!(first.usage, TokenUsage::new(7, 3));
         assert_eq!(first.message.tool_calls().next().unwrap().id.0, "call_2_0");
-        let err = provider.complete(request(CallPurpose::Agent)).await.unwrap_err();
-        assert_eq!(err, ProviderError::Transient { kind: "rate_limited", message: "scripted error".into(), retry_after: Some(Duration::from_millis(20)) });
-        let done = provider.complete(request(CallPurpose::Agent)).await.unwrap();
+        let err = provider
+            .complete(request(CallPurpose::Agent))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ProviderError::Transient {
+                kind: "rate_limited",
+                message: "scripted error".into(),
+                retry_after: Some(Duration::from_millis(20))
+            }
+        );
+        let done = provider
+            .complete(request(CallPurpose::Agent))
+            .await
+            .unwrap();
         assert_eq!(done.finish, FinishReason::Stop);
         assert_eq!(done.message.text_content(), "done");
         let plan = provider.complete(request(CallPurpose::Plan)).await.unwrap();
         assert_eq!(plan.message.text_content(), "plan");
-        let exhausted = provider.complete(request(CallPurpose::Agent)).await.unwrap_err();
+        let exhausted = provider
+            .complete(request(CallPurpose::Agent))
+            .await
+            .unwrap_err();
         assert_eq!(exhausted.kind(), "script_exhausted");
-        assert!(provider.complete(request(CallPurpose::Summary)).await.is_err());
+        assert!(
+            provider
+                .complete(request(CallPurpose::Summary))
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test]
     async fn skip_resumes_after_recorded_lines() {
-        let provider = ScriptedProvider::parse("c", "{\"text\":\"one\"}\n{\"text\":\"two\"}").unwrap();
+        let provider =
+            ScriptedProvider::parse("c", "{\"text\":\"one\"}\n{\"text\":\"two\"}").unwrap();
         provider.skip(CallPurpose::Agent, 1);
-        let request = ModelRequest { messages: &[], tools: &[], purpose: CallPurpose::Agent };
-        assert_eq!(provider.complete(request).await.unwrap().message.text_content(), "two");
+        let request = ModelRequest {
+            messages: &[],
+            tools: &[],
+            purpose: CallPurpose::Agent,
+        };
+        assert_eq!(
+            provider
+                .complete(request)
+                .await
+                .unwrap()
+                .message
+                .text_content(),
+            "two"
+        );
     }
 }

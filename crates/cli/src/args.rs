@@ -75,6 +75,7 @@ pub(crate) enum Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum LoopArg {
     React,
+    #[value(name = "plan_execute")]
     PlanExecute,
     Hybrid,
     Auto,

@@ -54,7 +54,14 @@ fn describe(event: &Event) -> Option<String> {
         | Event::ToolCallFinished(_)
         | Event::ModelCalled(_)
         | Event::TaskTransition(_)
-        | Event::Finish(_) => None,
+        | Event::Finish(_)
+        | Event::Compaction(_)
+        | Event::Stagnation(_)
+        | Event::ApprovalRequested(_)
+        | Event::ApprovalDecided(_)
+        | Event::ProxyDecision(_)
+        | Event::Checkpoint(_)
+        | Event::Resumed(_) => None,
     }
 }
 

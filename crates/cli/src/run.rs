@@ -129,12 +129,13 @@ async fn run_in_sandbox(
         ComplexityArg::Complex => Complexity::Complex,
         ComplexityArg::Epic => Complexity::Epic,
     });
-    let engine = AgentEngine {
+    let engine = AgentEngine::new(
         provider,
-        tools: Arc::new(SandboxTools::new(Arc::clone(sandbox))),
+        Arc::new(SandboxTools::new(Arc::clone(sandbox))),
         sink,
-        config: EngineConfig {
+        EngineConfig {
             loop_type,
+            complexity,
             max_turns: args.max_turns,
             timeout: args.timeout.map(Duration::from_secs),
             budget_tokens: args.budget_tokens,
@@ -151,7 +152,7 @@ async fn run_in_sandbox(
             }),
             ..EngineConfig::default()
         },
-    };
+    );
     let task = Task {
         id: TaskId::new(),
         description,

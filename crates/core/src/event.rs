@@ -4,12 +4,14 @@
 use serde::{Deserialize, Serialize};
 
 use crate::execution::{LoopType, TerminationReason};
-use crate::id::TaskId;
+use crate::id::{BlockId, TaskId, ToolCallId};
 use crate::message::{Message, ToolCall, ToolResult};
 use crate::task::TaskStatus;
 use crate::usage::{MicroUsd, TokenUsage};
 
-/// The payload schema version written beside every event.
+/// The payload schema version written beside every event. Every kind is at version 1; when
+/// one kind's payload changes incompatibly, [`EventKind::version`] of that kind is raised
+/// and readers treat a newer version than they know as malformed instead of misreading it.
 pub const EVENT_VERSION: u32 = 1;
 
 /// Which kind of model call a provider request serves; the scripted provider routes on it.
@@ -119,6 +121,194 @@ pub struct Finish {
     pub error: Option<String>,
 }
 
+/// How a compaction made room in the conversation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompactionStrategy {
+    /// A large tool output went to the archive at once, leaving a preview and its block id.
+    Offload,
+    /// Old tool results were replaced by placeholders; the originals stay recallable.
+    Mask,
+    /// The middle of the conversation was replaced by a structured summary.
+    Summarize,
+    /// Messages were moved to the archive with a short note (the agent's `compress_context`
+    /// with `strategy: archive`).
+    Archive,
+}
+
+/// What made a compaction happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompactionTrigger {
+    /// One tool output was over the size threshold.
+    OutputSize,
+    /// Context fill crossed the soft threshold (masking).
+    SoftThreshold,
+    /// Context fill crossed the hard threshold (summarising).
+    HardThreshold,
+    /// The agent called `compress_context`.
+    Agent,
+    /// The provider answered `context_overflow`.
+    Overflow,
+}
+
+/// The conversation was compacted. This is the only event that removes messages from the
+/// rebuilt conversation: replay replaces messages `from_index..to_index` (end exclusive) by
+/// `replacement`, and later `message_appended` indices refer to the compacted conversation.
+/// The originals stay in earlier `message_appended` events and in the archive blocks listed
+/// in `archived`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compaction {
+    /// The turn at whose boundary the compaction ran (0 before the first turn).
+    pub turn: u32,
+    pub strategy: CompactionStrategy,
+    pub trigger: CompactionTrigger,
+    /// First replaced message, 0-based.
+    pub from_index: u32,
+    /// One past the last replaced message.
+    pub to_index: u32,
+    /// The messages that now stand where the range was (a summary, placeholders, a preview).
+    pub replacement: Vec<Message>,
+    /// Archive blocks holding the replaced originals, for `recall`.
+    pub archived: Vec<BlockId>,
+    /// Context fill, in tokens, before and after.
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    /// The summary text, for `summarize` (and any strategy that wrote one).
+    #[serde(default)]
+    pub summary: Option<String>,
+    /// The summary came from the deterministic extractive fallback, not from the model.
+    #[serde(default)]
+    pub extractive: bool,
+}
+
+/// What the loop did about stagnation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StagnationAction {
+    /// One corrective user message was injected.
+    Corrected,
+    /// The execution stops with `stagnation`.
+    Terminated,
+}
+
+/// The stagnation detector found the agent repeating itself. Which signals fired can be
+/// read off the fields: the ratio reached its threshold, a cycle was found, or one call
+/// kept returning the same result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stagnation {
+    pub turn: u32,
+    pub action: StagnationAction,
+    /// Σ(count−1)/total over the window's call fingerprints, in `0.0..1.0`.
+    pub repetition_ratio: f64,
+    /// The repeating cycle's length in whole turns, when one was found.
+    pub cycle_length: Option<u32>,
+    /// Fingerprints (`name:sha256(canonical JSON args)[:16]`) that occurred more than once
+    /// in the window, most frequent first.
+    pub repeated_calls: Vec<String>,
+    /// The fingerprint of a call that kept returning the same result, when that fired.
+    #[serde(default)]
+    pub no_progress_call: Option<String>,
+    /// The plan step the window was scoped to, in plan loops.
+    #[serde(default)]
+    pub step: Option<u32>,
+}
+
+/// A tool call matched an `ask` rule and waits for a human decision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalRequested {
+    pub turn: u32,
+    pub call: ToolCall,
+    /// The policy rule that asked, as written in the configuration.
+    pub rule: String,
+}
+
+/// The verdict on a tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalDecision {
+    Approved,
+    Denied,
+}
+
+/// Who decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decider {
+    /// An `allow` or `deny` rule, without asking anyone.
+    Policy,
+    /// A human, interactively or through `nerve approve`.
+    User,
+}
+
+/// A tool call was approved or denied. Follows `approval_requested` for `ask` rules; stands
+/// alone when a `deny` rule refused a call outright.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalDecided {
+    pub turn: u32,
+    pub call_id: ToolCallId,
+    pub decision: ApprovalDecision,
+    pub decided_by: Decider,
+    pub rule: String,
+    /// The reason given (`nerve approve --reason`), shown to the model on a denial.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// What the auth proxy did with one request from the sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyVerdict {
+    /// Forwarded as is.
+    Allowed,
+    /// Refused (no rule, method or path not allowed, private address, cross-host redirect).
+    Denied,
+    /// Forwarded with a credential injected by the proxy.
+    Injected,
+}
+
+/// One request through the auth proxy. Never holds a secret: `credential` is the name of
+/// the injected credential, and `path` excludes the query string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyDecision {
+    pub host: String,
+    pub method: String,
+    pub path: String,
+    pub decision: ProxyVerdict,
+    /// The upstream's status code; `None` when the request was refused or never answered.
+    pub status: Option<u16>,
+    /// The name of the injected credential, for `injected`.
+    #[serde(default)]
+    pub credential: Option<String>,
+    /// Why the request was refused, for `denied`.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// A snapshot of the agent context was saved. The checkpoint's id is this event's sequence
+/// number; the snapshot itself lives beside the log, and its hash here ties it to the chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The last completed turn the snapshot includes.
+    pub turn: u32,
+    /// Hex SHA-256 of the stored (redacted) snapshot JSON.
+    pub snapshot_sha256: String,
+    pub snapshot_bytes: u64,
+}
+
+/// The execution was resumed after a crash, an interruption or a parked approval.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// 1 for the first resume of this execution.
+    pub attempt: u32,
+    /// The checkpoint the context was restored from; `None` when rebuilt from events alone.
+    pub from_checkpoint_seq: Option<u64>,
+    /// The last completed turn; the resumed run continues with the next one.
+    pub from_turn: u32,
+    /// Tool calls started but never finished: told to the model, not re-run.
+    pub in_doubt: Vec<ToolCallId>,
+}
+
 /// Every event an execution can record, tagged by `kind`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -133,6 +323,13 @@ pub enum Event {
     TaskTransition(TaskTransition),
     Retry(Retry),
     Finish(Finish),
+    Compaction(Compaction),
+    Stagnation(Stagnation),
+    ApprovalRequested(ApprovalRequested),
+    ApprovalDecided(ApprovalDecided),
+    ProxyDecision(ProxyDecision),
+    Checkpoint(Checkpoint),
+    Resumed(Resumed),
 }
 
 /// The `kind` tag of an [`Event`], as stored in the log's `kind` column.
@@ -148,9 +345,65 @@ pub enum EventKind {
     TaskTransition,
     Retry,
     Finish,
+    Compaction,
+    Stagnation,
+    ApprovalRequested,
+    ApprovalDecided,
+    ProxyDecision,
+    Checkpoint,
+    Resumed,
 }
 
 impl EventKind {
+    /// Every kind, in the order `docs/events.md` documents them.
+    pub const ALL: [Self; 17] = [
+        Self::Started,
+        Self::ContextCreated,
+        Self::MessageAppended,
+        Self::ToolCallStarted,
+        Self::ToolCallFinished,
+        Self::ModelCalled,
+        Self::TurnCompleted,
+        Self::TaskTransition,
+        Self::Retry,
+        Self::Finish,
+        Self::Compaction,
+        Self::Stagnation,
+        Self::ApprovalRequested,
+        Self::ApprovalDecided,
+        Self::ProxyDecision,
+        Self::Checkpoint,
+        Self::Resumed,
+    ];
+
+    /// The payload version this build writes for this kind.
+    pub const fn version(self) -> u32 {
+        match self {
+            Self::Started
+            | Self::ContextCreated
+            | Self::MessageAppended
+            | Self::ToolCallStarted
+            | Self::ToolCallFinished
+            | Self::ModelCalled
+            | Self::TurnCompleted
+            | Self::TaskTransition
+            | Self::Retry
+            | Self::Finish
+            | Self::Compaction
+            | Self::Stagnation
+            | Self::ApprovalRequested
+            | Self::ApprovalDecided
+            | Self::ProxyDecision
+            | Self::Checkpoint
+            | Self::Resumed => EVENT_VERSION,
+        }
+    }
+
+    /// The kind named by a wire tag, or `None` for a tag this build does not know.
+    pub fn from_wire(tag: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == tag)
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Started => "started",
@@ -163,6 +416,13 @@ impl EventKind {
             Self::TaskTransition => "task_transition",
             Self::Retry => "retry",
             Self::Finish => "finish",
+            Self::Compaction => "compaction",
+            Self::Stagnation => "stagnation",
+            Self::ApprovalRequested => "approval_requested",
+            Self::ApprovalDecided => "approval_decided",
+            Self::ProxyDecision => "proxy_decision",
+            Self::Checkpoint => "checkpoint",
+            Self::Resumed => "resumed",
         }
     }
 }
@@ -180,6 +440,13 @@ impl Event {
             Self::TaskTransition(_) => EventKind::TaskTransition,
             Self::Retry(_) => EventKind::Retry,
             Self::Finish(_) => EventKind::Finish,
+            Self::Compaction(_) => EventKind::Compaction,
+            Self::Stagnation(_) => EventKind::Stagnation,
+            Self::ApprovalRequested(_) => EventKind::ApprovalRequested,
+            Self::ApprovalDecided(_) => EventKind::ApprovalDecided,
+            Self::ProxyDecision(_) => EventKind::ProxyDecision,
+            Self::Checkpoint(_) => EventKind::Checkpoint,
+            Self::Resumed(_) => EventKind::Resumed,
         }
     }
 }

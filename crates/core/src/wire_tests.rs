@@ -5,8 +5,10 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::event::{
-    CallPurpose, ContextCreated, Event, Finish, MessageAppended, ModelCalled, Retry, Started,
-    TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted,
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, CallPurpose, Checkpoint, Compaction,
+    CompactionStrategy, CompactionTrigger, ContextCreated, Decider, Event, EventKind, Finish,
+    MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry, Stagnation,
+    StagnationAction, Started, TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use crate::{
     BlockId, Complexity, ExecutionStatus, LoopType, Message, MessagePart, MessageRole, MicroUsd,
@@ -171,10 +173,82 @@ fn events() {
             cost: MicroUsd(0),
             error: None,
         }),
+        Event::Compaction(Compaction {
+            turn: 12,
+            strategy: CompactionStrategy::Summarize,
+            trigger: CompactionTrigger::HardThreshold,
+            from_index: 2,
+            to_index: 30,
+            replacement: vec![Message {
+                role: MessageRole::User,
+                parts: vec![MessagePart::CompactionSummary {
+                    text: "## Goal\n...".into(),
+                    archived: vec![block()],
+                }],
+                pinned: false,
+            }],
+            archived: vec![block()],
+            tokens_before: 102_400,
+            tokens_after: 31_000,
+            summary: Some("## Goal\n...".into()),
+            extractive: false,
+        }),
+        Event::Stagnation(Stagnation {
+            turn: 9,
+            action: StagnationAction::Corrected,
+            repetition_ratio: 0.5,
+            cycle_length: Some(2),
+            repeated_calls: vec!["shell:3f2a9c1e5b7d4a60".into()],
+            no_progress_call: None,
+            step: None,
+        }),
+        Event::ApprovalRequested(ApprovalRequested {
+            turn: 3,
+            call: call(),
+            rule: "shell: ask".into(),
+        }),
+        Event::ApprovalDecided(ApprovalDecided {
+            turn: 3,
+            call_id: "call_1".into(),
+            decision: ApprovalDecision::Denied,
+            decided_by: Decider::User,
+            rule: "shell: ask".into(),
+            reason: Some("not on main".into()),
+        }),
+        Event::ProxyDecision(ProxyDecision {
+            host: "api.github.com".into(),
+            method: "GET".into(),
+            path: "/repos/o/r/pulls".into(),
+            decision: ProxyVerdict::Injected,
+            status: Some(200),
+            credential: Some("github".into()),
+            reason: None,
+        }),
+        Event::Checkpoint(Checkpoint {
+            turn: 4,
+            snapshot_sha256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+                .into(),
+            snapshot_bytes: 18_211,
+        }),
+        Event::Resumed(Resumed {
+            attempt: 1,
+            from_checkpoint_seq: Some(41),
+            from_turn: 4,
+            in_doubt: vec!["call_7".into()],
+        }),
     ];
+    let mut kinds: Vec<&str> = events.iter().map(|e| e.kind().as_str()).collect();
+    let mut all: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+    kinds.sort_unstable();
+    all.sort_unstable();
+    assert_eq!(kinds, all, "exactly one example of every kind");
     for event in &events {
         let value = serde_json::to_value(event).unwrap();
         assert_eq!(value["kind"], event.kind().as_str());
+        assert_eq!(
+            EventKind::from_wire(event.kind().as_str()),
+            Some(event.kind())
+        );
         let back: Event = serde_json::from_value(value).unwrap();
         assert_eq!(&back, event);
     }

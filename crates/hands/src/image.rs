@@ -187,7 +187,7 @@ fn append_entry(
 }
 
 /// A static ELF has no `PT_INTERP` program header (no dynamic loader).
-fn is_static_elf(binary: &[u8]) -> bool {
+pub(crate) fn is_static_elf(binary: &[u8]) -> bool {
     const PT_INTERP: u32 = 3;
     let read_u16 = |at: usize| {
         binary

@@ -1,14 +1,33 @@
 //! Nerve's hands: the agent's tools, run inside a hardened, per-execution Docker sandbox
 //! managed through bollard. Nothing here knows about the model or the event log; `brain`
 //! reaches the tools through [`nerve_core::ToolExecutor`].
+//!
+//! Architecture: [`Sandbox`] owns one container and the persistent in-container executor
+//! (`nerve-executor`, bind-mounted, spoken to in JSON lines); [`SandboxTools`] turns the
+//! model's tool calls into executor requests and the answers into model-facing text.
 
+mod executor;
 mod image;
+mod locate;
+mod percall;
 mod sandbox;
 mod tools;
 
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
-pub use sandbox::{ExecOutput, Sandbox, SandboxConfig, connect_docker, reap_orphans};
-pub use tools::SandboxTools;
+pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};
+pub use sandbox::{Backend, Sandbox, SandboxConfig, connect_docker, reap_orphans};
+pub use tools::{
+    EditFileArgs, GrepArgs, ListDirArgs, ReadFileArgs, SandboxTools, ShellArgs, WriteFileArgs,
+};
+
+/// The executor protocol types that [`Sandbox`]'s operations take and return.
+pub mod protocol {
+    pub use nerve_executor::{
+        DirEntry, EditFileOutput, EditFileRequest, EntryKind, ExecOutput, ExecRequest, GrepOutput,
+        GrepRequest, ListDirOutput, ListDirRequest, ReadFileOutput, ReadFileRequest, VERSION,
+        WriteFileOutput, WriteFileRequest,
+    };
+}
 
 /// Errors of the sandbox layer. None is shown to the model: a model-visible tool failure
 /// is a [`nerve_core::ToolOutput::error`], not one of these.
@@ -31,6 +50,15 @@ pub enum HandsError {
     /// The workspace directory is missing or not a directory. Returned by [`Sandbox::start`].
     #[error("workspace {0}")]
     Workspace(String),
+    /// The persistent executor stopped, hung or broke the protocol during a call; the call's
+    /// effect is unknown. Returned by [`Sandbox`]'s operations; retryable: the executor is
+    /// restarted (or the sandbox falls back to per-call exec) at the next call.
+    #[error("sandbox executor: {0}")]
+    Executor(String),
+    /// The executor stopped too often or cannot be restarted: the sandbox runs nothing any
+    /// more. Returned by [`Sandbox`]'s operations; not retryable within the execution.
+    #[error("the sandbox is lost: {0}")]
+    SandboxLost(String),
     /// The Docker engine refused or failed an operation on the container. Returned by
     /// every container operation; the sandbox should be considered lost.
     #[error("docker: {0}")]

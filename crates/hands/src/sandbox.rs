@@ -1,28 +1,68 @@
 //! One hardened container per execution: created from a local image with bollard, the
 //! workspace bind-mounted at `/workspace`, no network, no capabilities, a read-only root.
+//!
+//! Tool calls go through the persistent executor (`executor.rs`): the static
+//! `nerve-executor`, bind-mounted read-only at `/opt/nerve/nerve-executor`, runs as the
+//! container's main process under the engine's init, and the host stays attached to its stdin
+//! and stdout for the container's life. When the executor exits (killed by a command, by the
+//! OOM killer), the container stops with it and the next call starts it again, a few times at
+//! most. When it cannot run at all (no binary on the host, a dynamic build, an image it
+//! cannot run in), the sandbox says so in a warning and falls back for good to an idle
+//! container: commands through per-call `docker exec` (`percall.rs`), file operations on the
+//! host through the executor library's own confinement (`openat2` with `RESOLVE_BENEATH`),
+//! which never runs a command on the host.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    StopContainerOptionsBuilder,
 };
-use futures_util::StreamExt;
 use nerve_core::ExecutionId;
+use nerve_executor::{
+    EditFileOutput, EditFileRequest, ExecOutput, ExecRequest, GrepOutput, GrepRequest,
+    ListDirOutput, ListDirRequest, Op, Pong, ReadFileOutput, ReadFileRequest, Request,
+    WriteFileOutput, WriteFileRequest,
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::Mutex;
 
 use crate::HandsError;
-use crate::image::image_exists;
+use crate::executor::Connection;
+use crate::locate::{CONTAINER_EXECUTOR_PATH, unusable_reason};
+use crate::percall;
 
 /// Label on every container Nerve creates; the reaper looks for it.
-const LABEL_MANAGED: &str = "org.nerve.managed";
+pub(crate) const LABEL_MANAGED: &str = "org.nerve.managed";
 const LABEL_EXECUTION: &str = "org.nerve.execution";
 /// `<boot id>:<pid>:<start time>` of the process that owns the container.
 const LABEL_OWNER: &str = "org.nerve.owner";
+
+/// Beyond a command's own timeout, how long the host waits for the executor's answer: the
+/// executor may take up to 7 s after the deadline (5 s for a killed shell to exit, 2 s to
+/// drain its pipes), and the engine adds its own latency.
+const EXEC_GRACE: Duration = Duration::from_secs(15);
+/// How long a file operation (a `grep` over a large tree) may take before the host gives up
+/// on the executor.
+const FILE_OP_LIMIT: Duration = Duration::from_secs(120);
+/// Executor starts per sandbox (the first and the restarts after it died) before the
+/// sandbox is given up as lost.
+const MAX_EXECUTOR_STARTS: u32 = 5;
+
+/// What the container runs as its main process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MainProcess {
+    /// The executor, attached to by the host.
+    Executor,
+    /// Nothing (`sleep`): the per-call fallback runs each command in its own exec.
+    Idle,
+}
 
 /// How to build a sandbox. Limits default to what a coding agent needs and no more.
 #[derive(Debug, Clone)]
@@ -31,6 +71,13 @@ pub struct SandboxConfig {
     /// Host directory bind-mounted read-write at `/workspace`.
     pub workspace: PathBuf,
     pub execution_id: ExecutionId,
+    /// The static executor binary on the host, bind-mounted read-only into the container;
+    /// `None` runs every call through the per-call fallback. [`SandboxConfig::new`] fills it
+    /// with [`crate::locate_executor`].
+    pub executor: Option<PathBuf>,
+    /// `uid:gid` that commands run as; `None` means the owner of the workspace directory,
+    /// so that files the agent creates belong to the user.
+    pub user: Option<String>,
     pub memory_bytes: i64,
     pub nano_cpus: i64,
     pub pids_limit: i64,
@@ -38,6 +85,8 @@ pub struct SandboxConfig {
     pub tmp_bytes: u64,
     /// Largest file a command may write (`RLIMIT_FSIZE`).
     pub max_file_bytes: i64,
+    /// Open files per process (`RLIMIT_NOFILE`).
+    pub max_open_files: i64,
     /// Environment for commands, already filtered by the credential filter.
     pub env: Vec<(String, String)>,
 }
@@ -52,26 +101,26 @@ impl SandboxConfig {
             image: image.into(),
             workspace: workspace.into(),
             execution_id,
+            executor: crate::locate::locate_executor(),
+            user: None,
             memory_bytes: 512 << 20,
             nano_cpus: 1_000_000_000,
             pids_limit: 256,
             tmp_bytes: 64 << 20,
             max_file_bytes: 256 << 20,
+            max_open_files: 4096,
             env: Vec::new(),
         }
     }
 }
 
-/// What a command printed and how it ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecOutput {
-    /// `None` when the command was killed by the timeout.
-    pub exit_code: Option<i64>,
-    pub stdout: String,
-    pub stderr: String,
-    pub timed_out: bool,
-    /// Bytes dropped from the middle of the output by the cap.
-    pub omitted_bytes: u64,
+/// The path tool calls take into the container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The persistent in-container executor (the normal case).
+    Executor,
+    /// Per-call `docker exec` for commands and host-side confined file operations.
+    PerCallExec,
 }
 
 /// Connects to the local engine and negotiates the API version with it (our machines run
@@ -98,10 +147,26 @@ pub struct Sandbox {
     id: String,
     user: String,
     env: Vec<String>,
+    /// The workspace on the host, for the host-side file fallback.
+    workspace: PathBuf,
+    channel: Mutex<Channel>,
+}
+
+/// The executor connection and what became of it.
+#[derive(Debug, Default)]
+struct Channel {
+    connection: Option<Connection>,
+    /// Set once the sandbox has fallen back to per-call exec for good, with the reason.
+    fallback: Option<String>,
+    /// Set when the executor can no longer be restarted, with the reason.
+    lost: Option<String>,
+    starts: u32,
+    /// The host-side file handler of the fallback, opened on first use.
+    host_files: Option<Arc<nerve_executor::Executor>>,
 }
 
 impl Sandbox {
-    /// Creates and starts the container for one execution.
+    /// Creates and starts the container for one execution, with its executor.
     pub async fn start(docker: Docker, config: &SandboxConfig) -> Result<Self, HandsError> {
         let workspace = std::fs::canonicalize(&config.workspace)
             .map_err(|e| HandsError::Workspace(format!("{}: {e}", config.workspace.display())))?;
@@ -113,71 +178,80 @@ impl Sandbox {
                 workspace.display()
             )));
         }
-        if !image_exists(&docker, &config.image).await? {
-            return Err(HandsError::ImageMissing(config.image.clone()));
-        }
-        // Commands run as the workspace's owner so that files they create belong to the
-        // user. With every capability dropped even uid 0 cannot override permissions,
-        // load modules or escape the mount namespace.
-        let user = format!("{}:{}", meta.uid(), meta.gid());
-        let env: Vec<String> = std::iter::once("PATH=/bin:/usr/bin".to_owned())
-            .chain(std::iter::once("HOME=/tmp".to_owned()))
+        // By default commands run as the workspace's owner so that files they create belong
+        // to the user. With every capability dropped and no-new-privileges, even uid 0
+        // cannot override permissions, load modules or escape the mount namespace.
+        let user = config
+            .user
+            .clone()
+            .unwrap_or_else(|| format!("{}:{}", meta.uid(), meta.gid()));
+        let env: Vec<String> = ["PATH=/bin:/usr/bin", "HOME=/tmp"]
+            .into_iter()
+            .map(str::to_owned)
             .chain(config.env.iter().map(|(k, v)| format!("{k}={v}")))
             .collect();
-        let labels = HashMap::from([
-            (LABEL_MANAGED.to_owned(), "true".to_owned()),
-            (LABEL_EXECUTION.to_owned(), config.execution_id.to_string()),
-            (
-                LABEL_OWNER.to_owned(),
-                owner_token(std::process::id()).unwrap_or_default(),
-            ),
-        ]);
-        let host_config = HostConfig {
-            binds: Some(vec![format!("{}:/workspace:rw", path_str(&workspace)?)]),
-            network_mode: Some("none".to_owned()),
-            cap_drop: Some(vec!["ALL".to_owned()]),
-            security_opt: Some(vec!["no-new-privileges".to_owned()]),
-            readonly_rootfs: Some(true),
-            tmpfs: Some(HashMap::from([(
-                "/tmp".to_owned(),
-                format!("rw,nosuid,nodev,noexec,size={}", config.tmp_bytes),
-            )])),
-            pids_limit: Some(config.pids_limit),
-            memory: Some(config.memory_bytes),
-            memory_swap: Some(config.memory_bytes),
-            nano_cpus: Some(config.nano_cpus),
-            ulimits: Some(vec![ResourcesUlimits {
-                name: Some("fsize".to_owned()),
-                soft: Some(config.max_file_bytes),
-                hard: Some(config.max_file_bytes),
-            }]),
-            init: Some(true),
-            ..Default::default()
+        let executor = match &config.executor {
+            None => Err(format!(
+                "no executor binary found (set {} or build it with `cargo xtask image`)",
+                crate::locate::EXECUTOR_ENV
+            )),
+            Some(path) => match unusable_reason(path) {
+                Some(reason) => Err(reason),
+                None => std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display())),
+            },
         };
-        let body = ContainerCreateBody {
-            image: Some(config.image.clone()),
-            cmd: Some(vec!["/bin/sleep".to_owned(), "2147483647".to_owned()]),
-            user: Some(user.clone()),
-            working_dir: Some("/workspace".to_owned()),
-            env: Some(env.clone()),
-            labels: Some(labels),
-            network_disabled: Some(true),
-            host_config: Some(host_config),
-            ..Default::default()
-        };
-        let name = format!("nerve-{}", config.execution_id);
-        let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let created = docker.create_container(Some(options), body).await?;
-        let sandbox = Self {
+        let workspace_bind = format!("{}:/workspace:rw", path_str(&workspace)?);
+        let mut sandbox = Self {
             docker,
-            id: created.id,
+            id: String::new(),
             user,
             env,
+            workspace,
+            channel: Mutex::new(Channel::default()),
         };
-        if let Err(error) = sandbox.docker.start_container(&sandbox.id, None).await {
-            let _ = sandbox.remove().await;
-            return Err(error.into());
+        let mut channel = Channel::default();
+        let reason = match executor {
+            Ok(binary) => {
+                let binds = vec![
+                    workspace_bind.clone(),
+                    format!("{}:{CONTAINER_EXECUTOR_PATH}:ro", path_str(&binary)?),
+                ];
+                let body = container_body(
+                    config,
+                    binds,
+                    &sandbox.user,
+                    &sandbox.env,
+                    MainProcess::Executor,
+                );
+                sandbox.id = create(&sandbox.docker, config, body).await?;
+                match sandbox.boot(&mut channel).await {
+                    Ok(()) => None,
+                    Err(reason) => {
+                        // The image cannot run the executor: replace the container with an
+                        // idle one for the fallback.
+                        sandbox.remove().await?;
+                        Some(reason)
+                    }
+                }
+            }
+            Err(reason) => Some(reason),
+        };
+        if let Some(reason) = reason {
+            let body = container_body(
+                config,
+                vec![workspace_bind],
+                &sandbox.user,
+                &sandbox.env,
+                MainProcess::Idle,
+            );
+            sandbox.id = create(&sandbox.docker, config, body).await?;
+            if let Err(error) = sandbox.docker.start_container(&sandbox.id, None).await {
+                let _ = sandbox.remove().await;
+                return Err(error.into());
+            }
+            fall_back(&mut channel, reason);
         }
+        sandbox.channel = Mutex::new(channel);
         Ok(sandbox)
     }
 
@@ -189,96 +263,340 @@ impl Sandbox {
         &self.docker
     }
 
-    /// Runs `command` with `/bin/sh -c` in a fresh `docker exec`, killed after `timeout`.
-    /// Output beyond `max_output` bytes per stream keeps its head and tail.
-    pub async fn exec(
-        &self,
-        command: &str,
-        workdir: &str,
-        timeout: Duration,
-        max_output: usize,
-    ) -> Result<ExecOutput, HandsError> {
-        let seconds = timeout.as_secs().max(1).to_string();
-        let cmd = vec![
-            "/bin/timeout",
-            "-s",
-            "KILL",
-            seconds.as_str(),
-            "/bin/sh",
-            "-c",
-            command,
-        ];
-        let exec = self
-            .docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(cmd),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    attach_stdin: Some(false),
-                    user: Some(self.user.as_str()),
-                    working_dir: Some(workdir),
-                    env: Some(self.env.iter().map(String::as_str).collect()),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        let started = self
-            .docker
-            .start_exec(&exec.id, Some(StartExecOptions::default()))
-            .await?;
-        let mut stdout = HeadTail::new(max_output);
-        let mut stderr = HeadTail::new(max_output);
-        let mut hung = false;
-        if let StartExecResults::Attached { mut output, .. } = started {
-            // The in-container timeout kills the command; this outer bound only guards
-            // against output pipes held open by a background job that outlived it.
-            let drain = async {
-                while let Some(chunk) = output.next().await {
-                    match chunk? {
-                        bollard::container::LogOutput::StdOut { message }
-                        | bollard::container::LogOutput::Console { message } => {
-                            stdout.push(&message)
-                        }
-                        bollard::container::LogOutput::StdErr { message } => stderr.push(&message),
-                        bollard::container::LogOutput::StdIn { .. } => {}
-                    }
-                }
-                Ok::<(), bollard::errors::Error>(())
-            };
-            match tokio::time::timeout(timeout + Duration::from_secs(2), drain).await {
-                Ok(result) => result?,
-                Err(_) => hung = true,
-            }
+    /// The path the next tool call takes.
+    pub async fn backend(&self) -> Backend {
+        if self.channel.lock().await.fallback.is_some() {
+            Backend::PerCallExec
+        } else {
+            Backend::Executor
         }
-        let inspected = self.docker.inspect_exec(&exec.id).await?;
-        let exit_code = if hung { None } else { inspected.exit_code };
-        // busybox timeout -s KILL makes the command die with 128 + 9.
-        let timed_out = hung || exit_code == Some(137);
-        Ok(ExecOutput {
-            exit_code: if timed_out { None } else { exit_code },
-            omitted_bytes: stdout.omitted + stderr.omitted,
-            stdout: stdout.finish(),
-            stderr: stderr.finish(),
-            timed_out,
-        })
     }
 
-    /// Stops and removes the container. Idempotent.
+    /// Runs a command (`/bin/sh -c`) in its own process group, killed with everything it
+    /// started when `timeout_ms` passes. `Ok(Err(message))` is a refusal for the model (a
+    /// working directory outside the workspace, a shell that cannot be spawned).
+    pub async fn exec(
+        &self,
+        request: ExecRequest,
+    ) -> Result<Result<ExecOutput, String>, HandsError> {
+        let limit = Duration::from_millis(request.timeout_ms).saturating_add(EXEC_GRACE);
+        self.call(Op::Exec(request), limit).await
+    }
+
+    /// Runs a command through a fresh `docker exec`, bypassing the executor: the fallback
+    /// path, public so that benchmarks can compare the two.
+    pub async fn exec_per_call(
+        &self,
+        request: &ExecRequest,
+    ) -> Result<Result<ExecOutput, String>, HandsError> {
+        percall::exec(self.target(), request).await
+    }
+
+    /// Reads lines of a regular file inside the workspace.
+    pub async fn read_file(
+        &self,
+        request: ReadFileRequest,
+    ) -> Result<Result<ReadFileOutput, String>, HandsError> {
+        self.call(Op::ReadFile(request), FILE_OP_LIMIT).await
+    }
+
+    /// Creates or replaces a regular file inside the workspace.
+    pub async fn write_file(
+        &self,
+        request: WriteFileRequest,
+    ) -> Result<Result<WriteFileOutput, String>, HandsError> {
+        self.call(Op::WriteFile(request), FILE_OP_LIMIT).await
+    }
+
+    /// Replaces text in a file inside the workspace.
+    pub async fn edit_file(
+        &self,
+        request: EditFileRequest,
+    ) -> Result<Result<EditFileOutput, String>, HandsError> {
+        self.call(Op::EditFile(request), FILE_OP_LIMIT).await
+    }
+
+    /// Lists a directory inside the workspace.
+    pub async fn list_dir(
+        &self,
+        request: ListDirRequest,
+    ) -> Result<Result<ListDirOutput, String>, HandsError> {
+        self.call(Op::ListDir(request), FILE_OP_LIMIT).await
+    }
+
+    /// Searches the regular files beneath a workspace path with a regex.
+    pub async fn grep(
+        &self,
+        request: GrepRequest,
+    ) -> Result<Result<GrepOutput, String>, HandsError> {
+        self.call(Op::Grep(request), FILE_OP_LIMIT).await
+    }
+
+    /// One round trip to the executor (nothing on the fallback path). Returns its version.
+    pub async fn ping(&self) -> Result<String, HandsError> {
+        match self.call::<Pong>(Op::Ping, FILE_OP_LIMIT).await? {
+            Ok(pong) => Ok(pong.version),
+            Err(refused) => Err(HandsError::Executor(refused)),
+        }
+    }
+
+    /// Stops and removes the container, with everything running in it. Idempotent.
     pub async fn remove(&self) -> Result<(), HandsError> {
+        // A call still in flight holds the channel; the removal below ends it anyway.
+        if let Ok(mut channel) = self.channel.try_lock() {
+            channel.connection = None;
+        }
         let options = RemoveContainerOptionsBuilder::default()
             .force(true)
             .v(true)
             .build();
         match self.docker.remove_container(&self.id, Some(options)).await {
+            // 404: already gone; 409: a removal (the reaper's) is already in progress.
             Ok(())
             | Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404, ..
+                status_code: 404 | 409,
+                ..
             }) => Ok(()),
             Err(other) => Err(other.into()),
         }
     }
+
+    fn target(&self) -> percall::Target<'_> {
+        percall::Target {
+            docker: &self.docker,
+            container: &self.id,
+            user: &self.user,
+            env: &self.env,
+        }
+    }
+
+    /// Starts (or restarts) the container with its executor, attached, and waits for its
+    /// first answer. The error says why it cannot serve.
+    async fn boot(&self, channel: &mut Channel) -> Result<(), String> {
+        channel.starts += 1;
+        if channel.starts > 1 {
+            // A hung executor still runs: stop the container (and everything in it) first.
+            let options = StopContainerOptionsBuilder::default().t(0).build();
+            match self.docker.stop_container(&self.id, Some(options)).await {
+                Ok(())
+                | Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 304, ..
+                }) => {}
+                Err(e) => return Err(format!("cannot stop the container: {e}")),
+            }
+        }
+        let mut connection = Connection::attach(&self.docker, &self.id).await?;
+        self.docker
+            .start_container(&self.id, None)
+            .await
+            .map_err(|e| format!("cannot start the container: {e}"))?;
+        connection.handshake().await?;
+        channel.connection = Some(connection);
+        Ok(())
+    }
+
+    /// Sends one request through the executor, or the fallback. One at a time: the channel
+    /// lock is held for the whole call.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        op: Op,
+        limit: Duration,
+    ) -> Result<Result<T, String>, HandsError> {
+        let mut channel = self.channel.lock().await;
+        // A cancelled call left half a request on the stream: start over.
+        if let Some(connection) = channel
+            .connection
+            .take_if(|connection| connection.is_poisoned())
+        {
+            connection.close().await;
+        }
+        if let Some(reason) = &channel.lost {
+            return Err(HandsError::SandboxLost(reason.clone()));
+        }
+        if channel.connection.is_none() && channel.fallback.is_none() {
+            let restarted = if channel.starts >= MAX_EXECUTOR_STARTS {
+                Err(format!("the executor stopped {} times", channel.starts))
+            } else {
+                self.boot(&mut channel).await
+            };
+            if let Err(reason) = restarted {
+                tracing::warn!(container = %self.id, %reason, "the sandbox executor cannot be restarted; the sandbox is lost");
+                channel.lost = Some(reason.clone());
+                return Err(HandsError::SandboxLost(reason));
+            }
+        }
+        if let Some(connection) = channel.connection.as_mut() {
+            return match connection.call::<T>(op, limit).await {
+                Ok(result) => Ok(result),
+                Err(error) => {
+                    // Dropping the attach stream closes the executor's stdin: once it is
+                    // done with what it was doing, it kills what it still runs and exits.
+                    // The next call restarts the container, stopping it first if need be.
+                    channel.connection = None;
+                    tracing::warn!(container = %self.id, %error, "lost the sandbox executor; it restarts at the next call");
+                    Err(HandsError::Executor(error.to_string()))
+                }
+            };
+        }
+        let answer = match op {
+            Op::Exec(request) => percall::exec(self.target(), &request)
+                .await?
+                .map(|output| serde_json::to_value(output).unwrap_or_default()),
+            Op::Ping => Ok(serde_json::json!({ "version": nerve_executor::VERSION })),
+            file_op @ (Op::ReadFile(_)
+            | Op::WriteFile(_)
+            | Op::EditFile(_)
+            | Op::ListDir(_)
+            | Op::Grep(_)) => {
+                let files = match &channel.host_files {
+                    Some(files) => Arc::clone(files),
+                    None => {
+                        let files = Arc::new(host_file_handler(&self.workspace)?);
+                        channel.host_files = Some(Arc::clone(&files));
+                        files
+                    }
+                };
+                host_file_op(files, file_op).await?
+            }
+        };
+        Ok(answer.and_then(|value| {
+            T::deserialize(value).map_err(|e| format!("unexpected answer from the fallback: {e}"))
+        }))
+    }
+}
+
+fn fall_back(channel: &mut Channel, reason: String) {
+    tracing::warn!(
+        %reason,
+        "the sandbox executor cannot run; falling back to per-call docker exec (slower; background jobs are not contained)"
+    );
+    channel.connection = None;
+    channel.fallback = Some(reason);
+}
+
+/// Creates the container named after the execution and returns its id.
+async fn create(
+    docker: &Docker,
+    config: &SandboxConfig,
+    body: ContainerCreateBody,
+) -> Result<String, HandsError> {
+    let name = format!("nerve-{}", config.execution_id);
+    let options = CreateContainerOptionsBuilder::default().name(&name).build();
+    match docker.create_container(Some(options), body).await {
+        Ok(created) => Ok(created.id),
+        // The image check is folded into the create call: one round trip fewer per start.
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Err(HandsError::ImageMissing(config.image.clone())),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// The container: hardened as docs/security.md lists, its main process under the engine's
+/// init (which reaps whatever is re-parented to it).
+fn container_body(
+    config: &SandboxConfig,
+    binds: Vec<String>,
+    user: &str,
+    env: &[String],
+    main: MainProcess,
+) -> ContainerCreateBody {
+    let labels = HashMap::from([
+        (LABEL_MANAGED.to_owned(), "true".to_owned()),
+        (LABEL_EXECUTION.to_owned(), config.execution_id.to_string()),
+        (
+            LABEL_OWNER.to_owned(),
+            owner_token(std::process::id()).unwrap_or_default(),
+        ),
+    ]);
+    let ulimit = |name: &str, value: i64| ResourcesUlimits {
+        name: Some(name.to_owned()),
+        soft: Some(value),
+        hard: Some(value),
+    };
+    let host_config = HostConfig {
+        binds: Some(binds),
+        network_mode: Some("none".to_owned()),
+        cap_drop: Some(vec!["ALL".to_owned()]),
+        security_opt: Some(vec!["no-new-privileges".to_owned()]),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_owned(),
+            format!("rw,nosuid,nodev,noexec,size={}", config.tmp_bytes),
+        )])),
+        pids_limit: Some(config.pids_limit),
+        memory: Some(config.memory_bytes),
+        memory_swap: Some(config.memory_bytes),
+        nano_cpus: Some(config.nano_cpus),
+        ulimits: Some(vec![
+            ulimit("fsize", config.max_file_bytes),
+            ulimit("nofile", config.max_open_files),
+        ]),
+        init: Some(true),
+        ipc_mode: Some("private".to_owned()),
+        privileged: Some(false),
+        // The executor's stdout is the protocol: never copy it into the engine's logs.
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".to_owned()),
+            config: None,
+        }),
+        ..Default::default()
+    };
+    let (cmd, stdin) = match main {
+        MainProcess::Executor => (
+            vec![
+                CONTAINER_EXECUTOR_PATH.to_owned(),
+                "--root".to_owned(),
+                "/workspace".to_owned(),
+            ],
+            true,
+        ),
+        MainProcess::Idle => (
+            vec!["/bin/sleep".to_owned(), "2147483647".to_owned()],
+            false,
+        ),
+    };
+    ContainerCreateBody {
+        image: Some(config.image.clone()),
+        // Whatever entrypoint a user image has, the main process is ours.
+        entrypoint: Some(Vec::new()),
+        cmd: Some(cmd),
+        open_stdin: Some(stdin),
+        stdin_once: Some(stdin),
+        attach_stdin: Some(stdin),
+        attach_stdout: Some(stdin),
+        attach_stderr: Some(stdin),
+        user: Some(user.to_owned()),
+        working_dir: Some("/workspace".to_owned()),
+        env: Some(env.to_vec()),
+        labels: Some(labels),
+        network_disabled: Some(true),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+/// The executor library opened on the host workspace, for file operations only.
+fn host_file_handler(workspace: &Path) -> Result<nerve_executor::Executor, HandsError> {
+    let config = nerve_executor::Config {
+        // Never reap children: this runs inside the `nerve` process.
+        reap_orphans: false,
+        ..nerve_executor::Config::new(workspace)
+    };
+    nerve_executor::Executor::new(config)
+        .map_err(|e| HandsError::Workspace(format!("{}: {e}", workspace.display())))
+}
+
+async fn host_file_op(
+    files: Arc<nerve_executor::Executor>,
+    op: Op,
+) -> Result<Result<serde_json::Value, String>, HandsError> {
+    let line = tokio::task::spawn_blocking(move || files.handle(&Request { id: 0, op }).to_line())
+        .await
+        .map_err(|e| HandsError::Executor(format!("the host-side file handler failed: {e}")))?;
+    nerve_executor::decode_response::<serde_json::Value>(&line)
+        .map(|decoded| decoded.result)
+        .map_err(|e| HandsError::Executor(format!("the host-side file handler: {e}")))
 }
 
 fn path_str(path: &Path) -> Result<&str, HandsError> {
@@ -286,8 +604,9 @@ fn path_str(path: &Path) -> Result<&str, HandsError> {
         .ok_or_else(|| HandsError::Workspace(format!("{} is not valid UTF-8", path.display())))
 }
 
-/// Removes Nerve containers whose owning process is gone (killed, crashed), and returns
-/// how many it removed. Containers of live processes are left alone.
+/// Removes Nerve containers whose owning process is gone (killed, crashed), and returns how
+/// many it removed. Containers of live processes are left alone, stopped ones included: a
+/// sandbox's container stops whenever its executor dies, until the next call restarts it.
 pub async fn reap_orphans(docker: &Docker) -> Result<usize, HandsError> {
     let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
     let options = ListContainersOptionsBuilder::default()
@@ -346,75 +665,9 @@ fn owner_alive(token: &str) -> bool {
     pid.parse::<u32>().ok().and_then(owner_token).as_deref() == Some(token)
 }
 
-/// Keeps the first and last `cap / 2` bytes of a stream, counting what falls between.
-#[derive(Debug)]
-struct HeadTail {
-    cap: usize,
-    head: Vec<u8>,
-    tail: std::collections::VecDeque<u8>,
-    omitted: u64,
-}
-
-impl HeadTail {
-    fn new(cap: usize) -> Self {
-        Self {
-            cap,
-            head: Vec::new(),
-            tail: std::collections::VecDeque::new(),
-            omitted: 0,
-        }
-    }
-
-    fn push(&mut self, mut bytes: &[u8]) {
-        let head_cap = self.cap / 2;
-        let tail_cap = self.cap - head_cap;
-        if self.head.len() < head_cap {
-            let take = bytes.len().min(head_cap - self.head.len());
-            self.head.extend_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-        }
-        self.tail.extend(bytes);
-        while self.tail.len() > tail_cap {
-            let excess = self.tail.len() - tail_cap;
-            self.tail.drain(..excess);
-            self.omitted += excess as u64;
-        }
-    }
-
-    fn finish(self) -> String {
-        let mut out = String::from_utf8_lossy(&self.head).into_owned();
-        if self.omitted > 0 {
-            out.push_str(&format!("\n[... {} bytes omitted ...]\n", self.omitted));
-        }
-        let tail: Vec<u8> = self.tail.into_iter().collect();
-        out.push_str(&String::from_utf8_lossy(&tail));
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn check(cap: usize, chunks: &[&str], expected: &str) {
-        let mut buffer = HeadTail::new(cap);
-        for chunk in chunks {
-            buffer.push(chunk.as_bytes());
-        }
-        assert_eq!(buffer.finish(), expected);
-    }
-
-    #[test]
-    fn head_tail_cap() {
-        check(10, &["hello"], "hello");
-        check(4, &["abcdefgh"], "ab\n[... 4 bytes omitted ...]\ngh");
-        check(
-            4,
-            &["a", "b", "c", "d", "e", "f"],
-            "ab\n[... 2 bytes omitted ...]\nef",
-        );
-        check(0, &["abc"], "\n[... 3 bytes omitted ...]\n");
-    }
 
     #[test]
     fn this_process_is_alive_and_a_dead_one_is_not() {
@@ -422,5 +675,38 @@ mod tests {
         assert!(owner_alive(&me));
         assert!(!owner_alive("boot:999999999:1"));
         assert!(!owner_alive("garbage"));
+    }
+
+    #[test]
+    fn the_container_is_hardened() {
+        let config = SandboxConfig::new("img", "/w", ExecutionId::new());
+        let body = container_body(
+            &config,
+            vec!["/w:/workspace:rw".to_owned()],
+            "1:1",
+            &[],
+            MainProcess::Executor,
+        );
+        let host = body.host_config.unwrap();
+        assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(
+            host.security_opt,
+            Some(vec!["no-new-privileges".to_owned()])
+        );
+        assert_eq!(host.readonly_rootfs, Some(true));
+        assert_eq!(host.init, Some(true));
+        assert_eq!(host.pids_limit, Some(256));
+        assert_eq!(
+            host.memory, host.memory_swap,
+            "no swap beyond the memory limit"
+        );
+        assert!(host.tmpfs.unwrap()["/tmp"].contains("noexec"));
+        assert_eq!(host.binds, Some(vec!["/w:/workspace:rw".to_owned()]));
+        assert_eq!(body.network_disabled, Some(true));
+        assert_eq!(body.labels.unwrap()[LABEL_MANAGED], "true");
+        assert_eq!(body.cmd.unwrap()[0], CONTAINER_EXECUTOR_PATH);
+        assert_eq!(body.open_stdin, Some(true));
+        assert_eq!(host.log_config.unwrap().typ.as_deref(), Some("none"));
     }
 }

@@ -1,12 +1,17 @@
 //! The agent's tools as the model sees them, executed in a [`Sandbox`]. Arguments are
 //! typed; their JSON Schemas are generated from the types, and anything the model sends
-//! that does not fit becomes an error result naming the problem.
+//! that does not fit becomes an error result naming the problem. Every tool goes through the
+//! sandbox's executor, so file operations are confined inside the container.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use nerve_core::{ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput};
+use nerve_executor::{
+    EditFileOutput, EditFileRequest, EntryKind, ExecOutput, ExecRequest, GrepOutput, GrepRequest,
+    ListDirOutput, ListDirRequest, ReadFileOutput, ReadFileRequest, WriteFileOutput,
+    WriteFileRequest,
+};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -18,19 +23,83 @@ use crate::sandbox::Sandbox;
 const DEFAULT_TIMEOUT_SECS: u64 = 60;
 const MAX_TIMEOUT_SECS: u64 = 600;
 /// Output kept per stream (head and tail).
-const MAX_OUTPUT_BYTES: usize = 32 * 1024;
+const MAX_OUTPUT_BYTES: u64 = 32 * 1024;
 
 /// Run a shell command in the workspace.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub(crate) struct ShellArgs {
-    /// The command, run with `/bin/sh -c`.
-    pub(crate) command: String,
-    /// Seconds before the command and all its children are killed (default 60, at most 600).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShellArgs {
+    /// The command, run with `/bin/sh -c` (busybox).
+    pub command: String,
+    /// Seconds before the command and everything it started are killed (default 60, at most 600).
     #[serde(default)]
-    pub(crate) timeout_secs: Option<u64>,
+    pub timeout_secs: Option<u64>,
     /// Directory to run in, relative to the workspace root (default: the root).
     #[serde(default)]
-    pub(crate) workdir: Option<String>,
+    pub workdir: Option<String>,
+}
+
+/// Read a window of lines from a text file.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFileArgs {
+    /// File path relative to the workspace root.
+    pub path: String,
+    /// Lines to skip before the first returned line (default 0).
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// Most lines to return (default 2000).
+    #[serde(default)]
+    pub limit: Option<u64>,
+}
+
+/// Create or overwrite a file.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileArgs {
+    /// File path relative to the workspace root; missing parent directories are created.
+    pub path: String,
+    /// The complete new content of the file.
+    pub content: String,
+}
+
+/// Replace exact text in a file.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EditFileArgs {
+    /// File path relative to the workspace root.
+    pub path: String,
+    /// The exact text to replace, whitespace included; it must occur exactly once unless
+    /// `replace_all` is true.
+    pub old_text: String,
+    /// The text to put in its place.
+    pub new_text: String,
+    /// Replace every occurrence (default false).
+    #[serde(default)]
+    pub replace_all: Option<bool>,
+}
+
+/// List a directory.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListDirArgs {
+    /// Directory path relative to the workspace root (default: the root).
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+/// Search file contents with a regular expression.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrepArgs {
+    /// A regular expression (Rust regex syntax), matched against each line.
+    pub pattern: String,
+    /// File or directory to search, relative to the workspace root (default: the root).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Only search files matching this glob, e.g. `*.rs`, `*.{ts,tsx}` or `src/**/*.rs`.
+    #[serde(default)]
+    pub glob: Option<String>,
 }
 
 /// The tools of one execution, bound to its sandbox.
@@ -45,89 +114,287 @@ impl SandboxTools {
     }
 
     async fn shell(&self, args: ShellArgs) -> Result<ToolOutput, ToolError> {
-        let workdir = match confine(args.workdir.as_deref().unwrap_or(".")) {
-            Ok(dir) => dir,
-            Err(message) => return Ok(ToolOutput::error(message)),
-        };
-        let timeout = Duration::from_secs(
-            args.timeout_secs
-                .unwrap_or(DEFAULT_TIMEOUT_SECS)
-                .clamp(1, MAX_TIMEOUT_SECS),
-        );
-        let output = self
-            .sandbox
-            .exec(&args.command, &workdir, timeout, MAX_OUTPUT_BYTES)
-            .await
-            .map_err(|e: HandsError| ToolError::Unavailable(e.to_string()))?;
-        let mut content = output.stdout;
-        if !output.stderr.is_empty() {
-            if !content.is_empty() && !content.ends_with('\n') {
-                content.push('\n');
-            }
-            content.push_str("[stderr]\n");
-            content.push_str(&output.stderr);
+        if args.command.trim().is_empty() {
+            return Ok(ToolOutput::error("shell: `command` is empty"));
         }
+        let (timeout_secs, capped) = match args.timeout_secs {
+            Some(0) => {
+                return Ok(ToolOutput::error(
+                    "shell: `timeout_secs` must be at least 1",
+                ));
+            }
+            Some(secs) if secs > MAX_TIMEOUT_SECS => (MAX_TIMEOUT_SECS, true),
+            Some(secs) => (secs, false),
+            None => (DEFAULT_TIMEOUT_SECS, false),
+        };
+        let request = ExecRequest {
+            command: args.command,
+            workdir: args.workdir,
+            timeout_ms: timeout_secs * 1000,
+            max_output_bytes: MAX_OUTPUT_BYTES,
+            env: Default::default(),
+        };
+        let answer = self.sandbox.exec(request).await;
+        respond("shell", answer, |output| {
+            let mut result = format_exec(&output, timeout_secs);
+            if capped {
+                result.content.push_str(&format!(
+                    "\n[timeout_secs was capped at {MAX_TIMEOUT_SECS}]"
+                ));
+            }
+            result
+        })
+    }
+
+    async fn read_file(&self, args: ReadFileArgs) -> Result<ToolOutput, ToolError> {
+        if let Some(problem) = empty_path("read_file", &args.path) {
+            return Ok(problem);
+        }
+        if args.limit == Some(0) {
+            return Ok(ToolOutput::error("read_file: `limit` must be at least 1"));
+        }
+        let offset = args.offset.unwrap_or(0);
+        let request = ReadFileRequest {
+            path: args.path.clone(),
+            offset: args.offset,
+            limit: args.limit,
+        };
+        let answer = self.sandbox.read_file(request).await;
+        respond("read_file", answer, |output| {
+            format_read(&args.path, offset, &output)
+        })
+    }
+
+    async fn write_file(&self, args: WriteFileArgs) -> Result<ToolOutput, ToolError> {
+        if let Some(problem) = empty_path("write_file", &args.path) {
+            return Ok(problem);
+        }
+        let path = args.path.clone();
+        let answer = self
+            .sandbox
+            .write_file(WriteFileRequest {
+                path: args.path,
+                content: args.content,
+            })
+            .await;
+        respond("write_file", answer, |output: WriteFileOutput| {
+            let verb = if output.created {
+                "created"
+            } else {
+                "replaced"
+            };
+            ToolOutput::ok(format!("{verb} {path} ({} bytes)", output.bytes))
+        })
+    }
+
+    async fn edit_file(&self, args: EditFileArgs) -> Result<ToolOutput, ToolError> {
+        if let Some(problem) = empty_path("edit_file", &args.path) {
+            return Ok(problem);
+        }
+        if args.old_text.is_empty() {
+            return Ok(ToolOutput::error(
+                "edit_file: `old_text` is empty; give the exact text to replace",
+            ));
+        }
+        if args.old_text == args.new_text {
+            return Ok(ToolOutput::error(
+                "edit_file: `old_text` and `new_text` are identical; nothing would change",
+            ));
+        }
+        let path = args.path.clone();
+        let answer = self
+            .sandbox
+            .edit_file(EditFileRequest {
+                path: args.path,
+                old_text: args.old_text,
+                new_text: args.new_text,
+                replace_all: args.replace_all.unwrap_or(false),
+            })
+            .await;
+        respond("edit_file", answer, |output: EditFileOutput| {
+            let plural = if output.replacements == 1 { "" } else { "s" };
+            ToolOutput::ok(format!(
+                "edited {path}: {} replacement{plural}",
+                output.replacements
+            ))
+        })
+    }
+
+    async fn list_dir(&self, args: ListDirArgs) -> Result<ToolOutput, ToolError> {
+        let shown = args
+            .path
+            .clone()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| ".".to_owned());
+        let answer = self
+            .sandbox
+            .list_dir(ListDirRequest { path: args.path })
+            .await;
+        respond("list_dir", answer, |output| format_list(&shown, &output))
+    }
+
+    async fn grep(&self, args: GrepArgs) -> Result<ToolOutput, ToolError> {
+        if args.pattern.is_empty() {
+            return Ok(ToolOutput::error("grep: `pattern` is empty"));
+        }
+        let pattern = args.pattern.clone();
+        let answer = self
+            .sandbox
+            .grep(GrepRequest {
+                pattern: args.pattern,
+                path: args.path,
+                glob: args.glob,
+            })
+            .await;
+        respond("grep", answer, |output| format_grep(&pattern, &output))
+    }
+}
+
+/// Turns a sandbox answer into the tool result: a refusal or a lost executor is an error
+/// result the model sees; only an engine failure (the container is gone) is a [`ToolError`].
+fn respond<T>(
+    tool: &str,
+    answer: Result<Result<T, String>, HandsError>,
+    format: impl FnOnce(T) -> ToolOutput,
+) -> Result<ToolOutput, ToolError> {
+    match answer {
+        Ok(Ok(output)) => Ok(format(output)),
+        Ok(Err(refused)) => Ok(ToolOutput::error(format!("{tool}: {refused}"))),
+        Err(HandsError::Executor(reason)) => Ok(ToolOutput::error(format!(
+            "{tool}: the sandbox executor stopped during this call ({reason}); whether the call took effect is unknown. The executor restarts for the next call."
+        ))),
+        Err(other) => Err(ToolError::Unavailable(other.to_string())),
+    }
+}
+
+fn empty_path(tool: &str, path: &str) -> Option<ToolOutput> {
+    path.trim()
+        .is_empty()
+        .then(|| ToolOutput::error(format!("{tool}: `path` is empty")))
+}
+
+/// stdout, then stderr under a marker, then one status line. Non-zero exits, signals and
+/// timeouts are error results.
+fn format_exec(output: &ExecOutput, timeout_secs: u64) -> ToolOutput {
+    let mut content = output.stdout.clone();
+    if !output.stderr.is_empty() {
         if !content.is_empty() && !content.ends_with('\n') {
             content.push('\n');
         }
-        let failed = match (output.timed_out, output.exit_code) {
-            (true, _) => {
-                content.push_str(&format!(
-                    "[timed out after {}s; the command and its children were killed]",
-                    timeout.as_secs()
-                ));
-                true
-            }
-            (false, Some(code)) => {
-                content.push_str(&format!("[exit code: {code}]"));
-                code != 0
-            }
-            (false, None) => {
-                content.push_str("[exit code unknown]");
-                true
-            }
-        };
-        Ok(ToolOutput {
-            content,
-            is_error: failed,
-        })
+        content.push_str("[stderr]\n");
+        content.push_str(&output.stderr);
+    }
+    if !content.is_empty() && !content.ends_with('\n') {
+        content.push('\n');
+    }
+    let failed = if output.timed_out {
+        content.push_str(&format!(
+            "[timed out after {timeout_secs}s; the command and everything it started were killed]"
+        ));
+        true
+    } else if let Some(code) = output.exit_code {
+        content.push_str(&format!("[exit code: {code}]"));
+        code != 0
+    } else if let Some(signal) = output.signal {
+        content.push_str(&format!("[killed by signal {signal}]"));
+        true
+    } else {
+        content.push_str("[exit status unknown]");
+        true
+    };
+    ToolOutput {
+        content,
+        is_error: failed,
     }
 }
 
-/// Resolves a workspace-relative directory to its absolute path inside the container,
-/// refusing anything that would leave `/workspace`. Symlinks are the executor's concern.
-fn confine(path: &str) -> Result<String, String> {
-    let relative = match path.strip_prefix("/workspace") {
-        Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
-        Some(_) | None => path,
-    };
-    if relative.starts_with('/') && relative.len() == path.len() {
-        return Err(format!(
-            "path escapes the workspace: {path} (paths are relative to the workspace root)"
+fn format_read(path: &str, offset: u64, output: &ReadFileOutput) -> ToolOutput {
+    let mut content = output.content.clone();
+    let mut notes = Vec::new();
+    if output.size == 0 {
+        notes.push(format!("{path} is empty"));
+    } else if let Some(next) = output.next_offset {
+        notes.push(format!(
+            "lines {}-{} of {path} shown; more follow: read_file with offset={next}",
+            offset + 1,
+            offset + output.lines
         ));
     }
-    let mut parts: Vec<&str> = Vec::new();
-    for component in relative.split('/') {
-        match component {
-            "" | "." => {}
-            ".." => {
-                if parts.pop().is_none() {
-                    return Err(format!("path escapes the workspace: {path}"));
-                }
-            }
-            other => parts.push(other),
-        }
+    if let Some(note) = &output.note {
+        notes.push(note.clone());
     }
-    Ok(if parts.is_empty() {
-        "/workspace".to_owned()
-    } else {
-        format!("/workspace/{}", parts.join("/"))
-    })
+    for note in notes {
+        if !content.is_empty() && !content.ends_with('\n') {
+            content.push('\n');
+        }
+        content.push_str(&format!("[{note}]"));
+    }
+    ToolOutput::ok(content)
 }
 
+fn format_list(path: &str, output: &ListDirOutput) -> ToolOutput {
+    if output.entries.is_empty() {
+        return ToolOutput::ok(format!("{path} is empty"));
+    }
+    let mut lines: Vec<String> = output
+        .entries
+        .iter()
+        .map(|entry| match (entry.kind, entry.size) {
+            (EntryKind::Dir, _) => format!("{}/", entry.name),
+            (EntryKind::Symlink, _) => format!("{}@ (symlink)", entry.name),
+            (EntryKind::Special, _) => format!("{} (special file)", entry.name),
+            (EntryKind::File, Some(size)) => format!("{} ({size} bytes)", entry.name),
+            (EntryKind::File, None) => entry.name.clone(),
+        })
+        .collect();
+    let shown = output.entries.len() as u64;
+    if output.total > shown {
+        lines.push(format!("[{shown} of {} entries shown]", output.total));
+    }
+    ToolOutput::ok(lines.join("\n"))
+}
+
+fn format_grep(pattern: &str, output: &GrepOutput) -> ToolOutput {
+    if output.matches.is_empty() {
+        return ToolOutput::ok(format!("no matches for `{pattern}`"));
+    }
+    let mut content = output.matches.join("\n");
+    if output.truncated {
+        content.push_str("\n[more matches exist; narrow the path, glob or pattern]");
+    }
+    ToolOutput::ok(content)
+}
+
+/// Parses a call's arguments as `T`. Absent arguments (`null`) count as `{}`, so tools
+/// whose fields are all optional can be called bare.
 fn parse<T: DeserializeOwned>(call: &ToolCall) -> Result<T, ToolOutput> {
-    serde_json::from_value(call.arguments.clone())
+    let arguments = match &call.arguments {
+        serde_json::Value::Null => serde_json::Value::Object(serde_json::Map::new()),
+        serde_json::Value::Object(_) => call.arguments.clone(),
+        other @ (serde_json::Value::Bool(_)
+        | serde_json::Value::Number(_)
+        | serde_json::Value::String(_)
+        | serde_json::Value::Array(_)) => {
+            return Err(ToolOutput::error(format!(
+                "invalid arguments for `{}`: expected a JSON object, got {}",
+                call.name,
+                json_kind(other)
+            )));
+        }
+    };
+    serde_json::from_value(arguments)
         .map_err(|e| ToolOutput::error(format!("invalid arguments for `{}`: {e}", call.name)))
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
 fn definition<T: JsonSchema>(name: &str, description: &str) -> ToolDefinition {
@@ -144,24 +411,64 @@ fn definition<T: JsonSchema>(name: &str, description: &str) -> ToolDefinition {
     }
 }
 
+fn definitions() -> Vec<ToolDefinition> {
+    vec![
+        definition::<ShellArgs>(
+            "shell",
+            "Run a shell command (busybox sh) in the workspace, which is the current directory. \
+             No network. The command and everything it starts are killed at the timeout; long \
+             output keeps its beginning and end.",
+        ),
+        definition::<ReadFileArgs>(
+            "read_file",
+            "Read a text file in the workspace, a window of lines at a time.",
+        ),
+        definition::<WriteFileArgs>(
+            "write_file",
+            "Create or overwrite a file in the workspace with the given content.",
+        ),
+        definition::<EditFileArgs>(
+            "edit_file",
+            "Replace exact text in a workspace file. `old_text` must occur exactly once unless \
+             `replace_all` is true.",
+        ),
+        definition::<ListDirArgs>(
+            "list_dir",
+            "List a directory of the workspace: directories end with `/`, files show their size.",
+        ),
+        definition::<GrepArgs>(
+            "grep",
+            "Search the files under a workspace path for a regular expression; answers \
+             `path:line:text` lines.",
+        ),
+    ]
+}
+
 #[async_trait]
 impl ToolExecutor for SandboxTools {
     fn definitions(&self) -> Vec<ToolDefinition> {
-        vec![definition::<ShellArgs>(
-            "shell",
-            "Run a shell command (busybox sh) in the workspace, which is the current directory. No network.",
-        )]
+        definitions()
     }
 
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
+        macro_rules! dispatch {
+            ($args:ty, $method:ident) => {
+                match parse::<$args>(call) {
+                    Ok(args) => self.$method(args).await,
+                    Err(output) => Ok(output),
+                }
+            };
+        }
         match call.name.as_str() {
-            "shell" => match parse::<ShellArgs>(call) {
-                Ok(args) => self.shell(args).await,
-                Err(output) => Ok(output),
-            },
+            "shell" => dispatch!(ShellArgs, shell),
+            "read_file" => dispatch!(ReadFileArgs, read_file),
+            "write_file" => dispatch!(WriteFileArgs, write_file),
+            "edit_file" => dispatch!(EditFileArgs, edit_file),
+            "list_dir" => dispatch!(ListDirArgs, list_dir),
+            "grep" => dispatch!(GrepArgs, grep),
             other => Ok(ToolOutput::error(format!(
                 "unknown tool `{other}`; available tools: {}",
-                self.definitions()
+                definitions()
                     .iter()
                     .map(|d| d.name.as_str())
                     .collect::<Vec<_>>()
@@ -173,33 +480,231 @@ impl ToolExecutor for SandboxTools {
 
 #[cfg(test)]
 mod tests {
+    use nerve_core::ToolCallId;
+    use nerve_executor::DirEntry;
+
     use super::*;
 
-    fn check(input: &str, expected: Result<&str, ()>) {
+    fn check_parse<T: DeserializeOwned + std::fmt::Debug>(
+        name: &str,
+        arguments: serde_json::Value,
+        expected: Result<&str, &str>,
+    ) {
+        let call = ToolCall {
+            id: ToolCallId("call-1".to_owned()),
+            name: name.to_owned(),
+            arguments,
+        };
+        let got = parse::<T>(&call)
+            .map(|args| format!("{args:?}"))
+            .map_err(|output| output.content);
         assert_eq!(
-            confine(input).map_err(|_| ()),
-            expected.map(str::to_owned),
-            "{input}"
+            got.as_ref().map(String::as_str).map_err(String::as_str),
+            expected,
+            "{name}"
         );
     }
 
     #[test]
-    fn workdir_confinement() {
-        check(".", Ok("/workspace"));
-        check("src/../lib", Ok("/workspace/lib"));
-        check("/workspace/src", Ok("/workspace/src"));
-        check("/workspace", Ok("/workspace"));
-        check("..", Err(()));
-        check("a/../../etc", Err(()));
-        check("/etc", Err(()));
-        check("/workspacefoo", Err(()));
+    fn arguments_are_validated_with_messages_naming_the_problem() {
+        check_parse::<ShellArgs>(
+            "shell",
+            serde_json::json!({"command": "ls"}),
+            Ok(r#"ShellArgs { command: "ls", timeout_secs: None, workdir: None }"#),
+        );
+        check_parse::<ShellArgs>(
+            "shell",
+            serde_json::json!({}),
+            Err("invalid arguments for `shell`: missing field `command`"),
+        );
+        check_parse::<ShellArgs>(
+            "shell",
+            serde_json::json!({"command": "ls", "cwd": "/"}),
+            Err(
+                "invalid arguments for `shell`: unknown field `cwd`, expected one of `command`, `timeout_secs`, `workdir`",
+            ),
+        );
+        check_parse::<ShellArgs>(
+            "shell",
+            serde_json::json!("ls"),
+            Err("invalid arguments for `shell`: expected a JSON object, got a string"),
+        );
+        check_parse::<ReadFileArgs>(
+            "read_file",
+            serde_json::json!({"path": "a", "offset": -1}),
+            Err("invalid arguments for `read_file`: invalid value: integer `-1`, expected u64"),
+        );
+        check_parse::<ListDirArgs>(
+            "list_dir",
+            serde_json::Value::Null,
+            Ok("ListDirArgs { path: None }"),
+        );
+        check_parse::<EditFileArgs>(
+            "edit_file",
+            serde_json::json!({"path": "a", "old_text": "x", "new_text": "y", "replace_all": "yes"}),
+            Err(
+                "invalid arguments for `edit_file`: invalid type: string \"yes\", expected a boolean",
+            ),
+        );
     }
 
     #[test]
-    fn shell_schema_is_generated_from_the_type() {
-        let def = definition::<ShellArgs>("shell", "x");
-        assert_eq!(def.parameters["type"], "object");
-        assert_eq!(def.parameters["required"], serde_json::json!(["command"]));
-        assert!(def.parameters["properties"]["timeout_secs"].is_object());
+    fn schemas_are_generated_from_the_types() {
+        let defs = definitions();
+        let names: Vec<&str> = defs.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "shell",
+                "read_file",
+                "write_file",
+                "edit_file",
+                "list_dir",
+                "grep"
+            ]
+        );
+        let required = |name: &str| {
+            defs.iter().find(|d| d.name == name).unwrap().parameters["required"].clone()
+        };
+        assert_eq!(required("shell"), serde_json::json!(["command"]));
+        assert_eq!(required("read_file"), serde_json::json!(["path"]));
+        assert_eq!(
+            required("write_file"),
+            serde_json::json!(["path", "content"])
+        );
+        assert_eq!(
+            required("edit_file"),
+            serde_json::json!(["path", "old_text", "new_text"])
+        );
+        assert_eq!(required("list_dir"), serde_json::Value::Null);
+        assert_eq!(required("grep"), serde_json::json!(["pattern"]));
+        for def in &defs {
+            assert_eq!(def.parameters["type"], "object", "{}", def.name);
+            assert_eq!(
+                def.parameters["additionalProperties"], false,
+                "{}",
+                def.name
+            );
+            assert!(def.parameters.get("$schema").is_none());
+        }
+        let shell = &defs[0].parameters;
+        assert!(shell["properties"]["timeout_secs"]["description"].is_string());
+    }
+
+    fn exec_output(stdout: &str, stderr: &str, exit: Option<i32>, timed_out: bool) -> ExecOutput {
+        ExecOutput {
+            exit_code: exit,
+            signal: if exit.is_none() { Some(9) } else { None },
+            timed_out,
+            stdout: stdout.to_owned(),
+            stderr: stderr.to_owned(),
+            stdout_omitted_bytes: 0,
+            stderr_omitted_bytes: 0,
+            duration_ms: 1,
+        }
+    }
+
+    fn check_exec(output: ExecOutput, expected: &str, is_error: bool) {
+        let got = format_exec(&output, 5);
+        assert_eq!(got.content, expected);
+        assert_eq!(got.is_error, is_error, "{expected}");
+    }
+
+    #[test]
+    fn shell_results() {
+        check_exec(
+            exec_output("hi\n", "", Some(0), false),
+            "hi\n[exit code: 0]",
+            false,
+        );
+        check_exec(
+            exec_output("out", "oops\n", Some(2), false),
+            "out\n[stderr]\noops\n[exit code: 2]",
+            true,
+        );
+        check_exec(
+            exec_output("", "", None, true),
+            "[timed out after 5s; the command and everything it started were killed]",
+            true,
+        );
+        check_exec(
+            exec_output("", "", None, false),
+            "[killed by signal 9]",
+            true,
+        );
+    }
+
+    #[test]
+    fn file_results() {
+        let read = ReadFileOutput {
+            content: "a\nb\n".into(),
+            lines: 2,
+            size: 10,
+            next_offset: Some(12),
+            note: None,
+        };
+        assert_eq!(
+            format_read("f.txt", 10, &read).content,
+            "a\nb\n[lines 11-12 of f.txt shown; more follow: read_file with offset=12]"
+        );
+        let empty = ReadFileOutput {
+            content: String::new(),
+            lines: 0,
+            size: 0,
+            next_offset: None,
+            note: None,
+        };
+        assert_eq!(format_read("e", 0, &empty).content, "[e is empty]");
+        let list = ListDirOutput {
+            entries: vec![
+                DirEntry {
+                    name: "a.rs".into(),
+                    kind: EntryKind::File,
+                    size: Some(3),
+                },
+                DirEntry {
+                    name: "src".into(),
+                    kind: EntryKind::Dir,
+                    size: None,
+                },
+                DirEntry {
+                    name: "up".into(),
+                    kind: EntryKind::Symlink,
+                    size: None,
+                },
+                DirEntry {
+                    name: "pipe".into(),
+                    kind: EntryKind::Special,
+                    size: None,
+                },
+            ],
+            total: 5,
+        };
+        assert_eq!(
+            format_list(".", &list).content,
+            "a.rs (3 bytes)\nsrc/\nup@ (symlink)\npipe (special file)\n[4 of 5 entries shown]"
+        );
+        assert_eq!(
+            format_grep(
+                "x",
+                &GrepOutput {
+                    matches: vec![],
+                    truncated: false
+                }
+            )
+            .content,
+            "no matches for `x`"
+        );
+        assert_eq!(
+            format_grep(
+                "x",
+                &GrepOutput {
+                    matches: vec!["a:1:x".into()],
+                    truncated: true
+                }
+            )
+            .content,
+            "a:1:x\n[more matches exist; narrow the path, glob or pattern]"
+        );
     }
 }

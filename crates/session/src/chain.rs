@@ -14,9 +14,31 @@ pub struct ChainError {
     pub reason: String,
 }
 
-/// The hex SHA-256 of one event, chained to `prev_hash`. Every field is length-prefixed so
+/// Why a chain broke, before it is turned into a message: replay tells a missing sequence
+/// number (a [`crate::GapKind::SequenceGap`]) from altered content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Break {
+    Missing { found: u64 },
+    Link,
+    Content,
+}
+
+/// One stored event's fields, borrowed: what the chain covers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fields<'a> {
+    pub(crate) execution_id: &'a str,
+    pub(crate) seq: u64,
+    pub(crate) ts: &'a str,
+    pub(crate) kind: &'a str,
+    pub(crate) version: u32,
+    pub(crate) payload: &'a str,
+    pub(crate) prev_hash: &'a str,
+    pub(crate) hash: &'a str,
+}
+
+/// The SHA-256 of one event, chained to `prev_hash`. Every field is length-prefixed so
 /// that no two different events can frame to the same bytes.
-pub(crate) fn event_hash(
+fn digest(
     prev_hash: &str,
     execution_id: &str,
     seq: u64,
@@ -24,7 +46,7 @@ pub(crate) fn event_hash(
     kind: &str,
     version: u32,
     payload: &str,
-) -> String {
+) -> [u8; 32] {
     let mut ctx = Context::new(&SHA256);
     for field in [prev_hash.as_bytes(), execution_id.as_bytes()] {
         ctx.update(&(field.len() as u64).to_le_bytes());
@@ -38,5 +60,102 @@ pub(crate) fn event_hash(
     ctx.update(&version.to_le_bytes());
     ctx.update(&(payload.len() as u64).to_le_bytes());
     ctx.update(payload.as_bytes());
-    hex::encode(ctx.finish().as_ref())
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// The hex SHA-256 of one event, chained to `prev_hash`.
+pub(crate) fn event_hash(
+    prev_hash: &str,
+    execution_id: &str,
+    seq: u64,
+    ts: &str,
+    kind: &str,
+    version: u32,
+    payload: &str,
+) -> String {
+    hex::encode(digest(
+        prev_hash,
+        execution_id,
+        seq,
+        ts,
+        kind,
+        version,
+        payload,
+    ))
+}
+
+/// Verifies a chain one event at a time, without keeping the events: the store streams
+/// rows through it, replay feeds it slices. Remembers the first break only.
+#[derive(Debug, Clone)]
+pub(crate) struct ChainCheck {
+    /// The hex hash the next event must link to.
+    prev: [u8; 64],
+    next_seq: u64,
+    first_break: Option<(u64, Break)>,
+}
+
+impl Default for ChainCheck {
+    fn default() -> Self {
+        let mut prev = [b'0'; 64];
+        prev.copy_from_slice(GENESIS_HASH.as_bytes());
+        Self {
+            prev,
+            next_seq: 1,
+            first_break: None,
+        }
+    }
+}
+
+impl ChainCheck {
+    pub(crate) fn push(&mut self, event: &Fields<'_>) {
+        if self.first_break.is_some() {
+            return;
+        }
+        let expected = self.next_seq;
+        self.next_seq += 1;
+        if event.seq != expected {
+            self.first_break = Some((expected, Break::Missing { found: event.seq }));
+            return;
+        }
+        if event.prev_hash.as_bytes() != self.prev {
+            self.first_break = Some((event.seq, Break::Link));
+            return;
+        }
+        // The link matched, so `prev_hash` is the previous event's (hex, ASCII) hash.
+        let recomputed = digest(
+            event.prev_hash,
+            event.execution_id,
+            event.seq,
+            event.ts,
+            event.kind,
+            event.version,
+            event.payload,
+        );
+        let mut hex_hash = [0u8; 64];
+        let encoded = hex::encode_to_slice(recomputed, &mut hex_hash);
+        if encoded.is_err() || event.hash.as_bytes() != hex_hash {
+            self.first_break = Some((event.seq, Break::Content));
+            return;
+        }
+        self.prev = hex_hash;
+    }
+
+    /// The number of events verified, or the first break.
+    pub(crate) fn finish(&self) -> Result<u64, (ChainError, Break)> {
+        match self.first_break {
+            None => Ok(self.next_seq - 1),
+            Some((seq, cause)) => {
+                let reason = match cause {
+                    Break::Missing { found } => {
+                        format!("sequence {seq} is missing (found {found})")
+                    }
+                    Break::Link => "previous-hash link does not match".to_owned(),
+                    Break::Content => "content does not match its hash".to_owned(),
+                };
+                Err((ChainError { seq, reason }, cause))
+            }
+        }
+    }
 }

@@ -1,20 +1,30 @@
 //! Nerve's event log: an append-only SQLite store with a per-execution hash chain, a
-//! group-committing writer that implements [`nerve_core::EventSink`], and a pure replay
-//! that rebuilds an execution and scores how completely it was recorded.
+//! group-committing writer that implements [`nerve_core::EventSink`] and [`EventStore`],
+//! checkpoints and an archive with full-text search beside the log, an executions index,
+//! and a pure replay that rebuilds an execution and scores how completely it was recorded.
 
+mod archive;
 mod chain;
+mod encode;
+mod event_store;
 mod replay;
 mod schema;
 mod store;
 mod writer;
 
+pub use archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
 pub use chain::{ChainError, GENESIS_HASH};
-pub use replay::{COMPLETE_AT, Gap, GapKind, Replay, replay};
-pub use store::{ExecutionSummary, Store, StoredEvent};
+pub use event_store::EventStore;
+pub use replay::{
+    COMPLETE_AT, CheckpointMark, CompactionRecord, Gap, GapKind, PendingApproval, ProxyTally,
+    Replay, ResumeMark, replay,
+};
+pub use store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint, StoredEvent};
 pub use writer::SqliteSink;
 
 /// Errors of the event log. None of them is retryable by the caller: a database that
-/// cannot be opened or written stays that way until a human looks at it.
+/// cannot be opened or written stays that way until a human looks at it, and a record that
+/// does not decode will not decode on the next try either.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     /// The database file could not be opened, migrated or queried. Returned by every
@@ -26,17 +36,38 @@ pub enum SessionError {
         source: rusqlite::Error,
     },
     /// The database was written by a newer Nerve. Returned by [`Store::open`].
-    #[error("event log {path} has schema version {found}, newer than this nerve understands ({supported})")]
-    SchemaTooNew { path: String, found: i64, supported: i64 },
-    /// No event has ever been recorded for this execution id.
+    #[error(
+        "event log {path} has schema version {found}, newer than this nerve understands ({supported})"
+    )]
+    SchemaTooNew {
+        path: String,
+        found: i64,
+        supported: i64,
+    },
+    /// No event has ever been recorded for this execution id. Returned by the reads that
+    /// need one ([`Store::events`], [`Store::replay`], [`Store::verify`], ...).
     #[error("no execution with id {0}")]
     UnknownExecution(String),
-    /// An event could not be serialised. A bug, not an input error.
+    /// An event, snapshot or block could not be serialised. A bug, not an input error.
     #[error("cannot encode event: {0}")]
     Encode(#[from] serde_json::Error),
-    /// The writer thread is gone (it panicked or the sink was dropped).
+    /// A stored record does not hold together: a checkpoint whose snapshot does not match
+    /// the hash its chained event recorded, an archive block that does not decode. Returned
+    /// by [`Store::latest_checkpoint`], [`Store::archive_block`], [`Store::search_archive`].
+    #[error("event log record is corrupt: {0}")]
+    Corrupt(String),
+    /// The transaction holding this write failed (the message says why); nothing of it was
+    /// written. Returned by the writes of [`SqliteSink`] and [`Store`].
+    #[error("event log write failed: {0}")]
+    Write(String),
+    /// The writer thread is gone (it panicked or the sink was dropped). Returned by the
+    /// writes of [`SqliteSink`].
     #[error("event log writer stopped")]
     WriterGone,
+    /// A read on the blocking pool panicked or was cancelled (the runtime shuts down).
+    /// Returned by the reads of [`SqliteSink`].
+    #[error("event log reader stopped")]
+    ReaderGone,
 }
 
 #[cfg(test)]

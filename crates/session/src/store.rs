@@ -1,16 +1,39 @@
-//! The SQLite store: opening and migrating the database, appending encoded events in one
-//! transaction, reading an execution back, verifying its chain, listing executions.
+//! The SQLite store: opening and migrating the database, committing writes (events with
+//! their checkpoint and archive rows, and the executions index) in one transaction, and
+//! reading an execution back, verifying its chain, listing executions.
+//!
+//! Reads never see a torn write: every read method runs one statement, or one read
+//! transaction when it needs several, so it sees one committed snapshot of the WAL.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::Path;
+use std::sync::mpsc;
+use std::thread::{Scope, ScopedJoinHandle};
 
-use nerve_core::ExecutionId;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use nerve_core::event::Compaction;
+use nerve_core::{BlockId, Event, EventKind, ExecutionId, Message, Redactor};
+use rusqlite::types::Type;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 use serde::Serialize;
 
 use crate::SessionError;
-use crate::chain::{ChainError, GENESIS_HASH, event_hash};
-use crate::schema::{SCHEMA_VERSION, migrate};
+use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
+use crate::chain::{ChainCheck, ChainError, Fields, GENESIS_HASH, event_hash};
+use crate::encode::{
+    IndexUpdate, Write, Written, encode_blocks, encode_checkpoint, encode_event, sha256_hex,
+};
+use crate::replay::{Replay, Replayer, replay};
+use crate::schema::{
+    SCHEMA_VERSION, V2, derived_executions, execution_columns, migrate, user_version,
+    with_last_event,
+};
+
+/// Chain heads cached by a writing connection beyond this many are forgotten (they are
+/// re-read from the log on the next append), so a long-lived process stays small.
+const MAX_CACHED_HEADS: usize = 4096;
+/// The writing connection's page cache, in KiB (negative: SQLite's unit for KiB).
+const WRITER_CACHE_KIB: i64 = -16_384;
 
 /// One event as stored: the payload is the redacted JSON text that was hashed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -25,24 +48,144 @@ pub struct StoredEvent {
     pub hash: String,
 }
 
-/// One line of `nerve list`.
+impl StoredEvent {
+    pub(crate) fn fields(&self) -> Fields<'_> {
+        Fields {
+            execution_id: &self.execution_id,
+            seq: self.seq,
+            ts: &self.ts,
+            kind: &self.kind,
+            version: self.version,
+            payload: &self.payload,
+            prev_hash: &self.prev_hash,
+            hash: &self.hash,
+        }
+    }
+}
+
+/// One row of the executions index: a line of `nerve list`, the header of `nerve show`.
+/// Maintained by the writer in the same transaction as the events it summarises, so it
+/// never disagrees with a committed log; the events themselves are never touched.
+/// `updated_at` and `events` come from the execution's last event when read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ExecutionSummary {
     pub execution_id: String,
     pub started_at: String,
+    /// When the last event was written.
+    pub updated_at: String,
     pub task: Option<String>,
-    /// `None` while running, or when the run crashed before finishing.
+    pub loop_type: Option<String>,
+    pub model: Option<String>,
+    pub task_status: Option<String>,
+    /// `None` while running, or when the run crashed before finishing (or was resumed).
     pub termination_reason: Option<String>,
+    pub error: Option<String>,
+    pub total_turns: u32,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_micro_usd: u64,
+    pub resumes: u32,
+    /// The number of events (the last sequence number).
     pub events: u64,
 }
 
-/// An event ready to be appended: already serialised and redacted by the writer.
+impl ExecutionSummary {
+    fn new(execution_id: &str, ts: &str) -> Self {
+        Self {
+            execution_id: execution_id.to_owned(),
+            started_at: ts.to_owned(),
+            updated_at: ts.to_owned(),
+            task: None,
+            loop_type: None,
+            model: None,
+            task_status: None,
+            termination_reason: None,
+            error: None,
+            total_turns: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost_micro_usd: 0,
+            resumes: 0,
+            events: 0,
+        }
+    }
+
+    fn apply(&mut self, update: &IndexUpdate) {
+        match update {
+            IndexUpdate::Nothing => {}
+            IndexUpdate::Started {
+                task,
+                loop_type,
+                model,
+            } => {
+                if self.task.is_none() {
+                    self.task = Some(task.clone());
+                    self.loop_type = Some((*loop_type).to_owned());
+                    self.model = Some(model.clone());
+                }
+            }
+            IndexUpdate::Turn { turn, usage, cost } => {
+                self.total_turns = self.total_turns.max(*turn);
+                self.input_tokens = self.input_tokens.saturating_add(usage.input_tokens);
+                self.output_tokens = self.output_tokens.saturating_add(usage.output_tokens);
+                self.cost_micro_usd = self.cost_micro_usd.saturating_add(cost.0);
+            }
+            IndexUpdate::Status(status) => self.task_status = Some((*status).to_owned()),
+            IndexUpdate::Finish {
+                reason,
+                status,
+                turns,
+                usage,
+                cost,
+                error,
+            } => {
+                // The finish event's totals are authoritative: they include summariser and
+                // retry spend that no turn carries.
+                self.termination_reason = Some((*reason).to_owned());
+                self.task_status = Some((*status).to_owned());
+                self.total_turns = self.total_turns.max(*turns);
+                self.input_tokens = usage.input_tokens;
+                self.output_tokens = usage.output_tokens;
+                self.cost_micro_usd = cost.0;
+                self.error.clone_from(error);
+            }
+            IndexUpdate::Resumed => {
+                self.resumes = self.resumes.saturating_add(1);
+                self.termination_reason = None;
+                self.error = None;
+            }
+        }
+    }
+}
+
+/// The latest checkpoint of an execution: a snapshot of the agent context, taken right
+/// after the event with sequence number `seq` (its `checkpoint` event).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoredCheckpoint {
+    pub seq: u64,
+    pub turn: u32,
+    pub ts: String,
+    pub snapshot: serde_json::Value,
+}
+
+/// What `resume` starts from, read in one snapshot of the log: the latest checkpoint, the
+/// events after it, and the replay of the whole execution (in-doubt calls, resume attempts).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ResumePoint {
+    pub checkpoint: Option<StoredCheckpoint>,
+    /// Events after the checkpoint (all events when there is none).
+    pub later: Vec<StoredEvent>,
+    pub replay: Replay,
+}
+
+/// What a writing connection remembers about an execution between transactions.
 #[derive(Debug, Clone)]
-pub(crate) struct EncodedEvent {
-    pub(crate) execution_id: String,
-    pub(crate) kind: &'static str,
-    pub(crate) version: u32,
-    pub(crate) payload: String,
+struct Head {
+    seq: u64,
+    hash: String,
+    row: ExecutionSummary,
+    /// The row changed in this transaction and must be written back.
+    dirty: bool,
 }
 
 /// A connection to the event log. Readers and the writer each hold their own; WAL mode lets
@@ -51,47 +194,91 @@ pub(crate) struct EncodedEvent {
 pub struct Store {
     conn: Connection,
     path: String,
+    /// The database's schema version: a read-only store may look at an older database.
+    schema: i64,
+    /// Chain heads and index rows of the executions this connection appended to. Valid as
+    /// long as no other process appends to the same execution; if one does, the insert hits
+    /// the primary key, the transaction rolls back and the entry is dropped.
+    heads: HashMap<String, Head>,
 }
+
+const INSERT_EVENT: &str =
+    "INSERT INTO events (execution_id, seq, ts, kind, version, payload, prev_hash, hash)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+const SELECT_EVENTS: &str = "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash
+     FROM events WHERE execution_id = ?1 AND seq > ?2 ORDER BY seq";
 
 impl Store {
     /// Opens (creating and migrating if needed) the log at `path`. The parent directory
     /// is created when missing.
     pub fn open(path: &Path) -> Result<Self, SessionError> {
         let shown = path.display().to_string();
-        let err = |source| SessionError::Sqlite { path: shown.clone(), source };
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            if !parent.exists() {
-                std::fs::create_dir_all(parent).map_err(|e| {
-                    err(rusqlite::Error::SqliteFailure(
-                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-                        Some(format!("cannot create directory {}: {e}", parent.display())),
-                    ))
-                })?;
-            }
+        let err = |source| SessionError::Sqlite {
+            path: shown.clone(),
+            source,
+        };
+        if let Some(parent) = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty() && !p.exists())
+        {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                    Some(format!("cannot create directory {}: {e}", parent.display())),
+                ))
+            })?;
         }
         let mut conn = Connection::open(path).map_err(err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
         // FULL: an append is durable when its commit returns, power loss included.
-        conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err)?;
+        // Many executions appending at once touch index pages all over the tree; with the
+        // default 2 MiB cache the writer re-reads them from the OS in every transaction.
+        conn.pragma_update(None, "cache_size", WRITER_CACHE_KIB)
+            .map_err(err)?;
         let found = migrate(&mut conn).map_err(err)?;
         if found > SCHEMA_VERSION {
-            return Err(SessionError::SchemaTooNew { path: shown, found, supported: SCHEMA_VERSION });
+            return Err(SessionError::SchemaTooNew {
+                path: shown,
+                found,
+                supported: SCHEMA_VERSION,
+            });
         }
-        Ok(Self { conn, path: shown })
+        Ok(Self {
+            conn,
+            path: shown,
+            schema: SCHEMA_VERSION,
+            heads: HashMap::new(),
+        })
     }
 
-    /// Opens an existing log for reading only; never creates or migrates anything.
+    /// Opens an existing log for reading only; never creates or migrates anything. A log
+    /// written by an older Nerve is read as it is (no checkpoints, no archive, the
+    /// executions index derived from the events).
     pub fn open_read_only(path: &Path) -> Result<Self, SessionError> {
         let shown = path.display().to_string();
+        let err = |source| SessionError::Sqlite {
+            path: shown.clone(),
+            source,
+        };
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
-        .map_err(|source| SessionError::Sqlite { path: shown.clone(), source })?;
+        .map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(|source| SessionError::Sqlite { path: shown.clone(), source })?;
-        Ok(Self { conn, path: shown })
+            .map_err(err)?;
+        let schema = user_version(&conn).map_err(err)?;
+        Ok(Self {
+            conn,
+            path: shown,
+            schema,
+            heads: HashMap::new(),
+        })
     }
 
     pub fn path(&self) -> &str {
@@ -99,163 +286,708 @@ impl Store {
     }
 
     fn sql_err(&self, source: rusqlite::Error) -> SessionError {
-        SessionError::Sqlite { path: self.path.clone(), source }
+        SessionError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
     }
 
-    /// Appends a batch in one transaction and returns each event's sequence number.
-    pub(crate) fn append_batch(&mut self, batch: &[EncodedEvent]) -> Result<Vec<u64>, SessionError> {
+    // ---- writes -------------------------------------------------------------------------
+
+    /// Appends `events` to `execution` in one transaction, redacted by `redactor`, and
+    /// returns their sequence numbers. Durable when it returns. For a process with several
+    /// executions, [`crate::SqliteSink`] does the same through one group-committing writer.
+    pub fn append(
+        &mut self,
+        execution: &ExecutionId,
+        events: &[Event],
+        redactor: &Redactor,
+    ) -> Result<Vec<u64>, SessionError> {
+        let encoded = events
+            .iter()
+            .map(|e| encode_event(e, redactor))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(self
+            .apply_one(&Write::events(execution.to_string(), encoded))?
+            .seqs)
+    }
+
+    /// Saves a checkpoint of `snapshot` (the agent context after `turn`) with its
+    /// `checkpoint` event, atomically, and returns the event's sequence number: the
+    /// checkpoint's id.
+    pub fn write_checkpoint(
+        &mut self,
+        execution: &ExecutionId,
+        turn: u32,
+        snapshot: &serde_json::Value,
+        redactor: &Redactor,
+    ) -> Result<u64, SessionError> {
+        let write = encode_checkpoint(execution.to_string(), turn, snapshot, redactor)?;
+        Ok(self.apply_one(&write)?.head)
+    }
+
+    /// Archives `blocks` on their own; returns their `created_seq` (the execution's last
+    /// sequence number). Prefer [`Store::compact`], which records why they were archived.
+    pub fn put_blocks(
+        &mut self,
+        execution: &ExecutionId,
+        blocks: &[NewBlock],
+        redactor: &Redactor,
+    ) -> Result<u64, SessionError> {
+        let write = encode_blocks(execution.to_string(), blocks, None, redactor)?;
+        Ok(self.apply_one(&write)?.head)
+    }
+
+    /// Archives `blocks` and appends the `compaction` event that took them out of the
+    /// conversation, atomically; returns the event's sequence number (the blocks'
+    /// `created_seq`).
+    pub fn compact(
+        &mut self,
+        execution: &ExecutionId,
+        blocks: &[NewBlock],
+        compaction: Compaction,
+        redactor: &Redactor,
+    ) -> Result<u64, SessionError> {
+        let event = Event::Compaction(compaction);
+        let write = encode_blocks(execution.to_string(), blocks, Some(&event), redactor)?;
+        Ok(self.apply_one(&write)?.head)
+    }
+
+    /// Commits one write, trying a second time when the first fails: a failed transaction
+    /// wrote nothing and dropped the cached heads it used, so a head made stale by another
+    /// process is re-read. Failures that are not about stale heads fail twice.
+    pub(crate) fn apply_one(&mut self, write: &Write) -> Result<Written, SessionError> {
+        let mut written = match self.apply(&[write]) {
+            Ok(written) => written,
+            Err(error) => {
+                tracing::debug!(%error, "event log write failed; retrying once with fresh heads");
+                self.apply(&[write])?
+            }
+        };
+        written
+            .pop()
+            .ok_or_else(|| SessionError::Write("the store returned no result".into()))
+    }
+
+    /// Commits `writes` in one transaction and returns what each produced. On error nothing
+    /// was written, and the cached heads of the executions involved are dropped.
+    pub(crate) fn apply(&mut self, writes: &[&Write]) -> Result<Vec<Written>, SessionError> {
         let ts = now_rfc3339();
-        let path = self.path.clone();
-        let err = |source| SessionError::Sqlite { path: path.clone(), source };
-        let tx = self.conn.transaction().map_err(err)?;
-        let mut heads: HashMap<&str, (u64, String)> = HashMap::new();
-        let mut seqs = Vec::with_capacity(batch.len());
+        let Self {
+            conn, path, heads, ..
+        } = self;
+        let err = |source| SessionError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        // Immediate: take the write lock before reading the heads, so another process's
+        // commit cannot slip in between (a deferred transaction would fail with BUSY then).
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let mut touched: HashMap<&str, Head> = HashMap::new();
+        let mut out = Vec::with_capacity(writes.len());
         {
-            let mut head_query = tx
-                .prepare_cached(
-                    "SELECT seq, hash FROM events WHERE execution_id = ?1 ORDER BY seq DESC LIMIT 1",
-                )
-                .map_err(err)?;
-            let mut insert = tx
-                .prepare_cached(
-                    "INSERT INTO events (execution_id, seq, ts, kind, version, payload, prev_hash, hash)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                )
-                .map_err(err)?;
-            for event in batch {
-                let id = event.execution_id.as_str();
-                let (last_seq, prev_hash) = match heads.get(id) {
-                    Some(head) => head.clone(),
-                    None => head_query
-                        .query_row([id], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)))
-                        .optional()
-                        .map_err(err)?
-                        .map(|(seq, hash)| (u64::try_from(seq).unwrap_or(0), hash))
-                        .unwrap_or_else(|| (0, GENESIS_HASH.to_owned())),
+            let mut insert_event = tx.prepare_cached(INSERT_EVENT).map_err(err)?;
+            for write in writes {
+                let id = write.execution_id.as_str();
+                let head = match touched.entry(id) {
+                    Entry::Occupied(entry) => entry.into_mut(),
+                    Entry::Vacant(entry) => {
+                        // Taken out of the cache: it goes back only if the commit succeeds.
+                        let head = match heads.remove(id) {
+                            Some(head) => head,
+                            None => load_head(&tx, id, &ts).map_err(err)?,
+                        };
+                        entry.insert(head)
+                    }
                 };
-                let seq = last_seq + 1;
-                let hash = event_hash(&prev_hash, id, seq, &ts, event.kind, event.version, &event.payload);
-                insert
-                    .execute(params![
+                let mut seqs = Vec::with_capacity(write.events.len());
+                for event in &write.events {
+                    // The index row changes with the first event and the few kinds it
+                    // summarises; the last event's time and number are read from the log.
+                    head.dirty |= head.seq == 0 || event.index != IndexUpdate::Nothing;
+                    let seq = head.seq + 1;
+                    let hash = event_hash(
+                        &head.hash,
                         id,
-                        i64::try_from(seq).unwrap_or(i64::MAX),
-                        ts,
+                        seq,
+                        &ts,
                         event.kind,
                         event.version,
-                        event.payload,
-                        prev_hash,
-                        hash
+                        &event.payload,
+                    );
+                    insert_event
+                        .execute(params![
+                            id,
+                            to_i64(seq),
+                            ts,
+                            event.kind,
+                            event.version,
+                            event.payload,
+                            head.hash,
+                            hash
+                        ])
+                        .map_err(err)?;
+                    head.seq = seq;
+                    head.hash = hash;
+                    head.row.apply(&event.index);
+                    seqs.push(seq);
+                }
+                if let Some(checkpoint) = &write.checkpoint {
+                    tx.prepare_cached(
+                        "INSERT INTO checkpoints (execution_id, seq, turn, ts, snapshot, sha256)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.execute(params![
+                            id,
+                            to_i64(head.seq),
+                            checkpoint.turn,
+                            ts,
+                            checkpoint.snapshot,
+                            checkpoint.sha256
+                        ])
+                    })
+                    .map_err(err)?;
+                }
+                for block in &write.blocks {
+                    tx.prepare_cached(
+                        "INSERT INTO archive_blocks (block_id, execution_id, created_seq, ts, messages, text)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.execute(params![block.block_id, id, to_i64(head.seq), ts, block.messages, block.text])
+                    })
+                    .map_err(err)?;
+                }
+                out.push(Written {
+                    seqs,
+                    head: head.seq,
+                });
+            }
+            let mut upsert = tx
+                .prepare_cached(concat!(
+                    "INSERT INTO executions (",
+                    execution_columns!(),
+                    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+                     ON CONFLICT (execution_id) DO UPDATE SET
+                       task = excluded.task, loop_type = excluded.loop_type, model = excluded.model,
+                       task_status = excluded.task_status, termination_reason = excluded.termination_reason,
+                       error = excluded.error, total_turns = excluded.total_turns,
+                       input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens,
+                       cost_micro_usd = excluded.cost_micro_usd, resumes = excluded.resumes"
+                ))
+                .map_err(err)?;
+            for head in touched.values_mut().filter(|head| head.dirty) {
+                let row = &head.row;
+                upsert
+                    .execute(params![
+                        row.execution_id,
+                        row.started_at,
+                        row.task,
+                        row.loop_type,
+                        row.model,
+                        row.task_status,
+                        row.termination_reason,
+                        row.error,
+                        row.total_turns,
+                        to_i64(row.input_tokens),
+                        to_i64(row.output_tokens),
+                        to_i64(row.cost_micro_usd),
+                        row.resumes
                     ])
                     .map_err(err)?;
-                heads.insert(id, (seq, hash));
-                seqs.push(seq);
+                head.dirty = false;
             }
         }
         tx.commit().map_err(err)?;
-        Ok(seqs)
+        if heads.len() + touched.len() > MAX_CACHED_HEADS {
+            heads.clear();
+        }
+        for (id, head) in touched {
+            // A finished execution rarely gets another event (only when resumed).
+            if head.row.termination_reason.is_none() {
+                heads.insert(id.to_owned(), head);
+            }
+        }
+        Ok(out)
     }
+
+    /// Stops this connection from checkpointing the WAL at the end of its commits: the
+    /// sink's writer leaves that to a checkpointer thread, off the append path.
+    pub(crate) fn disable_auto_checkpoint(&self) -> Result<(), SessionError> {
+        self.conn.pragma_update(None, "wal_autocheckpoint", 0).map_err(|e| self.sql_err(e))
+    }
+
+    /// Copies what it can of the WAL into the database without waiting for readers or the
+    /// writer (a passive checkpoint); the writer starts the WAL over once all is copied.
+    pub(crate) fn checkpoint(&self) -> Result<(), SessionError> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .map_err(|e| self.sql_err(e))
+    }
+
+    // ---- reads --------------------------------------------------------------------------
 
     /// Every event of `execution`, in sequence order.
     pub fn events(&self, execution: &ExecutionId) -> Result<Vec<StoredEvent>, SessionError> {
-        let events = self.events_raw(&execution.to_string())?;
+        let events = self.events_after(execution, 0)?;
         if events.is_empty() {
             return Err(SessionError::UnknownExecution(execution.to_string()));
         }
         Ok(events)
     }
 
-    fn events_raw(&self, execution: &str) -> Result<Vec<StoredEvent>, SessionError> {
+    /// The events of `execution` with a sequence number above `after`, in order.
+    pub fn events_after(
+        &self,
+        execution: &ExecutionId,
+        after: u64,
+    ) -> Result<Vec<StoredEvent>, SessionError> {
+        read_events(&self.conn, &execution.to_string(), after).map_err(|e| self.sql_err(e))
+    }
+
+    /// Replays `execution` straight from the database rows: the same result as
+    /// [`crate::replay`] over [`Store::events`], in less time. This thread reads the rows
+    /// and verifies the chain on SQLite's own buffers; a second thread decodes and rebuilds
+    /// the execution from copies of the payloads, in batches.
+    pub fn replay(&self, execution: &ExecutionId) -> Result<Replay, SessionError> {
+        let id = execution.to_string();
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash
-                 FROM events WHERE execution_id = ?1 ORDER BY seq",
-            )
+            .prepare_cached(SELECT_EVENTS)
             .map_err(|e| self.sql_err(e))?;
-        let rows = stmt
-            .query_map([execution], |row| {
-                Ok(StoredEvent {
-                    execution_id: row.get(0)?,
-                    seq: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
-                    ts: row.get(2)?,
-                    kind: row.get(3)?,
-                    version: row.get(4)?,
-                    payload: row.get(5)?,
-                    prev_hash: row.get(6)?,
-                    hash: row.get(7)?,
-                })
-            })
-            .map_err(|e| self.sql_err(e))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.sql_err(e))
+        let mut rows = stmt.query(params![id, 0]).map_err(|e| self.sql_err(e))?;
+        let mut chain = ChainCheck::default();
+        let replayer = std::thread::scope(|scope| {
+            let mut decoder = Decoder::start(scope, &id);
+            let mut read = || -> Result<(), SessionError> {
+                while let Some(row) = rows.next().map_err(|e| self.sql_err(e))? {
+                    let fields = fields(row).map_err(|e| self.sql_err(e))?;
+                    chain.push(&fields);
+                    decoder.push(&fields);
+                }
+                Ok(())
+            };
+            let outcome = read();
+            let replayer = decoder.finish();
+            outcome.map(|()| replayer)
+        })?;
+        if replayer.is_empty() {
+            return Err(SessionError::UnknownExecution(id));
+        }
+        Ok(replayer.finish(&chain))
     }
 
     /// Recomputes `execution`'s hash chain. `Ok(Err(..))` names the first bad sequence.
     pub fn verify(&self, execution: &ExecutionId) -> Result<Result<u64, ChainError>, SessionError> {
-        Ok(verify_chain(&self.events(execution)?))
-    }
-
-    /// All executions, newest first.
-    pub fn executions(&self) -> Result<Vec<ExecutionSummary>, SessionError> {
+        let id = execution.to_string();
+        let mut check = ChainCheck::default();
         let mut stmt = self
             .conn
-            .prepare(
-                "SELECT s.execution_id, s.ts, json_extract(s.payload, '$.task'),
-                    (SELECT json_extract(f.payload, '$.termination_reason') FROM events f
-                      WHERE f.execution_id = s.execution_id AND f.kind = 'finish'
-                      ORDER BY f.seq DESC LIMIT 1),
-                    (SELECT MAX(e.seq) FROM events e WHERE e.execution_id = s.execution_id)
-                 FROM events s WHERE s.seq = 1
-                 ORDER BY s.ts DESC, s.execution_id DESC",
+            .prepare_cached(SELECT_EVENTS)
+            .map_err(|e| self.sql_err(e))?;
+        let mut rows = stmt.query(params![id, 0]).map_err(|e| self.sql_err(e))?;
+        let mut any = false;
+        while let Some(row) = rows.next().map_err(|e| self.sql_err(e))? {
+            check.push(&fields(row).map_err(|e| self.sql_err(e))?);
+            any = true;
+        }
+        if !any {
+            return Err(SessionError::UnknownExecution(id));
+        }
+        Ok(check.finish().map_err(|(error, _)| error))
+    }
+
+    /// All executions, newest first, from the executions index.
+    pub fn executions(&self) -> Result<Vec<ExecutionSummary>, SessionError> {
+        let sql = if self.schema >= V2 {
+            concat!(
+                with_last_event!("executions"),
+                " ORDER BY x.started_at DESC, x.execution_id DESC"
+            )
+        } else {
+            concat!(
+                with_last_event!(concat!("(", derived_executions!(), ")")),
+                " ORDER BY x.started_at DESC, x.execution_id DESC"
+            )
+        };
+        let mut stmt = self.conn.prepare(sql).map_err(|e| self.sql_err(e))?;
+        let rows = stmt.query_map([], summary).map_err(|e| self.sql_err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.sql_err(e))
+    }
+
+    /// One execution's line of the index.
+    pub fn execution(&self, execution: &ExecutionId) -> Result<ExecutionSummary, SessionError> {
+        let sql = if self.schema >= V2 {
+            concat!(with_last_event!("executions"), " WHERE x.execution_id = ?1")
+        } else {
+            concat!(
+                with_last_event!(concat!("(", derived_executions!(), ")")),
+                " WHERE x.execution_id = ?1"
+            )
+        };
+        let id = execution.to_string();
+        self.conn
+            .query_row(sql, [&id], summary)
+            .optional()
+            .map_err(|e| self.sql_err(e))?
+            .ok_or(SessionError::UnknownExecution(id))
+    }
+
+    /// The latest checkpoint of `execution`, checked against the hash its `checkpoint` event
+    /// recorded in the chain. `None` when it has none.
+    pub fn latest_checkpoint(
+        &self,
+        execution: &ExecutionId,
+    ) -> Result<Option<StoredCheckpoint>, SessionError> {
+        if self.schema < V2 {
+            return Ok(None);
+        }
+        let id = execution.to_string();
+        let row = self
+            .conn
+            .query_row(
+                "SELECT c.seq, c.turn, c.ts, c.snapshot, c.sha256, e.kind, e.payload
+                 FROM checkpoints c LEFT JOIN events e ON e.execution_id = c.execution_id AND e.seq = c.seq
+                 WHERE c.execution_id = ?1 ORDER BY c.seq DESC LIMIT 1",
+                [&id],
+                |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, u32>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, String>(3)?,
+                        row.get::<_, String>(4)?,
+                        row.get::<_, Option<String>>(5)?,
+                        row.get::<_, Option<String>>(6)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(|e| self.sql_err(e))?;
+        let Some((seq, turn, ts, snapshot, sha256, kind, payload)) = row else {
+            return Ok(None);
+        };
+        let seq = to_u64(seq);
+        let corrupt =
+            |why: &str| SessionError::Corrupt(format!("checkpoint {seq} of execution {id}: {why}"));
+        let recorded = match (
+            kind.as_deref(),
+            payload.and_then(|p| serde_json::from_str::<Event>(&p).ok()),
+        ) {
+            (Some("checkpoint"), Some(Event::Checkpoint(event))) => event.snapshot_sha256,
+            _ => return Err(corrupt("its checkpoint event is missing")),
+        };
+        if sha256_hex(&snapshot) != sha256 || sha256 != recorded {
+            return Err(corrupt(
+                "the snapshot does not match the hash its checkpoint event recorded",
+            ));
+        }
+        let snapshot = serde_json::from_str(&snapshot)
+            .map_err(|e| corrupt(&format!("snapshot is not JSON: {e}")))?;
+        Ok(Some(StoredCheckpoint {
+            seq,
+            turn,
+            ts,
+            snapshot,
+        }))
+    }
+
+    /// The latest checkpoint, the events after it and the replay of the whole execution,
+    /// all read from one snapshot of the log.
+    pub fn resume_point(&self, execution: &ExecutionId) -> Result<ResumePoint, SessionError> {
+        // A read transaction: a writer committing between the statements cannot make the
+        // checkpoint and the events disagree.
+        let tx = self
+            .conn
+            .unchecked_transaction()
+            .map_err(|e| self.sql_err(e))?;
+        let events = self.events(execution)?;
+        let checkpoint = self.latest_checkpoint(execution)?;
+        tx.finish().map_err(|e| self.sql_err(e))?;
+        let after = checkpoint.as_ref().map_or(0, |c| c.seq);
+        let later = events.iter().filter(|e| e.seq > after).cloned().collect();
+        Ok(ResumePoint {
+            replay: replay(&execution.to_string(), &events),
+            checkpoint,
+            later,
+        })
+    }
+
+    /// One archived block of `execution` (blocks of other executions are not visible).
+    pub fn archive_block(
+        &self,
+        execution: &ExecutionId,
+        block: &BlockId,
+    ) -> Result<Option<ArchiveBlock>, SessionError> {
+        if self.schema < V2 {
+            return Ok(None);
+        }
+        let row = self
+            .conn
+            .query_row(
+                "SELECT created_seq, ts, messages FROM archive_blocks WHERE block_id = ?1 AND execution_id = ?2",
+                params![block.to_string(), execution.to_string()],
+                |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?)),
+            )
+            .optional()
+            .map_err(|e| self.sql_err(e))?;
+        let Some((created_seq, ts, messages)) = row else {
+            return Ok(None);
+        };
+        let messages: Vec<Message> = serde_json::from_str(&messages).map_err(|e| {
+            SessionError::Corrupt(format!(
+                "archive block {block}: messages do not decode: {e}"
+            ))
+        })?;
+        Ok(Some(ArchiveBlock {
+            block_id: *block,
+            execution_id: execution.to_string(),
+            created_seq: to_u64(created_seq),
+            ts,
+            messages,
+        }))
+    }
+
+    /// Searches `execution`'s archive for free text (see [`crate::fts_query`]: any input is
+    /// safe), best matches first, at most `limit`.
+    pub fn search_archive(
+        &self,
+        execution: &ExecutionId,
+        query: &str,
+        limit: usize,
+    ) -> Result<Vec<ArchiveHit>, SessionError> {
+        let Some(fts) = fts_query(query) else {
+            return Ok(Vec::new());
+        };
+        if self.schema < V2 || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT b.block_id, b.created_seq, snippet(archive_fts, 0, '', '', '…', 24)
+                 FROM archive_fts JOIN archive_blocks b ON b.id = archive_fts.rowid
+                 WHERE archive_fts MATCH ?1 AND b.execution_id = ?2
+                 ORDER BY rank LIMIT ?3",
             )
             .map_err(|e| self.sql_err(e))?;
         let rows = stmt
-            .query_map([], |row| {
-                Ok(ExecutionSummary {
-                    execution_id: row.get(0)?,
-                    started_at: row.get(1)?,
-                    task: row.get(2)?,
-                    termination_reason: row.get(3)?,
-                    events: u64::try_from(row.get::<_, i64>(4)?).unwrap_or(0),
-                })
-            })
+            .query_map(
+                params![fts, execution.to_string(), to_i64(limit as u64)],
+                |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, i64>(1)?,
+                        row.get::<_, String>(2)?,
+                    ))
+                },
+            )
             .map_err(|e| self.sql_err(e))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.sql_err(e))
-    }
-}
-
-/// Checks sequence contiguity, `prev_hash` links and every recomputed hash.
-pub(crate) fn verify_chain(events: &[StoredEvent]) -> Result<u64, ChainError> {
-    let mut prev = GENESIS_HASH;
-    for (index, event) in events.iter().enumerate() {
-        let expected_seq = index as u64 + 1;
-        if event.seq != expected_seq {
-            return Err(ChainError {
-                seq: expected_seq,
-                reason: format!("sequence {expected_seq} is missing (found {})", event.seq),
+        let mut hits = Vec::new();
+        for row in rows {
+            let (block_id, created_seq, snippet) = row.map_err(|e| self.sql_err(e))?;
+            let block_id = block_id.parse().map_err(|e| {
+                SessionError::Corrupt(format!("archive block id {block_id:?}: {e}"))
+            })?;
+            hits.push(ArchiveHit {
+                block_id,
+                created_seq: to_u64(created_seq),
+                snippet,
             });
         }
-        if event.prev_hash != prev {
-            return Err(ChainError { seq: event.seq, reason: "previous-hash link does not match".into() });
-        }
-        let recomputed = event_hash(
-            prev,
-            &event.execution_id,
-            event.seq,
-            &event.ts,
-            &event.kind,
-            event.version,
-            &event.payload,
-        );
-        if recomputed != event.hash {
-            return Err(ChainError { seq: event.seq, reason: "content does not match its hash".into() });
-        }
-        prev = &event.hash;
+        Ok(hits)
     }
-    Ok(events.len() as u64)
 }
 
+/// Where [`Store::replay`] decodes: on a second thread fed with batches of payloads, or
+/// here when no thread can be had.
+enum Decoder<'scope> {
+    Here(Box<Replayer>),
+    There {
+        batch: DecodeBatch,
+        batches: mpsc::SyncSender<DecodeBatch>,
+        /// Batches the decoder is done with, to be filled again: allocating on one thread
+        /// and freeing on the other costs more than the decoding.
+        spent: mpsc::Receiver<DecodeBatch>,
+        thread: ScopedJoinHandle<'scope, Replayer>,
+    },
+}
+
+/// Payloads copied out of SQLite's buffers, end to end in one string.
+#[derive(Default)]
+struct DecodeBatch {
+    text: String,
+    rows: Vec<(u64, Option<EventKind>, u32, std::ops::Range<usize>)>,
+}
+
+/// Payloads handed to the decoding thread at a time.
+const DECODE_BATCH: usize = 512;
+
+impl<'scope> Decoder<'scope> {
+    fn start<'env>(scope: &'scope Scope<'scope, 'env>, execution_id: &str) -> Self {
+        let (batches, inbox) = mpsc::sync_channel::<DecodeBatch>(4);
+        let (recycle, spent) = mpsc::sync_channel::<DecodeBatch>(8);
+        let mut replayer = Replayer::new(execution_id);
+        let spawned = std::thread::Builder::new()
+            .name("nerve-replay-decode".into())
+            .spawn_scoped(scope, move || {
+                for mut batch in inbox {
+                    for (seq, kind, version, range) in batch.rows.drain(..) {
+                        replayer.push(seq, kind, version, batch.text.get(range).unwrap_or_default());
+                    }
+                    batch.text.clear();
+                    // Full: the reader has enough spare batches; this one is freed here.
+                    let _ = recycle.try_send(batch);
+                }
+                replayer
+            });
+        match spawned {
+            Ok(thread) => Self::There { batch: DecodeBatch::default(), batches, spent, thread },
+            Err(_) => Self::Here(Box::new(Replayer::new(execution_id))),
+        }
+    }
+
+    fn push(&mut self, fields: &Fields<'_>) {
+        let kind = EventKind::from_wire(fields.kind);
+        match self {
+            Self::Here(replayer) => replayer.push(fields.seq, kind, fields.version, fields.payload),
+            Self::There { batch, batches, spent, .. } => {
+                let start = batch.text.len();
+                batch.text.push_str(fields.payload);
+                batch.rows.push((fields.seq, kind, fields.version, start..batch.text.len()));
+                if batch.rows.len() == DECODE_BATCH {
+                    let next = spent.try_recv().unwrap_or_default();
+                    // A send fails only when the decoder panicked; `finish` re-raises that.
+                    let _ = batches.send(std::mem::replace(batch, next));
+                }
+            }
+        }
+    }
+
+    fn finish(self) -> Replayer {
+        match self {
+            Self::Here(replayer) => *replayer,
+            Self::There { batch, batches, thread, .. } => {
+                let _ = batches.send(batch);
+                drop(batches);
+                thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            }
+        }
+    }
+}
+
+fn read_events(
+    conn: &Connection,
+    execution: &str,
+    after: u64,
+) -> rusqlite::Result<Vec<StoredEvent>> {
+    let mut stmt = conn.prepare_cached(SELECT_EVENTS)?;
+    let rows = stmt.query_map(params![execution, to_i64(after)], |row| {
+        Ok(StoredEvent {
+            execution_id: row.get(0)?,
+            seq: to_u64(row.get(1)?),
+            ts: row.get(2)?,
+            kind: row.get(3)?,
+            version: row.get(4)?,
+            payload: row.get(5)?,
+            prev_hash: row.get(6)?,
+            hash: row.get(7)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// A row of [`SELECT_EVENTS`], borrowed from SQLite's buffers.
+fn fields<'a>(row: &'a Row<'_>) -> rusqlite::Result<Fields<'a>> {
+    let text = |i: usize| -> rusqlite::Result<&'a str> {
+        row.get_ref(i)?
+            .as_str()
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Text, Box::new(e)))
+    };
+    Ok(Fields {
+        execution_id: text(0)?,
+        seq: to_u64(row.get(1)?),
+        ts: text(2)?,
+        kind: text(3)?,
+        version: row.get(4)?,
+        payload: text(5)?,
+        prev_hash: text(6)?,
+        hash: text(7)?,
+    })
+}
+
+/// A row of [`with_last_event`]: the index columns, then the last event's time and number.
+fn summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
+    Ok(ExecutionSummary {
+        execution_id: row.get(0)?,
+        started_at: row.get(1)?,
+        task: row.get(2)?,
+        loop_type: row.get(3)?,
+        model: row.get(4)?,
+        task_status: row.get(5)?,
+        termination_reason: row.get(6)?,
+        error: row.get(7)?,
+        total_turns: u32::try_from(row.get::<_, i64>(8)?).unwrap_or(u32::MAX),
+        input_tokens: to_u64(row.get(9)?),
+        output_tokens: to_u64(row.get(10)?),
+        cost_micro_usd: to_u64(row.get(11)?),
+        resumes: u32::try_from(row.get::<_, i64>(12)?).unwrap_or(u32::MAX),
+        updated_at: row.get(13)?,
+        events: to_u64(row.get(14)?),
+    })
+}
+
+/// The chain head and index row of `execution` as committed.
+fn load_head(conn: &Connection, execution: &str, ts: &str) -> rusqlite::Result<Head> {
+    let (seq, hash) = conn
+        .prepare_cached(
+            "SELECT seq, hash FROM events WHERE execution_id = ?1 ORDER BY seq DESC LIMIT 1",
+        )?
+        .query_row([execution], |row| {
+            Ok((to_u64(row.get(0)?), row.get::<_, String>(1)?))
+        })
+        .optional()?
+        .unwrap_or_else(|| (0, GENESIS_HASH.to_owned()));
+    let row = conn
+        .prepare_cached(concat!(
+            "SELECT ",
+            execution_columns!(),
+            ", '', 0 FROM executions WHERE execution_id = ?1"
+        ))?
+        .query_row([execution], summary)
+        .optional()?
+        .unwrap_or_else(|| ExecutionSummary::new(execution, ts));
+    Ok(Head {
+        seq,
+        hash,
+        row,
+        dirty: false,
+    })
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// Fixed-width UTC timestamps (microseconds, always six digits), so they sort as text.
 fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_owned())
+    let now = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        now.year(),
+        u8::from(now.month()),
+        now.day(),
+        now.hour(),
+        now.minute(),
+        now.second(),
+        now.microsecond()
+    )
 }

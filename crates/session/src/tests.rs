@@ -1,12 +1,19 @@
-//! Store, writer and replay tests against a real SQLite file on disk.
+//! Store, writer and replay tests against a real SQLite file on disk, and replay tests over
+//! hand-built and generated logs.
 
 use std::sync::Arc;
 
-use nerve_core::event::{ContextCreated, Finish, MessageAppended, Started, TaskTransition, TurnCompleted};
-use nerve_core::{
-    Event, EventSink, ExecutionId, LoopType, Message, MicroUsd, Redactor, TaskId, TaskStatus,
-    TerminationReason, TokenUsage,
+use nerve_core::event::{
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, CallPurpose, Compaction,
+    CompactionStrategy, CompactionTrigger, ContextCreated, Decider, Finish, MessageAppended,
+    ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Started, TaskTransition, TurnCompleted,
 };
+use nerve_core::{
+    BlockId, Event, EventKind, EventSink, ExecutionId, LoopType, Message, MicroUsd, Redactor,
+    TaskId, TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallFinished, ToolCallStarted,
+    ToolResult,
+};
+use proptest::prelude::*;
 
 use super::*;
 
@@ -25,6 +32,21 @@ fn started() -> Event {
     })
 }
 
+fn context() -> Event {
+    Event::ContextCreated(ContextCreated {
+        context_window: None,
+        tools: vec![],
+    })
+}
+
+fn transition(from: TaskStatus, to: TaskStatus) -> Event {
+    Event::TaskTransition(TaskTransition { from, to })
+}
+
+fn message(index: u32, message: Message) -> Event {
+    Event::MessageAppended(MessageAppended { index, message })
+}
+
 fn turn(n: u32) -> Event {
     Event::TurnCompleted(TurnCompleted {
         turn: n,
@@ -36,22 +58,114 @@ fn turn(n: u32) -> Event {
     })
 }
 
+fn model_called(n: u32) -> Event {
+    Event::ModelCalled(ModelCalled {
+        turn: n,
+        purpose: CallPurpose::Agent,
+        outcome: "ok".into(),
+        usage: TokenUsage::new(100, 10),
+    })
+}
+
+fn call(id: &str) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: "shell".into(),
+        arguments: serde_json::json!({"command": "ls"}),
+    }
+}
+
+fn tool_started(n: u32, id: &str) -> Event {
+    Event::ToolCallStarted(ToolCallStarted {
+        turn: n,
+        call: call(id),
+    })
+}
+
+fn tool_finished(n: u32, id: &str) -> Event {
+    Event::ToolCallFinished(ToolCallFinished {
+        turn: n,
+        result: ToolResult {
+            call_id: id.into(),
+            name: "shell".into(),
+            content: "ok".into(),
+            is_error: false,
+        },
+        duration_ms: 1,
+    })
+}
+
+fn finish(reason: TerminationReason) -> Event {
+    Event::Finish(Finish {
+        termination_reason: reason,
+        task_status: TaskStatus::InReview,
+        total_turns: 2,
+        usage: TokenUsage::new(200, 20),
+        cost: MicroUsd(10),
+        error: None,
+    })
+}
+
+fn requested(n: u32, id: &str) -> Event {
+    Event::ApprovalRequested(ApprovalRequested {
+        turn: n,
+        call: call(id),
+        rule: "shell: ask".into(),
+    })
+}
+
+fn decided(n: u32, id: &str) -> Event {
+    Event::ApprovalDecided(ApprovalDecided {
+        turn: n,
+        call_id: id.into(),
+        decision: ApprovalDecision::Approved,
+        decided_by: Decider::User,
+        rule: "shell: ask".into(),
+        reason: None,
+    })
+}
+
+fn resumed(attempt: u32, in_doubt: &[&str]) -> Event {
+    Event::Resumed(Resumed {
+        attempt,
+        from_checkpoint_seq: None,
+        from_turn: 1,
+        in_doubt: in_doubt.iter().map(|&id| id.into()).collect(),
+    })
+}
+
+fn compaction(from: u32, to: u32, summary: &str, archived: Vec<BlockId>) -> Compaction {
+    Compaction {
+        turn: 1,
+        strategy: CompactionStrategy::Summarize,
+        trigger: CompactionTrigger::HardThreshold,
+        from_index: from,
+        to_index: to,
+        replacement: vec![Message {
+            role: nerve_core::MessageRole::User,
+            parts: vec![nerve_core::MessagePart::CompactionSummary {
+                text: summary.into(),
+                archived: archived.clone(),
+            }],
+            pinned: false,
+        }],
+        archived,
+        tokens_before: 1000,
+        tokens_after: 200,
+        summary: Some(summary.into()),
+        extractive: false,
+    }
+}
+
 fn full_log() -> Vec<Event> {
     vec![
         started(),
-        Event::ContextCreated(ContextCreated { context_window: None, tools: vec![] }),
-        Event::TaskTransition(TaskTransition { from: TaskStatus::Assigned, to: TaskStatus::InProgress }),
-        Event::MessageAppended(MessageAppended { index: 0, message: Message::system("sys") }),
+        context(),
+        transition(TaskStatus::Assigned, TaskStatus::InProgress),
+        message(0, Message::system("sys")),
         turn(1),
         turn(2),
-        Event::Finish(Finish {
-            termination_reason: TerminationReason::Completed,
-            task_status: TaskStatus::InReview,
-            total_turns: 2,
-            usage: TokenUsage::new(200, 20),
-            cost: MicroUsd(10),
-            error: None,
-        }),
+        finish(TerminationReason::Completed),
     ]
 }
 
@@ -81,13 +195,18 @@ fn stored(events: &[Event]) -> Vec<StoredEvent> {
         .collect()
 }
 
+fn kinds(replayed: &Replay) -> Vec<GapKind> {
+    replayed.gaps.iter().map(|g| g.kind).collect()
+}
+
 fn check(events: &[Event], score: u32, gaps: &[GapKind]) -> Replay {
     let replayed = replay("x", &stored(events));
     assert_eq!(replayed.score, score, "{replayed:#?}");
-    let kinds: Vec<GapKind> = replayed.gaps.iter().map(|g| g.kind).collect();
-    assert_eq!(kinds, gaps, "{replayed:#?}");
+    assert_eq!(kinds(&replayed), gaps, "{replayed:#?}");
     replayed
 }
+
+// ---- replay over hand-built logs ------------------------------------------------------------
 
 #[test]
 fn replay_scores_table() {
@@ -100,8 +219,18 @@ fn replay_scores_table() {
 
     let turns_only = check(&[turn(1), turn(2)], 60, &[GapKind::NoFinish]);
     assert!(!turns_only.complete);
-    check(&[started()], 15, &[GapKind::NoFinish]);
+    assert_eq!(turns_only.completeness(), 0.6);
+    let start_only = check(&[started()], 15, &[GapKind::NoFinish]);
+    assert_eq!(start_only.completeness(), 0.15);
     check(&[], 0, &[GapKind::NoFinish]);
+    // Exactly at the threshold: everything but the context (0.90), then everything but
+    // the task transition and the context (0.75).
+    let mut no_context = full_log();
+    no_context.remove(1);
+    assert!(check(&no_context, 90, &[]).complete);
+    let mut neither = no_context.clone();
+    neither.remove(1);
+    assert!(!check(&neither, 75, &[]).complete);
 }
 
 #[test]
@@ -112,17 +241,455 @@ fn replay_skips_malformed_and_duplicate_turns() {
     assert_eq!(replayed.malformed_events, 1);
     assert_eq!(replayed.duplicate_turns, 0);
     assert_eq!(replayed.total_turns, 2);
+    assert_eq!(
+        kinds(&replayed),
+        [GapKind::BrokenChain, GapKind::NoFinish],
+        "the edit also breaks the chain"
+    );
 
     let replayed = replay("x", &stored(&[started(), turn(1), turn(1), turn(2)]));
     assert_eq!(replayed.duplicate_turns, 1);
     assert_eq!(replayed.total_turns, 2);
-    assert_eq!(replayed.usage.input_tokens, 200, "a duplicate turn is not counted twice");
+    assert_eq!(
+        replayed.usage.input_tokens, 200,
+        "a duplicate turn is not counted twice"
+    );
+    assert_eq!(replayed.cost, MicroUsd(10));
+}
+
+#[test]
+fn replay_counts_every_kind_of_malformed_event() {
+    let base = stored(&[started(), turn(1), turn(2), message(0, Message::user("a"))]);
+    type Corruption = Box<dyn Fn(&mut StoredEvent)>;
+    let cases: Vec<(&str, Corruption)> = vec![
+        ("invalid JSON", Box::new(|e| e.payload = "{not json".into())),
+        (
+            "kind column disagrees",
+            Box::new(|e| e.kind = "retry".into()),
+        ),
+        ("unknown kind", Box::new(|e| e.kind = "teleported".into())),
+        ("newer payload version", Box::new(|e| e.version = 2)),
+        (
+            "turn zero",
+            Box::new(|e| {
+                e.payload = r#"{"kind":"turn_completed","turn":0,"usage":{"input_tokens":1,"output_tokens":1},"cost":1,"tool_calls":[],"finish":"stop","duration_ms":1}"#.into()
+            }),
+        ),
+        (
+            "tag second",
+            Box::new(|e| e.payload = r#"{"turn":"x","kind":"turn_completed"}"#.into()),
+        ),
+    ];
+    for (what, corrupt) in cases {
+        let mut events = base.clone();
+        corrupt(&mut events[2]);
+        let replayed = replay("x", &events);
+        assert_eq!(replayed.malformed_events, 1, "{what}");
+        assert_eq!(replayed.total_turns, 1, "{what}");
+    }
+    // A message index past the end of the conversation cannot be placed.
+    let replayed = replay("x", &stored(&[message(3, Message::user("far"))]));
+    assert_eq!(replayed.malformed_events, 1);
+    assert!(replayed.messages.is_empty());
+    // Payloads written with sorted keys (the redacting path) decode through the general path.
+    let mut sorted = stored(&[turn(1)]);
+    let value: serde_json::Value = serde_json::from_str(&sorted[0].payload).unwrap();
+    sorted[0].payload = value.to_string();
+    assert!(
+        !sorted[0].payload.starts_with(r#"{"kind""#),
+        "{}",
+        sorted[0].payload
+    );
+    assert_eq!(replay("x", &sorted).total_turns, 1);
 }
 
 #[test]
 fn replay_reports_non_contiguous_turns() {
-    check(&[started(), turn(1), turn(3)], 50, &[GapKind::TurnsNotContiguous, GapKind::NoFinish]);
+    check(
+        &[started(), turn(1), turn(3)],
+        50,
+        &[GapKind::TurnsNotContiguous, GapKind::NoFinish],
+    );
 }
+
+#[test]
+fn replay_reports_calls_in_doubt_and_incomplete_turns() {
+    let events = [
+        started(),
+        turn(1),
+        model_called(2),
+        tool_started(2, "a"),
+        tool_finished(2, "a"),
+        tool_started(2, "b"),
+    ];
+    let replayed = check(
+        &events,
+        75,
+        &[
+            GapKind::ToolCallInDoubt,
+            GapKind::TurnIncomplete,
+            GapKind::NoFinish,
+        ],
+    );
+    assert_eq!(replayed.in_doubt, [call("b")]);
+    assert!(
+        replayed.gaps[0].detail.contains("tool call b (shell)"),
+        "{}",
+        replayed.gaps[0].detail
+    );
+    assert!(
+        replayed.gaps[1].detail.contains("turn 2"),
+        "{}",
+        replayed.gaps[1].detail
+    );
+    assert_eq!(replayed.model_calls.get("agent"), Some(&1));
+    // A tool call started twice is one call.
+    let replayed = replay("x", &stored(&[tool_started(1, "a"), tool_started(1, "a")]));
+    assert_eq!(replayed.duplicate_events, 1);
+    assert_eq!(replayed.in_doubt.len(), 1);
+}
+
+#[test]
+fn replay_tracks_approvals() {
+    let ask = [started(), turn(1), requested(2, "a")];
+    let replayed = check(&ask, 75, &[GapKind::ApprovalUndecided, GapKind::NoFinish]);
+    assert_eq!(replayed.pending_approvals.len(), 1);
+    assert_eq!(replayed.pending_approvals[0].seq, 3);
+    assert_eq!(replayed.pending_approvals[0].rule, "shell: ask");
+
+    // Parked: the pending approval is what `nerve approve` decides, not a gap.
+    let parked = [
+        started(),
+        turn(1),
+        requested(2, "a"),
+        finish(TerminationReason::Parked),
+    ];
+    let replayed = check(&parked, 75, &[]);
+    assert_eq!(replayed.pending_approvals[0].call.id.0, "a");
+
+    let decided_log = [
+        started(),
+        turn(1),
+        requested(2, "a"),
+        decided(2, "a"),
+        decided(2, "a"),
+        requested(2, "a"),
+    ];
+    let replayed = check(&decided_log, 75, &[GapKind::NoFinish]);
+    assert!(replayed.pending_approvals.is_empty());
+    assert_eq!(replayed.approvals_decided, 1);
+    assert_eq!(
+        replayed.duplicate_events, 2,
+        "decided twice, requested again after the decision"
+    );
+}
+
+#[test]
+fn replay_applies_compactions_to_the_conversation() {
+    let block = BlockId::new();
+    let events = [
+        message(0, Message::system("sys")),
+        message(1, Message::user("task").pinned()),
+        message(2, Message::user("old 1")),
+        message(3, Message::user("old 2")),
+        message(4, Message::user("recent")),
+        Event::Compaction(compaction(2, 4, "summary of old", vec![block])),
+        message(4, Message::user("after")),
+        // Out of range: skipped and counted, the conversation untouched.
+        Event::Compaction(compaction(3, 9, "bad", vec![])),
+    ];
+    let replayed = replay("x", &stored(&events));
+    let texts: Vec<String> = replayed
+        .messages
+        .iter()
+        .map(|m| {
+            if let nerve_core::MessagePart::CompactionSummary { text, .. } = &m.parts[0] {
+                format!("summary: {text}")
+            } else {
+                m.text_content()
+            }
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        ["sys", "task", "summary: summary of old", "recent", "after"]
+    );
+    assert_eq!(replayed.compactions.len(), 1);
+    assert_eq!(replayed.compactions[0].seq, 6);
+    assert_eq!(replayed.compactions[0].compaction.archived, [block]);
+    assert_eq!(replayed.malformed_events, 1);
+}
+
+#[test]
+fn replay_of_a_resumed_execution() {
+    // Crashed in turn 2 with a call in doubt, resumed (telling the model about it), finished.
+    let crashed = vec![
+        started(),
+        context(),
+        transition(TaskStatus::Assigned, TaskStatus::InProgress),
+        turn(1),
+        finish(TerminationReason::Shutdown),
+        resumed(1, &[]),
+        model_called(2),
+        tool_started(2, "a"),
+    ];
+    let replayed = check(
+        &crashed,
+        100,
+        &[
+            GapKind::ToolCallInDoubt,
+            GapKind::TurnIncomplete,
+            GapKind::NoFinish,
+        ],
+    );
+    assert_eq!(
+        replayed.termination_reason, None,
+        "the resumed attempt has not finished"
+    );
+    assert_eq!(replayed.resumes.len(), 1);
+
+    let mut finished = crashed;
+    finished.extend([
+        resumed(2, &["a"]),
+        model_called(2),
+        turn(2),
+        finish(TerminationReason::Completed),
+    ]);
+    let replayed = check(&finished, 100, &[]);
+    assert!(
+        replayed.in_doubt.is_empty(),
+        "the resume acknowledged call a"
+    );
+    assert_eq!(replayed.resumes.len(), 2);
+    assert_eq!(
+        replayed.resumes[1].resumed.in_doubt,
+        [nerve_core::ToolCallId::from("a")]
+    );
+    assert_eq!(
+        replayed.termination_reason,
+        Some(TerminationReason::Completed)
+    );
+}
+
+#[test]
+fn replay_counts_proxy_decisions_and_keeps_verdicts() {
+    let proxy = |decision| {
+        Event::ProxyDecision(ProxyDecision {
+            host: "api.github.com".into(),
+            method: "GET".into(),
+            path: "/".into(),
+            decision,
+            status: None,
+            credential: None,
+            reason: None,
+        })
+    };
+    let events = [
+        proxy(ProxyVerdict::Allowed),
+        proxy(ProxyVerdict::Denied),
+        proxy(ProxyVerdict::Injected),
+        proxy(ProxyVerdict::Denied),
+    ];
+    let replayed = replay("x", &stored(&events));
+    assert_eq!(
+        replayed.proxy,
+        ProxyTally {
+            allowed: 1,
+            denied: 2,
+            injected: 1
+        }
+    );
+}
+
+// ---- replay over generated logs -------------------------------------------------------------
+
+/// The shape of a generated run: tool calls per turn, where it compacts, asks for approval
+/// and checkpoints, and whether it finishes.
+#[derive(Debug, Clone)]
+struct Shape {
+    calls_per_turn: Vec<u8>,
+    compact_after_turn: Option<usize>,
+    approval_in_turn: Option<usize>,
+    checkpoint_every: usize,
+    finish: bool,
+}
+
+fn shapes() -> impl Strategy<Value = Shape> {
+    (
+        prop::collection::vec(0u8..4, 1..8),
+        any::<Option<prop::sample::Index>>(),
+        any::<Option<prop::sample::Index>>(),
+        1usize..4,
+        any::<bool>(),
+    )
+        .prop_map(
+            |(calls_per_turn, compact, approval, checkpoint_every, finish)| {
+                let turns = calls_per_turn.len();
+                Shape {
+                    compact_after_turn: compact.map(|i| i.index(turns)),
+                    approval_in_turn: approval.map(|i| i.index(turns)),
+                    calls_per_turn,
+                    checkpoint_every,
+                    finish,
+                }
+            },
+        )
+}
+
+/// A log as the engine writes it for `shape`.
+fn generate(shape: &Shape) -> Vec<Event> {
+    let mut events = vec![
+        started(),
+        context(),
+        transition(TaskStatus::Assigned, TaskStatus::InProgress),
+        message(0, Message::system("sys")),
+        message(1, Message::user("task").pinned()),
+    ];
+    let mut len = 2u32;
+    for (t, &calls) in shape.calls_per_turn.iter().enumerate() {
+        let n = t as u32 + 1;
+        events.push(model_called(n));
+        let ids: Vec<String> = (0..calls).map(|c| format!("t{n}c{c}")).collect();
+        let mut assistant = Message::text(nerve_core::MessageRole::Assistant, format!("turn {n}"));
+        assistant.parts.extend(
+            ids.iter()
+                .map(|id| nerve_core::MessagePart::ToolCall(call(id))),
+        );
+        events.push(message(len, assistant));
+        len += 1;
+        for id in &ids {
+            if shape.approval_in_turn == Some(t) {
+                events.push(requested(n, id));
+                events.push(decided(n, id));
+            }
+            events.push(tool_started(n, id));
+            events.push(tool_finished(n, id));
+            events.push(message(
+                len,
+                Message::tool_result(ToolResult {
+                    call_id: id.as_str().into(),
+                    name: "shell".into(),
+                    content: "ok".into(),
+                    is_error: false,
+                }),
+            ));
+            len += 1;
+        }
+        events.push(turn(n));
+        if (t + 1) % shape.checkpoint_every == 0 {
+            events.push(Event::Checkpoint(nerve_core::event::Checkpoint {
+                turn: n,
+                snapshot_sha256: "00".into(),
+                snapshot_bytes: 2,
+            }));
+        }
+        if shape.compact_after_turn == Some(t) && len > 3 {
+            events.push(Event::Compaction(compaction(
+                2,
+                len - 1,
+                "summary",
+                vec![BlockId::new()],
+            )));
+            len = 4;
+        }
+    }
+    if shape.finish {
+        events.push(finish(TerminationReason::Completed));
+    }
+    events
+}
+
+/// What an independent reading of a prefix says is missing.
+fn expected_gaps(prefix: &[Event]) -> Vec<GapKind> {
+    let mut open: Vec<String> = Vec::new();
+    let (mut begun, mut completed, mut finished) = (0, 0, false);
+    let mut pending = 0usize;
+    for event in prefix {
+        match event {
+            Event::ToolCallStarted(s) => open.push(s.call.id.0.clone()),
+            Event::ToolCallFinished(f) => open.retain(|id| *id != f.result.call_id.0),
+            Event::ModelCalled(m) => begun = m.turn,
+            Event::TurnCompleted(t) => completed = t.turn,
+            Event::ApprovalRequested(_) => pending += 1,
+            Event::ApprovalDecided(_) => pending -= 1,
+            Event::Finish(_) => finished = true,
+            Event::Started(_)
+            | Event::ContextCreated(_)
+            | Event::MessageAppended(_)
+            | Event::TaskTransition(_)
+            | Event::Retry(_)
+            | Event::Compaction(_)
+            | Event::Stagnation(_)
+            | Event::ProxyDecision(_)
+            | Event::Checkpoint(_)
+            | Event::Resumed(_) => {}
+        }
+    }
+    let mut gaps = vec![GapKind::ToolCallInDoubt; open.len()];
+    if begun > completed {
+        gaps.push(GapKind::TurnIncomplete);
+    }
+    gaps.extend(std::iter::repeat_n(GapKind::ApprovalUndecided, pending));
+    if !finished {
+        gaps.push(GapKind::NoFinish);
+    }
+    gaps
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_prefix_of_a_log_replays_and_names_what_is_missing(shape in shapes()) {
+        let events = generate(&shape);
+        let rows = stored(&events);
+        let mut last_score = 0;
+        for cut in 0..=rows.len() {
+            let replayed = replay("x", &rows[..cut]);
+            prop_assert_eq!(kinds(&replayed), expected_gaps(&events[..cut]), "prefix of {} events", cut);
+            prop_assert!(replayed.score >= last_score, "completeness never drops as the log grows");
+            last_score = replayed.score;
+            let turns = events[..cut].iter().filter(|e| e.kind() == EventKind::TurnCompleted).count();
+            prop_assert_eq!(replayed.total_turns as usize, turns);
+            prop_assert_eq!(replayed.malformed_events + replayed.duplicate_events + replayed.duplicate_turns, 0);
+        }
+        let whole = replay("x", &rows);
+        prop_assert_eq!(whole.complete, true);
+        prop_assert_eq!(whole.checkpoints.len(), shape.calls_per_turn.len() / shape.checkpoint_every);
+    }
+
+    #[test]
+    fn damaged_logs_replay_without_panicking(
+        shape in shapes(),
+        damage in prop::collection::vec((any::<prop::sample::Index>(), 0u8..4, ".{0,40}"), 1..6),
+    ) {
+        let mut rows = stored(&generate(&shape));
+        for (at, how, junk) in damage {
+            let i = at.index(rows.len());
+            match how {
+                0 => rows[i].payload = junk,
+                1 => { let copy = rows[i].clone(); rows.insert(i, copy); }
+                2 => { rows.remove(i); }
+                _ => rows[i].kind = junk,
+            }
+            if rows.is_empty() { break; }
+        }
+        let replayed = replay("x", &rows);
+        prop_assert!(replayed.score <= 100);
+        prop_assert_eq!(replayed.events, rows.len() as u64);
+    }
+
+    #[test]
+    fn any_search_text_is_a_valid_fts_query(text in "\\PC{0,60}|[\"*():^+\\-{} ]{0,20}|NEAR\\(.{0,10}\\)") {
+        let (_dir, path) = temp_db();
+        let mut store = Store::open(&path).unwrap();
+        let id = ExecutionId::new();
+        store.put_blocks(&id, &[NewBlock { block_id: BlockId::new(), messages: vec![Message::user("needle in \"hay\" (stack)")] }], &Redactor::new()).unwrap();
+        prop_assert!(store.search_archive(&id, &text, 5).is_ok());
+    }
+}
+
+// ---- the store ------------------------------------------------------------------------------
 
 fn temp_db() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -141,12 +708,54 @@ async fn sink_appends_durably_and_chains() {
     }
     let store = Store::open_read_only(&path).unwrap();
     assert_eq!(store.verify(&id).unwrap(), Ok(7));
-    let replayed = replay(&id.to_string(), &store.events(&id).unwrap());
+    let events = store.events(&id).unwrap();
+    let replayed = replay(&id.to_string(), &events);
     assert_eq!(replayed.score, 100);
+    assert_eq!(
+        store.replay(&id).unwrap(),
+        replayed,
+        "streamed replay equals replay of the rows"
+    );
+    assert_eq!(sink.replay(id).await.unwrap(), replayed);
+    assert!(
+        events.windows(2).all(|w| w[0].ts <= w[1].ts),
+        "fixed-width timestamps sort"
+    );
     let listed = store.executions().unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].termination_reason.as_deref(), Some("completed"));
-    assert!(matches!(store.events(&ExecutionId::new()), Err(SessionError::UnknownExecution(_))));
+    assert!(matches!(
+        store.events(&ExecutionId::new()),
+        Err(SessionError::UnknownExecution(_))
+    ));
+    assert!(matches!(
+        store.verify(&ExecutionId::new()),
+        Err(SessionError::UnknownExecution(_))
+    ));
+    assert!(matches!(
+        store.replay(&ExecutionId::new()),
+        Err(SessionError::UnknownExecution(_))
+    ));
+}
+
+#[tokio::test]
+async fn append_all_is_atomic_and_ordered() {
+    let (_dir, path) = temp_db();
+    let sink = SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap();
+    let id = ExecutionId::new();
+    assert_eq!(
+        sink.append_all(id, vec![started(), context()])
+            .await
+            .unwrap(),
+        [1, 2]
+    );
+    assert_eq!(
+        sink.append_all(id, vec![]).await.unwrap(),
+        Vec::<u64>::new()
+    );
+    assert_eq!(sink.append(id, turn(1)).await.unwrap(), 3);
+    assert_eq!(sink.verify(id).await.unwrap(), Ok(3));
+    assert_eq!(sink.events(id).await.unwrap().len(), 3);
 }
 
 #[tokio::test]
@@ -156,15 +765,63 @@ async fn secrets_never_reach_the_file() {
     let redactor = Redactor::with_secrets([("canary", &canary)]).unwrap();
     let sink = SqliteSink::open(&path, Arc::new(redactor)).unwrap();
     let id = ExecutionId::new();
-    let text = format!("the token is {} and ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789", CANARY);
-    sink.append(id, Event::MessageAppended(MessageAppended { index: 0, message: Message::user(text) }))
+    let text = format!(
+        "the token is {} and ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789",
+        CANARY
+    );
+    sink.append(id, message(0, Message::user(text.clone())))
         .await
         .unwrap();
-    drop(sink);
-    let store = Store::open_read_only(&path).unwrap();
-    let events = store.events(&id).unwrap();
-    assert!(events[0].payload.contains("[REDACTED:canary]"), "{}", events[0].payload);
+    let mut start = started();
+    if let Event::Started(s) = &mut start {
+        s.task = format!("use {CANARY}");
+    }
+    sink.append(id, start).await.unwrap();
+    sink.write_checkpoint(
+        id,
+        1,
+        serde_json::json!({"messages": [text.clone()], "nested": {"k": CANARY}}),
+    )
+    .await
+    .unwrap();
+    let block = BlockId::new();
+    sink.compact(
+        id,
+        vec![NewBlock {
+            block_id: block,
+            messages: vec![Message::user(text)],
+        }],
+        compaction(0, 1, CANARY, vec![block]),
+    )
+    .await
+    .unwrap();
+
+    let events = sink.events(id).await.unwrap();
+    assert!(
+        events[0].payload.contains("[REDACTED:canary]"),
+        "{}",
+        events[0].payload
+    );
     assert!(events[0].payload.contains("[REDACTED:github_token]"));
+    let checkpoint = sink.latest_checkpoint(id).await.unwrap().unwrap();
+    assert_eq!(checkpoint.snapshot["nested"]["k"], "[REDACTED:canary]");
+    let archived = sink.archive_block(id, block).await.unwrap().unwrap();
+    assert!(
+        archived.messages[0]
+            .text_content()
+            .contains("[REDACTED:canary]")
+    );
+    assert_eq!(
+        sink.execution(id).await.unwrap().task.as_deref(),
+        Some("use [REDACTED:canary]")
+    );
+    // The searchable text is built from redacted messages too.
+    assert!(
+        sink.search_archive(id, "canary".into(), 5).await.unwrap()[0]
+            .snippet
+            .contains("REDACTED")
+    );
+    drop(sink);
     for file in std::fs::read_dir(path.parent().unwrap()).unwrap() {
         let bytes = std::fs::read(file.unwrap().path()).unwrap();
         assert!(!bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()));
@@ -179,17 +836,477 @@ async fn update_and_delete_are_refused_and_tampering_is_detected() {
     for event in full_log() {
         sink.append(id, event).await.unwrap();
     }
+    sink.write_checkpoint(id, 2, serde_json::json!({"turn": 2}))
+        .await
+        .unwrap();
+    sink.put_blocks(
+        id,
+        vec![NewBlock {
+            block_id: BlockId::new(),
+            messages: vec![Message::user("x")],
+        }],
+    )
+    .await
+    .unwrap();
     let conn = rusqlite::Connection::open(&path).unwrap();
-    let update = conn.execute("UPDATE events SET payload = '{}' WHERE seq = 3", []).unwrap_err();
-    assert!(update.to_string().contains("append-only"), "{update}");
-    let delete = conn.execute("DELETE FROM events WHERE seq = 3", []).unwrap_err();
-    assert!(delete.to_string().contains("append-only"), "{delete}");
+    for table in ["events", "checkpoints", "archive_blocks"] {
+        let update = conn
+            .execute(&format!("UPDATE {table} SET ts = 'x'"), [])
+            .unwrap_err();
+        assert!(
+            update.to_string().contains("append-only: UPDATE refused"),
+            "{table}: {update}"
+        );
+        let delete = conn
+            .execute(&format!("DELETE FROM {table}"), [])
+            .unwrap_err();
+        assert!(
+            delete.to_string().contains("append-only: DELETE refused"),
+            "{table}: {delete}"
+        );
+    }
 
     conn.execute_batch("DROP TRIGGER events_no_update").unwrap();
-    conn.execute("UPDATE events SET payload = replace(payload, 'demo', 'evil') WHERE seq = 1", []).unwrap();
+    conn.execute(
+        "UPDATE events SET payload = replace(payload, '\"sys\"', '\"evil\"') WHERE seq = 4",
+        [],
+    )
+    .unwrap();
     let store = Store::open_read_only(&path).unwrap();
     let broken = store.verify(&id).unwrap().unwrap_err();
-    assert_eq!(broken.seq, 1);
+    assert_eq!(broken.seq, 4, "{broken}");
+    assert!(broken.reason.contains("content"), "{broken}");
     let replayed = replay(&id.to_string(), &store.events(&id).unwrap());
     assert_eq!(replayed.gaps[0].kind, GapKind::BrokenChain);
+    assert!(
+        replayed.gaps[0].detail.contains("sequence 4"),
+        "{}",
+        replayed.gaps[0].detail
+    );
+
+    conn.execute_batch("DROP TRIGGER events_no_delete").unwrap();
+    conn.execute("DELETE FROM events WHERE seq = 2", [])
+        .unwrap();
+    let broken = store.verify(&id).unwrap().unwrap_err();
+    assert_eq!(broken.seq, 2, "{broken}");
+    assert_eq!(
+        store.replay(&id).unwrap().gaps[0].kind,
+        GapKind::SequenceGap
+    );
+
+    // A checkpoint's snapshot is tied to the chain by the hash in its event.
+    conn.execute_batch("DROP TRIGGER checkpoints_no_update")
+        .unwrap();
+    conn.execute("UPDATE checkpoints SET snapshot = '{\"turn\":99}'", [])
+        .unwrap();
+    let corrupt = store.latest_checkpoint(&id).unwrap_err();
+    assert!(
+        corrupt.to_string().contains("does not match the hash"),
+        "{corrupt}"
+    );
+}
+
+#[test]
+fn checkpoints_latest_wins_and_resume_reads_one_snapshot() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).unwrap();
+    let redactor = Redactor::new();
+    let id = ExecutionId::new();
+    assert_eq!(store.latest_checkpoint(&id).unwrap(), None);
+    store
+        .append(&id, &[started(), context(), turn(1)], &redactor)
+        .unwrap();
+    assert_eq!(
+        store
+            .write_checkpoint(&id, 1, &serde_json::json!({"turns": 1}), &redactor)
+            .unwrap(),
+        4
+    );
+    store.append(&id, &[turn(2)], &redactor).unwrap();
+    assert_eq!(
+        store
+            .write_checkpoint(&id, 2, &serde_json::json!({"turns": 2}), &redactor)
+            .unwrap(),
+        6
+    );
+    store
+        .append(&id, &[model_called(3), tool_started(3, "a")], &redactor)
+        .unwrap();
+
+    let latest = store.latest_checkpoint(&id).unwrap().unwrap();
+    assert_eq!((latest.seq, latest.turn), (6, 2));
+    assert_eq!(latest.snapshot, serde_json::json!({"turns": 2}));
+
+    let point = store.resume_point(&id).unwrap();
+    assert_eq!(point.checkpoint, Some(latest));
+    assert_eq!(
+        point.later.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [7, 8]
+    );
+    assert_eq!(point.replay.in_doubt, [call("a")]);
+    assert_eq!(
+        point
+            .replay
+            .checkpoints
+            .iter()
+            .map(|c| (c.seq, c.turn))
+            .collect::<Vec<_>>(),
+        [(4, 1), (6, 2)]
+    );
+    assert!(matches!(
+        store.resume_point(&ExecutionId::new()),
+        Err(SessionError::UnknownExecution(_))
+    ));
+}
+
+#[test]
+fn the_archive_finds_blocks_by_their_words_and_only_for_their_execution() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).unwrap();
+    let redactor = Redactor::new();
+    let (id, other) = (ExecutionId::new(), ExecutionId::new());
+    store.append(&id, &[started()], &redactor).unwrap();
+    let (config, test, hidden) = (BlockId::new(), BlockId::new(), BlockId::new());
+    let tool_call = Message {
+        role: nerve_core::MessageRole::Assistant,
+        parts: vec![nerve_core::MessagePart::ToolCall(ToolCall {
+            id: "c".into(),
+            name: "shell".into(),
+            arguments: serde_json::json!({"command": "cargo test --package parser"}),
+        })],
+        pinned: false,
+    };
+    let seq = store
+        .compact(
+            &id,
+            &[
+                NewBlock {
+                    block_id: config,
+                    messages: vec![Message::user("The config loader reads TOML files.")],
+                },
+                NewBlock {
+                    block_id: test,
+                    messages: vec![tool_call, Message::user("3 tests failed in parse_config")],
+                },
+            ],
+            compaction(0, 0, "s", vec![config, test]),
+            &redactor,
+        )
+        .unwrap();
+    assert_eq!(seq, 2);
+    store
+        .put_blocks(
+            &other,
+            &[NewBlock {
+                block_id: hidden,
+                messages: vec![Message::user("config of another run")],
+            }],
+            &redactor,
+        )
+        .unwrap();
+
+    let found = |query: &str| -> Vec<BlockId> {
+        store
+            .search_archive(&id, query, 10)
+            .unwrap()
+            .into_iter()
+            .map(|hit| hit.block_id)
+            .collect()
+    };
+    assert_eq!(found("toml"), [config]);
+    assert_eq!(
+        found("failing tests"),
+        [test],
+        "stemmed: failing ~ failed, tests ~ test"
+    );
+    assert_eq!(found("parse_config"), [test]);
+    assert_eq!(
+        found("cargo package"),
+        [test],
+        "tool call arguments are searchable"
+    );
+    assert_eq!(
+        found("config tests")[0],
+        test,
+        "the block matching more terms ranks first"
+    );
+    assert_eq!(
+        found("config").len(),
+        2,
+        "the other execution's block stays invisible"
+    );
+    assert_eq!(found("\"unbalanced ( quote * NEAR"), Vec::<BlockId>::new());
+    assert!(store.search_archive(&id, "config", 0).unwrap().is_empty());
+
+    let block = store.archive_block(&id, &test).unwrap().unwrap();
+    assert_eq!((block.created_seq, block.messages.len()), (2, 2));
+    assert_eq!(store.archive_block(&id, &hidden).unwrap(), None);
+    assert_eq!(
+        store
+            .archive_block(&other, &hidden)
+            .unwrap()
+            .unwrap()
+            .created_seq,
+        0
+    );
+    // Block ids are unique: archiving one twice fails, and writes nothing.
+    let again = store.put_blocks(
+        &id,
+        &[NewBlock {
+            block_id: test,
+            messages: vec![],
+        }],
+        &redactor,
+    );
+    assert!(
+        matches!(again, Err(SessionError::Sqlite { .. })),
+        "{again:?}"
+    );
+    assert_eq!(store.append(&id, &[context()], &redactor).unwrap(), [3]);
+}
+
+#[test]
+fn the_executions_index_follows_the_log() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).unwrap();
+    let redactor = Redactor::new();
+    let (first, second) = (ExecutionId::new(), ExecutionId::new());
+    store.append(&first, &full_log(), &redactor).unwrap();
+    store
+        .append(&second, &[started(), context(), turn(1)], &redactor)
+        .unwrap();
+
+    let listed = store.executions().unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|e| e.execution_id.clone())
+            .collect::<Vec<_>>(),
+        [second.to_string(), first.to_string()]
+    );
+    let done = store.execution(&first).unwrap();
+    assert_eq!(done.task.as_deref(), Some("demo"));
+    assert_eq!(done.loop_type.as_deref(), Some("react"));
+    assert_eq!(done.model.as_deref(), Some("scripted"));
+    assert_eq!(done.termination_reason.as_deref(), Some("completed"));
+    assert_eq!(done.task_status.as_deref(), Some("in_review"));
+    assert_eq!(
+        (
+            done.total_turns,
+            done.input_tokens,
+            done.output_tokens,
+            done.cost_micro_usd
+        ),
+        (2, 200, 20, 10)
+    );
+    assert_eq!(done.events, 7);
+    let running = store.execution(&second).unwrap();
+    assert_eq!(
+        (
+            running.termination_reason.as_deref(),
+            running.total_turns,
+            running.events
+        ),
+        (None, 1, 3)
+    );
+
+    // Resumed: running again until the next finish.
+    store.append(&first, &[resumed(1, &[])], &redactor).unwrap();
+    let again = store.execution(&first).unwrap();
+    assert_eq!(
+        (again.termination_reason, again.resumes, again.events),
+        (None, 1, 8)
+    );
+    assert!(matches!(
+        store.execution(&ExecutionId::new()),
+        Err(SessionError::UnknownExecution(_))
+    ));
+
+    // Another connection (a second process) appending to the same execution: the first
+    // connection's cached head is stale, its append conflicts, and succeeds once re-read.
+    let mut other = Store::open(&path).unwrap();
+    assert_eq!(other.append(&second, &[turn(2)], &redactor).unwrap(), [4]);
+    assert_eq!(store.append(&second, &[turn(3)], &redactor).unwrap(), [5]);
+    assert_eq!(store.verify(&second).unwrap(), Ok(5));
+    assert_eq!(store.execution(&second).unwrap().total_turns, 3);
+}
+
+#[test]
+fn a_version_1_database_is_read_and_migrated_with_its_index() {
+    let (_dir, path) = temp_db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(schema::MIGRATIONS[0]).unwrap();
+    conn.pragma_update(None, "user_version", 1).unwrap();
+    let (done, crashed) = (ExecutionId::new(), ExecutionId::new());
+    for (id, events) in [
+        (done, full_log()),
+        (crashed, vec![started(), context(), turn(1), turn(2)]),
+    ] {
+        let mut prev = GENESIS_HASH.to_owned();
+        for (i, event) in events.iter().enumerate() {
+            let payload = serde_json::to_string(event).unwrap();
+            let seq = i as u64 + 1;
+            let ts = format!("2025-01-0{}T00:00:00Z", if id == done { 1 } else { 2 });
+            let kind = event.kind().as_str();
+            let hash = chain::event_hash(&prev, &id.to_string(), seq, &ts, kind, 1, &payload);
+            conn.execute(
+                "INSERT INTO events VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7)",
+                rusqlite::params![id.to_string(), seq as i64, ts, kind, payload, prev, hash],
+            )
+            .unwrap();
+            prev = hash;
+        }
+    }
+    drop(conn);
+
+    let old = Store::open_read_only(&path).unwrap();
+    let derived = old.executions().unwrap();
+    assert_eq!(old.latest_checkpoint(&done).unwrap(), None);
+    assert!(old.search_archive(&done, "x", 5).unwrap().is_empty());
+    let migrated = Store::open(&path).unwrap();
+    assert_eq!(
+        migrated.executions().unwrap(),
+        derived,
+        "the backfilled index equals the derived one"
+    );
+    assert_eq!(derived[0].execution_id, crashed.to_string());
+    assert_eq!(derived[0].termination_reason, None);
+    assert_eq!(
+        (
+            derived[0].total_turns,
+            derived[0].input_tokens,
+            derived[0].cost_micro_usd
+        ),
+        (2, 200, 10)
+    );
+    assert_eq!(derived[1].termination_reason.as_deref(), Some("completed"));
+    assert_eq!(
+        (derived[1].task.as_deref(), derived[1].events),
+        (Some("demo"), 7)
+    );
+    assert_eq!(migrated.verify(&done).unwrap(), Ok(7));
+    assert_eq!(
+        Store::open_read_only(&path).unwrap().executions().unwrap(),
+        derived
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_executions_share_the_writer_and_stay_gap_free() {
+    let (_dir, path) = temp_db();
+    let sink = Arc::new(SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap());
+    let ids: Vec<ExecutionId> = (0..20).map(|_| ExecutionId::new()).collect();
+    let tasks: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let sink = Arc::clone(&sink);
+            tokio::spawn(async move {
+                let mut seqs = Vec::new();
+                for event in full_log() {
+                    seqs.push(sink.append(id, event).await.unwrap());
+                }
+                seqs
+            })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), (1..=7).collect::<Vec<u64>>());
+    }
+    for id in &ids {
+        assert_eq!(sink.verify(*id).await.unwrap(), Ok(7));
+    }
+    assert_eq!(sink.executions().await.unwrap().len(), 20);
+}
+
+#[test]
+fn the_docs_describe_every_event_kind() {
+    let docs = include_str!("../../../docs/events.md");
+    for kind in EventKind::ALL {
+        assert!(
+            docs.contains(&format!("### `{}`", kind.as_str())),
+            "docs/events.md lacks a section for `{}`",
+            kind.as_str()
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_open_reader_neither_blocks_the_writer_nor_sees_later_commits() {
+    let (_dir, path) = temp_db();
+    let sink = SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap();
+    let id = ExecutionId::new();
+    sink.append_all(id, vec![started(), context()])
+        .await
+        .unwrap();
+    let reader =
+        rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let count = |conn: &rusqlite::Connection| -> i64 {
+        conn.query_row("SELECT COUNT(*) FROM events", [], |row| row.get(0))
+            .unwrap()
+    };
+    reader.execute_batch("BEGIN").unwrap();
+    assert_eq!(count(&reader), 2);
+    // The writer commits a whole run (and a checkpoint) while the read transaction is open.
+    for (i, event) in full_log().into_iter().enumerate() {
+        assert_eq!(sink.append(id, event).await.unwrap(), i as u64 + 3);
+    }
+    sink.write_checkpoint(id, 2, serde_json::json!({}))
+        .await
+        .unwrap();
+    assert_eq!(count(&reader), 2, "the reader's snapshot does not move");
+    reader.execute_batch("COMMIT").unwrap();
+    assert_eq!(count(&reader), 10);
+}
+
+#[test]
+fn a_long_log_replays_the_same_on_two_threads() {
+    let mut events = vec![
+        started(),
+        context(),
+        transition(TaskStatus::Assigned, TaskStatus::InProgress),
+    ];
+    for n in 1..=1000 {
+        events.extend([
+            model_called(n),
+            tool_started(n, &format!("c{n}")),
+            tool_finished(n, &format!("c{n}")),
+            message(n - 1, Message::user(format!("turn {n}"))),
+            turn(n),
+        ]);
+    }
+    events.push(finish(TerminationReason::Completed));
+    let mut rows = stored(&events);
+    assert!(rows.len() > 4096, "long enough for the parallel path");
+    let whole = replay("x", &rows);
+    assert_eq!(
+        (whole.score, whole.total_turns, whole.messages.len()),
+        (100, 1000, 1000)
+    );
+    assert!(whole.gaps.is_empty(), "{:?}", whole.gaps);
+    rows[4500].payload = rows[4500].payload.replace("turn", "tvrn");
+    let tampered = replay("x", &rows);
+    assert_eq!(tampered.gaps[0].kind, GapKind::BrokenChain);
+    assert!(
+        tampered.gaps[0]
+            .detail
+            .starts_with("hash chain broken at sequence 4501"),
+        "{}",
+        tampered.gaps[0].detail
+    );
+
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).unwrap();
+    let id = ExecutionId::new();
+    store.append(&id, &events, &Redactor::new()).unwrap();
+    let streamed = store.replay(&id).unwrap();
+    assert_eq!(
+        streamed,
+        replay(&id.to_string(), &store.events(&id).unwrap())
+    );
+    assert_eq!(
+        (streamed.score, streamed.events),
+        (100, events.len() as u64)
+    );
 }

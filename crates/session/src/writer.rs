@@ -1,119 +1,318 @@
-//! The single writer: one thread owns the write connection and commits whatever appends
-//! have queued up in one transaction (group commit). Each append returns after the
-//! transaction holding it has committed.
+//! The single writer: one thread owns the write connection and commits whatever writes
+//! have queued up in one transaction (group commit). Each call returns after the
+//! transaction holding it has committed, so an append is durable when it returns; many
+//! executions appending at once share one fsync per batch.
+//!
+//! Callers encode and redact on their own threads; the writer only assigns sequence
+//! numbers, hashes and inserts. Reads go to a separate read-only connection, so a slow
+//! `recall` search never delays an append.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use nerve_core::{Event, EventSink, ExecutionId, Redactor, SinkError};
+use nerve_core::event::Compaction;
+use nerve_core::{BlockId, Event, EventSink, ExecutionId, Redactor, SinkError};
 use tokio::sync::oneshot;
 
 use crate::SessionError;
-use crate::store::{EncodedEvent, Store};
+use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock};
+use crate::chain::ChainError;
+use crate::encode::{Write, Written, encode_blocks, encode_checkpoint, encode_event};
+use crate::event_store::EventStore;
+use crate::replay::Replay;
+use crate::store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint, StoredEvent};
 
-/// The most appends committed in one transaction.
-const MAX_BATCH: usize = 512;
+/// The most rows committed in one transaction. Large enough that a burst of appends from
+/// many executions shares few fsyncs; small enough that one transaction stays short.
+const MAX_BATCH: usize = 1024;
+/// A batch stops gathering when no append arrived for this long: the burst is over.
+const ARRIVAL_GAP: Duration = Duration::from_micros(100);
+/// The longest a batch waits for company, whatever the last commit cost.
+const MAX_GATHER: Duration = Duration::from_millis(2);
+/// Rows committed between two requests to the checkpointer.
+const CHECKPOINT_EVERY_ROWS: usize = 400;
 
 struct Job {
-    event: EncodedEvent,
-    reply: oneshot::Sender<Result<u64, String>>,
-}
-
-/// The SQLite-backed [`EventSink`]. Cheap to share behind an `Arc`; concurrent executions
-/// in one process share its writer.
-#[derive(Debug)]
-pub struct SqliteSink {
-    jobs: mpsc::Sender<Job>,
-    redactor: Arc<Redactor>,
+    write: Write,
+    reply: oneshot::Sender<Result<Written, String>>,
 }
 
 impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Job").field("kind", &self.event.kind).finish_non_exhaustive()
+        f.debug_struct("Job")
+            .field("execution_id", &self.write.execution_id)
+            .finish_non_exhaustive()
     }
+}
+
+/// The SQLite-backed [`EventSink`] and [`EventStore`]. Cheap to share behind an `Arc`;
+/// concurrent executions in one process share its writer.
+#[derive(Debug)]
+pub struct SqliteSink {
+    jobs: mpsc::Sender<Job>,
+    redactor: Arc<Redactor>,
+    reader: Arc<Mutex<Store>>,
 }
 
 impl SqliteSink {
-    /// Opens the log at `path` and starts the writer thread. Every payload passes through
-    /// `redactor` before it is written.
+    /// Opens the log at `path` and starts the writer thread. Every payload, snapshot and
+    /// archived message passes through `redactor` before it is written.
     pub fn open(path: &Path, redactor: Arc<Redactor>) -> Result<Self, SessionError> {
         let store = Store::open(path)?;
+        let reader = Store::open_read_only(path)?;
+        // Checkpoints run on their own thread and connection: on the writer, every few
+        // hundred commits one append would wait for megabytes of copying and two fsyncs.
+        let checkpointer = Store::open(path)?;
+        store.disable_auto_checkpoint()?;
+        let (pokes, poked) = mpsc::sync_channel::<()>(1);
+        thread::Builder::new()
+            .name("nerve-log-checkpoint".into())
+            .spawn(move || run_checkpointer(&checkpointer, &poked))
+            .map_err(|_| SessionError::WriterGone)?;
         let (jobs, queue) = mpsc::channel::<Job>();
         thread::Builder::new()
             .name("nerve-log-writer".into())
-            .spawn(move || run_writer(store, &queue))
+            .spawn(move || run_writer(store, &queue, &pokes))
             .map_err(|_| SessionError::WriterGone)?;
-        Ok(Self { jobs, redactor })
+        Ok(Self {
+            jobs,
+            redactor,
+            reader: Arc::new(Mutex::new(reader)),
+        })
     }
 
-    /// Serialises and redacts `event` the way the writer stores it.
-    fn encode(&self, execution: ExecutionId, event: &Event) -> Result<EncodedEvent, SessionError> {
-        let mut value = serde_json::to_value(event)?;
-        redact_strings(&mut value, &self.redactor);
-        Ok(EncodedEvent {
-            execution_id: execution.to_string(),
-            kind: event.kind().as_str(),
-            version: nerve_core::event::EVENT_VERSION,
-            payload: value.to_string(),
+    /// Hands `write` to the writer and waits for its commit.
+    async fn submit(&self, write: Write) -> Result<Written, SessionError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job { write, reply })
+            .map_err(|_| SessionError::WriterGone)?;
+        match answer.await {
+            Ok(Ok(written)) => Ok(written),
+            Ok(Err(message)) => Err(SessionError::Write(message)),
+            Err(_) => Err(SessionError::WriterGone),
+        }
+    }
+
+    /// Runs a read on the read-only connection, off the async threads.
+    async fn read<T, F>(&self, read: F) -> Result<T, SessionError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Store) -> Result<T, SessionError> + Send + 'static,
+    {
+        let reader = Arc::clone(&self.reader);
+        tokio::task::spawn_blocking(move || {
+            // A panic while reading leaves no half-done state behind: reads only.
+            let store = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            read(&store)
         })
+        .await
+        .map_err(|_| SessionError::ReaderGone)?
     }
 }
 
-fn run_writer(mut store: Store, queue: &mpsc::Receiver<Job>) {
+/// Checkpoints whenever the writer asks, until the writer is gone.
+fn run_checkpointer(store: &Store, poked: &mpsc::Receiver<()>) {
+    while poked.recv().is_ok() {
+        if let Err(error) = store.checkpoint() {
+            // The WAL only grows until the next try; appends are not affected.
+            tracing::warn!(%error, "event log checkpoint failed");
+        }
+    }
+}
+
+fn run_writer(mut store: Store, queue: &mpsc::Receiver<Job>, checkpoint: &mpsc::SyncSender<()>) {
+    // How the previous batch went: with company, the next one waits a moment for it.
+    let (mut last_jobs, mut last_commit) = (0usize, Duration::ZERO);
+    // Rows committed since the checkpointer was last asked to run.
+    let mut unchecked = 0usize;
     while let Ok(first) = queue.recv() {
+        let gathering_since = Instant::now();
+        let mut weight = first.write.weight();
         let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH {
+        while weight < MAX_BATCH {
             match queue.try_recv() {
-                Ok(job) => jobs.push(job),
+                Ok(job) => {
+                    weight += job.write.weight();
+                    jobs.push(job);
+                }
                 Err(_) => break,
             }
         }
-        let batch: Vec<EncodedEvent> = jobs.iter().map(|job| job.event.clone()).collect();
-        match store.append_batch(&batch) {
-            Ok(seqs) => {
-                for (job, seq) in jobs.into_iter().zip(seqs) {
-                    let _ = job.reply.send(Ok(seq));
+        // Group commit proper. Appenders woken by the last commit are still producing
+        // their next event; committing the moment the first arrives would pay a whole
+        // fsync for a handful of them. So when the last batch had company, keep taking
+        // jobs while they keep coming (no pause longer than `ARRIVAL_GAP`), for at most
+        // half as long as the last commit took. A lone appender never waits.
+        if last_jobs > 1 {
+            let deadline = gathering_since + (last_commit / 2).min(MAX_GATHER);
+            while weight < MAX_BATCH {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                match queue.recv_timeout(left.min(ARRIVAL_GAP)) {
+                    Ok(job) => {
+                        weight += job.write.weight();
+                        jobs.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        last_jobs = jobs.len();
+        let committing_since = Instant::now();
+        let writes: Vec<&Write> = jobs.iter().map(|job| &job.write).collect();
+        let outcome = store.apply(&writes);
+        last_commit = committing_since.elapsed();
+        // About SQLite's default of 1,000 WAL pages: a few pages per row.
+        unchecked += weight;
+        if unchecked >= CHECKPOINT_EVERY_ROWS {
+            // Full: it is still busy with the previous request, which will cover this one.
+            let _ = checkpoint.try_send(());
+            unchecked = 0;
+        }
+        match outcome {
+            Ok(written) => {
+                for (job, written) in jobs.into_iter().zip(written) {
+                    let _ = job.reply.send(Ok(written));
                 }
             }
             Err(error) => {
-                let message = error.to_string();
-                tracing::error!(%message, events = jobs.len(), "event log append failed");
+                // One bad write must not fail every execution that shared its batch: retry
+                // each on its own (the failed transaction wrote nothing, and the heads it
+                // touched were dropped from the cache, so they are re-read).
+                tracing::warn!(%error, writes = jobs.len(), "event log batch failed; retrying writes one by one");
                 for job in jobs {
-                    let _ = job.reply.send(Err(message.clone()));
+                    let result = store.apply_one(&job.write).map_err(|e| e.to_string());
+                    if let Err(message) = &result {
+                        tracing::error!(%message, "event log write failed");
+                    }
+                    let _ = job.reply.send(result);
                 }
             }
         }
-    }
-}
-
-/// Replaces secrets in every string of `value` (object keys stay as they are: they are
-/// ours, not data).
-fn redact_strings(value: &mut serde_json::Value, redactor: &Redactor) {
-    match value {
-        serde_json::Value::String(text) => {
-            if let std::borrow::Cow::Owned(redacted) = redactor.redact(text) {
-                *text = redacted;
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(|item| redact_strings(item, redactor)),
-        serde_json::Value::Object(map) => map.values_mut().for_each(|item| redact_strings(item, redactor)),
-        serde_json::Value::Null | serde_json::Value::Bool(_) | serde_json::Value::Number(_) => {}
     }
 }
 
 #[async_trait]
 impl EventSink for SqliteSink {
     async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        let event = self.encode(execution, &event).map_err(|e| SinkError(e.to_string()))?;
-        let (reply, answer) = oneshot::channel();
-        self.jobs.send(Job { event, reply }).map_err(|_| SinkError(SessionError::WriterGone.to_string()))?;
-        match answer.await {
-            Ok(Ok(seq)) => Ok(seq),
-            Ok(Err(message)) => Err(SinkError(message)),
-            Err(_) => Err(SinkError(SessionError::WriterGone.to_string())),
-        }
+        let event = encode_event(&event, &self.redactor)
+            .map_err(|e| SinkError(SessionError::Encode(e).to_string()))?;
+        let written = self
+            .submit(Write::events(execution.to_string(), vec![event]))
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
+        written
+            .seqs
+            .first()
+            .copied()
+            .ok_or_else(|| SinkError("the writer returned no sequence number".into()))
+    }
+}
+
+#[async_trait]
+impl EventStore for SqliteSink {
+    async fn append_all(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+    ) -> Result<Vec<u64>, SessionError> {
+        let encoded = events
+            .iter()
+            .map(|e| encode_event(e, &self.redactor))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(self
+            .submit(Write::events(execution.to_string(), encoded))
+            .await?
+            .seqs)
+    }
+
+    async fn write_checkpoint(
+        &self,
+        execution: ExecutionId,
+        turn: u32,
+        snapshot: serde_json::Value,
+    ) -> Result<u64, SessionError> {
+        let write = encode_checkpoint(execution.to_string(), turn, &snapshot, &self.redactor)?;
+        Ok(self.submit(write).await?.head)
+    }
+
+    async fn put_blocks(
+        &self,
+        execution: ExecutionId,
+        blocks: Vec<NewBlock>,
+    ) -> Result<u64, SessionError> {
+        let write = encode_blocks(execution.to_string(), &blocks, None, &self.redactor)?;
+        Ok(self.submit(write).await?.head)
+    }
+
+    async fn compact(
+        &self,
+        execution: ExecutionId,
+        blocks: Vec<NewBlock>,
+        compaction: Compaction,
+    ) -> Result<u64, SessionError> {
+        let event = Event::Compaction(compaction);
+        let write = encode_blocks(execution.to_string(), &blocks, Some(&event), &self.redactor)?;
+        Ok(self.submit(write).await?.head)
+    }
+
+    async fn events(&self, execution: ExecutionId) -> Result<Vec<StoredEvent>, SessionError> {
+        self.read(move |store| store.events(&execution)).await
+    }
+
+    async fn replay(&self, execution: ExecutionId) -> Result<Replay, SessionError> {
+        self.read(move |store| store.replay(&execution)).await
+    }
+
+    async fn verify(
+        &self,
+        execution: ExecutionId,
+    ) -> Result<Result<u64, ChainError>, SessionError> {
+        self.read(move |store| store.verify(&execution)).await
+    }
+
+    async fn executions(&self) -> Result<Vec<ExecutionSummary>, SessionError> {
+        self.read(Store::executions).await
+    }
+
+    async fn execution(&self, execution: ExecutionId) -> Result<ExecutionSummary, SessionError> {
+        self.read(move |store| store.execution(&execution)).await
+    }
+
+    async fn latest_checkpoint(
+        &self,
+        execution: ExecutionId,
+    ) -> Result<Option<StoredCheckpoint>, SessionError> {
+        self.read(move |store| store.latest_checkpoint(&execution))
+            .await
+    }
+
+    async fn resume_point(&self, execution: ExecutionId) -> Result<ResumePoint, SessionError> {
+        self.read(move |store| store.resume_point(&execution)).await
+    }
+
+    async fn archive_block(
+        &self,
+        execution: ExecutionId,
+        block: BlockId,
+    ) -> Result<Option<ArchiveBlock>, SessionError> {
+        self.read(move |store| store.archive_block(&execution, &block))
+            .await
+    }
+
+    async fn search_archive(
+        &self,
+        execution: ExecutionId,
+        query: String,
+        limit: usize,
+    ) -> Result<Vec<ArchiveHit>, SessionError> {
+        self.read(move |store| store.search_archive(&execution, &query, limit))
+            .await
     }
 }

@@ -1,0 +1,640 @@
+//! HTTP plumbing both API clients share: a reqwest client on rustls with the *ring*
+//! provider, timeouts, and the mapping of every way a call can fail (status codes,
+//! Retry-After, error bodies, broken connections) onto [`ProviderError`].
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, HeaderValue};
+
+use crate::provider::{ProviderError, kind};
+use crate::stream::ByteSource;
+
+/// Timeouts and transport choices of a provider's HTTP client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// Establishing the TCP and TLS connection.
+    pub connect_timeout: Duration,
+    /// A whole non-streaming call, answer included. Streams are bounded by `idle_timeout`
+    /// instead, so a long answer that keeps flowing is never cut.
+    pub request_timeout: Duration,
+    /// The longest silence while waiting for response bytes (headers or body).
+    pub idle_timeout: Duration,
+    /// Honour `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` from the environment.
+    pub proxy_from_env: bool,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(600),
+            // Reasoning models can think for minutes before their first byte.
+            idle_timeout: Duration::from_secs(300),
+            proxy_from_env: true,
+        }
+    }
+}
+
+/// A provider client that cannot be built. Returned by the constructors; not retryable:
+/// the configuration must change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// TLS could not be set up, e.g. no usable root certificates on this machine.
+    #[error("cannot set up TLS: {0}")]
+    Tls(String),
+    /// The HTTP client could not be built (an invalid header value, a bad proxy variable).
+    #[error("cannot build the HTTP client: {0}")]
+    Http(String),
+    /// The base URL is not an absolute `http` or `https` URL.
+    #[error("invalid base URL `{url}`: {reason}")]
+    BaseUrl { url: String, reason: String },
+    /// A setting is out of range (e.g. a thinking budget not below the output limit).
+    #[error("invalid provider configuration: {0}")]
+    Config(String),
+}
+
+/// Error bodies are read up to this size; the rest is not worth holding.
+const ERROR_BODY_LIMIT: usize = 64 << 10;
+/// A whole (non-streamed) answer larger than this is refused.
+pub(crate) const RESPONSE_BODY_LIMIT: usize = 64 << 20;
+/// Error messages shown to the user and the log are cut to this many characters.
+const MESSAGE_LIMIT: usize = 400;
+
+#[derive(Debug, Clone)]
+pub(crate) struct HttpClient {
+    client: reqwest::Client,
+    request_timeout: Duration,
+}
+
+impl HttpClient {
+    pub(crate) fn new(config: &HttpConfig) -> Result<Self, ClientError> {
+        let crypto = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(crypto)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ClientError::Tls(e.to_string()))?;
+        let tls = rustls_platform_verifier::BuilderVerifierExt::with_platform_verifier(tls)
+            .map_err(|e| ClientError::Tls(e.to_string()))?
+            .with_no_client_auth();
+        let mut builder = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .user_agent(concat!("nerve/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(config.connect_timeout)
+            .read_timeout(config.idle_timeout)
+            // Never follow a redirect: it could carry the API key to another host.
+            .redirect(reqwest::redirect::Policy::none());
+        if !config.proxy_from_env {
+            builder = builder.no_proxy();
+        }
+        let client = builder.build().map_err(|e| ClientError::Http(chain(&e)))?;
+        Ok(Self {
+            client,
+            request_timeout: config.request_timeout,
+        })
+    }
+
+    /// POSTs a JSON body. Any non-2xx status becomes the matching [`ProviderError`].
+    pub(crate) async fn post(
+        &self,
+        url: &str,
+        headers: HeaderMap,
+        body: Vec<u8>,
+        streaming: bool,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let mut request = self
+            .client
+            .post(url)
+            .headers(headers)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )
+            .body(body);
+        if streaming {
+            request = request.header(
+                reqwest::header::ACCEPT,
+                HeaderValue::from_static("text/event-stream"),
+            );
+        } else {
+            request = request.timeout(self.request_timeout);
+        }
+        let response = request.send().await.map_err(send_error)?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let wait = retry_after(response.headers(), SystemTime::now());
+        let body = read_limited(response, ERROR_BODY_LIMIT)
+            .await
+            .unwrap_or_default();
+        Err(error_from_status(status.as_u16(), wait, &body))
+    }
+}
+
+/// Whether a response is a whole JSON document: what a server that ignores `stream: true`
+/// sends instead of an event stream.
+pub(crate) fn is_json(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"))
+}
+
+/// Reads a whole body, refusing one over [`RESPONSE_BODY_LIMIT`] bytes.
+pub(crate) async fn read_body(response: reqwest::Response) -> Result<Vec<u8>, ProviderError> {
+    let mut response = response;
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(body_error)? {
+        if body.len() + chunk.len() > RESPONSE_BODY_LIMIT {
+            return Err(ProviderError::permanent(
+                kind::INVALID_RESPONSE,
+                format!("the response is larger than {RESPONSE_BODY_LIMIT} bytes"),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// Reads at most `limit` bytes of a body, for error messages.
+async fn read_limited(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit.saturating_sub(body.len());
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= limit {
+            break;
+        }
+    }
+    Ok(body)
+}
+
+/// A streaming response body as a [`ByteSource`].
+#[derive(Debug)]
+pub(crate) struct ResponseSource(pub(crate) reqwest::Response);
+
+#[async_trait]
+impl ByteSource for ResponseSource {
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ProviderError> {
+        self.0.chunk().await.map_err(body_error)
+    }
+}
+
+/// `reqwest::Error` displays only its outermost layer; the cause (reset, refused, timed
+/// out) is in the sources.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// A request that produced no response.
+fn send_error(error: reqwest::Error) -> ProviderError {
+    let message = chain(&error);
+    if error.is_timeout() {
+        ProviderError::transient(kind::TIMEOUT, message)
+    } else if error.is_builder() || error.is_redirect() {
+        ProviderError::permanent(kind::BAD_REQUEST, message)
+    } else {
+        ProviderError::transient(kind::CONNECTION, message)
+    }
+}
+
+/// A body that broke off while being read.
+fn body_error(error: reqwest::Error) -> ProviderError {
+    let message = chain(&error);
+    if error.is_timeout() {
+        ProviderError::transient(
+            kind::TIMEOUT,
+            format!("no data from the server in time: {message}"),
+        )
+    } else {
+        ProviderError::transient(
+            kind::TRUNCATED_STREAM,
+            format!("the response broke off: {message}"),
+        )
+    }
+}
+
+/// How long the server asked us to wait: `retry-after-ms` (OpenAI), else `retry-after` as
+/// seconds or as an HTTP date.
+pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && let Ok(wait) = Duration::try_from_secs_f64(ms / 1000.0)
+    {
+        return Some(wait);
+    }
+    let value = text("retry-after")?;
+    if let Ok(seconds) = value.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).ok();
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// What an error body says, across the dialects: OpenAI and vLLM
+/// (`{"error":{"message","type","code"}}`), Anthropic (`{"type":"error","error":{...}}`),
+/// llama.cpp (`{"error":{"code":400,"message","type"}}`), Ollama (`{"error":"..."}`).
+#[derive(Debug, Default)]
+pub(crate) struct ErrorDetails {
+    /// `type` and `code`, lowercased.
+    hints: Vec<String>,
+    pub(crate) message: String,
+    /// A numeric `code` that looks like an HTTP status (llama.cpp puts one in its errors).
+    status: Option<u16>,
+}
+
+impl ErrorDetails {
+    pub(crate) fn parse(body: &[u8]) -> Self {
+        match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(value) => Self::from_json(&value),
+            Err(_) => Self {
+                message: shorten(String::from_utf8_lossy(body).trim()),
+                ..Self::default()
+            },
+        }
+    }
+
+    /// From a parsed error body, or the `error` member of a stream event.
+    pub(crate) fn from_json(value: &serde_json::Value) -> Self {
+        let error = value.get("error").unwrap_or(value);
+        let mut details = Self::default();
+        if let Some(text) = error.as_str() {
+            details.message = shorten(text);
+            return details;
+        }
+        for key in ["type", "code", "status"] {
+            match error.get(key) {
+                Some(serde_json::Value::String(hint)) => details.hints.push(hint.to_lowercase()),
+                Some(serde_json::Value::Number(number)) => {
+                    details.status = number
+                        .as_u64()
+                        .and_then(|n| u16::try_from(n).ok())
+                        .filter(|n| (400..600).contains(n));
+                }
+                _ => {}
+            }
+        }
+        let message = error
+            .get("message")
+            .or_else(|| value.get("message"))
+            .and_then(serde_json::Value::as_str);
+        details.message = shorten(
+            message
+                .map_or_else(|| error.to_string(), str::to_owned)
+                .trim(),
+        );
+        details
+    }
+
+    fn mentions(&self, needles: &[&str]) -> bool {
+        let message = self.message.to_lowercase();
+        needles
+            .iter()
+            .any(|needle| message.contains(needle) || self.hints.iter().any(|h| h.contains(needle)))
+    }
+
+    fn is_context_overflow(&self) -> bool {
+        self.mentions(&[
+            "context_length",
+            "context length",
+            "context window",
+            "maximum context",
+            "context size",
+            "exceed_context",
+            "prompt is too long",
+            "prompt too long",
+            "too many tokens",
+            "input is too long",
+            "reduce the length",
+            "token limit",
+        ])
+    }
+
+    fn is_content_filter(&self) -> bool {
+        self.mentions(&[
+            "content_filter",
+            "content_policy",
+            "content management policy",
+        ])
+    }
+
+    fn is_quota(&self) -> bool {
+        self.mentions(&["insufficient_quota", "billing", "credit balance"])
+    }
+}
+
+fn shorten(text: &str) -> String {
+    match text.char_indices().nth(MESSAGE_LIMIT) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+/// Maps a non-2xx status (and what its body says) onto a [`ProviderError`].
+pub(crate) fn error_from_status(
+    status: u16,
+    retry_after: Option<Duration>,
+    body: &[u8],
+) -> ProviderError {
+    let details = ErrorDetails::parse(body);
+    let message = if details.message.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {}", details.message)
+    };
+    let transient = |kind| ProviderError::Transient {
+        kind,
+        message: message.clone(),
+        retry_after,
+    };
+    match status {
+        429 if details.is_quota() => ProviderError::permanent(kind::QUOTA, message),
+        429 => transient(kind::RATE_LIMITED),
+        408 => transient(kind::TIMEOUT),
+        503 | 529 => transient(kind::OVERLOADED),
+        500..=599 => transient(kind::SERVER_ERROR),
+        401 | 403 => ProviderError::permanent(kind::AUTH, message),
+        413 => ProviderError::ContextOverflow(message),
+        400..=499 if details.is_context_overflow() => ProviderError::ContextOverflow(message),
+        400..=499 if details.is_content_filter() => {
+            ProviderError::permanent(kind::CONTENT_FILTER, message)
+        }
+        404 => ProviderError::permanent(kind::NOT_FOUND, message),
+        _ => ProviderError::permanent(kind::BAD_REQUEST, message),
+    }
+}
+
+/// Maps an error the server reported inside a 200 response (a stream's error event, or an
+/// `error` member in a body) onto a [`ProviderError`].
+pub(crate) fn error_from_event(value: &serde_json::Value) -> ProviderError {
+    let details = ErrorDetails::from_json(value);
+    if let Some(status) = details.status {
+        return error_from_status(status, None, value.to_string().as_bytes());
+    }
+    let message = if details.message.is_empty() {
+        "the server reported an error".to_owned()
+    } else {
+        details.message.clone()
+    };
+    if details.is_context_overflow() {
+        ProviderError::ContextOverflow(message)
+    } else if details.mentions(&["rate_limit", "rate limit"]) {
+        ProviderError::transient(kind::RATE_LIMITED, message)
+    } else if details.mentions(&["overloaded"]) {
+        ProviderError::transient(kind::OVERLOADED, message)
+    } else if details.mentions(&["authentication", "permission", "invalid_api_key"]) {
+        ProviderError::permanent(kind::AUTH, message)
+    } else if details.is_content_filter() {
+        ProviderError::permanent(kind::CONTENT_FILTER, message)
+    } else if details.mentions(&["invalid_request"]) {
+        ProviderError::permanent(kind::BAD_REQUEST, message)
+    } else {
+        ProviderError::transient(kind::SERVER_ERROR, message)
+    }
+}
+
+/// Checks a base URL and strips its trailing slashes.
+pub(crate) fn base_url(url: &str) -> Result<String, ClientError> {
+    let trimmed = url.trim().trim_end_matches('/');
+    let fail = |reason: &str| ClientError::BaseUrl {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let rest = trimmed
+        .strip_prefix("https://")
+        .or_else(|| trimmed.strip_prefix("http://"))
+        .ok_or_else(|| fail("it must start with http:// or https://"))?;
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(fail("it has no host"));
+    }
+    if trimmed.contains(['?', '#']) {
+        return Err(fail("it must not carry a query or a fragment"));
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// A header value holding a secret: marked sensitive so that no layer prints it.
+pub(crate) fn secret_header(value: &str) -> Result<HeaderValue, ClientError> {
+    let mut header = HeaderValue::from_str(value).map_err(|_| {
+        ClientError::Config("the API key contains characters not allowed in an HTTP header".into())
+    })?;
+    header.set_sensitive(true);
+    Ok(header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_status(status: u16, body: &str, retry: Option<u64>, expected: &str) {
+        let error = error_from_status(status, retry.map(Duration::from_secs), body.as_bytes());
+        let retry_text = match &error {
+            ProviderError::Transient {
+                retry_after: Some(after),
+                ..
+            } => format!(" after {}s", after.as_secs()),
+            ProviderError::Transient { .. }
+            | ProviderError::ContextOverflow(_)
+            | ProviderError::Permanent { .. } => String::new(),
+        };
+        assert_eq!(
+            format!("{error}{retry_text}"),
+            expected,
+            "status {status} body {body}"
+        );
+    }
+
+    #[test]
+    fn statuses_map_to_error_kinds() {
+        check_status(
+            429,
+            r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#,
+            Some(2),
+            "rate_limited: HTTP 429: Rate limit reached after 2s",
+        );
+        check_status(
+            429,
+            r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota"}}"#,
+            None,
+            "quota: HTTP 429: You exceeded your current quota",
+        );
+        check_status(
+            529,
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            None,
+            "overloaded: HTTP 529: Overloaded",
+        );
+        check_status(
+            503,
+            "upstream unavailable",
+            Some(1),
+            "overloaded: HTTP 503: upstream unavailable after 1s",
+        );
+        check_status(500, "", None, "server_error: HTTP 500");
+        check_status(
+            502,
+            "<html>bad gateway</html>",
+            None,
+            "server_error: HTTP 502: <html>bad gateway</html>",
+        );
+        check_status(408, "", None, "timeout: HTTP 408");
+        check_status(
+            401,
+            r#"{"error":{"message":"Incorrect API key provided","code":"invalid_api_key"}}"#,
+            None,
+            "auth: HTTP 401: Incorrect API key provided",
+        );
+        check_status(
+            403,
+            r#"{"type":"error","error":{"type":"permission_error","message":"no"}}"#,
+            None,
+            "auth: HTTP 403: no",
+        );
+        check_status(
+            400,
+            r#"{"error":{"message":"This model's maximum context length is 8192 tokens.","code":"context_length_exceeded"}}"#,
+            None,
+            "context_overflow: HTTP 400: This model's maximum context length is 8192 tokens.",
+        );
+        check_status(
+            400,
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#,
+            None,
+            "context_overflow: HTTP 400: prompt is too long: 208310 tokens > 200000 maximum",
+        );
+        check_status(
+            400,
+            r#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
+            None,
+            "context_overflow: HTTP 400: the request exceeds the available context size",
+        );
+        check_status(
+            413,
+            r#"{"type":"error","error":{"type":"request_too_large","message":"Request exceeds the maximum size"}}"#,
+            None,
+            "context_overflow: HTTP 413: Request exceeds the maximum size",
+        );
+        check_status(
+            400,
+            r#"{"error":{"message":"flagged","code":"content_filter"}}"#,
+            None,
+            "content_filter: HTTP 400: flagged",
+        );
+        check_status(
+            404,
+            r#"{"error":"model 'llama9' not found"}"#,
+            None,
+            "not_found: HTTP 404: model 'llama9' not found",
+        );
+        check_status(
+            422,
+            r#"{"detail":"bad"}"#,
+            None,
+            r#"bad_request: HTTP 422: {"detail":"bad"}"#,
+        );
+        check_status(302, "", None, "bad_request: HTTP 302");
+    }
+
+    #[test]
+    fn errors_inside_a_stream_are_classified() {
+        let check = |value: serde_json::Value, expected: &str| {
+            assert_eq!(error_from_event(&value).to_string(), expected)
+        };
+        check(
+            serde_json::json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}),
+            "overloaded: Overloaded",
+        );
+        check(
+            serde_json::json!({"error":{"message":"The server had an error","type":"server_error"}}),
+            "server_error: The server had an error",
+        );
+        check(
+            serde_json::json!({"error":{"type":"rate_limit_error","message":"slow down"}}),
+            "rate_limited: slow down",
+        );
+        check(
+            serde_json::json!({"error":{"code":500,"message":"llama crashed"}}),
+            "server_error: HTTP 500: llama crashed",
+        );
+        check(
+            serde_json::json!({"error":{"type":"invalid_request_error","message":"bad tool"}}),
+            "bad_request: bad tool",
+        );
+        check(
+            serde_json::json!({"error":{"type":"invalid_request_error","message":"prompt is too long"}}),
+            "context_overflow: prompt is too long",
+        );
+    }
+
+    #[test]
+    fn retry_after_in_all_its_forms() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
+        let check = |pairs: &[(&'static str, &'static str)], expected: Option<Duration>| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(*name, HeaderValue::from_static(value));
+            }
+            assert_eq!(retry_after(&headers, now), expected, "{pairs:?}");
+        };
+        check(&[("retry-after", "7")], Some(Duration::from_secs(7)));
+        check(&[("retry-after", "1.5")], Some(Duration::from_millis(1500)));
+        check(
+            &[("retry-after", "Wed, 21 Oct 2015 07:28:30 GMT")],
+            Some(Duration::from_secs(30)),
+        );
+        check(
+            &[("retry-after", "Wed, 21 Oct 2015 07:00:00 GMT")],
+            Some(Duration::ZERO),
+        );
+        check(
+            &[("retry-after-ms", "250"), ("retry-after", "9")],
+            Some(Duration::from_millis(250)),
+        );
+        check(&[("retry-after", "soon")], None);
+        check(&[("retry-after", "-3")], None);
+        check(&[], None);
+    }
+
+    #[test]
+    fn base_urls_are_checked() {
+        assert_eq!(
+            base_url("https://api.openai.com/v1/").unwrap(),
+            "https://api.openai.com/v1"
+        );
+        assert_eq!(
+            base_url("http://127.0.0.1:8080").unwrap(),
+            "http://127.0.0.1:8080"
+        );
+        assert!(base_url("api.openai.com").is_err());
+        assert!(base_url("https://").is_err());
+        assert!(base_url("https://x/v1?key=1").is_err());
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        let long = "é".repeat(1000);
+        let error = error_from_status(500, None, long.as_bytes());
+        assert!(error.to_string().chars().count() < MESSAGE_LIMIT + 40);
+    }
+}

@@ -1,0 +1,58 @@
+//! In-memory fakes of the core ports, for the loops' unit tests.
+
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use nerve_core::{
+    Event, EventSink, ExecutionId, SinkError, ToolCall, ToolDefinition, ToolError, ToolExecutor,
+    ToolOutput,
+};
+
+/// Records every event in memory.
+#[derive(Debug, Default)]
+pub(crate) struct MemorySink {
+    pub(crate) events: Mutex<Vec<Event>>,
+}
+
+impl MemorySink {
+    pub(crate) fn kinds(&self) -> Vec<&'static str> {
+        self.events.lock().unwrap().iter().map(|e| e.kind().as_str()).collect()
+    }
+
+    pub(crate) fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl EventSink for MemorySink {
+    async fn append(&self, _execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
+        let mut events = self.events.lock().unwrap();
+        events.push(event);
+        Ok(events.len() as u64)
+    }
+}
+
+/// A tool executor whose every call echoes its arguments; `fail` makes calls error results.
+#[derive(Debug, Default)]
+pub(crate) struct EchoTools {
+    pub(crate) fail: bool,
+    pub(crate) calls: Mutex<Vec<ToolCall>>,
+}
+
+#[async_trait]
+impl ToolExecutor for EchoTools {
+    fn definitions(&self) -> Vec<ToolDefinition> {
+        vec![ToolDefinition {
+            name: "shell".into(),
+            description: "echo".into(),
+            parameters: serde_json::json!({"type": "object"}),
+        }]
+    }
+
+    async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
+        self.calls.lock().unwrap().push(call.clone());
+        let text = call.arguments.to_string();
+        Ok(if self.fail { ToolOutput::error(text) } else { ToolOutput::ok(text) })
+    }
+}

@@ -1,0 +1,1138 @@
+//! Wire tests of the provider clients against an in-process HTTP/1.1 server on 127.0.0.1
+//! that speaks the real formats: whole JSON answers, server-sent event streams delivered in
+//! pieces cut at awkward places (inside a UTF-8 character, inside a `data:` line), error
+//! statuses, connections that break mid-stream or never answer. Request bodies are insta
+//! snapshots (`cargo insta review`, or `INSTA_UPDATE=always cargo test -p nerve-brain`).
+//!
+//! The last section runs the engine: a scripted rate limit and a real 429 are retried and
+//! logged, and tool arguments that are not JSON reach the model as an error result.
+
+// The helpers below are test code too; a failed set-up should panic loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nerve_brain::anthropic::REDACTED_THINKING;
+use nerve_brain::retry::RetryPolicy;
+use nerve_brain::{
+    AgentEngine, AnthropicConfig, AnthropicProvider, Delta, EngineConfig, FinishReason, HttpConfig,
+    ModelRequest, ModelResponse, ModelStream, OpenAiConfig, OpenAiProvider, Provider,
+    ProviderError, ScriptedProvider, StreamChunk, Task,
+};
+use nerve_core::event::CallPurpose;
+use nerve_core::{
+    Event, EventSink, ExecutionId, Message, MessagePart, MessageRole, SinkError, TaskId,
+    TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId, ToolDefinition, ToolError,
+    ToolExecutor, ToolOutput, ToolResult,
+};
+use secrecy::SecretString;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+// ---------------------------------------------------------------------------------------
+// The in-process server.
+
+/// One scripted HTTP response.
+#[derive(Clone)]
+enum Reply {
+    /// A whole body with a status and extra headers.
+    Whole {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: String,
+    },
+    /// `200 text/event-stream`, chunked, one write per piece; `abort` drops the connection
+    /// before the final chunk.
+    Stream { pieces: Vec<Vec<u8>>, abort: bool },
+    /// Reads the request and never answers.
+    Hang,
+}
+
+fn json(status: u16, body: serde_json::Value) -> Reply {
+    Reply::Whole {
+        status,
+        headers: Vec::new(),
+        body: body.to_string(),
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Recorded {
+    path: String,
+    headers: HashMap<String, String>,
+    body: serde_json::Value,
+}
+
+struct TestServer {
+    url: String,
+    recorded: Arc<Mutex<Vec<Recorded>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TestServer {
+    /// Serves `replies` in order, one connection each, then stops listening.
+    async fn start(replies: Vec<Reply>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let recorded = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&recorded);
+        let task = tokio::spawn(async move {
+            for reply in replies {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                socket.set_nodelay(true).unwrap();
+                let request = read_request(&mut socket).await;
+                log.lock().unwrap().push(request);
+                write_reply(socket, reply).await;
+            }
+        });
+        Self {
+            url,
+            recorded,
+            task,
+        }
+    }
+
+    fn requests(&self) -> Vec<Recorded> {
+        self.recorded.lock().unwrap().clone()
+    }
+}
+
+async fn read_request(socket: &mut TcpStream) -> Recorded {
+    let mut buffer = Vec::new();
+    let head_end = loop {
+        let mut chunk = [0_u8; 4096];
+        let n = socket.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the client closed before sending a request");
+        buffer.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+    };
+    let head = String::from_utf8(buffer[..head_end].to_vec()).unwrap();
+    let mut lines = head.lines();
+    let request_line = lines.next().unwrap().to_owned();
+    let path = request_line.split(' ').nth(1).unwrap().to_owned();
+    let headers: HashMap<String, String> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    let length: usize = headers
+        .get("content-length")
+        .map_or(0, |l| l.parse().unwrap());
+    let mut body = buffer[head_end..].to_vec();
+    while body.len() < length {
+        let mut chunk = [0_u8; 4096];
+        let n = socket.read(&mut chunk).await.unwrap();
+        body.extend_from_slice(&chunk[..n]);
+    }
+    assert!(request_line.starts_with("POST "), "{request_line}");
+    Recorded {
+        path,
+        headers,
+        body: serde_json::from_slice(&body).unwrap(),
+    }
+}
+
+async fn write_reply(mut socket: TcpStream, reply: Reply) {
+    match reply {
+        Reply::Whole {
+            status,
+            headers,
+            body,
+        } => {
+            let mut head = format!(
+                "HTTP/1.1 {status} Scripted\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+                body.len()
+            );
+            for (name, value) in headers {
+                head.push_str(&format!("{name}: {value}\r\n"));
+            }
+            head.push_str("\r\n");
+            socket.write_all(head.as_bytes()).await.unwrap();
+            socket.write_all(body.as_bytes()).await.unwrap();
+            socket.shutdown().await.ok();
+        }
+        Reply::Stream { pieces, abort } => {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+            socket.write_all(head.as_bytes()).await.unwrap();
+            for piece in pieces {
+                let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+                chunk.extend_from_slice(&piece);
+                chunk.extend_from_slice(b"\r\n");
+                if socket.write_all(&chunk).await.is_err() {
+                    return;
+                }
+                socket.flush().await.ok();
+                // Give the client a chance to read each piece on its own.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if abort {
+                drop(socket);
+                return;
+            }
+            socket.write_all(b"0\r\n\r\n").await.ok();
+            socket.shutdown().await.ok();
+        }
+        Reply::Hang => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    }
+}
+
+/// Cuts `text` into pieces of 1 to 11 bytes, always inside the first multi-byte character
+/// and inside the first `data:` field name (the text must have both).
+fn awkward(text: &str) -> Vec<Vec<u8>> {
+    let bytes = text.as_bytes();
+    let wide = text
+        .char_indices()
+        .find(|(_, c)| c.len_utf8() > 1)
+        .expect("a multi-byte character")
+        .0;
+    let data = text.find("data:").expect("a data line");
+    let mut cuts = vec![wide + 1, data + 2];
+    let mut at = 0;
+    for size in [1, 5, 2, 11, 3, 7, 4].iter().cycle() {
+        at += size;
+        if at >= bytes.len() {
+            break;
+        }
+        cuts.push(at);
+    }
+    cuts.push(bytes.len());
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut start = 0;
+    cuts.into_iter()
+        .map(|end| {
+            let piece = bytes[start..end].to_vec();
+            start = end;
+            piece
+        })
+        .collect()
+}
+
+fn sse(events: &[serde_json::Value]) -> String {
+    events.iter().map(|e| format!("data: {e}\n\n")).collect()
+}
+
+fn named_sse(events: &[serde_json::Value]) -> String {
+    events
+        .iter()
+        .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+        .collect()
+}
+
+fn http() -> HttpConfig {
+    HttpConfig {
+        proxy_from_env: false,
+        ..HttpConfig::default()
+    }
+}
+
+fn openai(server: &TestServer) -> OpenAiProvider {
+    let mut config = OpenAiConfig::new("gpt-4o");
+    config.base_url = format!("{}/v1", server.url);
+    config.api_key = Some(SecretString::from("sk-test-0123456789"));
+    config.http = http();
+    OpenAiProvider::new(config).unwrap()
+}
+
+fn anthropic(server: &TestServer) -> AnthropicProvider {
+    let mut config = AnthropicConfig::new("claude-sonnet-4-5");
+    config.base_url = server.url.clone();
+    config.api_key = Some(SecretString::from("sk-ant-test-0123456789"));
+    config.max_output_tokens = 4_096;
+    config.http = http();
+    AnthropicProvider::new(config).unwrap()
+}
+
+fn tools() -> Vec<ToolDefinition> {
+    vec![
+        ToolDefinition {
+            name: "shell".into(),
+            description: "Run a shell command in the workspace.".into(),
+            parameters: serde_json::json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+        },
+        ToolDefinition {
+            name: "read_file".into(),
+            description: "Read a file.".into(),
+            parameters: serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        },
+    ]
+}
+
+/// A conversation with every kind of part: system, pinned task, thinking with a signature,
+/// redacted thinking, text, a tool call, its result (an error), and a follow-up.
+fn conversation() -> Vec<Message> {
+    vec![
+        Message::system("You are Nerve."),
+        Message::user("Make the failing test pass.").pinned(),
+        Message {
+            role: MessageRole::Assistant,
+            parts: vec![
+                MessagePart::Thinking {
+                    text: "Run the tests first.".into(),
+                    signature: Some("EqQBCgIYAhIM".into()),
+                },
+                MessagePart::Thinking {
+                    text: "opaque-data".into(),
+                    signature: Some(REDACTED_THINKING.into()),
+                },
+                MessagePart::Text {
+                    text: "Running the tests.".into(),
+                },
+                MessagePart::ToolCall(ToolCall {
+                    id: ToolCallId("call_1".into()),
+                    name: "shell".into(),
+                    arguments: serde_json::json!({"command": "cargo test"}),
+                }),
+            ],
+            pinned: false,
+        },
+        Message::tool_result(ToolResult {
+            call_id: ToolCallId("call_1".into()),
+            name: "shell".into(),
+            content: "test result: FAILED. 1 passed; 1 failed".into(),
+            is_error: true,
+        }),
+    ]
+}
+
+fn request<'a>(messages: &'a [Message], tools: &'a [ToolDefinition]) -> ModelRequest<'a> {
+    ModelRequest {
+        messages,
+        tools,
+        purpose: CallPurpose::Agent,
+    }
+}
+
+/// Drains a stream, checking that exactly one terminal chunk ends it.
+async fn drain(mut stream: ModelStream) -> (Vec<Delta>, Result<ModelResponse, ProviderError>) {
+    let mut deltas = Vec::new();
+    let mut end = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            StreamChunk::Delta(delta) => {
+                assert!(end.is_none(), "a delta after the terminal chunk");
+                deltas.push(delta);
+            }
+            StreamChunk::End(result) => {
+                assert!(end.is_none(), "a second terminal chunk");
+                end = Some(result);
+            }
+        }
+    }
+    assert!(stream.next().await.is_none());
+    (deltas, end.expect("no terminal chunk"))
+}
+
+fn text_of(deltas: &[Delta]) -> String {
+    deltas
+        .iter()
+        .filter_map(|d| match d {
+            Delta::Text(text) => Some(text.as_str()),
+            Delta::Thinking(_) | Delta::ToolCallStart { .. } | Delta::ToolCallArguments { .. } => {
+                None
+            }
+        })
+        .collect()
+}
+
+fn calls(response: &ModelResponse) -> Vec<(String, String, serde_json::Value)> {
+    response
+        .message
+        .tool_calls()
+        .map(|c| (c.id.0.clone(), c.name.clone(), c.arguments.clone()))
+        .collect()
+}
+
+fn transient(error: &ProviderError) -> (&'static str, Option<Duration>) {
+    match error {
+        ProviderError::Transient {
+            kind, retry_after, ..
+        } => (kind, *retry_after),
+        ProviderError::ContextOverflow(_) | ProviderError::Permanent { .. } => {
+            panic!("not transient: {error}")
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// OpenAI-compatible Chat Completions.
+
+#[tokio::test]
+async fn openai_plain_answer() {
+    let server = TestServer::start(vec![json(
+        200,
+        serde_json::json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o-2024-08-06",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Fixed — all tests pass ✓", "refusal": null},
+                         "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1200, "completion_tokens": 9, "total_tokens": 1209,
+                      "prompt_tokens_details": {"cached_tokens": 1024}, "completion_tokens_details": {"reasoning_tokens": 0}},
+            "system_fingerprint": "fp_1"
+        }),
+    )])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let response = openai(&server)
+        .complete(request(&messages, &tools))
+        .await
+        .unwrap();
+    assert_eq!(response.message.text_content(), "Fixed — all tests pass ✓");
+    assert_eq!(response.finish, FinishReason::Stop);
+    assert_eq!(
+        response.usage,
+        TokenUsage {
+            cache_read_tokens: 1024,
+            ..TokenUsage::new(1200, 9)
+        }
+    );
+    let sent = &server.requests()[0];
+    assert_eq!(sent.path, "/v1/chat/completions");
+    assert_eq!(sent.headers["authorization"], "Bearer sk-test-0123456789");
+    insta::assert_json_snapshot!("openai_request", sent.body);
+}
+
+#[tokio::test]
+async fn openai_parallel_tool_calls() {
+    let server = TestServer::start(vec![json(
+        200,
+        serde_json::json!({
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "shell", "arguments": "{\"command\":\"ls\"}"}},
+                {"id": "call_b", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"Cargo.toml\"}"}}
+            ]}}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 30}
+        }),
+    )])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let response = openai(&server)
+        .complete(request(&messages, &tools))
+        .await
+        .unwrap();
+    assert_eq!(response.finish, FinishReason::ToolCalls);
+    assert_eq!(
+        calls(&response),
+        vec![
+            (
+                "call_a".into(),
+                "shell".into(),
+                serde_json::json!({"command": "ls"})
+            ),
+            (
+                "call_b".into(),
+                "read_file".into(),
+                serde_json::json!({"path": "Cargo.toml"})
+            ),
+        ]
+    );
+}
+
+fn chunk(delta: serde_json::Value, finish: Option<&str>) -> serde_json::Value {
+    serde_json::json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+}
+
+fn openai_tool_stream() -> String {
+    let mut text = sse(&[
+        chunk(
+            serde_json::json!({"role": "assistant", "content": "", "refusal": null}),
+            None,
+        ),
+        chunk(serde_json::json!({"content": "Checking — "}), None),
+        chunk(serde_json::json!({"content": "both ✓"}), None),
+        chunk(
+            serde_json::json!({"tool_calls": [{"index": 0, "id": "call_A", "type": "function", "function": {"name": "shell", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(
+            serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"comm"}}]}),
+            None,
+        ),
+        chunk(
+            serde_json::json!({"tool_calls": [{"index": 1, "id": "call_B", "type": "function", "function": {"name": "read_file", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(
+            serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "and\": \"ls ✓\"}"}}]}),
+            None,
+        ),
+        chunk(
+            serde_json::json!({"tool_calls": [{"index": 1, "function": {"arguments": "{\"path\": \"é.txt\"}"}}]}),
+            None,
+        ),
+        chunk(serde_json::json!({}), Some("tool_calls")),
+        serde_json::json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70, "prompt_tokens_details": {"cached_tokens": 0}}}),
+    ]);
+    text.push_str("data: [DONE]\n\n");
+    text
+}
+
+#[tokio::test]
+async fn openai_streamed_tool_call_deltas_split_awkwardly() {
+    let text = openai_tool_stream();
+    let server = TestServer::start(vec![Reply::Stream {
+        pieces: awkward(&text),
+        abort: false,
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let (deltas, end) = drain(openai(&server).stream(request(&messages, &tools)).await).await;
+    let response = end.unwrap();
+    assert_eq!(text_of(&deltas), "Checking — both ✓");
+    assert_eq!(response.message.text_content(), "Checking — both ✓");
+    assert_eq!(
+        calls(&response),
+        vec![
+            (
+                "call_A".into(),
+                "shell".into(),
+                serde_json::json!({"command": "ls ✓"})
+            ),
+            (
+                "call_B".into(),
+                "read_file".into(),
+                serde_json::json!({"path": "é.txt"})
+            ),
+        ]
+    );
+    assert!(deltas.contains(&Delta::ToolCallStart {
+        index: 1,
+        id: "call_B".into(),
+        name: "read_file".into()
+    }));
+    assert!(deltas.contains(&Delta::ToolCallArguments {
+        index: 0,
+        fragment: "{\"comm".into()
+    }));
+    assert_eq!(response.finish, FinishReason::ToolCalls);
+    assert_eq!(response.usage, TokenUsage::new(50, 20));
+    let sent = &server.requests()[0];
+    assert_eq!(sent.headers["accept"], "text/event-stream");
+    insta::assert_json_snapshot!("openai_stream_request", sent.body);
+}
+
+/// How vLLM, llama.cpp and Ollama differ: reasoning fields, no ids, arguments in one
+/// piece, `stop` for tool calls, no usage, text that looks like a tool call.
+#[tokio::test]
+async fn openai_local_server_quirks() {
+    let text = sse(&[
+        chunk(
+            serde_json::json!({"role": "assistant", "reasoning_content": "The user wants "}),
+            None,
+        ),
+        chunk(serde_json::json!({"reasoning": "a listing — ✓."}), None),
+        chunk(
+            serde_json::json!({"content": "<tool_call>{\"name\": \"shell\"}</tool_call>"}),
+            None,
+        ),
+        chunk(
+            serde_json::json!({"tool_calls": [{"index": 0, "function": {"name": "shell", "arguments": "{\"command\": \"ls\"}"}}]}),
+            None,
+        ),
+        chunk(
+            serde_json::json!({"tool_calls": [{"index": 1, "function": {"name": "list_dir", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(serde_json::json!({}), Some("stop")),
+    ]);
+    let server = TestServer::start(vec![Reply::Stream {
+        pieces: awkward(&text),
+        abort: false,
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let (_, end) = drain(openai(&server).stream(request(&messages, &tools)).await).await;
+    let response = end.unwrap();
+    assert_eq!(response.finish, FinishReason::ToolCalls);
+    assert_eq!(
+        response.message.parts[0],
+        MessagePart::Thinking {
+            text: "The user wants a listing — ✓.".into(),
+            signature: None
+        }
+    );
+    assert_eq!(
+        response.message.text_content(),
+        "<tool_call>{\"name\": \"shell\"}</tool_call>"
+    );
+    let calls = calls(&response);
+    assert_eq!(calls.len(), 2, "the text is not a third call");
+    assert!(calls.iter().all(|(id, _, _)| id.starts_with("call_")));
+    assert_ne!(calls[0].0, calls[1].0);
+    assert_eq!(calls[1].2, serde_json::json!({}));
+    assert!(
+        response.usage.input_tokens > 0 && response.usage.output_tokens > 0,
+        "estimated: {:?}",
+        response.usage
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_ignores_stream_true_still_answers() {
+    let whole = serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "whole ✓"}}]});
+    let anthropic_whole = serde_json::json!({"content": [{"type": "text", "text": "whole ✓"}], "stop_reason": "end_turn"});
+    let server = TestServer::start(vec![json(200, whole), json(200, anthropic_whole)]).await;
+    let (messages, tools) = (conversation(), tools());
+    let (deltas, end) = drain(openai(&server).stream(request(&messages, &tools)).await).await;
+    assert_eq!(text_of(&deltas), "whole ✓");
+    assert_eq!(end.unwrap().message.text_content(), "whole ✓");
+    let (deltas, end) = drain(anthropic(&server).stream(request(&messages, &tools)).await).await;
+    assert_eq!(text_of(&deltas), "whole ✓");
+    assert_eq!(end.unwrap().finish, FinishReason::Stop);
+}
+
+#[tokio::test]
+async fn openai_bad_input_from_the_model_never_crashes() {
+    let mut text = String::from("data: this is not json\n\n: a comment\n\n");
+    text.push_str(&sse(&[
+        serde_json::json!({"choices": []}),
+        serde_json::json!({"choices": null}),
+        chunk(serde_json::json!({"tool_calls": [{"index": 0, "id": "call_X", "function": {"name": "shell", "arguments": "{\"command\": ls -la ✓"}}]}), None),
+        chunk(serde_json::json!({}), Some("a_reason_from_the_future")),
+    ]));
+    text.push_str("data: [DONE]\n\n");
+    let server = TestServer::start(vec![
+        Reply::Stream {
+            pieces: awkward(&text),
+            abort: false,
+        },
+        json(200, serde_json::json!({"choices": []})),
+    ])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let provider = openai(&server);
+    let (_, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    let response = end.unwrap();
+    assert_eq!(response.finish, FinishReason::ToolCalls);
+    assert_eq!(
+        calls(&response),
+        vec![(
+            "call_X".into(),
+            "shell".into(),
+            serde_json::json!("{\"command\": ls -la ✓")
+        )]
+    );
+    // No choices at all: an empty answer, not a failure.
+    let empty = provider.complete(request(&messages, &tools)).await.unwrap();
+    assert!(empty.message.parts.is_empty());
+    assert_eq!(empty.finish, FinishReason::Stop);
+}
+
+#[tokio::test]
+async fn openai_rate_limits_and_server_errors() {
+    let server = TestServer::start(vec![
+        Reply::Whole {
+            status: 429,
+            headers: vec![("retry-after", "2".into())],
+            body: serde_json::json!({"error": {"message": "Rate limit reached for gpt-4o", "type": "requests", "code": "rate_limit_exceeded"}}).to_string(),
+        },
+        Reply::Whole { status: 429, headers: vec![("retry-after-ms", "150".into()), ("retry-after", "1".into())], body: "{}".into() },
+        Reply::Whole { status: 429, headers: vec![("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT".into())], body: "{}".into() },
+        json(500, serde_json::json!({"error": {"message": "The server had an error while processing your request.", "type": "server_error"}})),
+        json(401, serde_json::json!({"error": {"message": "Incorrect API key provided: sk-test***", "type": "invalid_request_error", "code": "invalid_api_key"}})),
+        json(400, serde_json::json!({"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens.", "type": "invalid_request_error", "code": "context_length_exceeded"}})),
+        json(429, serde_json::json!({"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota"}})),
+    ])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let provider = openai(&server);
+    let call = || provider.complete(request(&messages, &tools));
+    let error = call().await.unwrap_err();
+    assert_eq!(
+        transient(&error),
+        ("rate_limited", Some(Duration::from_secs(2)))
+    );
+    assert_eq!(
+        error.to_string(),
+        "rate_limited: HTTP 429: Rate limit reached for gpt-4o"
+    );
+    assert_eq!(
+        transient(&call().await.unwrap_err()),
+        ("rate_limited", Some(Duration::from_millis(150)))
+    );
+    assert_eq!(
+        transient(&call().await.unwrap_err()),
+        ("rate_limited", Some(Duration::ZERO)),
+        "a date in the past"
+    );
+    assert_eq!(
+        transient(&call().await.unwrap_err()),
+        ("server_error", None)
+    );
+    assert_eq!(call().await.unwrap_err().kind(), "auth");
+    assert!(matches!(
+        call().await.unwrap_err(),
+        ProviderError::ContextOverflow(_)
+    ));
+    assert_eq!(call().await.unwrap_err().kind(), "quota");
+}
+
+#[tokio::test]
+async fn openai_stream_errors_end_with_one_terminal_chunk() {
+    let text = openai_tool_stream();
+    let (both, check) = (text.find("both").unwrap(), text.find('✓').unwrap() + 1);
+    let mut broken = awkward(&text[..both]);
+    broken.push(text.as_bytes()[both..check].to_vec()); // Ends inside `✓`.
+    let server = TestServer::start(vec![
+        // The connection drops mid-stream, inside a character.
+        Reply::Stream { pieces: broken, abort: true },
+        // The body ends cleanly but without a finish reason or [DONE].
+        Reply::Stream { pieces: vec![sse(&[chunk(serde_json::json!({"content": "partial"}), None)]).into_bytes()], abort: false },
+        // An error event in the middle of the stream.
+        Reply::Stream {
+            pieces: vec![sse(&[
+                chunk(serde_json::json!({"content": "partial"}), None),
+                serde_json::json!({"error": {"message": "The server had an error", "type": "server_error"}}),
+            ])
+            .into_bytes()],
+            abort: false,
+        },
+        // A 429 before the stream starts.
+        Reply::Whole { status: 429, headers: vec![("retry-after", "3".into())], body: "{}".into() },
+    ])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let provider = openai(&server);
+    let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert_eq!(
+        text_of(&deltas),
+        "Checking — ",
+        "what arrived before the break was delivered"
+    );
+    assert_eq!(transient(&end.unwrap_err()).0, "truncated_stream");
+    let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert_eq!(text_of(&deltas), "partial");
+    assert_eq!(transient(&end.unwrap_err()).0, "truncated_stream");
+    let (_, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert_eq!(transient(&end.unwrap_err()).0, "server_error");
+    let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert!(deltas.is_empty());
+    assert_eq!(
+        transient(&end.unwrap_err()),
+        ("rate_limited", Some(Duration::from_secs(3)))
+    );
+}
+
+#[tokio::test]
+async fn unreachable_and_silent_servers_are_transient() {
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed = format!("http://{}", free.local_addr().unwrap());
+    drop(free);
+    let mut config = OpenAiConfig::new("gpt-4o");
+    config.base_url = format!("{closed}/v1");
+    config.http = http();
+    let (messages, tools) = (conversation(), tools());
+    let refused = OpenAiProvider::new(config)
+        .unwrap()
+        .complete(request(&messages, &tools))
+        .await
+        .unwrap_err();
+    assert_eq!(transient(&refused).0, "connection", "{refused}");
+
+    let server = TestServer::start(vec![Reply::Hang, Reply::Hang]).await;
+    let mut config = AnthropicConfig::new("claude-haiku-4-5");
+    config.base_url = server.url.clone();
+    config.http = HttpConfig {
+        idle_timeout: Duration::from_millis(200),
+        request_timeout: Duration::from_millis(300),
+        ..http()
+    };
+    let provider = AnthropicProvider::new(config).unwrap();
+    let silent = provider
+        .complete(request(&messages, &tools))
+        .await
+        .unwrap_err();
+    assert_eq!(transient(&silent).0, "timeout", "{silent}");
+    let (_, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert_eq!(transient(&end.unwrap_err()).0, "timeout");
+}
+
+// ---------------------------------------------------------------------------------------
+// Anthropic Messages.
+
+#[tokio::test]
+async fn anthropic_plain_answer() {
+    let server = TestServer::start(vec![json(
+        200,
+        serde_json::json!({
+            "id": "msg_01", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5-20250929",
+            "content": [{"type": "text", "text": "Fixed — all tests pass ✓"}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 20, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 1500, "output_tokens": 12}
+        }),
+    )])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let response = anthropic(&server)
+        .complete(request(&messages, &tools))
+        .await
+        .unwrap();
+    assert_eq!(response.message.text_content(), "Fixed — all tests pass ✓");
+    assert_eq!(response.finish, FinishReason::Stop);
+    assert_eq!(
+        response.usage,
+        TokenUsage {
+            input_tokens: 1520,
+            output_tokens: 12,
+            cache_read_tokens: 1500,
+            cache_write_tokens: 0
+        }
+    );
+    let sent = &server.requests()[0];
+    assert_eq!(sent.path, "/v1/messages");
+    assert_eq!(sent.headers["x-api-key"], "sk-ant-test-0123456789");
+    assert_eq!(sent.headers["anthropic-version"], "2023-06-01");
+    assert!(!sent.headers.contains_key("authorization"));
+    insta::assert_json_snapshot!("anthropic_request", sent.body);
+}
+
+#[tokio::test]
+async fn anthropic_parallel_tool_calls() {
+    let server = TestServer::start(vec![json(
+        200,
+        serde_json::json!({
+            "id": "msg_02", "type": "message", "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Two things at once."},
+                {"type": "tool_use", "id": "toolu_01", "name": "shell", "input": {"command": "ls"}},
+                {"type": "tool_use", "id": "toolu_02", "name": "read_file", "input": {"path": "Cargo.toml"}}
+            ],
+            "stop_reason": "tool_use",
+            "usage": {"input_tokens": 100, "output_tokens": 50}
+        }),
+    )])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let response = anthropic(&server)
+        .complete(request(&messages, &tools))
+        .await
+        .unwrap();
+    assert_eq!(response.finish, FinishReason::ToolCalls);
+    assert_eq!(
+        calls(&response),
+        vec![
+            (
+                "toolu_01".into(),
+                "shell".into(),
+                serde_json::json!({"command": "ls"})
+            ),
+            (
+                "toolu_02".into(),
+                "read_file".into(),
+                serde_json::json!({"path": "Cargo.toml"})
+            ),
+        ]
+    );
+}
+
+fn anthropic_stream() -> String {
+    let block_delta = |index: u32, delta: serde_json::Value| serde_json::json!({"type": "content_block_delta", "index": index, "delta": delta});
+    let stop = |index: u32| serde_json::json!({"type": "content_block_stop", "index": index});
+    named_sse(&[
+        serde_json::json!({"type": "message_start", "message": {"id": "msg_03", "type": "message", "role": "assistant",
+            "model": "claude-sonnet-4-5", "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 12, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 2000, "output_tokens": 1}}}),
+        serde_json::json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        block_delta(
+            0,
+            serde_json::json!({"type": "thinking_delta", "thinking": "List first — "}),
+        ),
+        block_delta(
+            0,
+            serde_json::json!({"type": "thinking_delta", "thinking": "then read é."}),
+        ),
+        block_delta(
+            0,
+            serde_json::json!({"type": "signature_delta", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA"}),
+        ),
+        stop(0),
+        serde_json::json!({"type": "ping"}),
+        serde_json::json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
+        block_delta(
+            1,
+            serde_json::json!({"type": "text_delta", "text": "Looking ✓"}),
+        ),
+        stop(1),
+        serde_json::json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_01", "name": "shell", "input": {}}}),
+        block_delta(
+            2,
+            serde_json::json!({"type": "input_json_delta", "partial_json": ""}),
+        ),
+        block_delta(
+            2,
+            serde_json::json!({"type": "input_json_delta", "partial_json": "{\"command\": \"l"}),
+        ),
+        block_delta(
+            2,
+            serde_json::json!({"type": "input_json_delta", "partial_json": "s -la\"}"}),
+        ),
+        stop(2),
+        serde_json::json!({"type": "content_block_start", "index": 3, "content_block": {"type": "tool_use", "id": "toolu_02", "name": "read_file", "input": {}}}),
+        block_delta(
+            3,
+            serde_json::json!({"type": "input_json_delta", "partial_json": "{\"path\":\"é.md\"}"}),
+        ),
+        stop(3),
+        serde_json::json!({"type": "an_event_from_the_future", "index": 9}),
+        serde_json::json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 87}}),
+        serde_json::json!({"type": "message_stop"}),
+    ])
+}
+
+#[tokio::test]
+async fn anthropic_streamed_blocks_split_awkwardly() {
+    let text = anthropic_stream();
+    let server = TestServer::start(vec![Reply::Stream {
+        pieces: awkward(&text),
+        abort: false,
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let (deltas, end) = drain(anthropic(&server).stream(request(&messages, &tools)).await).await;
+    let response = end.unwrap();
+    assert_eq!(
+        response.message.parts[..2],
+        [
+            MessagePart::Thinking {
+                text: "List first — then read é.".into(),
+                signature: Some("EqQBCgIYAhIM1gbcDa9GJwZA".into())
+            },
+            MessagePart::Text {
+                text: "Looking ✓".into()
+            },
+        ]
+    );
+    assert_eq!(
+        calls(&response),
+        vec![
+            (
+                "toolu_01".into(),
+                "shell".into(),
+                serde_json::json!({"command": "ls -la"})
+            ),
+            (
+                "toolu_02".into(),
+                "read_file".into(),
+                serde_json::json!({"path": "é.md"})
+            ),
+        ]
+    );
+    assert_eq!(response.finish, FinishReason::ToolCalls);
+    assert_eq!(
+        response.usage,
+        TokenUsage {
+            input_tokens: 2112,
+            output_tokens: 87,
+            cache_read_tokens: 2000,
+            cache_write_tokens: 100
+        }
+    );
+    assert_eq!(text_of(&deltas), "Looking ✓");
+    assert!(deltas.contains(&Delta::Thinking("then read é.".into())));
+    assert!(deltas.contains(&Delta::ToolCallArguments {
+        index: 0,
+        fragment: "s -la\"}".into()
+    }));
+    let sent = &server.requests()[0];
+    assert_eq!(sent.body["stream"], true);
+    insta::assert_json_snapshot!("anthropic_stream_request", sent.body);
+}
+
+#[tokio::test]
+async fn anthropic_errors_and_broken_streams() {
+    let text = anthropic_stream();
+    let half = text.find("toolu_02").unwrap();
+    let error_event = named_sse(&[
+        serde_json::json!({"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}}),
+        serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    ]);
+    let server = TestServer::start(vec![
+        Reply::Whole {
+            status: 429,
+            headers: vec![("retry-after", "4".into())],
+            body: serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"}}).to_string(),
+        },
+        json(529, serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})),
+        json(500, serde_json::json!({"type": "error", "error": {"type": "api_error", "message": "Internal server error"}})),
+        json(400, serde_json::json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 208310 tokens > 200000 maximum"}})),
+        Reply::Stream { pieces: awkward(&text[..half]), abort: true },
+        Reply::Stream { pieces: vec![error_event.into_bytes()], abort: false },
+        Reply::Stream { pieces: vec![text.as_bytes()[..half].to_vec()], abort: false },
+    ])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let provider = anthropic(&server);
+    let call = || provider.complete(request(&messages, &tools));
+    assert_eq!(
+        transient(&call().await.unwrap_err()),
+        ("rate_limited", Some(Duration::from_secs(4)))
+    );
+    assert_eq!(transient(&call().await.unwrap_err()), ("overloaded", None));
+    assert_eq!(
+        transient(&call().await.unwrap_err()),
+        ("server_error", None)
+    );
+    assert!(matches!(
+        call().await.unwrap_err(),
+        ProviderError::ContextOverflow(_)
+    ));
+    let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert_eq!(
+        text_of(&deltas),
+        "Looking ✓",
+        "deltas before the disconnect were delivered"
+    );
+    assert_eq!(transient(&end.unwrap_err()).0, "truncated_stream");
+    let (_, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert_eq!(transient(&end.unwrap_err()).0, "overloaded");
+    let (_, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert_eq!(
+        transient(&end.unwrap_err()).0,
+        "truncated_stream",
+        "no message_stop"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Through the engine: retries are logged, bad arguments become an error result.
+
+#[derive(Default)]
+struct MemorySink(Mutex<Vec<Event>>);
+
+#[async_trait]
+impl EventSink for MemorySink {
+    async fn append(&self, _: ExecutionId, event: Event) -> Result<u64, SinkError> {
+        let mut events = self.0.lock().unwrap();
+        events.push(event);
+        Ok(events.len() as u64)
+    }
+}
+
+/// A shell tool that reads its arguments the way the real tool layer does.
+struct StrictShell;
+
+#[derive(serde::Deserialize)]
+#[allow(dead_code)] // Read only to validate.
+struct ShellArgs {
+    command: String,
+}
+
+#[async_trait]
+impl ToolExecutor for StrictShell {
+    fn definitions(&self) -> Vec<ToolDefinition> {
+        tools()[..1].to_vec()
+    }
+
+    async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
+        Ok(
+            match serde_json::from_value::<ShellArgs>(call.arguments.clone()) {
+                Ok(_) => ToolOutput::ok("ran"),
+                Err(e) => ToolOutput::error(format!("invalid arguments for `{}`: {e}", call.name)),
+            },
+        )
+    }
+}
+
+async fn run_engine(provider: Arc<dyn Provider>) -> (TerminationReason, Vec<Event>) {
+    let sink = Arc::new(MemorySink::default());
+    let config = EngineConfig {
+        retry: RetryPolicy {
+            base_delay: Duration::from_millis(1),
+            ..RetryPolicy::default()
+        },
+        ..EngineConfig::default()
+    };
+    let engine = AgentEngine::new(
+        provider,
+        Arc::new(StrictShell),
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        config,
+    );
+    let task = Task {
+        id: TaskId::new(),
+        description: "list the files".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/tmp/workspace".into(),
+    };
+    let result = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(result.error, None);
+    let events = sink.0.lock().unwrap().clone();
+    (result.termination_reason, events)
+}
+
+fn retries(events: &[Event]) -> Vec<(String, u64)> {
+    events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Retry(retry) = e {
+                Some((retry.error.clone(), retry.delay_ms))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_scripted_rate_limit_is_retried_and_logged() {
+    let cassette = r#"{"error":"rate_limited","retry_after_ms":50}
+{"tool_calls":[{"name":"shell","arguments":{"command":"ls"}}]}
+{"text":"done"}"#;
+    let provider = Arc::new(ScriptedProvider::parse("retry.jsonl", cassette).unwrap());
+    let (reason, events) = run_engine(provider).await;
+    assert_eq!(reason, TerminationReason::Completed);
+    let retries = retries(&events);
+    assert_eq!(retries.len(), 1);
+    assert_eq!(retries[0].0, "rate_limited");
+    assert!(retries[0].1 >= 50, "Retry-After honoured: {retries:?}");
+}
+
+#[tokio::test]
+async fn a_real_429_is_retried_and_bad_arguments_reach_the_model() {
+    let server = TestServer::start(vec![
+        Reply::Whole { status: 429, headers: vec![("retry-after-ms", "30".into())], body: "{}".into() },
+        json(200, serde_json::json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_bad", "type": "function", "function": {"name": "shell", "arguments": "{\"command\": ls"}}]}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5}})),
+        json(200, serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Sorry, fixed."}}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 3}})),
+    ])
+    .await;
+    let (reason, events) = run_engine(Arc::new(openai(&server))).await;
+    assert_eq!(reason, TerminationReason::Completed);
+    assert_eq!(retries(&events).len(), 1);
+    assert!(retries(&events)[0].1 >= 30);
+    // The third request shows the model its raw arguments and the tool's error.
+    let third = &server.requests()[2].body;
+    let messages = third["messages"].as_array().unwrap();
+    let assistant = messages.iter().find(|m| m["role"] == "assistant").unwrap();
+    assert_eq!(
+        assistant["tool_calls"][0]["function"]["arguments"],
+        "{\"command\": ls"
+    );
+    let result = messages.iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(result["tool_call_id"], "call_bad");
+    let content = result["content"].as_str().unwrap();
+    assert!(
+        content.starts_with("invalid arguments for `shell`: invalid type: string"),
+        "{content}"
+    );
+}

@@ -1,0 +1,582 @@
+//! Event log benchmarks, each beside the anchor it is judged against, measured in the same
+//! run on the same disk (a temporary directory under `$TMPDIR`, default `/tmp`):
+//!
+//! - `append::durable` (one durable append through `SqliteSink`, after 100 or 100,000
+//!   prior events of the same execution) vs `append::fdatasync_overwrite` and
+//!   `append::fdatasync_append` (write the same number of bytes to a plain file and
+//!   `fdatasync` it, over allocated blocks or growing the file);
+//! - `batch::group_commit` (10,240 appends from 50 or 1,024 concurrent appenders through
+//!   one sink) vs `batch::one_transaction` (the same rows inserted in one transaction);
+//! - `replay::store_replay` (replay of a 100,000-event execution from the database) vs
+//!   `replay::raw_scan` (an ordered `SELECT` of the same rows, every column read).
+//!
+//! Run with `cargo xtask bench session` (or `cargo bench -p nerve-session`); see
+//! docs/benchmarks.md for the figures.
+//!
+//! The disk and the cores are shared, and their speed drifts over seconds, so medians of
+//! benchmarks run one after the other can disagree by 10x. After divan's table, a run
+//! without arguments therefore prints a paired report: subject and anchor interleaved round
+//! by round, the ratio taken within each round, and the median of those ratios shown.
+
+use std::io::Write as _;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use divan::{Bencher, black_box};
+use nerve_core::event::{
+    CallPurpose, ContextCreated, MessageAppended, ModelCalled, Started, TaskTransition,
+    ToolCallFinished, ToolCallStarted, TurnCompleted,
+};
+use nerve_core::{
+    Event, EventSink, ExecutionId, LoopType, Message, MessagePart, MessageRole, MicroUsd, Redactor,
+    TaskId, TaskStatus, TokenUsage, ToolCall, ToolResult,
+};
+use nerve_session::{SqliteSink, Store, StoredEvent};
+
+fn main() {
+    divan::main();
+    // Any argument (a filter, an option) asks for something narrower than the full report.
+    if std::env::args().skip(1).all(|arg| arg == "--bench") {
+        paired::report();
+    }
+}
+
+/// Appends per batch benchmark iteration.
+const BATCH: usize = 10_240;
+/// Events in the replayed execution.
+const REPLAYED: usize = 100_000;
+
+fn runtime() -> tokio::runtime::Runtime {
+    #[allow(clippy::expect_used)] // A benchmark without a runtime cannot run at all.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn tempdir() -> tempfile::TempDir {
+    #[allow(clippy::expect_used)]
+    tempfile::tempdir().expect("temporary directory")
+}
+
+fn ok<T, E: std::fmt::Debug>(result: Result<T, E>) -> T {
+    match result {
+        Ok(value) => value,
+        Err(error) => panic!("benchmark setup failed: {error:?}"),
+    }
+}
+
+fn started() -> Event {
+    Event::Started(Started {
+        task_id: TaskId::new(),
+        task: "make the failing test in crates/parser pass".into(),
+        workspace: "/home/me/repo".into(),
+        loop_type: LoopType::React,
+        provider: "script:bench.jsonl".into(),
+        model: "scripted".into(),
+        max_turns: 100_000,
+        config: serde_json::json!({"timeout_secs": null, "context_window": 128_000}),
+    })
+}
+
+/// The events of one realistic turn: the model call, the assistant message with a tool
+/// call, the call's intent and outcome, the tool result message, the turn record.
+fn turn_events(turn: u32, index: u32) -> Vec<Event> {
+    let call = ToolCall {
+        id: format!("call_{turn}").as_str().into(),
+        name: "shell".into(),
+        arguments: serde_json::json!({"command": format!("cargo test -p parser -- case_{turn}")}),
+    };
+    let output = format!(
+        "running 1 test\ntest case_{turn} ... FAILED\n{}\n",
+        "assertion failed: left == right; ".repeat(8)
+    );
+    let result = ToolResult {
+        call_id: call.id.clone(),
+        name: "shell".into(),
+        content: output,
+        is_error: true,
+    };
+    vec![
+        Event::ModelCalled(ModelCalled {
+            turn,
+            purpose: CallPurpose::Agent,
+            outcome: "ok".into(),
+            usage: TokenUsage::new(12_000, 180),
+        }),
+        Event::MessageAppended(MessageAppended {
+            index,
+            message: Message {
+                role: MessageRole::Assistant,
+                parts: vec![
+                    MessagePart::Text {
+                        text: format!("Turn {turn}: running the failing test again."),
+                    },
+                    MessagePart::ToolCall(call.clone()),
+                ],
+                pinned: false,
+            },
+        }),
+        Event::ToolCallStarted(ToolCallStarted { turn, call }),
+        Event::ToolCallFinished(ToolCallFinished {
+            turn,
+            result: result.clone(),
+            duration_ms: 840,
+        }),
+        Event::MessageAppended(MessageAppended {
+            index: index + 1,
+            message: Message::tool_result(result),
+        }),
+        Event::TurnCompleted(TurnCompleted {
+            turn,
+            usage: TokenUsage::new(12_000, 180),
+            cost: MicroUsd(38_700),
+            tool_calls: vec!["shell".into()],
+            finish: "tool_calls".into(),
+            duration_ms: 1_900,
+        }),
+    ]
+}
+
+/// The first `count` events of a long run.
+fn run_events(count: usize) -> Vec<Event> {
+    let mut events = vec![
+        started(),
+        Event::ContextCreated(ContextCreated {
+            context_window: Some(128_000),
+            tools: vec!["shell".into()],
+        }),
+        Event::TaskTransition(TaskTransition {
+            from: TaskStatus::Assigned,
+            to: TaskStatus::InProgress,
+        }),
+        Event::MessageAppended(MessageAppended {
+            index: 0,
+            message: Message::system("You are Nerve."),
+        }),
+    ];
+    let mut turn = 1;
+    while events.len() < count {
+        events.extend(turn_events(turn, 2 * turn - 1));
+        turn += 1;
+    }
+    events.truncate(count);
+    events
+}
+
+/// A database holding one execution with `count` events, written in large transactions.
+fn populated(dir: &Path, count: usize) -> (PathBuf, ExecutionId) {
+    let path = dir.join("log.db");
+    let mut store = ok(Store::open(&path));
+    let id = ExecutionId::new();
+    let redactor = Redactor::new();
+    for chunk in run_events(count).chunks(10_000) {
+        ok(store.append(&id, chunk, &redactor));
+    }
+    (path, id)
+}
+
+/// The event each durable append writes: a tool outcome, the most common large event.
+fn appended_event() -> Event {
+    turn_events(7, 13).swap_remove(3)
+}
+
+/// A sink appending to an execution that already has `prior` events.
+struct AppendFixture {
+    _dir: tempfile::TempDir,
+    sink: SqliteSink,
+    rt: tokio::runtime::Runtime,
+    id: ExecutionId,
+    event: Event,
+}
+
+impl AppendFixture {
+    fn new(prior: usize) -> Self {
+        let dir = tempdir();
+        let (path, id) = populated(dir.path(), prior);
+        let sink = ok(SqliteSink::open(&path, Arc::new(Redactor::new())));
+        Self { _dir: dir, sink, rt: runtime(), id, event: appended_event() }
+    }
+
+    fn append(&self) -> u64 {
+        ok(self.rt.block_on(self.sink.append(self.id, black_box(self.event.clone()))))
+    }
+}
+
+/// A plain file written the way the log would be, without SQLite.
+struct RawFile {
+    _dir: tempfile::TempDir,
+    appended: std::fs::File,
+    overwritten: std::fs::File,
+    record: String,
+    offset: u64,
+}
+
+/// The overwritten file's size: written once, then reused round robin.
+const SPAN: u64 = 4 << 20;
+
+impl RawFile {
+    fn new() -> Self {
+        let dir = tempdir();
+        let appended = ok(std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("appended.log")));
+        let overwritten = ok(std::fs::File::create(dir.path().join("overwritten.log")));
+        ok(overwritten.write_all_at(&vec![0u8; SPAN as usize], 0));
+        ok(overwritten.sync_all());
+        // One stored event as a line of text: the payload, the ids and the two hashes.
+        let payload = ok(serde_json::to_string(&appended_event()));
+        let record =
+            format!("{}\t{}\t{payload}\t{}\t{}\n", ExecutionId::new(), 7, "0".repeat(64), "0".repeat(64));
+        Self { _dir: dir, appended, overwritten, record, offset: 0 }
+    }
+
+    /// Appends the record and makes it durable: the file grows, so `fdatasync` also
+    /// commits its new size.
+    fn append(&mut self) {
+        ok(self.appended.write_all(black_box(self.record.as_bytes())));
+        ok(self.appended.sync_data());
+    }
+
+    /// Writes the record over allocated blocks and makes it durable: no size to commit, as
+    /// SQLite's write-ahead log once it has grown. The cheapest durable write there is.
+    fn overwrite(&mut self) {
+        ok(self.overwritten.write_all_at(black_box(self.record.as_bytes()), self.offset));
+        ok(self.overwritten.sync_data());
+        self.offset = (self.offset + self.record.len() as u64) % (SPAN - self.record.len() as u64);
+    }
+}
+
+/// A fresh, empty log and its sink (the directory goes with it).
+fn fresh_sink() -> (Arc<SqliteSink>, tempfile::TempDir) {
+    let dir = tempdir();
+    let sink = Arc::new(ok(SqliteSink::open(&dir.path().join("log.db"), Arc::new(Redactor::new()))));
+    (sink, dir)
+}
+
+/// 10,240 appends from `appenders` concurrent executions, each awaiting its appends in
+/// order, through one sink; returns how long they took.
+fn group_commit(rt: &tokio::runtime::Runtime, sink: &Arc<SqliteSink>, events: &[Event], appenders: usize) -> Duration {
+    let per = BATCH / appenders;
+    let start = Instant::now();
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..appenders)
+            .map(|_| {
+                let sink = Arc::clone(sink);
+                let events = events[..per].to_vec();
+                tokio::spawn(async move {
+                    let id = ExecutionId::new();
+                    for event in events {
+                        ok(sink.append(id, event).await);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            ok(task.await);
+        }
+    });
+    start.elapsed()
+}
+
+/// The rows of 10,240 appends (50 executions of 204.8 events), already encoded and hashed.
+fn batch_rows() -> Vec<StoredEvent> {
+    let source = tempdir();
+    let (path, id) = populated(source.path(), BATCH / 50);
+    ok(ok(Store::open_read_only(&path)).events(&id))
+}
+
+/// A fresh database with the store's schema, opened with the writer's settings.
+fn fresh_connection() -> (rusqlite::Connection, tempfile::TempDir) {
+    let dir = tempdir();
+    let path = dir.path().join("log.db");
+    drop(ok(Store::open(&path)));
+    let conn = ok(rusqlite::Connection::open(&path));
+    ok(conn.pragma_update(None, "synchronous", "FULL"));
+    ok(conn.pragma_update(None, "cache_size", -16_384));
+    (conn, dir)
+}
+
+/// The anchor: as many rows inserted in one transaction through one prepared statement;
+/// returns how long it took.
+fn one_transaction(conn: &mut rusqlite::Connection, rows: &[StoredEvent]) -> Duration {
+    let ids: Vec<String> = (0..50).map(|_| ExecutionId::new().to_string()).collect();
+    let start = Instant::now();
+    let tx = ok(conn.transaction());
+    {
+        let mut insert = ok(tx.prepare(
+            "INSERT INTO events (execution_id, seq, ts, kind, version, payload, prev_hash, hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        ));
+        for id in &ids {
+            for row in rows {
+                ok(insert.execute(rusqlite::params![
+                    id,
+                    row.seq as i64,
+                    row.ts,
+                    row.kind,
+                    row.version,
+                    row.payload,
+                    row.prev_hash,
+                    row.hash
+                ]));
+            }
+        }
+    }
+    ok(tx.commit());
+    start.elapsed()
+}
+
+/// The anchor of replay: an ordered `SELECT` of the execution's rows, every column read
+/// (text as borrowed, UTF-8 checked strings), nothing decoded.
+fn raw_scan(conn: &rusqlite::Connection, id: &str) -> usize {
+    let mut stmt = ok(conn.prepare_cached(
+        "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash
+         FROM events WHERE execution_id = ?1 AND seq > ?2 ORDER BY seq",
+    ));
+    let mut rows = ok(stmt.query(rusqlite::params![id, 0]));
+    let (mut count, mut bytes) = (0usize, 0usize);
+    while let Some(row) = ok(rows.next()) {
+        for column in [0, 2, 3, 5, 6, 7] {
+            bytes += ok(ok(row.get_ref(column)).as_str()).len();
+        }
+        bytes += ok(row.get::<_, i64>(1)) as usize + ok(row.get::<_, i64>(4)) as usize;
+        count += 1;
+    }
+    assert_eq!(count, REPLAYED);
+    bytes
+}
+
+fn store_replay(store: &Store, id: &ExecutionId) -> u32 {
+    let replayed = ok(store.replay(id));
+    assert_eq!(replayed.events, REPLAYED as u64);
+    replayed.score
+}
+
+mod append {
+    use super::*;
+
+    #[divan::bench(args = [100, 100_000], sample_count = 300)]
+    fn durable(bencher: Bencher, prior: usize) {
+        let fixture = AppendFixture::new(prior);
+        bencher.bench_local(|| fixture.append());
+    }
+
+    #[divan::bench(sample_count = 300)]
+    fn fdatasync_append(bencher: Bencher) {
+        let mut raw = RawFile::new();
+        bencher.bench_local(|| raw.append());
+    }
+
+    #[divan::bench(sample_count = 300)]
+    fn fdatasync_overwrite(bencher: Bencher) {
+        let mut raw = RawFile::new();
+        bencher.bench_local(|| raw.overwrite());
+    }
+}
+
+mod batch {
+    use super::*;
+
+    #[divan::bench(args = [50, 1024], sample_count = 10, sample_size = 1)]
+    fn group_commit(bencher: Bencher, appenders: usize) {
+        let rt = runtime();
+        let events = run_events(BATCH / appenders);
+        bencher
+            .with_inputs(fresh_sink)
+            .bench_local_values(|fresh| (super::group_commit(&rt, &fresh.0, &events, appenders), fresh));
+    }
+
+    #[divan::bench(sample_count = 10, sample_size = 1)]
+    fn one_transaction(bencher: Bencher) {
+        let rows = batch_rows();
+        bencher
+            .with_inputs(fresh_connection)
+            .bench_local_values(|mut fresh| (super::one_transaction(&mut fresh.0, &rows), fresh));
+    }
+}
+
+mod replay {
+    use super::*;
+
+    /// `Store::replay`: rows streamed into replay, chain verified, conversation rebuilt.
+    #[divan::bench(sample_count = 10, sample_size = 1)]
+    fn store_replay(bencher: Bencher) {
+        let dir = tempdir();
+        let (path, id) = populated(dir.path(), REPLAYED);
+        let store = ok(Store::open_read_only(&path));
+        bencher.bench_local(|| super::store_replay(&store, &id));
+    }
+
+    /// `Store::events` then `replay`: what a caller holding the rows pays.
+    #[divan::bench(sample_count = 10, sample_size = 1)]
+    fn events_then_replay(bencher: Bencher) {
+        let dir = tempdir();
+        let (path, id) = populated(dir.path(), REPLAYED);
+        let store = ok(Store::open_read_only(&path));
+        bencher.bench_local(|| {
+            let events = ok(store.events(&id));
+            nerve_session::replay(&id.to_string(), &events).score
+        });
+    }
+
+    #[divan::bench(sample_count = 10, sample_size = 1)]
+    fn raw_scan(bencher: Bencher) {
+        let dir = tempdir();
+        let (path, id) = populated(dir.path(), REPLAYED);
+        let conn = ok(rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY));
+        let id = id.to_string();
+        bencher.bench_local(|| super::raw_scan(&conn, &id));
+    }
+}
+
+/// Subjects and anchors interleaved round by round; the ratio is taken within each round.
+mod paired {
+    use super::*;
+
+    fn median(mut values: Vec<f64>) -> f64 {
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+    }
+
+    /// Mean time of `n` calls.
+    fn time(n: u32, mut f: impl FnMut()) -> Duration {
+        let start = Instant::now();
+        for _ in 0..n {
+            f();
+        }
+        start.elapsed() / n
+    }
+
+    fn line(text: &str) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{text}");
+    }
+
+    fn ms(d: Duration) -> String {
+        format!("{:.3} ms", d.as_secs_f64() * 1e3)
+    }
+
+    pub(super) fn report() {
+        line("\npaired report (median over rounds of the ratio within each round)");
+        append();
+        batch();
+        replay();
+    }
+
+    fn append() {
+        const ROUNDS: usize = 40;
+        const EACH: u32 = 10;
+        let (short, long, mut raw) = (AppendFixture::new(100), AppendFixture::new(100_000), RawFile::new());
+        // The store written directly on this thread: what the writer thread's hop costs.
+        let direct_dir = tempdir();
+        let (direct_path, direct_id) = populated(direct_dir.path(), 100);
+        let mut direct = ok(Store::open(&direct_path));
+        let (redactor, event) = (Redactor::new(), [appended_event()]);
+        let mut rows: Vec<[Duration; 5]> = Vec::new();
+        for round in 0..ROUNDS {
+            let mut times = [Duration::ZERO; 5];
+            // Rotate the order, so no subject always follows the same one.
+            for k in 0..5 {
+                let which = (round + k) % 5;
+                times[which] = match which {
+                    0 => time(EACH, || {
+                        short.append();
+                    }),
+                    1 => time(EACH, || {
+                        long.append();
+                    }),
+                    2 => time(EACH, || raw.overwrite()),
+                    3 => time(EACH, || raw.append()),
+                    _ => time(EACH, || {
+                        ok(direct.append(&direct_id, &event, &redactor));
+                    }),
+                };
+            }
+            rows.push(times);
+        }
+        let ratio = |a: usize, b: usize| median(rows.iter().map(|t| t[a].as_secs_f64() / t[b].as_secs_f64()).collect());
+        let med = |a: usize| Duration::from_secs_f64(median(rows.iter().map(|t| t[a].as_secs_f64()).collect()));
+        line(&format!(
+            "append: durable append {} (100 prior) / {} (100,000 prior); fdatasync overwrite {}, append {}",
+            ms(med(0)),
+            ms(med(1)),
+            ms(med(2)),
+            ms(med(3))
+        ));
+        line(&format!("  durable append / fdatasync overwrite: {:.2}x (target <= 1.5x)", ratio(0, 2)));
+        line(&format!("  durable append / fdatasync append:    {:.2}x", ratio(0, 3)));
+        line(&format!("  100,000 prior / 100 prior:             {:.2}x (flat: ~1.0x)", ratio(1, 0)));
+        line(&format!("  Store::append on the caller's thread / fdatasync overwrite: {:.2}x", ratio(4, 2)));
+    }
+
+    fn batch() {
+        const ROUNDS: usize = 7;
+        let rt = runtime();
+        let events = run_events(BATCH / 50);
+        let rows = batch_rows();
+        let mut ratios = (Vec::new(), Vec::new());
+        let mut times = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let (mut wide, mut narrow, mut anchor) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+            for k in 0..3 {
+                match (round + k) % 3 {
+                    0 => wide = group_commit(&rt, &fresh_sink().0, &events, 1024),
+                    1 => narrow = group_commit(&rt, &fresh_sink().0, &events, 50),
+                    _ => anchor = one_transaction(&mut fresh_connection().0, &rows),
+                }
+            }
+            ratios.0.push(anchor.as_secs_f64() / wide.as_secs_f64());
+            ratios.1.push(anchor.as_secs_f64() / narrow.as_secs_f64());
+            times.0.push(wide.as_secs_f64());
+            times.1.push(narrow.as_secs_f64());
+            times.2.push(anchor.as_secs_f64());
+        }
+        let d = |v: Vec<f64>| ms(Duration::from_secs_f64(median(v)));
+        line(&format!(
+            "batch of 10,240: group commit {} (1,024 appenders) / {} (50 appenders); one transaction {}",
+            d(times.0),
+            d(times.1),
+            d(times.2)
+        ));
+        line(&format!("  throughput vs one transaction, 1,024 appenders: {:.0}% (target >= 50%)", 100.0 * median(ratios.0)));
+        line(&format!("  throughput vs one transaction, 50 appenders:    {:.0}%", 100.0 * median(ratios.1)));
+    }
+
+    fn replay() {
+        const ROUNDS: usize = 9;
+        let dir = tempdir();
+        let (path, id) = populated(dir.path(), REPLAYED);
+        let store = ok(Store::open_read_only(&path));
+        let conn = ok(rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY));
+        let text_id = id.to_string();
+        let (mut ratios, mut ours, mut anchors) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let (mut replay, mut scan) = (Duration::ZERO, Duration::ZERO);
+            for k in 0..2 {
+                if (round + k) % 2 == 0 {
+                    replay = time(1, || {
+                        black_box(store_replay(&store, &id));
+                    });
+                } else {
+                    scan = time(1, || {
+                        black_box(raw_scan(&conn, &text_id));
+                    });
+                }
+            }
+            ratios.push(scan.as_secs_f64() / replay.as_secs_f64());
+            ours.push(replay.as_secs_f64());
+            anchors.push(scan.as_secs_f64());
+        }
+        line(&format!(
+            "replay of 100,000 events: {}; raw ordered scan {}",
+            ms(Duration::from_secs_f64(median(ours))),
+            ms(Duration::from_secs_f64(median(anchors)))
+        ));
+        line(&format!("  replay speed vs raw scan: {:.0}% (target >= 50%)", 100.0 * median(ratios)));
+    }
+}
