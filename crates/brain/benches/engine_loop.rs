@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use divan::{Bencher, black_box};
 use nerve_brain::{AgentEngine, EngineConfig, ScriptedProvider, Task};
 use nerve_core::{
-    Event, EventSink, ExecutionId, SinkError, TaskId, TaskStatus, ToolCall, ToolDefinition, ToolError,
-    ToolExecutor, ToolOutput,
+    Event, EventSink, ExecutionId, SinkError, TaskId, TaskStatus, ToolCall, ToolDefinition,
+    ToolError, ToolExecutor, ToolOutput,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -63,14 +63,26 @@ fn cassette(turns: usize) -> String {
 
 #[divan::bench(args = [10, 100, 1000], sample_count = 10)]
 fn react_run(bencher: Bencher, turns: usize) {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|_| std::process::abort());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|_| std::process::abort());
     let script = cassette(turns);
     bencher
         .counter(divan::counter::ItemsCount::new(turns))
         .with_inputs(|| {
-            let provider = ScriptedProvider::parse("bench", &script).unwrap_or_else(|_| std::process::abort());
-            let config = EngineConfig { max_turns: u32::try_from(turns + 1).unwrap_or(u32::MAX), ..EngineConfig::default() };
-            AgentEngine::new(Arc::new(provider), Arc::new(NoopTool), Arc::new(MemorySink::default()), config)
+            let provider =
+                ScriptedProvider::parse("bench", &script).unwrap_or_else(|_| std::process::abort());
+            let config = EngineConfig {
+                max_turns: u32::try_from(turns + 1).unwrap_or(u32::MAX),
+                ..EngineConfig::default()
+            };
+            AgentEngine::new(
+                Arc::new(provider),
+                Arc::new(NoopTool),
+                Arc::new(MemorySink::default()),
+                config,
+            )
         })
         .bench_local_values(|engine| {
             let task = Task {
@@ -80,7 +92,8 @@ fn react_run(bencher: Bencher, turns: usize) {
                 status: TaskStatus::Created,
                 workspace: "/w".into(),
             };
-            let result = runtime.block_on(engine.run(ExecutionId::new(), task, CancellationToken::new()));
+            let result =
+                runtime.block_on(engine.run(ExecutionId::new(), task, CancellationToken::new()));
             black_box(result.map(|r| r.context.turn_count()).unwrap_or(0))
         });
 }

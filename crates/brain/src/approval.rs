@@ -59,7 +59,10 @@ pub struct ToolPolicy {
 
 impl Default for ToolPolicy {
     fn default() -> Self {
-        Self { rules: Vec::new(), default: PolicyAction::Allow }
+        Self {
+            rules: Vec::new(),
+            default: PolicyAction::Allow,
+        }
     }
 }
 
@@ -73,11 +76,17 @@ impl ToolPolicy {
                     .as_deref()
                     .map(Regex::new)
                     .transpose()
-                    .map_err(|e| PolicyError { rule: rule.describe(), message: e.to_string() })?;
+                    .map_err(|e| PolicyError {
+                        rule: rule.describe(),
+                        message: e.to_string(),
+                    })?;
                 Ok((rule, regex))
             })
             .collect::<Result<Vec<_>, PolicyError>>()?;
-        Ok(Self { rules: compiled, default })
+        Ok(Self {
+            rules: compiled,
+            default,
+        })
     }
 
     /// The action for `call` and the rule that chose it (`default allow` when none matched).
@@ -90,7 +99,16 @@ impl ToolPolicy {
             }
         }
         let action = self.default;
-        (action, PolicyRule { tool: "*".into(), pattern: None, action }.describe().replacen(' ', " default ", 1))
+        (
+            action,
+            PolicyRule {
+                tool: "*".into(),
+                pattern: None,
+                action,
+            }
+            .describe()
+            .replacen(' ', " default ", 1),
+        )
     }
 }
 
@@ -125,7 +143,11 @@ mod tests {
     use super::*;
 
     fn check(policy: &ToolPolicy, name: &str, args: serde_json::Value, expected: PolicyAction) {
-        let call = ToolCall { id: "c".into(), name: name.into(), arguments: args.clone() };
+        let call = ToolCall {
+            id: "c".into(),
+            name: name.into(),
+            arguments: args.clone(),
+        };
         assert_eq!(policy.evaluate(&call).0, expected, "{name} {args}");
     }
 
@@ -133,30 +155,83 @@ mod tests {
     fn first_matching_rule_wins() {
         let policy = ToolPolicy::new(
             vec![
-                PolicyRule { tool: "shell".into(), pattern: Some(r"rm\s+-rf".into()), action: PolicyAction::Deny },
-                PolicyRule { tool: "shell".into(), pattern: Some("git push".into()), action: PolicyAction::Ask },
-                PolicyRule { tool: "write_file".into(), pattern: None, action: PolicyAction::Ask },
-                PolicyRule { tool: "*".into(), pattern: Some("secrets/".into()), action: PolicyAction::Deny },
+                PolicyRule {
+                    tool: "shell".into(),
+                    pattern: Some(r"rm\s+-rf".into()),
+                    action: PolicyAction::Deny,
+                },
+                PolicyRule {
+                    tool: "shell".into(),
+                    pattern: Some("git push".into()),
+                    action: PolicyAction::Ask,
+                },
+                PolicyRule {
+                    tool: "write_file".into(),
+                    pattern: None,
+                    action: PolicyAction::Ask,
+                },
+                PolicyRule {
+                    tool: "*".into(),
+                    pattern: Some("secrets/".into()),
+                    action: PolicyAction::Deny,
+                },
             ],
             PolicyAction::Allow,
         )
         .unwrap();
-        check(&policy, "shell", json!({"command": "rm   -rf /"}), PolicyAction::Deny);
-        check(&policy, "shell", json!({"command": "git push origin"}), PolicyAction::Ask);
-        check(&policy, "shell", json!({"command": "ls"}), PolicyAction::Allow);
-        check(&policy, "write_file", json!({"path": "a", "content": "b"}), PolicyAction::Ask);
-        check(&policy, "read_file", json!({"path": "secrets/key"}), PolicyAction::Deny);
-        let call = ToolCall { id: "c".into(), name: "list_dir".into(), arguments: json!({}) };
+        check(
+            &policy,
+            "shell",
+            json!({"command": "rm   -rf /"}),
+            PolicyAction::Deny,
+        );
+        check(
+            &policy,
+            "shell",
+            json!({"command": "git push origin"}),
+            PolicyAction::Ask,
+        );
+        check(
+            &policy,
+            "shell",
+            json!({"command": "ls"}),
+            PolicyAction::Allow,
+        );
+        check(
+            &policy,
+            "write_file",
+            json!({"path": "a", "content": "b"}),
+            PolicyAction::Ask,
+        );
+        check(
+            &policy,
+            "read_file",
+            json!({"path": "secrets/key"}),
+            PolicyAction::Deny,
+        );
+        let call = ToolCall {
+            id: "c".into(),
+            name: "list_dir".into(),
+            arguments: json!({}),
+        };
         assert_eq!(policy.evaluate(&call).1, "allow default *");
     }
 
     #[test]
     fn a_bad_pattern_is_named() {
         let err = ToolPolicy::new(
-            vec![PolicyRule { tool: "shell".into(), pattern: Some("(".into()), action: PolicyAction::Ask }],
+            vec![PolicyRule {
+                tool: "shell".into(),
+                pattern: Some("(".into()),
+                action: PolicyAction::Ask,
+            }],
             PolicyAction::Allow,
         )
         .unwrap_err();
-        assert!(err.to_string().starts_with("tool policy rule `ask shell /(/`: invalid pattern"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("tool policy rule `ask shell /(/`: invalid pattern"),
+            "{err}"
+        );
     }
 }

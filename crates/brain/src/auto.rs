@@ -16,7 +16,11 @@ pub struct AutoLoopConfig {
 
 impl Default for AutoLoopConfig {
     fn default() -> Self {
-        Self { budget_tight_percent: 80, hybrid_fallback: None, default_loop: LoopType::React }
+        Self {
+            budget_tight_percent: 80,
+            hybrid_fallback: None,
+            default_loop: LoopType::React,
+        }
     }
 }
 
@@ -54,9 +58,21 @@ pub fn select_loop(
 mod tests {
     use super::*;
 
-    fn check(complexity: Option<Complexity>, used: u32, fallback: Option<LoopType>, expected: LoopType) {
-        let config = AutoLoopConfig { hybrid_fallback: fallback, ..AutoLoopConfig::default() };
-        assert_eq!(select_loop(LoopType::Auto, complexity, used, &config), expected, "{complexity:?} {used}% {fallback:?}");
+    fn check(
+        complexity: Option<Complexity>,
+        used: u32,
+        fallback: Option<LoopType>,
+        expected: LoopType,
+    ) {
+        let config = AutoLoopConfig {
+            hybrid_fallback: fallback,
+            ..AutoLoopConfig::default()
+        };
+        assert_eq!(
+            select_loop(LoopType::Auto, complexity, used, &config),
+            expected,
+            "{complexity:?} {used}% {fallback:?}"
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use nerve_core::event::{ContextCreated, Finish, Resumed, Started};
 use nerve_core::{
     Complexity, CredentialKeyError, Event, EventSink, ExecutionId, LoopType, Message, MessagePart,
-    MicroUsd, TaskId, TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId, ToolExecutor,
-    ToolResult, TransitionError, validate_metadata,
+    MicroUsd, TaskId, TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId,
+    ToolExecutor, ToolResult, TransitionError, validate_metadata,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -185,10 +185,22 @@ impl AgentEngine {
         sink: Arc<dyn EventSink>,
         config: EngineConfig,
     ) -> Self {
-        Self { provider, planner: None, tools, sink, approver: Arc::new(Unattended), config }
+        Self {
+            provider,
+            planner: None,
+            tools,
+            sink,
+            approver: Arc::new(Unattended),
+            config,
+        }
     }
 
-    fn new_run(&self, execution_id: ExecutionId, ctx: AgentContext, cancel: CancellationToken) -> Run {
+    fn new_run(
+        &self,
+        execution_id: ExecutionId,
+        ctx: AgentContext,
+        cancel: CancellationToken,
+    ) -> Run {
         Run {
             execution_id,
             provider: Arc::clone(&self.provider),
@@ -238,8 +250,12 @@ impl AgentEngine {
         };
         let mut run = self.new_run(execution_id, ctx, cancel);
         // A fresh run has spent nothing, so only the complexity decides here.
-        run.ctx.loop_type =
-            select_loop(self.config.loop_type, self.config.complexity, run.budget_used_percent(), &self.config.auto);
+        run.ctx.loop_type = select_loop(
+            self.config.loop_type,
+            self.config.complexity,
+            run.budget_used_percent(),
+            &self.config.auto,
+        );
         let outcome = match self.start(&mut run, &task).await {
             Ok(()) => drive(&mut run).await,
             Err(stop) => stop,
@@ -250,7 +266,10 @@ impl AgentEngine {
     async fn start(&self, run: &mut Run, task: &Task) -> Result<(), Stop> {
         let mut recorded = self.config.recorded_config.clone();
         if let Some(map) = recorded.as_object_mut() {
-            map.insert("requested_loop".into(), serde_json::json!(self.config.loop_type));
+            map.insert(
+                "requested_loop".into(),
+                serde_json::json!(self.config.loop_type),
+            );
         }
         run.record(Event::Started(Started {
             task_id: task.id,
@@ -268,12 +287,21 @@ impl AgentEngine {
         }
         run.record(Event::ContextCreated(ContextCreated {
             context_window: self.config.context_window,
-            tools: run.tool_definitions.iter().map(|d| d.name.clone()).collect(),
+            tools: run
+                .tool_definitions
+                .iter()
+                .map(|d| d.name.clone())
+                .collect(),
         }))
         .await?;
-        let profile = self.config.prompt_profile.unwrap_or_else(|| PromptProfile::for_model(self.provider.model()));
-        run.push_message(Message::system(profile.system_prompt())).await?;
-        run.push_message(Message::user(task.description.clone()).pinned()).await?;
+        let profile = self
+            .config
+            .prompt_profile
+            .unwrap_or_else(|| PromptProfile::for_model(self.provider.model()));
+        run.push_message(Message::system(profile.system_prompt()))
+            .await?;
+        run.push_message(Message::user(task.description.clone()).pinned())
+            .await?;
         run.transition(TaskStatus::InProgress).await?;
         Ok(())
     }
@@ -289,7 +317,9 @@ impl AgentEngine {
         cancel: CancellationToken,
     ) -> Result<ExecutionResult, EngineError> {
         if state.messages.is_empty() {
-            return Err(EngineError::NothingToResume("the log holds no conversation".into()));
+            return Err(EngineError::NothingToResume(
+                "the log holds no conversation".into(),
+            ));
         }
         let ctx = AgentContext {
             execution_id,
@@ -353,7 +383,12 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
         .iter()
         .rev()
         .find(|m| m.role == nerve_core::MessageRole::Assistant)
-        .map(|m| m.tool_calls().filter(|call| !answered.contains(&&call.id)).cloned().collect())
+        .map(|m| {
+            m.tool_calls()
+                .filter(|call| !answered.contains(&&call.id))
+                .cloned()
+                .collect()
+        })
         .unwrap_or_default();
     if pending.is_empty() {
         return Ok(());
@@ -374,7 +409,11 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
             continue;
         }
         let (action, _) = run.config.policy.evaluate(call);
-        let decided = state.approvals.iter().find(|(id, _)| *id == call.id).map(|(_, a)| a.clone());
+        let decided = state
+            .approvals
+            .iter()
+            .find(|(id, _)| *id == call.id)
+            .map(|(_, a)| a.clone());
         match (action, decided) {
             (PolicyAction::Ask, Some(approval)) if approval.approved => {
                 react::execute_tool(run, number, call).await?;
@@ -389,14 +428,26 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
             }
         }
     }
-    react::complete_turn(run, number, state.pending_turn_usage, "tool_calls", &pending, started).await
+    react::complete_turn(
+        run,
+        number,
+        state.pending_turn_usage,
+        "tool_calls",
+        &pending,
+        started,
+    )
+    .await
 }
 
 async fn drive(run: &mut Run) -> Stop {
     match run.ctx.loop_type {
         LoopType::React | LoopType::Auto => react::run(run).await,
         LoopType::PlanExecute => {
-            let mode = PlanMode { max_steps: run.config.plan_max_steps, step_turns: None, checkpoints: false };
+            let mode = PlanMode {
+                max_steps: run.config.plan_max_steps,
+                step_turns: None,
+                checkpoints: false,
+            };
             plan::run(run, mode).await
         }
         LoopType::Hybrid => {
@@ -444,7 +495,11 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
         tracing::error!(%sink_error, "could not record the finish event");
         error.get_or_insert_with(|| sink_error.to_string());
     }
-    ExecutionResult { context: run.ctx, termination_reason: outcome.reason, error }
+    ExecutionResult {
+        context: run.ctx,
+        termination_reason: outcome.reason,
+        error,
+    }
 }
 
 #[cfg(test)]
@@ -462,7 +517,12 @@ mod tests {
         sink: Arc<MemorySink>,
     }
 
-    async fn run_with(cassette: &str, config: EngineConfig, metadata: serde_json::Value, cancel: bool) -> Outcome {
+    async fn run_with(
+        cassette: &str,
+        config: EngineConfig,
+        metadata: serde_json::Value,
+        cancel: bool,
+    ) -> Outcome {
         let sink = Arc::new(MemorySink::default());
         let engine = AgentEngine::new(
             Arc::new(ScriptedProvider::parse("test", cassette).unwrap()),
@@ -485,7 +545,12 @@ mod tests {
         Outcome { result, sink }
     }
 
-    async fn check(cassette: &str, config: EngineConfig, reason: TerminationReason, status: TaskStatus) -> Outcome {
+    async fn check(
+        cassette: &str,
+        config: EngineConfig,
+        reason: TerminationReason,
+        status: TaskStatus,
+    ) -> Outcome {
         let outcome = run_with(cassette, config, serde_json::Value::Null, false).await;
         let result = outcome.result.as_ref().unwrap();
         assert_eq!(result.termination_reason, reason, "{:?}", result.error);
@@ -507,7 +572,13 @@ mod tests {
     #[tokio::test]
     async fn completed_run_records_every_step_in_order() {
         let cassette = format!("{TOOL_TURN}\n{{\"text\":\"done\"}}");
-        let outcome = check(&cassette, EngineConfig::default(), TerminationReason::Completed, TaskStatus::InReview).await;
+        let outcome = check(
+            &cassette,
+            EngineConfig::default(),
+            TerminationReason::Completed,
+            TaskStatus::InReview,
+        )
+        .await;
         assert_eq!(
             outcome.sink.kinds(),
             [
@@ -539,15 +610,30 @@ mod tests {
     #[tokio::test]
     async fn max_turns_stops_the_loop_and_leaves_the_task_in_progress() {
         let cassette = [TOOL_TURN; 5].join("\n");
-        let config = EngineConfig { max_turns: 2, ..EngineConfig::default() };
-        let outcome = check(&cassette, config, TerminationReason::MaxTurns, TaskStatus::InProgress).await;
+        let config = EngineConfig {
+            max_turns: 2,
+            ..EngineConfig::default()
+        };
+        let outcome = check(
+            &cassette,
+            config,
+            TerminationReason::MaxTurns,
+            TaskStatus::InProgress,
+        )
+        .await;
         assert_eq!(outcome.result.unwrap().context.turn_count(), 2);
     }
 
     #[tokio::test]
     async fn a_rate_limit_is_retried_and_recorded() {
         let cassette = "{\"error\":\"rate_limited\",\"retry_after_ms\":5}\n{\"text\":\"done\"}";
-        let outcome = check(cassette, EngineConfig::default(), TerminationReason::Completed, TaskStatus::InReview).await;
+        let outcome = check(
+            cassette,
+            EngineConfig::default(),
+            TerminationReason::Completed,
+            TaskStatus::InReview,
+        )
+        .await;
         let retries: Vec<_> = outcome
             .sink
             .events()
@@ -564,30 +650,63 @@ mod tests {
 
     #[tokio::test]
     async fn a_permanent_error_fails_the_task_with_a_message() {
-        let outcome =
-            check("{\"error\":\"auth\"}", EngineConfig::default(), TerminationReason::Error, TaskStatus::Failed).await;
+        let outcome = check(
+            "{\"error\":\"auth\"}",
+            EngineConfig::default(),
+            TerminationReason::Error,
+            TaskStatus::Failed,
+        )
+        .await;
         let error = outcome.result.unwrap().error.unwrap();
         assert!(error.contains("auth"), "{error}");
     }
 
     #[tokio::test]
     async fn an_exhausted_script_is_an_error_not_a_hang() {
-        let outcome = check(TOOL_TURN, EngineConfig::default(), TerminationReason::Error, TaskStatus::Failed).await;
-        assert!(outcome.result.unwrap().error.unwrap().contains("script exhausted"));
+        let outcome = check(
+            TOOL_TURN,
+            EngineConfig::default(),
+            TerminationReason::Error,
+            TaskStatus::Failed,
+        )
+        .await;
+        assert!(
+            outcome
+                .result
+                .unwrap()
+                .error
+                .unwrap()
+                .contains("script exhausted")
+        );
     }
 
     #[tokio::test]
     async fn the_token_budget_is_checked_before_each_call() {
         let cassette = r#"{"tool_calls":[{"name":"shell","arguments":{}}],"usage":{"input_tokens":90,"output_tokens":20}}
 {"text":"never reached"}"#;
-        let config = EngineConfig { budget_tokens: Some(100), ..EngineConfig::default() };
-        let outcome = check(cassette, config, TerminationReason::BudgetExhausted, TaskStatus::InProgress).await;
+        let config = EngineConfig {
+            budget_tokens: Some(100),
+            ..EngineConfig::default()
+        };
+        let outcome = check(
+            cassette,
+            config,
+            TerminationReason::BudgetExhausted,
+            TaskStatus::InProgress,
+        )
+        .await;
         assert_eq!(outcome.result.unwrap().context.turn_count(), 1);
     }
 
     #[tokio::test]
     async fn cancellation_stops_at_the_boundary_and_interrupts_the_task() {
-        let outcome = run_with("{\"text\":\"x\"}", EngineConfig::default(), serde_json::Value::Null, true).await;
+        let outcome = run_with(
+            "{\"text\":\"x\"}",
+            EngineConfig::default(),
+            serde_json::Value::Null,
+            true,
+        )
+        .await;
         let result = outcome.result.unwrap();
         assert_eq!(result.termination_reason, TerminationReason::Shutdown);
         assert_eq!(result.context.task_status, TaskStatus::Interrupted);
@@ -608,8 +727,21 @@ mod tests {
         // The first answer arrives late; the second would take far longer than the limit.
         let cassette = r#"{"delay_ms":300,"tool_calls":[{"name":"shell","arguments":{}}]}
 {"delay_ms":60000,"text":"never"}"#;
-        let config = EngineConfig { timeout: Some(Duration::from_millis(100)), ..EngineConfig::default() };
-        let outcome = check(cassette, config, TerminationReason::TimedOut, TaskStatus::InProgress).await;
-        assert_eq!(outcome.result.unwrap().context.turn_count(), 0, "the slow first call is cut off");
+        let config = EngineConfig {
+            timeout: Some(Duration::from_millis(100)),
+            ..EngineConfig::default()
+        };
+        let outcome = check(
+            cassette,
+            config,
+            TerminationReason::TimedOut,
+            TaskStatus::InProgress,
+        )
+        .await;
+        assert_eq!(
+            outcome.result.unwrap().context.turn_count(),
+            0,
+            "the slow first call is cut off"
+        );
     }
 }

@@ -10,11 +10,11 @@ use nerve_core::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::ExecutionResult;
 use crate::approval::{Approval, PolicyAction, PolicyRule, ToolPolicy};
 use crate::engine::{AgentEngine, EngineConfig, ResumeState, Task};
 use crate::scripted::ScriptedProvider;
 use crate::testing::{EchoTools, MemorySink};
-use crate::ExecutionResult;
 
 struct Outcome {
     result: ExecutionResult,
@@ -40,7 +40,10 @@ impl Outcome {
     }
 
     fn model_calls(&self, purpose: CallPurpose) -> usize {
-        self.events().iter().filter(|e| matches!(e, Event::ModelCalled(c) if c.purpose == purpose)).count()
+        self.events()
+            .iter()
+            .filter(|e| matches!(e, Event::ModelCalled(c) if c.purpose == purpose))
+            .count()
     }
 }
 
@@ -60,8 +63,15 @@ async fn run(cassette: &str, config: EngineConfig, tools: EchoTools) -> Outcome 
         status: TaskStatus::Created,
         workspace: "/w".into(),
     };
-    let result = engine.run(ExecutionId::new(), task, CancellationToken::new()).await.unwrap();
-    Outcome { result, sink, tools }
+    let result = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    Outcome {
+        result,
+        sink,
+        tools,
+    }
 }
 
 fn tool(command: &str) -> String {
@@ -70,7 +80,10 @@ fn tool(command: &str) -> String {
 
 fn plan(steps: &[&str]) -> String {
     let steps: Vec<String> = steps.iter().map(|s| format!("\"{s}\"")).collect();
-    format!(r#"{{"call":"plan","tool_calls":[{{"name":"submit_plan","arguments":{{"steps":[{}]}}}}]}}"#, steps.join(","))
+    format!(
+        r#"{{"call":"plan","tool_calls":[{{"name":"submit_plan","arguments":{{"steps":[{}]}}}}]}}"#,
+        steps.join(",")
+    )
 }
 
 fn text(text: &str) -> String {
@@ -83,11 +96,29 @@ fn lines(lines: &[String]) -> String {
 
 #[tokio::test]
 async fn five_identical_calls_get_one_correction_then_stagnation() {
-    let cassette = lines(&[tool("ls"), tool("ls"), tool("ls"), tool("ls"), tool("ls"), text("done")]);
+    let cassette = lines(&[
+        tool("ls"),
+        tool("ls"),
+        tool("ls"),
+        tool("ls"),
+        tool("ls"),
+        text("done"),
+    ]);
     let outcome = run(&cassette, EngineConfig::default(), EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Stagnation);
-    assert_eq!(outcome.result.context.task_status, TaskStatus::InProgress, "stagnation leaves the task as it is");
-    let corrections: Vec<String> = outcome.injected().into_iter().filter(|t| t.contains("repeating yourself")).collect();
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Stagnation
+    );
+    assert_eq!(
+        outcome.result.context.task_status,
+        TaskStatus::InProgress,
+        "stagnation leaves the task as it is"
+    );
+    let corrections: Vec<String> = outcome
+        .injected()
+        .into_iter()
+        .filter(|t| t.contains("repeating yourself"))
+        .collect();
     assert_eq!(corrections.len(), 1, "{corrections:?}");
     let verdicts: Vec<_> = outcome
         .events()
@@ -104,9 +135,15 @@ async fn five_identical_calls_get_one_correction_then_stagnation() {
 
 #[tokio::test]
 async fn max_tokens_then_stop_completes_with_one_continuation() {
-    let cassette = lines(&[r#"{"text":"part one","finish":"max_tokens"}"#.into(), text("part two")]);
+    let cassette = lines(&[
+        r#"{"text":"part one","finish":"max_tokens"}"#.into(),
+        text("part two"),
+    ]);
     let outcome = run(&cassette, EngineConfig::default(), EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed);
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
     assert_eq!(outcome.injected().len(), 1);
     assert!(outcome.injected()[0].contains("cut off"));
 }
@@ -116,17 +153,39 @@ async fn max_tokens_recovery_is_bounded() {
     let cut = r#"{"text":"more","finish":"max_tokens"}"#.to_owned();
     let cassette = lines(&[cut.clone(), cut.clone(), cut.clone(), text("never")]);
     let outcome = run(&cassette, EngineConfig::default(), EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed);
-    assert_eq!(outcome.injected().len(), 2, "two continuations, then the third answer is final");
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    assert_eq!(
+        outcome.injected().len(),
+        2,
+        "two continuations, then the third answer is final"
+    );
     assert_eq!(outcome.result.context.turn_count(), 3);
 }
 
 #[tokio::test]
 async fn an_empty_answer_after_a_failing_tool_is_reprompted_at_most_twice() {
     let cassette = lines(&[tool("make"), text(""), text(""), text(""), text("never")]);
-    let outcome = run(&cassette, EngineConfig::default(), EchoTools { fail: true, ..EchoTools::default() }).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed);
-    let reprompts = outcome.injected().into_iter().filter(|t| t.contains("failed and you ended")).count();
+    let outcome = run(
+        &cassette,
+        EngineConfig::default(),
+        EchoTools {
+            fail: true,
+            ..EchoTools::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    let reprompts = outcome
+        .injected()
+        .into_iter()
+        .filter(|t| t.contains("failed and you ended"))
+        .count();
     assert_eq!(reprompts, 2);
     assert_eq!(outcome.result.context.turn_count(), 4);
 }
@@ -134,34 +193,74 @@ async fn an_empty_answer_after_a_failing_tool_is_reprompted_at_most_twice() {
 #[tokio::test]
 async fn the_near_budget_warning_fires_once() {
     let turn = r#"{"tool_calls":[{"name":"shell","arguments":{"command":"x"}}],"usage":{"input_tokens":490,"output_tokens":10}}"#;
-    let cassette = lines(&[turn.replace('x', "a"), turn.replace('x', "b"), turn.replace('x', "c"), text("done")]);
-    let config = EngineConfig { budget_tokens: Some(2_000), ..EngineConfig::default() };
+    let cassette = lines(&[
+        turn.replace('x', "a"),
+        turn.replace('x', "b"),
+        turn.replace('x', "c"),
+        text("done"),
+    ]);
+    let config = EngineConfig {
+        budget_tokens: Some(2_000),
+        ..EngineConfig::default()
+    };
     let outcome = run(&cassette, config, EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed);
-    let warnings = outcome.injected().into_iter().filter(|t| t.contains("nearly spent")).count();
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    let warnings = outcome
+        .injected()
+        .into_iter()
+        .filter(|t| t.contains("nearly spent"))
+        .count();
     assert_eq!(warnings, 1);
 }
 
 fn policy(action: PolicyAction) -> ToolPolicy {
-    ToolPolicy::new(vec![PolicyRule { tool: "shell".into(), pattern: Some("deploy".into()), action }], PolicyAction::Allow)
-        .unwrap()
+    ToolPolicy::new(
+        vec![PolicyRule {
+            tool: "shell".into(),
+            pattern: Some("deploy".into()),
+            action,
+        }],
+        PolicyAction::Allow,
+    )
+    .unwrap()
 }
 
 #[tokio::test]
 async fn a_deny_rule_refuses_the_call_and_the_model_sees_why() {
     let cassette = lines(&[tool("deploy prod"), text("done")]);
-    let config = EngineConfig { policy: policy(PolicyAction::Deny), ..EngineConfig::default() };
+    let config = EngineConfig {
+        policy: policy(PolicyAction::Deny),
+        ..EngineConfig::default()
+    };
     let outcome = run(&cassette, config, EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed);
-    assert!(outcome.tools.calls.lock().unwrap().is_empty(), "a denied call never runs");
-    let result = outcome.result.context.messages.iter().find(|m| m.role == MessageRole::Tool).unwrap();
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    assert!(
+        outcome.tools.calls.lock().unwrap().is_empty(),
+        "a denied call never runs"
+    );
+    let result = outcome
+        .result
+        .context
+        .messages
+        .iter()
+        .find(|m| m.role == MessageRole::Tool)
+        .unwrap();
     assert!(format!("{result:?}").contains("denied by the tool policy (deny shell /deploy/)"));
 }
 
 #[tokio::test]
 async fn ask_without_a_user_parks_and_an_approved_resume_completes() {
     let cassette = lines(&[tool("deploy prod"), text("deployed")]);
-    let config = EngineConfig { policy: policy(PolicyAction::Ask), ..EngineConfig::default() };
+    let config = EngineConfig {
+        policy: policy(PolicyAction::Ask),
+        ..EngineConfig::default()
+    };
     let parked = run(&cassette, config.clone(), EchoTools::default()).await;
     assert_eq!(parked.result.termination_reason, TerminationReason::Parked);
     assert!(parked.tools.calls.lock().unwrap().is_empty());
@@ -170,7 +269,10 @@ async fn ask_without_a_user_parks_and_an_approved_resume_completes() {
         _ => None,
     });
     let call = requested.expect("an approval request is recorded").call;
-    assert!(!parked.sink.kinds().contains(&"turn_completed"), "the parked turn is not complete");
+    assert!(
+        !parked.sink.kinds().contains(&"turn_completed"),
+        "the parked turn is not complete"
+    );
 
     // `nerve approve` records the decision; resume carries it out and continues.
     let provider = ScriptedProvider::parse("test", &cassette).unwrap();
@@ -192,27 +294,63 @@ async fn ask_without_a_user_parks_and_an_approved_resume_completes() {
         task_status: parked.result.context.task_status,
         pending_turn_usage: nerve_core::TokenUsage::default(),
         in_doubt: Vec::new(),
-        approvals: vec![(call.id.clone(), Approval { approved: true, reason: None })],
+        approvals: vec![(
+            call.id.clone(),
+            Approval {
+                approved: true,
+                reason: None,
+            },
+        )],
         attempt: 1,
         from_checkpoint_seq: None,
     };
-    let resumed = engine.resume(ExecutionId::new(), state, CancellationToken::new()).await.unwrap();
-    assert_eq!(resumed.termination_reason, TerminationReason::Completed, "{:?}", resumed.error);
-    assert_eq!(tools.calls.lock().unwrap().len(), 1, "the approved call ran once");
-    assert_eq!(resumed.context.turn_count(), 2, "turn 1 completed on resume, then turn 2");
+    let resumed = engine
+        .resume(ExecutionId::new(), state, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        resumed.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        resumed.error
+    );
+    assert_eq!(
+        tools.calls.lock().unwrap().len(),
+        1,
+        "the approved call ran once"
+    );
+    assert_eq!(
+        resumed.context.turn_count(),
+        2,
+        "turn 1 completed on resume, then turn 2"
+    );
     assert_eq!(sink.kinds()[0], "resumed");
 }
 
 #[tokio::test]
 async fn resume_tells_the_model_about_in_doubt_calls_instead_of_rerunning_them() {
     let cassette = lines(&[tool("rm -rf build"), text("checked")]);
-    let first = run(&lines(&[tool("rm -rf build")]), EngineConfig::default(), EchoTools::default()).await;
+    let first = run(
+        &lines(&[tool("rm -rf build")]),
+        EngineConfig::default(),
+        EchoTools::default(),
+    )
+    .await;
     // Pretend the run died during the call: drop its result from the conversation.
     let mut messages = first.result.context.messages.clone();
-    while messages.last().is_some_and(|m| m.role != MessageRole::Assistant) {
+    while messages
+        .last()
+        .is_some_and(|m| m.role != MessageRole::Assistant)
+    {
         messages.pop();
     }
-    let call = messages.last().unwrap().tool_calls().next().unwrap().clone();
+    let call = messages
+        .last()
+        .unwrap()
+        .tool_calls()
+        .next()
+        .unwrap()
+        .clone();
     let provider = ScriptedProvider::parse("test", &cassette).unwrap();
     provider.skip(CallPurpose::Agent, 1);
     let tools = Arc::new(EchoTools::default());
@@ -235,10 +373,20 @@ async fn resume_tells_the_model_about_in_doubt_calls_instead_of_rerunning_them()
         attempt: 1,
         from_checkpoint_seq: None,
     };
-    let resumed = engine.resume(ExecutionId::new(), state, CancellationToken::new()).await.unwrap();
+    let resumed = engine
+        .resume(ExecutionId::new(), state, CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!(resumed.termination_reason, TerminationReason::Completed);
-    assert!(tools.calls.lock().unwrap().is_empty(), "an in-doubt call is never silently re-run");
-    let told = resumed.context.messages.iter().any(|m| format!("{m:?}").contains("its effect is unknown"));
+    assert!(
+        tools.calls.lock().unwrap().is_empty(),
+        "an in-doubt call is never silently re-run"
+    );
+    let told = resumed
+        .context
+        .messages
+        .iter()
+        .any(|m| format!("{m:?}").contains("its effect is unknown"));
     assert!(told);
 }
 
@@ -253,22 +401,53 @@ async fn plan_execute_runs_the_steps_and_replans_a_failed_one() {
         tool("touch f"),
         text("created"),
     ]);
-    let config = EngineConfig { loop_type: LoopType::PlanExecute, ..EngineConfig::default() };
+    let config = EngineConfig {
+        loop_type: LoopType::PlanExecute,
+        ..EngineConfig::default()
+    };
     let outcome = run(&cassette, config, EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed, "{:?}", outcome.result.error);
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
     assert_eq!(outcome.model_calls(CallPurpose::Plan), 2);
     let injected = outcome.injected();
-    assert!(injected.iter().any(|t| t.starts_with("[Nerve] Step 1/2: inspect")));
-    assert!(injected.iter().any(|t| t.starts_with("[Nerve] Step 2 failed: the file is missing")));
-    assert!(injected.iter().any(|t| t.starts_with("[Nerve] Step 2/2: create the file")));
+    assert!(
+        injected
+            .iter()
+            .any(|t| t.starts_with("[Nerve] Step 1/2: inspect"))
+    );
+    assert!(
+        injected
+            .iter()
+            .any(|t| t.starts_with("[Nerve] Step 2 failed: the file is missing"))
+    );
+    assert!(
+        injected
+            .iter()
+            .any(|t| t.starts_with("[Nerve] Step 2/2: create the file"))
+    );
     assert_eq!(outcome.tools.calls.lock().unwrap().len(), 2);
 }
 
 #[tokio::test]
 async fn plan_execute_gives_up_after_max_replans() {
     let failing = text("STEP FAILED: no");
-    let cassette = lines(&[plan(&["a"]), failing.clone(), plan(&["b"]), failing.clone(), plan(&["c"]), failing]);
-    let config = EngineConfig { loop_type: LoopType::PlanExecute, max_replans: 2, ..EngineConfig::default() };
+    let cassette = lines(&[
+        plan(&["a"]),
+        failing.clone(),
+        plan(&["b"]),
+        failing.clone(),
+        plan(&["c"]),
+        failing,
+    ]);
+    let config = EngineConfig {
+        loop_type: LoopType::PlanExecute,
+        max_replans: 2,
+        ..EngineConfig::default()
+    };
     let outcome = run(&cassette, config, EchoTools::default()).await;
     assert_eq!(outcome.result.termination_reason, TerminationReason::Error);
     assert_eq!(outcome.result.context.task_status, TaskStatus::Failed);
@@ -286,11 +465,23 @@ async fn hybrid_checkpoints_after_each_step_and_may_revise_the_plan() {
         text("b3 done"),
         r#"{"call":"plan","text":"all done"}"#.into(),
     ]);
-    let config = EngineConfig { loop_type: LoopType::Hybrid, ..EngineConfig::default() };
+    let config = EngineConfig {
+        loop_type: LoopType::Hybrid,
+        ..EngineConfig::default()
+    };
     let outcome = run(&cassette, config, EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed, "{:?}", outcome.result.error);
-    let steps: Vec<String> =
-        outcome.injected().into_iter().filter(|t| t.starts_with("[Nerve] Step ")).map(|t| t[8..16].to_owned()).collect();
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
+    let steps: Vec<String> = outcome
+        .injected()
+        .into_iter()
+        .filter(|t| t.starts_with("[Nerve] Step "))
+        .map(|t| t[8..16].to_owned())
+        .collect();
     assert_eq!(steps, ["Step 1/2", "Step 2/3", "Step 3/3"]);
     assert_eq!(outcome.model_calls(CallPurpose::Plan), 4);
 }
@@ -299,31 +490,70 @@ async fn hybrid_checkpoints_after_each_step_and_may_revise_the_plan() {
 async fn hybrid_bounds_a_step_and_replans_when_it_runs_over() {
     let mut script = vec![plan(&["endless"])];
     script.extend((0..5).map(|i| tool(&format!("try {i}"))));
-    script.extend([plan(&["simpler"]), text("done"), r#"{"call":"plan","text":"finished"}"#.into()]);
-    let config = EngineConfig { loop_type: LoopType::Hybrid, ..EngineConfig::default() };
+    script.extend([
+        plan(&["simpler"]),
+        text("done"),
+        r#"{"call":"plan","text":"finished"}"#.into(),
+    ]);
+    let config = EngineConfig {
+        loop_type: LoopType::Hybrid,
+        ..EngineConfig::default()
+    };
     let outcome = run(&lines(&script), config, EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed, "{:?}", outcome.result.error);
-    assert!(outcome.injected().iter().any(|t| t.contains("did not finish within 5 turns")));
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
+    assert!(
+        outcome
+            .injected()
+            .iter()
+            .any(|t| t.contains("did not finish within 5 turns"))
+    );
 }
 
 #[tokio::test]
 async fn plan_loops_scope_the_stagnation_window_to_a_step() {
     // Four identical calls in a row would stagnate in one scope; split over two steps they
     // are two pairs, each below the threshold.
-    let cassette = lines(&[plan(&["one", "two"]), tool("ls"), tool("ls"), text("1"), tool("ls"), tool("ls"), text("2")]);
-    let config = EngineConfig { loop_type: LoopType::PlanExecute, ..EngineConfig::default() };
+    let cassette = lines(&[
+        plan(&["one", "two"]),
+        tool("ls"),
+        tool("ls"),
+        text("1"),
+        tool("ls"),
+        tool("ls"),
+        text("2"),
+    ]);
+    let config = EngineConfig {
+        loop_type: LoopType::PlanExecute,
+        ..EngineConfig::default()
+    };
     let outcome = run(&cassette, config, EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed, "{:?}", outcome.result.error);
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
     assert!(!outcome.sink.kinds().contains(&"stagnation"));
 }
 
 #[tokio::test]
 async fn auto_resolves_the_loop_from_the_complexity() {
     let cassette = lines(&[plan(&["only"]), text("done")]);
-    let config =
-        EngineConfig { loop_type: LoopType::Auto, complexity: Some(Complexity::Medium), ..EngineConfig::default() };
+    let config = EngineConfig {
+        loop_type: LoopType::Auto,
+        complexity: Some(Complexity::Medium),
+        ..EngineConfig::default()
+    };
     let outcome = run(&cassette, config, EchoTools::default()).await;
-    assert_eq!(outcome.result.termination_reason, TerminationReason::Completed);
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
     assert_eq!(outcome.result.context.loop_type, LoopType::PlanExecute);
     match &outcome.events()[0] {
         Event::Started(started) => {

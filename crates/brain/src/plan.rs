@@ -99,7 +99,10 @@ async fn drive(run: &mut Run, mode: PlanMode) -> Result<(), Stop> {
                 if replans >= run.config.max_replans {
                     return Err(Stop::new(
                         TerminationReason::Error,
-                        format!("step {} failed after {replans} replans: {reason}", index + 1),
+                        format!(
+                            "step {} failed after {replans} replans: {reason}",
+                            index + 1
+                        ),
                     ));
                 }
                 replans += 1;
@@ -128,7 +131,9 @@ async fn step(run: &mut Run, mode: PlanMode) -> Result<StepEnd, Stop> {
     let mut turns = 0;
     loop {
         if mode.step_turns.is_some_and(|limit| turns >= limit) {
-            return Ok(StepEnd::Failed(format!("the step did not finish within {turns} turns")));
+            return Ok(StepEnd::Failed(format!(
+                "the step did not finish within {turns} turns"
+            )));
         }
         turns += 1;
         match react::turn(run).await? {
@@ -136,7 +141,9 @@ async fn step(run: &mut Run, mode: PlanMode) -> Result<StepEnd, Stop> {
             TurnEnd::Final(text) => {
                 let trimmed = text.trim_start();
                 return Ok(match trimmed.strip_prefix(STEP_FAILED) {
-                    Some(reason) => StepEnd::Failed(reason.trim_start_matches([':', ' ']).trim().to_owned()),
+                    Some(reason) => {
+                        StepEnd::Failed(reason.trim_start_matches([':', ' ']).trim().to_owned())
+                    }
                     None => StepEnd::Done,
                 });
             }
@@ -147,7 +154,13 @@ async fn step(run: &mut Run, mode: PlanMode) -> Result<StepEnd, Stop> {
 /// A planning call: asks for `submit_plan` and returns the steps.
 async fn plan(run: &mut Run, mode: PlanMode, instruction: &str) -> Result<Vec<String>, Stop> {
     run.push_message(Message::user(instruction)).await?;
-    let response = run.call_model(run.ctx.turn_count(), CallPurpose::Plan, &[submit_plan_definition()]).await?;
+    let response = run
+        .call_model(
+            run.ctx.turn_count(),
+            CallPurpose::Plan,
+            &[submit_plan_definition()],
+        )
+        .await?;
     let text = response.message.text_content();
     let calls: Vec<ToolCall> = response.message.tool_calls().cloned().collect();
     run.push_message(response.message).await?;
@@ -158,32 +171,52 @@ async fn plan(run: &mut Run, mode: PlanMode, instruction: &str) -> Result<Vec<St
             Ok(steps) => format!("Plan accepted: {} steps.", steps.len()),
             Err(problem) => format!("Plan rejected: {problem}"),
         };
-        let result = ToolResult { call_id: call.id.clone(), name: call.name.clone(), content, is_error: parsed.is_err() };
+        let result = ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            content,
+            is_error: parsed.is_err(),
+        };
         react::finish_tool(run, run.ctx.turn_count(), result, 0).await?;
         if steps.is_none() {
             steps = parsed.ok();
         }
     }
     // Lenient with models that write the plan as text: numbered or bulleted lines.
-    let steps = steps.or_else(|| steps_from_text(&text, mode.max_steps)).unwrap_or_else(|| {
-        vec!["Do the task, then verify the result.".to_owned()]
-    });
+    let steps = steps
+        .or_else(|| steps_from_text(&text, mode.max_steps))
+        .unwrap_or_else(|| vec!["Do the task, then verify the result.".to_owned()]);
     Ok(steps)
 }
 
 /// After a step (hybrid): a progress summary that may revise the remaining steps.
-async fn checkpoint(run: &mut Run, mode: PlanMode, remaining: &[String]) -> Result<Option<Vec<String>>, Stop> {
+async fn checkpoint(
+    run: &mut Run,
+    mode: PlanMode,
+    remaining: &[String],
+) -> Result<Option<Vec<String>>, Stop> {
     let listed = if remaining.is_empty() {
         "none".to_owned()
     } else {
-        remaining.iter().enumerate().map(|(i, s)| format!("{}. {s}", i + 1)).collect::<Vec<_>>().join("\n")
+        remaining
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{}. {s}", i + 1))
+            .collect::<Vec<_>>()
+            .join("\n")
     };
     run.push_message(Message::user(format!(
         "[Nerve] Checkpoint: summarise the progress so far in two or three sentences. Remaining steps:\n{listed}\n\
          If they should change, call submit_plan with the new remaining steps; otherwise answer with the summary only."
     )))
     .await?;
-    let response = run.call_model(run.ctx.turn_count(), CallPurpose::Plan, &[submit_plan_definition()]).await?;
+    let response = run
+        .call_model(
+            run.ctx.turn_count(),
+            CallPurpose::Plan,
+            &[submit_plan_definition()],
+        )
+        .await?;
     let calls: Vec<ToolCall> = response.message.tool_calls().cloned().collect();
     run.push_message(response.message).await?;
     let mut revised = None;
@@ -193,7 +226,12 @@ async fn checkpoint(run: &mut Run, mode: PlanMode, remaining: &[String]) -> Resu
             Ok(steps) => format!("Remaining plan replaced: {} steps.", steps.len()),
             Err(problem) => format!("Plan rejected: {problem}"),
         };
-        let result = ToolResult { call_id: call.id.clone(), name: call.name.clone(), content, is_error: parsed.is_err() };
+        let result = ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            content,
+            is_error: parsed.is_err(),
+        };
         react::finish_tool(run, run.ctx.turn_count(), result, 0).await?;
         if revised.is_none() {
             revised = parsed.ok();
@@ -204,11 +242,19 @@ async fn checkpoint(run: &mut Run, mode: PlanMode, remaining: &[String]) -> Resu
 
 fn parse_plan(call: &ToolCall, max_steps: usize) -> Result<Vec<String>, String> {
     if call.name != "submit_plan" {
-        return Err(format!("`{}` is not available while planning; call submit_plan", call.name));
+        return Err(format!(
+            "`{}` is not available while planning; call submit_plan",
+            call.name
+        ));
     }
-    let plan: SubmitPlan =
-        serde_json::from_value(call.arguments.clone()).map_err(|e| format!("invalid submit_plan arguments: {e}"))?;
-    let steps: Vec<String> = plan.steps.into_iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
+    let plan: SubmitPlan = serde_json::from_value(call.arguments.clone())
+        .map_err(|e| format!("invalid submit_plan arguments: {e}"))?;
+    let steps: Vec<String> = plan
+        .steps
+        .into_iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
     if steps.is_empty() {
         return Err("the plan has no steps".into());
     }
@@ -225,7 +271,8 @@ fn steps_from_text(text: &str, max_steps: usize) -> Option<Vec<String>> {
             let rest = if marker_len > 0 {
                 rest.strip_prefix('.').or_else(|| rest.strip_prefix(')'))?
             } else {
-                rest.strip_prefix("- ").or_else(|| rest.strip_prefix("* "))?
+                rest.strip_prefix("- ")
+                    .or_else(|| rest.strip_prefix("* "))?
             };
             let step = rest.trim();
             (!step.is_empty()).then(|| step.to_owned())
@@ -241,12 +288,33 @@ mod tests {
 
     #[test]
     fn plans_parse_from_the_tool_call_or_from_text() {
-        let call = |args: serde_json::Value| ToolCall { id: "p".into(), name: "submit_plan".into(), arguments: args };
-        assert_eq!(parse_plan(&call(serde_json::json!({"steps": ["a", " ", "b"]})), 7).unwrap(), ["a", "b"]);
-        assert_eq!(parse_plan(&call(serde_json::json!({"steps": ["1", "2", "3"]})), 2).unwrap(), ["1", "2"]);
-        assert!(parse_plan(&call(serde_json::json!({"steps": []})), 7).unwrap_err().contains("no steps"));
-        assert!(parse_plan(&call(serde_json::json!({"stps": []})), 7).unwrap_err().contains("invalid"));
-        assert_eq!(steps_from_text("Plan:\n1. read\n2) fix\n- test\nthanks", 7).unwrap(), ["read", "fix", "test"]);
+        let call = |args: serde_json::Value| ToolCall {
+            id: "p".into(),
+            name: "submit_plan".into(),
+            arguments: args,
+        };
+        assert_eq!(
+            parse_plan(&call(serde_json::json!({"steps": ["a", " ", "b"]})), 7).unwrap(),
+            ["a", "b"]
+        );
+        assert_eq!(
+            parse_plan(&call(serde_json::json!({"steps": ["1", "2", "3"]})), 2).unwrap(),
+            ["1", "2"]
+        );
+        assert!(
+            parse_plan(&call(serde_json::json!({"steps": []})), 7)
+                .unwrap_err()
+                .contains("no steps")
+        );
+        assert!(
+            parse_plan(&call(serde_json::json!({"stps": []})), 7)
+                .unwrap_err()
+                .contains("invalid")
+        );
+        assert_eq!(
+            steps_from_text("Plan:\n1. read\n2) fix\n- test\nthanks", 7).unwrap(),
+            ["read", "fix", "test"]
+        );
         assert_eq!(steps_from_text("no list here", 7), None);
     }
 }

@@ -16,8 +16,13 @@ impl PromptProfile {
     /// `basic`, everything else `standard`.
     pub fn for_model(model: &str) -> Self {
         let name = model.to_ascii_lowercase();
-        let small = ["mini", "nano", "haiku", "small", "tiny", ":1b", ":3b", ":7b", ":8b", "-7b", "-8b", "1.5b", "3b-"];
-        let large = ["opus", "sonnet", "gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4", "70b", "405b"];
+        let small = [
+            "mini", "nano", "haiku", "small", "tiny", ":1b", ":3b", ":7b", ":8b", "-7b", "-8b",
+            "1.5b", "3b-",
+        ];
+        let large = [
+            "opus", "sonnet", "gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4", "70b", "405b",
+        ];
         if small.iter().any(|s| name.contains(s)) {
             Self::Basic
         } else if large.iter().any(|s| name.contains(s)) {

@@ -8,7 +8,9 @@ use nerve_core::event::{
     ApprovalDecided, ApprovalDecision, ApprovalRequested, CallPurpose, Decider, Stagnation,
     StagnationAction, ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
-use nerve_core::{Event, Message, MessagePart, MessageRole, TerminationReason, ToolCall, ToolResult, TurnRecord};
+use nerve_core::{
+    Event, Message, MessagePart, MessageRole, TerminationReason, ToolCall, ToolResult, TurnRecord,
+};
 
 use crate::approval::PolicyAction;
 use crate::provider::FinishReason;
@@ -52,7 +54,15 @@ pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
     let text = response.message.text_content();
     run.push_message(response.message).await?;
     let results = execute_calls(run, number, &calls).await?;
-    complete_turn(run, number, response.usage, response.finish.as_str(), &calls, started).await?;
+    complete_turn(
+        run,
+        number,
+        response.usage,
+        response.finish.as_str(),
+        &calls,
+        started,
+    )
+    .await?;
     after_turn(run, number, &calls, &results, response.finish, text).await
 }
 
@@ -100,21 +110,31 @@ pub(crate) async fn after_turn(
             Verdict::Continue => Ok(TurnEnd::Continue),
             Verdict::Correct(report) => {
                 record_stagnation(run, number, StagnationAction::Corrected, &report).await?;
-                run.push_message(Message::user(format!("[Nerve] {}", corrective_message(&report)))).await?;
+                run.push_message(Message::user(format!(
+                    "[Nerve] {}",
+                    corrective_message(&report)
+                )))
+                .await?;
                 Ok(TurnEnd::Continue)
             }
             Verdict::Terminate(report) => {
                 record_stagnation(run, number, StagnationAction::Terminated, &report).await?;
                 Err(Stop::new(
                     TerminationReason::Stagnation,
-                    format!("the agent kept repeating itself: {}", report.repeated_calls.join(", ")),
+                    format!(
+                        "the agent kept repeating itself: {}",
+                        report.repeated_calls.join(", ")
+                    ),
                 ))
             }
         };
     }
-    if finish == FinishReason::MaxTokens && run.guards.max_tokens_continuations < run.config.max_tokens_recoveries {
+    if finish == FinishReason::MaxTokens
+        && run.guards.max_tokens_continuations < run.config.max_tokens_recoveries
+    {
         run.guards.max_tokens_continuations += 1;
-        run.push_message(Message::user(CONTINUE_AFTER_MAX_TOKENS)).await?;
+        run.push_message(Message::user(CONTINUE_AFTER_MAX_TOKENS))
+            .await?;
         return Ok(TurnEnd::Continue);
     }
     if text.trim().is_empty()
@@ -122,7 +142,8 @@ pub(crate) async fn after_turn(
         && run.guards.premature_reprompts < run.config.premature_end_retries
     {
         run.guards.premature_reprompts += 1;
-        run.push_message(Message::user(REPROMPT_AFTER_FAILURE)).await?;
+        run.push_message(Message::user(REPROMPT_AFTER_FAILURE))
+            .await?;
         return Ok(TurnEnd::Continue);
     }
     Ok(TurnEnd::Final(text))
@@ -156,45 +177,87 @@ fn last_tool_result_failed(messages: &[Message]) -> bool {
         .skip(1)
         .find(|m| match m.role {
             MessageRole::Tool => true,
-            MessageRole::Assistant => m.tool_calls().next().is_some() || !m.text_content().trim().is_empty(),
+            MessageRole::Assistant => {
+                m.tool_calls().next().is_some() || !m.text_content().trim().is_empty()
+            }
             MessageRole::User | MessageRole::System => false,
         })
         .is_some_and(|m| {
-            m.parts.iter().any(|part| matches!(part, MessagePart::ToolResult(result) if result.is_error))
+            m.parts
+                .iter()
+                .any(|part| matches!(part, MessagePart::ToolResult(result) if result.is_error))
         })
 }
 
 /// Runs `calls` in order through the approval gate, recording intent before and outcome
 /// after each. Returns the results; parks (as `Err`) when a call waits for a human.
-pub(crate) async fn execute_calls(run: &mut Run, turn: u32, calls: &[ToolCall]) -> Result<Vec<ToolResult>, Stop> {
+pub(crate) async fn execute_calls(
+    run: &mut Run,
+    turn: u32,
+    calls: &[ToolCall],
+) -> Result<Vec<ToolResult>, Stop> {
     let mut results = Vec::with_capacity(calls.len());
     for call in calls {
         let (action, rule) = run.config.policy.evaluate(call);
         let result = match action {
             PolicyAction::Allow => execute_tool(run, turn, call).await?,
             PolicyAction::Deny => {
-                record_decision(run, turn, call, ApprovalDecision::Denied, Decider::Policy, &rule, None).await?;
-                deny(run, turn, call, &format!("denied by the tool policy ({rule})")).await?
+                record_decision(
+                    run,
+                    turn,
+                    call,
+                    ApprovalDecision::Denied,
+                    Decider::Policy,
+                    &rule,
+                    None,
+                )
+                .await?;
+                deny(
+                    run,
+                    turn,
+                    call,
+                    &format!("denied by the tool policy ({rule})"),
+                )
+                .await?
             }
             PolicyAction::Ask => {
-                run.record(Event::ApprovalRequested(ApprovalRequested { turn, call: call.clone(), rule: rule.clone() }))
-                    .await?;
+                run.record(Event::ApprovalRequested(ApprovalRequested {
+                    turn,
+                    call: call.clone(),
+                    rule: rule.clone(),
+                }))
+                .await?;
                 match run.approver.decide(call, &rule).await {
                     None => {
                         return Err(Stop::new(
                             TerminationReason::Parked,
-                            format!("tool call {} ({}) waits for approval: nerve approve <id>", call.id, call.name),
+                            format!(
+                                "tool call {} ({}) waits for approval: nerve approve <id>",
+                                call.id, call.name
+                            ),
                         ));
                     }
                     Some(approval) => {
-                        let decision =
-                            if approval.approved { ApprovalDecision::Approved } else { ApprovalDecision::Denied };
-                        record_decision(run, turn, call, decision, Decider::User, &rule, approval.reason.clone())
-                            .await?;
+                        let decision = if approval.approved {
+                            ApprovalDecision::Approved
+                        } else {
+                            ApprovalDecision::Denied
+                        };
+                        record_decision(
+                            run,
+                            turn,
+                            call,
+                            decision,
+                            Decider::User,
+                            &rule,
+                            approval.reason.clone(),
+                        )
+                        .await?;
                         if approval.approved {
                             execute_tool(run, turn, call).await?
                         } else {
-                            let reason = approval.reason.unwrap_or_else(|| "no reason given".into());
+                            let reason =
+                                approval.reason.unwrap_or_else(|| "no reason given".into());
                             deny(run, turn, call, &format!("denied by the user: {reason}")).await?
                         }
                     }
@@ -228,7 +291,12 @@ pub(crate) async fn record_decision(
 }
 
 /// A refused call still gets a result the model sees (and it is recorded like any other).
-pub(crate) async fn deny(run: &mut Run, turn: u32, call: &ToolCall, why: &str) -> Result<ToolResult, Stop> {
+pub(crate) async fn deny(
+    run: &mut Run,
+    turn: u32,
+    call: &ToolCall,
+    why: &str,
+) -> Result<ToolResult, Stop> {
     let result = ToolResult {
         call_id: call.id.clone(),
         name: call.name.clone(),
@@ -238,10 +306,22 @@ pub(crate) async fn deny(run: &mut Run, turn: u32, call: &ToolCall, why: &str) -
     finish_tool(run, turn, result, 0).await
 }
 
-pub(crate) async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
-    run.record(Event::ToolCallStarted(ToolCallStarted { turn, call: call.clone() })).await?;
+pub(crate) async fn execute_tool(
+    run: &mut Run,
+    turn: u32,
+    call: &ToolCall,
+) -> Result<ToolResult, Stop> {
+    run.record(Event::ToolCallStarted(ToolCallStarted {
+        turn,
+        call: call.clone(),
+    }))
+    .await?;
     let started = Instant::now();
-    let output = run.tools.execute(call).await.map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
+    let output = run
+        .tools
+        .execute(call)
+        .await
+        .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
     let result = ToolResult {
         call_id: call.id.clone(),
         name: call.name.clone(),
@@ -252,8 +332,19 @@ pub(crate) async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> R
     finish_tool(run, turn, result, millis).await
 }
 
-pub(crate) async fn finish_tool(run: &mut Run, turn: u32, result: ToolResult, duration_ms: u64) -> Result<ToolResult, Stop> {
-    run.record(Event::ToolCallFinished(ToolCallFinished { turn, result: result.clone(), duration_ms })).await?;
-    run.push_message(Message::tool_result(result.clone())).await?;
+pub(crate) async fn finish_tool(
+    run: &mut Run,
+    turn: u32,
+    result: ToolResult,
+    duration_ms: u64,
+) -> Result<ToolResult, Stop> {
+    run.record(Event::ToolCallFinished(ToolCallFinished {
+        turn,
+        result: result.clone(),
+        duration_ms,
+    }))
+    .await?;
+    run.push_message(Message::tool_result(result.clone()))
+        .await?;
     Ok(result)
 }

@@ -26,15 +26,24 @@ pub(crate) struct Stop {
 
 impl Stop {
     pub(crate) fn new(reason: TerminationReason, error: impl Into<String>) -> Self {
-        Self { reason, error: Some(error.into()) }
+        Self {
+            reason,
+            error: Some(error.into()),
+        }
     }
 
     pub(crate) fn completed() -> Self {
-        Self { reason: TerminationReason::Completed, error: None }
+        Self {
+            reason: TerminationReason::Completed,
+            error: None,
+        }
     }
 
     pub(crate) fn shutdown() -> Self {
-        Self { reason: TerminationReason::Shutdown, error: None }
+        Self {
+            reason: TerminationReason::Shutdown,
+            error: None,
+        }
     }
 }
 
@@ -78,15 +87,21 @@ impl Run {
 
     pub(crate) async fn push_message(&mut self, message: Message) -> Result<(), SinkError> {
         let index = u32::try_from(self.ctx.messages.len()).unwrap_or(u32::MAX);
-        self.record(Event::MessageAppended(MessageAppended { index, message: message.clone() })).await?;
+        self.record(Event::MessageAppended(MessageAppended {
+            index,
+            message: message.clone(),
+        }))
+        .await?;
         self.ctx.messages.push(message);
         Ok(())
     }
 
     pub(crate) async fn transition(&mut self, to: TaskStatus) -> Result<(), Stop> {
         let from = self.ctx.task_status;
-        from.transition(to).map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
-        self.record(Event::TaskTransition(TaskTransition { from, to })).await?;
+        from.transition(to)
+            .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
+        self.record(Event::TaskTransition(TaskTransition { from, to }))
+            .await?;
         self.ctx.task_status = to;
         Ok(())
     }
@@ -96,8 +111,14 @@ impl Run {
         if self.cancel.is_cancelled() {
             return Err(Stop::shutdown());
         }
-        if self.deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-            return Err(Stop::new(TerminationReason::TimedOut, "wall-clock timeout reached"));
+        if self
+            .deadline
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            return Err(Stop::new(
+                TerminationReason::TimedOut,
+                "wall-clock timeout reached",
+            ));
         }
         if self.ctx.turn_count() >= self.config.max_turns {
             return Err(Stop::new(
@@ -115,7 +136,10 @@ impl Run {
         {
             return Err(Stop::new(
                 TerminationReason::BudgetExhausted,
-                format!("token budget exhausted: {} of {limit} tokens used", self.ctx.usage.total()),
+                format!(
+                    "token budget exhausted: {} of {limit} tokens used",
+                    self.ctx.usage.total()
+                ),
             ));
         }
         if let Some(limit) = self.config.budget_cost
@@ -131,8 +155,14 @@ impl Run {
 
     /// The share of the tightest budget already used, in percent (0 without budgets).
     pub(crate) fn budget_used_percent(&self) -> u32 {
-        let tokens = self.config.budget_tokens.map_or(0, |limit| percent(self.ctx.usage.total(), limit));
-        let cost = self.config.budget_cost.map_or(0, |limit| percent(self.ctx.cost.0, limit.0));
+        let tokens = self
+            .config
+            .budget_tokens
+            .map_or(0, |limit| percent(self.ctx.usage.total(), limit));
+        let cost = self
+            .config
+            .budget_cost
+            .map_or(0, |limit| percent(self.ctx.cost.0, limit.0));
         tokens.max(cost)
     }
 
@@ -142,10 +172,9 @@ impl Run {
         if self.guards.near_budget_warned {
             return Ok(());
         }
-        let tokens_near = self
-            .config
-            .budget_tokens
-            .is_some_and(|limit| limit.saturating_sub(self.ctx.usage.total()) <= self.config.reserve_tokens);
+        let tokens_near = self.config.budget_tokens.is_some_and(|limit| {
+            limit.saturating_sub(self.ctx.usage.total()) <= self.config.reserve_tokens
+        });
         let cost_near = self.config.budget_cost.is_some_and(|limit| {
             let reserve = limit.0 / 100 * u64::from(self.config.reserve_cost_percent);
             limit.0.saturating_sub(self.ctx.cost.0) <= reserve
@@ -170,7 +199,9 @@ impl Run {
     ) -> Result<ModelResponse, Stop> {
         let provider = match (purpose, &self.planner) {
             (CallPurpose::Plan, Some(planner)) => Arc::clone(planner),
-            (CallPurpose::Plan | CallPurpose::Agent | CallPurpose::Summary, _) => Arc::clone(&self.provider),
+            (CallPurpose::Plan | CallPurpose::Agent | CallPurpose::Summary, _) => {
+                Arc::clone(&self.provider)
+            }
         };
         let mut attempt = 1;
         let mut slept = Duration::ZERO;
@@ -179,7 +210,11 @@ impl Run {
             if self.cancel.is_cancelled() {
                 return Err(Stop::shutdown());
             }
-            let request = ModelRequest { messages: &self.ctx.messages, tools, purpose };
+            let request = ModelRequest {
+                messages: &self.ctx.messages,
+                tools,
+                purpose,
+            };
             let call = provider.complete(request);
             let result = match self.deadline {
                 Some(deadline) => match tokio::time::timeout_at(deadline.into(), call).await {
@@ -197,24 +232,41 @@ impl Run {
                 Ok(response) => ("ok", response.usage),
                 Err(error) => (error.kind(), TokenUsage::default()),
             };
-            self.record(Event::ModelCalled(ModelCalled { turn, purpose, outcome: outcome.to_owned(), usage }))
-                .await?;
+            self.record(Event::ModelCalled(ModelCalled {
+                turn,
+                purpose,
+                outcome: outcome.to_owned(),
+                usage,
+            }))
+            .await?;
             match result {
                 Ok(response) => {
                     self.ctx.usage += response.usage;
                     self.ctx.cost += self.config.pricing.cost(response.usage);
                     return Ok(response);
                 }
-                Err(ProviderError::Transient { kind, message, retry_after }) => {
+                Err(ProviderError::Transient {
+                    kind,
+                    message,
+                    retry_after,
+                }) => {
                     let delay = self.config.retry.delay(attempt, retry_after);
-                    if attempt >= self.config.retry.max_attempts || slept + delay > self.config.retry.max_total_delay {
+                    if attempt >= self.config.retry.max_attempts
+                        || slept + delay > self.config.retry.max_total_delay
+                    {
                         return Err(Stop::new(
                             TerminationReason::Error,
                             format!("provider failed after {attempt} attempts: {kind}: {message}"),
                         ));
                     }
                     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-                    self.record(Event::Retry(Retry { turn, attempt, error: kind.to_owned(), delay_ms })).await?;
+                    self.record(Event::Retry(Retry {
+                        turn,
+                        attempt,
+                        error: kind.to_owned(),
+                        delay_ms,
+                    }))
+                    .await?;
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         () = self.cancel.cancelled() => return Err(Stop::shutdown()),
@@ -222,8 +274,13 @@ impl Run {
                     slept += delay;
                     attempt += 1;
                 }
-                Err(error @ (ProviderError::ContextOverflow(_) | ProviderError::Permanent { .. })) => {
-                    return Err(Stop::new(TerminationReason::Error, format!("provider error: {error}")));
+                Err(
+                    error @ (ProviderError::ContextOverflow(_) | ProviderError::Permanent { .. }),
+                ) => {
+                    return Err(Stop::new(
+                        TerminationReason::Error,
+                        format!("provider error: {error}"),
+                    ));
                 }
             }
         }

@@ -44,7 +44,12 @@ impl Default for StagnationConfig {
 pub fn fingerprint(call: &ToolCall) -> String {
     let canonical = canonical_arguments(&call.arguments);
     let hash = digest(&SHA256, canonical.as_bytes());
-    let hex: String = hash.as_ref().iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let hex: String = hash
+        .as_ref()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
     format!("{}:{hex}", call.name)
 }
 
@@ -56,14 +61,19 @@ pub fn canonical_arguments(value: &serde_json::Value) -> String {
             serde_json::Value::String(text) => {
                 serde_json::Value::String(text.split_whitespace().collect::<Vec<_>>().join(" "))
             }
-            serde_json::Value::Array(items) => serde_json::Value::Array(items.iter().map(normalise).collect()),
+            serde_json::Value::Array(items) => {
+                serde_json::Value::Array(items.iter().map(normalise).collect())
+            }
             serde_json::Value::Object(map) => {
                 // serde_json's map is ordered by key unless `preserve_order` is on; sort
                 // explicitly so the fingerprint never depends on that feature.
-                let sorted: BTreeMap<&String, serde_json::Value> = map.iter().map(|(k, v)| (k, normalise(v))).collect();
+                let sorted: BTreeMap<&String, serde_json::Value> =
+                    map.iter().map(|(k, v)| (k, normalise(v))).collect();
                 serde_json::Value::Object(sorted.into_iter().map(|(k, v)| (k.clone(), v)).collect())
             }
-            serde_json::Value::Null | serde_json::Value::Bool(_) | serde_json::Value::Number(_) => value.clone(),
+            serde_json::Value::Null | serde_json::Value::Bool(_) | serde_json::Value::Number(_) => {
+                value.clone()
+            }
         }
     }
     normalise(value).to_string()
@@ -84,14 +94,25 @@ impl TurnSignature {
         let outcomes = calls
             .iter()
             .map(|call| {
-                let result = results.iter().find(|r| r.call_id == call.id).map_or("", |r| r.content.as_str());
+                let result = results
+                    .iter()
+                    .find(|r| r.call_id == call.id)
+                    .map_or("", |r| r.content.as_str());
                 let hash = digest(&SHA256, result.as_bytes());
-                let hex: String = hash.as_ref().iter().take(8).map(|b| format!("{b:02x}")).collect();
+                let hex: String = hash
+                    .as_ref()
+                    .iter()
+                    .take(8)
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
                 (fingerprint(call), hex)
             })
             .collect();
         fingerprints.sort();
-        Self { calls: fingerprints, outcomes }
+        Self {
+            calls: fingerprints,
+            outcomes,
+        }
     }
 }
 
@@ -128,7 +149,11 @@ pub struct StagnationDetector {
 
 impl StagnationDetector {
     pub fn new(config: StagnationConfig) -> Self {
-        Self { config, window: Vec::new(), corrections: 0 }
+        Self {
+            config,
+            window: Vec::new(),
+            corrections: 0,
+        }
     }
 
     /// Forgets the window and the corrections: plan loops call this at each step.
@@ -168,8 +193,15 @@ impl StagnationDetector {
         let duplicates: usize = counts.values().map(|c| c - 1).sum();
         // Integer comparison: duplicates/total >= threshold/100.
         let repetitive = total > 0
-            && duplicates * 100 >= total * usize::try_from(self.config.repetition_threshold_percent).unwrap_or(usize::MAX);
-        let cycle_length = if self.config.cycle_detection { self.cycle() } else { None };
+            && duplicates * 100
+                >= total
+                    * usize::try_from(self.config.repetition_threshold_percent)
+                        .unwrap_or(usize::MAX);
+        let cycle_length = if self.config.cycle_detection {
+            self.cycle()
+        } else {
+            None
+        };
         let no_progress_call = self.no_progress();
         if !repetitive && cycle_length.is_none() && no_progress_call.is_none() {
             return None;
@@ -177,7 +209,11 @@ impl StagnationDetector {
         let mut repeated: Vec<(&str, usize)> = counts.into_iter().filter(|(_, c)| *c > 1).collect();
         repeated.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         #[allow(clippy::cast_precision_loss)] // Window counts are tiny.
-        let repetition_ratio = if total == 0 { 0.0 } else { duplicates as f64 / total as f64 };
+        let repetition_ratio = if total == 0 {
+            0.0
+        } else {
+            duplicates as f64 / total as f64
+        };
         Some(StagnationReport {
             repetition_ratio,
             cycle_length,
@@ -197,10 +233,14 @@ impl StagnationDetector {
         for outcome in self.window.iter().flat_map(|turn| &turn.outcomes) {
             *counts.entry(outcome).or_default() += 1;
         }
-        let mut stuck: Vec<(&(String, String), usize)> =
-            counts.into_iter().filter(|(_, c)| *c >= self.config.same_result_limit.max(2)).collect();
+        let mut stuck: Vec<(&(String, String), usize)> = counts
+            .into_iter()
+            .filter(|(_, c)| *c >= self.config.same_result_limit.max(2))
+            .collect();
         stuck.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        stuck.first().map(|((fingerprint, _), _)| fingerprint.clone())
+        stuck
+            .first()
+            .map(|((fingerprint, _), _)| fingerprint.clone())
     }
 }
 
@@ -211,13 +251,20 @@ pub fn corrective_message(report: &StagnationReport) -> String {
          what did the last results tell you, and what different action would move the task forward?",
     );
     if let Some(k) = report.cycle_length {
-        text.push_str(&format!(" Your last {k} turns repeat the {k} turns before them."));
+        text.push_str(&format!(
+            " Your last {k} turns repeat the {k} turns before them."
+        ));
     }
     if let Some(call) = &report.no_progress_call {
-        text.push_str(&format!(" The call {call} keeps returning the same result."));
+        text.push_str(&format!(
+            " The call {call} keeps returning the same result."
+        ));
     }
     if !report.repeated_calls.is_empty() {
-        text.push_str(&format!(" Repeated calls: {}.", report.repeated_calls.join(", ")));
+        text.push_str(&format!(
+            " Repeated calls: {}.",
+            report.repeated_calls.join(", ")
+        ));
     }
     text
 }
@@ -230,13 +277,22 @@ mod tests {
     use super::*;
 
     fn call(name: &str, args: serde_json::Value) -> ToolCall {
-        ToolCall { id: ToolCallId(format!("{name}-{args}")), name: name.into(), arguments: args }
+        ToolCall {
+            id: ToolCallId(format!("{name}-{args}")),
+            name: name.into(),
+            arguments: args,
+        }
     }
 
     fn turn(calls: &[ToolCall], result: &str) -> TurnSignature {
         let results: Vec<ToolResult> = calls
             .iter()
-            .map(|c| ToolResult { call_id: c.id.clone(), name: c.name.clone(), content: result.into(), is_error: false })
+            .map(|c| ToolResult {
+                call_id: c.id.clone(),
+                name: c.name.clone(),
+                content: result.into(),
+                is_error: false,
+            })
             .collect();
         TurnSignature::new(calls, &results)
     }
@@ -249,7 +305,11 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, calls)| {
-                let result = if same_results { "same".to_owned() } else { format!("result {i}") };
+                let result = if same_results {
+                    "same".to_owned()
+                } else {
+                    format!("result {i}")
+                };
                 match detector.observe(turn(calls, &result)) {
                     Verdict::Continue => "-",
                     Verdict::Correct(_) => "correct",
@@ -268,16 +328,40 @@ mod tests {
         // A,A: ratio 0.5 and no cycle of length 1.
         assert_eq!(check(&[&[a.clone()], &[a.clone()]], false), ["-", "-"]);
         // A,A,A: repetition.
-        assert_eq!(check(&[&[a.clone()], &[a.clone()], &[a.clone()]], false), ["-", "-", "correct"]);
+        assert_eq!(
+            check(&[&[a.clone()], &[a.clone()], &[a.clone()]], false),
+            ["-", "-", "correct"]
+        );
         // Five identical calls: exactly one correction, then termination.
         assert_eq!(
-            check(&[&[a.clone()], &[a.clone()], &[a.clone()], &[a.clone()], &[a.clone()]], false),
+            check(
+                &[
+                    &[a.clone()],
+                    &[a.clone()],
+                    &[a.clone()],
+                    &[a.clone()],
+                    &[a.clone()]
+                ],
+                false
+            ),
             ["-", "-", "correct", "terminate", "terminate"]
         );
         // A,B,A,B: a cycle of length 2 (ratio is only 0.5).
-        assert_eq!(check(&[&[a.clone()], &[b.clone()], &[a.clone()], &[b.clone()]], false), ["-", "-", "-", "correct"]);
+        assert_eq!(
+            check(
+                &[&[a.clone()], &[b.clone()], &[a.clone()], &[b.clone()]],
+                false
+            ),
+            ["-", "-", "-", "correct"]
+        );
         // The same tool with different arguments: nothing.
-        assert_eq!(check(&[&[a.clone()], &[a2.clone()], &[c.clone()], &[b.clone()]], false), ["-", "-", "-", "-"]);
+        assert_eq!(
+            check(
+                &[&[a.clone()], &[a2.clone()], &[c.clone()], &[b.clone()]],
+                false
+            ),
+            ["-", "-", "-", "-"]
+        );
     }
 
     #[test]
@@ -294,7 +378,10 @@ mod tests {
             .collect();
         match &verdicts[2] {
             Verdict::Correct(report) => {
-                assert_eq!(report.no_progress_call.as_deref(), Some(fingerprint(&a).as_str()));
+                assert_eq!(
+                    report.no_progress_call.as_deref(),
+                    Some(fingerprint(&a).as_str())
+                );
                 assert_eq!(report.cycle_length, None);
                 assert!(corrective_message(report).contains("keeps returning the same result"));
             }
@@ -315,11 +402,23 @@ mod tests {
 
     #[test]
     fn fingerprints_ignore_key_order_and_whitespace() {
-        let one = call("edit_file", json!({"path": "a", "old_text": "x  y\n", "new_text": "z"}));
-        let two = call("edit_file", json!({"new_text": "z", "old_text": "x y", "path": "a"}));
+        let one = call(
+            "edit_file",
+            json!({"path": "a", "old_text": "x  y\n", "new_text": "z"}),
+        );
+        let two = call(
+            "edit_file",
+            json!({"new_text": "z", "old_text": "x y", "path": "a"}),
+        );
         assert_eq!(fingerprint(&one), fingerprint(&two));
-        assert_ne!(fingerprint(&one), fingerprint(&call("edit_file", json!({"path": "b"}))));
+        assert_ne!(
+            fingerprint(&one),
+            fingerprint(&call("edit_file", json!({"path": "b"})))
+        );
         let print = fingerprint(&one);
-        assert!(print.starts_with("edit_file:") && print.len() == "edit_file:".len() + 16, "{print}");
+        assert!(
+            print.starts_with("edit_file:") && print.len() == "edit_file:".len() + 16,
+            "{print}"
+        );
     }
 }

@@ -16,7 +16,12 @@ pub(crate) struct MemorySink {
 
 impl MemorySink {
     pub(crate) fn kinds(&self) -> Vec<&'static str> {
-        self.events.lock().unwrap().iter().map(|e| e.kind().as_str()).collect()
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| e.kind().as_str())
+            .collect()
     }
 
     pub(crate) fn events(&self) -> Vec<Event> {
@@ -53,6 +58,10 @@ impl ToolExecutor for EchoTools {
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
         self.calls.lock().unwrap().push(call.clone());
         let text = call.arguments.to_string();
-        Ok(if self.fail { ToolOutput::error(text) } else { ToolOutput::ok(text) })
+        Ok(if self.fail {
+            ToolOutput::error(text)
+        } else {
+            ToolOutput::ok(text)
+        })
     }
 }

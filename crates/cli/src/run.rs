@@ -18,7 +18,7 @@ use crate::Failure;
 use crate::args::{ComplexityArg, LoopArg, RunArgs};
 use crate::config::Config;
 use crate::output;
-use crate::progress::ProgressSink;
+use crate::progress::{Mode, ProgressSink};
 
 /// Environment variables whose values are registered with the redactor when set.
 const PROVIDER_KEY_VARS: &[&str] = &["OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
@@ -116,7 +116,8 @@ async fn run_in_sandbox(
     sandbox: &Arc<Sandbox>,
 ) -> Result<ExecutionResult, Failure> {
     let log = SqliteSink::open(db, redactor).map_err(Failure::usage)?;
-    let sink: Arc<dyn EventSink> = Arc::new(ProgressSink::new(log, !args.json));
+    let progress = Arc::new(ProgressSink::new(log, Mode::detect(args.json), args.context_window));
+    let sink: Arc<dyn EventSink> = Arc::clone(&progress) as Arc<dyn EventSink>;
     let loop_type = match args.loop_type {
         LoopArg::React => LoopType::React,
         LoopArg::PlanExecute => LoopType::PlanExecute,
@@ -170,6 +171,7 @@ async fn run_in_sandbox(
         .await
         .map_err(Failure::usage);
     watcher.abort();
+    progress.finish();
     result
 }
 
