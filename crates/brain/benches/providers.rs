@@ -224,7 +224,9 @@ fn turn_loop_cached_counter(bencher: Bencher<'_, '_>) {
 fn warm_cache_recount(bencher: Bencher<'_, '_>) {
     let counter = CachedCounter::new(Tiktoken::new(Encoding::O200kBase));
     counter.count_messages(&CONVERSATION);
-    bencher.counter(BytesCount::new(conversation_bytes())).bench(|| counter.count_messages(&CONVERSATION));
+    bencher
+        .counter(BytesCount::new(conversation_bytes()))
+        .bench(|| counter.count_messages(&CONVERSATION));
 }
 
 /// The estimate on the same loop, uncached (it reads each byte once per turn).

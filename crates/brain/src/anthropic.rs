@@ -113,7 +113,7 @@ impl AnthropicProvider {
         Ok(Self {
             url: format!("{base}/v1/messages"),
             headers,
-            client: HttpClient::new(&config.http)?,
+            client: HttpClient::new(&config.http, &base)?,
             counter: counter_for_model(&config.model),
             config,
         })

@@ -638,9 +638,12 @@ mod tests {
             .sink
             .events()
             .into_iter()
-            .filter_map(|e| match e {
-                Event::Retry(retry) => Some(retry),
-                _ => None,
+            .filter_map(|e| {
+                if let Event::Retry(retry) = e {
+                    Some(retry)
+                } else {
+                    None
+                }
             })
             .collect();
         assert_eq!(retries.len(), 1);

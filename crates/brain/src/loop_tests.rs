@@ -123,9 +123,12 @@ async fn five_identical_calls_get_one_correction_then_stagnation() {
     let verdicts: Vec<_> = outcome
         .events()
         .into_iter()
-        .filter_map(|e| match e {
-            Event::Stagnation(s) => Some((s.turn, s.action)),
-            _ => None,
+        .filter_map(|e| {
+            if let Event::Stagnation(s) = e {
+                Some((s.turn, s.action))
+            } else {
+                None
+            }
         })
         .collect();
     use nerve_core::event::StagnationAction::{Corrected, Terminated};
@@ -264,9 +267,12 @@ async fn ask_without_a_user_parks_and_an_approved_resume_completes() {
     let parked = run(&cassette, config.clone(), EchoTools::default()).await;
     assert_eq!(parked.result.termination_reason, TerminationReason::Parked);
     assert!(parked.tools.calls.lock().unwrap().is_empty());
-    let requested = parked.events().into_iter().find_map(|e| match e {
-        Event::ApprovalRequested(r) => Some(r),
-        _ => None,
+    let requested = parked.events().into_iter().find_map(|e| {
+        if let Event::ApprovalRequested(r) = e {
+            Some(r)
+        } else {
+            None
+        }
     });
     let call = requested.expect("an approval request is recorded").call;
     assert!(
@@ -555,10 +561,8 @@ async fn auto_resolves_the_loop_from_the_complexity() {
         TerminationReason::Completed
     );
     assert_eq!(outcome.result.context.loop_type, LoopType::PlanExecute);
-    match &outcome.events()[0] {
-        Event::Started(started) => {
-            assert_eq!(started.loop_type, LoopType::PlanExecute);
-        }
-        other => panic!("{other:?}"),
-    }
+    let Event::Started(started) = &outcome.events()[0] else {
+        panic!("the first event is the start")
+    };
+    assert_eq!(started.loop_type, LoopType::PlanExecute);
 }

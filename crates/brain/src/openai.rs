@@ -99,7 +99,7 @@ impl OpenAiProvider {
             url: format!("{base}/chat/completions"),
             official: base.starts_with("https://api.openai.com"),
             headers,
-            client: HttpClient::new(&config.http)?,
+            client: HttpClient::new(&config.http, &base)?,
             counter: counter_for_model(&config.model),
             config,
         })

@@ -271,7 +271,7 @@ impl Provider for ScriptedProvider {
         };
         match entry {
             Entry::Fail { error, delay } => {
-                tokio::time::sleep(delay).await;
+                sleep_unless_zero(delay).await;
                 Err(error)
             }
             Entry::Respond {
@@ -282,7 +282,7 @@ impl Provider for ScriptedProvider {
                 finish,
                 delay,
             } => {
-                tokio::time::sleep(delay).await;
+                sleep_unless_zero(delay).await;
                 let mut parts = Vec::new();
                 if let Some(text) = text.filter(|t| !t.is_empty()) {
                     parts.push(MessagePart::Text { text });
@@ -319,6 +319,14 @@ impl Provider for ScriptedProvider {
                 })
             }
         }
+    }
+}
+
+/// A zero delay must not touch the timer: `sleep(0)` still waits for the next timer tick
+/// (about a millisecond), which would dominate a scripted turn.
+async fn sleep_unless_zero(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
 }
 
