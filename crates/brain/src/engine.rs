@@ -15,15 +15,20 @@ use nerve_core::{
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::{Approval, Approver, PolicyAction, ToolPolicy, Unattended};
+use crate::archive::MemoryArchive;
 use crate::auto::{AutoLoopConfig, select_loop};
+use crate::compaction::CompactionConfig;
+use crate::compactor::context_tool_definitions;
 use crate::context::{AgentContext, ExecutionResult};
 use crate::plan::{self, PlanMode};
 use crate::prompt::PromptProfile;
 use crate::provider::Provider;
 use crate::react;
 use crate::retry::RetryPolicy;
+use crate::runner::CompactionState;
 use crate::runner::{Guards, Run, Stop};
 use crate::stagnation::{StagnationConfig, StagnationDetector};
+use crate::tokens::{TokenCounter, counter_for_model};
 
 /// Prices in micro-dollars per million tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -58,6 +63,7 @@ pub struct EngineConfig {
     pub context_window: Option<u64>,
     pub retry: RetryPolicy,
     pub stagnation: StagnationConfig,
+    pub compaction: CompactionConfig,
     pub policy: ToolPolicy,
     /// Continuation prompts after `max_tokens` before the answer is taken as final.
     pub max_tokens_recoveries: u32,
@@ -91,6 +97,7 @@ impl Default for EngineConfig {
             context_window: None,
             retry: RetryPolicy::default(),
             stagnation: StagnationConfig::default(),
+            compaction: CompactionConfig::default(),
             policy: ToolPolicy::default(),
             max_tokens_recoveries: 2,
             premature_end_retries: 2,
@@ -165,6 +172,8 @@ pub struct AgentEngine {
     pub sink: Arc<dyn EventSink>,
     /// Who answers `ask` rules; [`Unattended`] parks instead.
     pub approver: Arc<dyn Approver>,
+    /// Where compaction archives context; in memory unless the log's archive is wired in.
+    pub archive: Arc<dyn nerve_core::ContextArchive>,
     pub config: EngineConfig,
 }
 
@@ -191,6 +200,7 @@ impl AgentEngine {
             tools,
             sink,
             approver: Arc::new(Unattended),
+            archive: Arc::new(MemoryArchive::default()),
             config,
         }
     }
@@ -201,13 +211,26 @@ impl AgentEngine {
         ctx: AgentContext,
         cancel: CancellationToken,
     ) -> Run {
+        let counter: Arc<dyn TokenCounter> = counter_for_model(self.provider.model());
+        let mut tool_definitions = self.tools.definitions();
+        if self.config.compaction.enabled {
+            tool_definitions.extend(context_tool_definitions(
+                self.config.compaction.agent_controlled,
+            ));
+        }
+        let counts = ctx
+            .messages
+            .iter()
+            .map(|m| counter.count_message(m))
+            .collect();
+        let tool_tokens = counter.count_tools(&tool_definitions);
         Run {
             execution_id,
             provider: Arc::clone(&self.provider),
             planner: self.planner.clone(),
             tools: Arc::clone(&self.tools),
             approver: Arc::clone(&self.approver),
-            tool_definitions: self.tools.definitions(),
+            tool_definitions,
             sink: Arc::clone(&self.sink),
             config: self.config.clone(),
             ctx,
@@ -216,6 +239,12 @@ impl AgentEngine {
             stagnation: StagnationDetector::new(self.config.stagnation),
             guards: Guards::default(),
             step: None,
+            archive: Arc::clone(&self.archive),
+            counter,
+            counts,
+            tool_tokens,
+            compaction: CompactionState::default(),
+            protect_from: None,
         }
     }
 
@@ -302,6 +331,7 @@ impl AgentEngine {
             .await?;
         run.push_message(Message::user(task.description.clone()).pinned())
             .await?;
+        run.refresh_indicator().await?;
         run.transition(TaskStatus::InProgress).await?;
         Ok(())
     }

@@ -5,9 +5,13 @@
 
 pub mod anthropic;
 pub mod approval;
+pub mod archive;
 pub mod auto;
+pub mod compaction;
+mod compactor;
 pub mod context;
 pub mod engine;
+pub mod epistemic;
 pub mod http;
 pub mod models;
 pub mod openai;
@@ -23,6 +27,8 @@ pub mod stagnation;
 pub mod stream;
 pub mod tokens;
 
+#[cfg(test)]
+mod compaction_tests;
 #[cfg(test)]
 mod loop_tests;
 #[cfg(test)]

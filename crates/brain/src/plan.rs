@@ -77,6 +77,8 @@ async fn drive(run: &mut Run, mode: PlanMode) -> Result<(), Stop> {
         step_number += 1;
         run.step = Some(step_number);
         run.stagnation.reset();
+        // The active step is the subgoal: its messages are never compacted away.
+        run.protect_from = Some(run.ctx.messages.len());
         let text = format!(
             "[Nerve] Step {}/{}: {}\nWhen the step is done, reply with a one-line summary and no tool calls. \
              If it cannot be done, reply with \"{STEP_FAILED}: <reason>\".",
@@ -123,6 +125,7 @@ async fn drive(run: &mut Run, mode: PlanMode) -> Result<(), Stop> {
         }
     }
     run.step = None;
+    run.protect_from = None;
     Ok(())
 }
 

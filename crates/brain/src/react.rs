@@ -45,6 +45,7 @@ pub(crate) async fn run(run: &mut Run) -> Stop {
 /// guardrails that look at the result (stagnation, max-tokens, premature end).
 pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
     run.check_boundary()?;
+    run.maybe_compact().await?;
     run.warn_near_budget().await?;
     let started = Instant::now();
     let number = run.ctx.turn_count() + 1;
@@ -198,6 +199,11 @@ pub(crate) async fn execute_calls(
 ) -> Result<Vec<ToolResult>, Stop> {
     let mut results = Vec::with_capacity(calls.len());
     for call in calls {
+        if run.is_context_tool(call) {
+            // recall and compress_context act on the conversation, not the workspace.
+            results.push(execute_tool(run, turn, call).await?);
+            continue;
+        }
         let (action, rule) = run.config.policy.evaluate(call);
         let result = match action {
             PolicyAction::Allow => execute_tool(run, turn, call).await?,
@@ -317,19 +323,47 @@ pub(crate) async fn execute_tool(
     }))
     .await?;
     let started = Instant::now();
-    let output = run
-        .tools
-        .execute(call)
-        .await
-        .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
+    let (content, is_error) = if run.is_context_tool(call) {
+        run.context_tool(call).await?
+    } else {
+        let output = run
+            .tools
+            .execute(call)
+            .await
+            .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
+        (output.content, output.is_error)
+    };
     let result = ToolResult {
         call_id: call.id.clone(),
         name: call.name.clone(),
-        content: output.content,
-        is_error: output.is_error,
+        content,
+        is_error,
     };
     let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    finish_tool(run, turn, result, millis).await
+    // An oversized output goes to the archive at once; the conversation keeps a preview.
+    let offloaded = if call.name == "recall" {
+        None
+    } else {
+        run.offload(&result).await?
+    };
+    let Some((preview, block)) = offloaded else {
+        return finish_tool(run, turn, result, millis).await;
+    };
+    run.record(Event::ToolCallFinished(ToolCallFinished {
+        turn,
+        result: result.clone(),
+        duration_ms: millis,
+    }))
+    .await?;
+    let before = run.fill() + run.counter.count_text(&result.content);
+    let kept = ToolResult {
+        content: preview,
+        ..result
+    };
+    run.push_message(Message::tool_result(kept.clone())).await?;
+    run.record_offload(run.ctx.messages.len() - 1, before, block)
+        .await?;
+    Ok(kept)
 }
 
 pub(crate) async fn finish_tool(

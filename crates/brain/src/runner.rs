@@ -6,16 +6,18 @@ use std::time::{Duration, Instant};
 
 use nerve_core::event::{CallPurpose, MessageAppended, ModelCalled, Retry, TaskTransition};
 use nerve_core::{
-    Event, EventSink, ExecutionId, Message, SinkError, TaskStatus, TerminationReason, TokenUsage,
-    ToolDefinition, ToolExecutor,
+    ContextArchive, Event, EventSink, ExecutionId, Message, SinkError, TaskStatus,
+    TerminationReason, TokenUsage, ToolDefinition, ToolExecutor,
 };
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::Approver;
+use crate::compaction::CompactionStrategyRequest;
 use crate::context::AgentContext;
 use crate::engine::EngineConfig;
 use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use crate::stagnation::StagnationDetector;
+use crate::tokens::TokenCounter;
 
 /// Why a loop stopped; carried out of the guardrail checks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +80,29 @@ pub(crate) struct Run {
     pub(crate) guards: Guards,
     /// The plan step the loop is in (1-based), for events scoped to a step.
     pub(crate) step: Option<u32>,
+    /// Where compaction archives what it takes out.
+    pub(crate) archive: Arc<dyn ContextArchive>,
+    pub(crate) counter: Arc<dyn TokenCounter>,
+    /// Token count of each message of `ctx.messages`, kept in step with it.
+    pub(crate) counts: Vec<u64>,
+    /// Tokens of the tool definitions offered every turn.
+    pub(crate) tool_tokens: u64,
+    pub(crate) compaction: CompactionState,
+    /// Messages from this index on belong to the active plan step: never compacted.
+    pub(crate) protect_from: Option<usize>,
+}
+
+/// The guards of compaction, reset on resume.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CompactionState {
+    /// No automatic compaction before this turn (after a failure).
+    pub(crate) cooldown_until: u32,
+    /// The fill at which summarising last failed to shrink the context: no new attempt
+    /// until the conversation has grown past it.
+    pub(crate) exhausted_at: Option<u64>,
+    pub(crate) archived_blocks: usize,
+    /// A `compress_context` call waiting for the turn boundary.
+    pub(crate) requested: Option<CompactionStrategyRequest>,
 }
 
 impl Run {
@@ -92,8 +117,14 @@ impl Run {
             message: message.clone(),
         }))
         .await?;
+        self.counts.push(self.counter.count_message(&message));
         self.ctx.messages.push(message);
         Ok(())
+    }
+
+    /// Tokens the next request will carry: every message plus the tool definitions.
+    pub(crate) fn fill(&self) -> u64 {
+        self.counts.iter().sum::<u64>() + self.tool_tokens
     }
 
     pub(crate) async fn transition(&mut self, to: TaskStatus) -> Result<(), Stop> {
@@ -197,6 +228,46 @@ impl Run {
         purpose: CallPurpose,
         tools: &[ToolDefinition],
     ) -> Result<ModelResponse, Stop> {
+        match self.call_model_on(turn, purpose, None, tools).await {
+            Err(Overflow::Context(message)) if purpose != CallPurpose::Summary => {
+                // The window overflowed: compact now, whatever the thresholds say, and retry once.
+                let compacted = self.compact_for_overflow(turn).await?;
+                if !compacted {
+                    return Err(Stop::new(
+                        TerminationReason::Error,
+                        format!(
+                            "provider error: context_overflow: {message} (compaction could not make room)"
+                        ),
+                    ));
+                }
+                match self.call_model_on(turn, purpose, None, tools).await {
+                    Ok(response) => Ok(response),
+                    Err(Overflow::Context(message)) => Err(Stop::new(
+                        TerminationReason::Error,
+                        format!(
+                            "provider error: context_overflow: {message} (still too large after compaction)"
+                        ),
+                    )),
+                    Err(Overflow::Stop(stop)) => Err(stop),
+                }
+            }
+            Err(Overflow::Context(message)) => Err(Stop::new(
+                TerminationReason::Error,
+                format!("provider error: context_overflow: {message}"),
+            )),
+            Err(Overflow::Stop(stop)) => Err(stop),
+            Ok(response) => Ok(response),
+        }
+    }
+
+    /// One model call with retries on `messages` (the conversation when `None`).
+    pub(crate) async fn call_model_on(
+        &mut self,
+        turn: u32,
+        purpose: CallPurpose,
+        messages: Option<&[Message]>,
+        tools: &[ToolDefinition],
+    ) -> Result<ModelResponse, Overflow> {
         let provider = match (purpose, &self.planner) {
             (CallPurpose::Plan, Some(planner)) => Arc::clone(planner),
             (CallPurpose::Plan | CallPurpose::Agent | CallPurpose::Summary, _) => {
@@ -208,10 +279,10 @@ impl Run {
         loop {
             self.check_budget()?;
             if self.cancel.is_cancelled() {
-                return Err(Stop::shutdown());
+                return Err(Stop::shutdown().into());
             }
             let request = ModelRequest {
-                messages: &self.ctx.messages,
+                messages: messages.unwrap_or(&self.ctx.messages),
                 tools,
                 purpose,
             };
@@ -223,7 +294,8 @@ impl Run {
                         return Err(Stop::new(
                             TerminationReason::TimedOut,
                             "wall-clock timeout reached during a model call",
-                        ));
+                        )
+                        .into());
                     }
                 },
                 None => call.await,
@@ -257,7 +329,8 @@ impl Run {
                         return Err(Stop::new(
                             TerminationReason::Error,
                             format!("provider failed after {attempt} attempts: {kind}: {message}"),
-                        ));
+                        )
+                        .into());
                     }
                     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                     self.record(Event::Retry(Retry {
@@ -269,21 +342,42 @@ impl Run {
                     .await?;
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
-                        () = self.cancel.cancelled() => return Err(Stop::shutdown()),
+                        () = self.cancel.cancelled() => return Err(Stop::shutdown().into()),
                     }
                     slept += delay;
                     attempt += 1;
                 }
-                Err(
-                    error @ (ProviderError::ContextOverflow(_) | ProviderError::Permanent { .. }),
-                ) => {
+                Err(ProviderError::ContextOverflow(message)) => {
+                    return Err(Overflow::Context(message));
+                }
+                Err(error @ ProviderError::Permanent { .. }) => {
                     return Err(Stop::new(
                         TerminationReason::Error,
                         format!("provider error: {error}"),
-                    ));
+                    )
+                    .into());
                 }
             }
         }
+    }
+}
+
+/// A model call that failed: a stop, or a context overflow the caller may compact for.
+#[derive(Debug)]
+pub(crate) enum Overflow {
+    Stop(Stop),
+    Context(String),
+}
+
+impl From<Stop> for Overflow {
+    fn from(stop: Stop) -> Self {
+        Self::Stop(stop)
+    }
+}
+
+impl From<SinkError> for Overflow {
+    fn from(error: SinkError) -> Self {
+        Self::Stop(error.into())
     }
 }
 

@@ -39,10 +39,25 @@ impl EventSink for MemorySink {
 }
 
 /// A tool executor whose every call echoes its arguments; `fail` makes calls error results.
+/// A call with `{"lines": N}` answers N numbered lines instead (large outputs).
 #[derive(Debug, Default)]
 pub(crate) struct EchoTools {
     pub(crate) fail: bool,
     pub(crate) calls: Mutex<Vec<ToolCall>>,
+}
+
+/// `lines` numbered lines mentioning `fact` once in the middle.
+pub(crate) fn big_output(lines: u64, fact: &str) -> String {
+    (0..lines)
+        .map(|i| {
+            if i == lines / 2 {
+                format!("line {i}: {fact}")
+            } else {
+                format!("line {i}: nothing to see here, carry on")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[async_trait]
@@ -57,7 +72,20 @@ impl ToolExecutor for EchoTools {
 
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
         self.calls.lock().unwrap().push(call.clone());
-        let text = call.arguments.to_string();
+        let text = match call
+            .arguments
+            .get("lines")
+            .and_then(serde_json::Value::as_u64)
+        {
+            Some(lines) => big_output(
+                lines,
+                call.arguments
+                    .get("fact")
+                    .and_then(|f| f.as_str())
+                    .unwrap_or(""),
+            ),
+            None => call.arguments.to_string(),
+        };
         Ok(if self.fail {
             ToolOutput::error(text)
         } else {

@@ -21,7 +21,10 @@ pub use event::{Event, EventKind, Finish, ToolCallFinished, ToolCallStarted, Tur
 pub use execution::{Complexity, ExecutionStatus, LoopType, TerminationReason};
 pub use id::{BlockId, ExecutionId, TaskId, ToolCallId};
 pub use message::{Message, MessagePart, MessageRole, ToolCall, ToolResult};
-pub use ports::{EventSink, SinkError, ToolDefinition, ToolError, ToolExecutor, ToolOutput};
+pub use ports::{
+    ArchivedBlock, ContextArchive, EventSink, RecallHit, SinkError, ToolDefinition, ToolError,
+    ToolExecutor, ToolOutput,
+};
 pub use redact::Redactor;
 pub use task::{TaskStatus, TransitionError};
 pub use usage::{MicroUsd, TokenUsage, TurnRecord};

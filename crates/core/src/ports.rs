@@ -71,3 +71,41 @@ pub trait ToolExecutor: Send + Sync {
     /// Runs one call. Unknown tools and malformed arguments are `Ok` with `is_error`.
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError>;
 }
+
+/// A block of archived context: messages taken out of the conversation by a compaction,
+/// kept beside the log so that the agent can `recall` them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchivedBlock {
+    pub id: crate::id::BlockId,
+    pub messages: Vec<crate::message::Message>,
+    /// What the block holds, in a line (`3 tool outputs masked at turn 12`).
+    pub note: String,
+}
+
+/// One search result of [`ContextArchive::search`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecallHit {
+    pub id: crate::id::BlockId,
+    pub note: String,
+    /// The matching text, shortened.
+    pub snippet: String,
+}
+
+/// Where compaction puts what it takes out of the conversation. Failures are
+/// [`SinkError`]s: the archive lives beside the event log.
+#[async_trait]
+pub trait ContextArchive: Send + Sync {
+    async fn archive(&self, execution: ExecutionId, block: ArchivedBlock) -> Result<(), SinkError>;
+    async fn fetch(
+        &self,
+        execution: ExecutionId,
+        id: crate::id::BlockId,
+    ) -> Result<Option<ArchivedBlock>, SinkError>;
+    /// Blocks of `execution` matching `query` (plain words; never a query language).
+    async fn search(
+        &self,
+        execution: ExecutionId,
+        query: &str,
+        limit: usize,
+    ) -> Result<Vec<RecallHit>, SinkError>;
+}

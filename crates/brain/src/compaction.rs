@@ -1,0 +1,704 @@
+//! Layered compaction: what to take out of the conversation when it fills the window, and
+//! what to leave. The planning here is pure (messages and their token counts in, a plan
+//! out) so that its invariants are tested directly; `runner.rs` carries plans out at turn
+//! boundaries, archives the originals and records the events.
+//!
+//! The layers, cheapest first:
+//! 1. **Offload**: a tool output over `offload_tokens` goes to the archive at once; the
+//!    conversation keeps a preview and the block id.
+//! 2. **Mask** (soft threshold, 60%): old tool results, outside the recent turns, are
+//!    replaced by a one-line placeholder; the originals stay recallable.
+//! 3. **Summarise** (hard threshold, 80%; 95% when the agent steers compaction): the middle
+//!    of the conversation becomes one structured summary, keeping the leading system
+//!    messages, pinned messages, the recent turns (at least 3 turn pairs or 10% of the
+//!    window) and messages rich in epistemic markers.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+
+use nerve_core::{BlockId, Complexity, Message, MessagePart, MessageRole};
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use crate::epistemic::{keep_threshold, marker_groups};
+
+/// Thresholds and sizes. Percentages are of the context window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionConfig {
+    pub enabled: bool,
+    /// A tool output over this many tokens is archived at once.
+    pub offload_tokens: u64,
+    /// Characters of an offloaded output kept in the conversation (head and tail).
+    pub preview_chars: usize,
+    pub soft_percent: u32,
+    pub hard_percent: u32,
+    /// The hard threshold when the agent steers compaction with `compress_context`.
+    pub agent_hard_percent: u32,
+    /// Offer `compress_context` and move the automatic hard threshold to the safety net.
+    pub agent_controlled: bool,
+    /// Recent turn pairs always kept verbatim...
+    pub keep_recent_turns: usize,
+    /// ...or the recent messages that make up this share of the window, whichever is more.
+    pub keep_recent_percent: u32,
+    /// Conversations shorter than this are never compacted.
+    pub min_messages: usize,
+    /// Turns to wait after a failed compaction.
+    pub cooldown_turns: u32,
+    /// Budget use (percent) from which thresholds tighten.
+    pub pressure_percent: u32,
+    /// The hard threshold under budget pressure.
+    pub pressure_hard_percent: u32,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            offload_tokens: 4_000,
+            preview_chars: 1_500,
+            soft_percent: 60,
+            hard_percent: 80,
+            agent_hard_percent: 95,
+            agent_controlled: false,
+            keep_recent_turns: 3,
+            keep_recent_percent: 10,
+            min_messages: 4,
+            cooldown_turns: 2,
+            pressure_percent: 80,
+            pressure_hard_percent: 70,
+        }
+    }
+}
+
+impl CompactionConfig {
+    /// The hard threshold in force: the safety net in agent-controlled mode, tighter under
+    /// budget pressure.
+    pub fn hard_threshold(&self, budget_used_percent: u32) -> u32 {
+        if self.agent_controlled {
+            self.agent_hard_percent
+        } else if budget_used_percent >= self.pressure_percent {
+            self.pressure_hard_percent.min(self.hard_percent)
+        } else {
+            self.hard_percent
+        }
+    }
+
+    /// Recent turns kept verbatim: one fewer under budget pressure, at least one.
+    pub fn recent_turns(&self, budget_used_percent: u32) -> usize {
+        if budget_used_percent >= self.pressure_percent {
+            self.keep_recent_turns.saturating_sub(1).max(1)
+        } else {
+            self.keep_recent_turns
+        }
+    }
+}
+
+/// `fill * 100 >= capacity * percent`, in integers.
+pub fn at_or_above(fill: u64, capacity: u64, percent: u32) -> bool {
+    capacity > 0 && u128::from(fill) * 100 >= u128::from(capacity) * u128::from(percent)
+}
+
+/// The context indicator the system prompt carries:
+/// `[Context: 12,450/16,000 tokens (78%) | 0 archived blocks]`.
+pub fn indicator(fill: u64, capacity: u64, archived_blocks: usize) -> String {
+    let percent = if capacity == 0 {
+        0
+    } else {
+        u128::from(fill) * 100 / u128::from(capacity)
+    };
+    format!(
+        "[Context: {}/{} tokens ({percent}%) | {archived_blocks} archived blocks]",
+        thousands(fill),
+        thousands(capacity)
+    )
+}
+
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Replaces (or appends) the indicator line of a system prompt.
+pub fn with_indicator(system: &str, indicator: &str) -> String {
+    let base = system
+        .rsplit_once("\n\n[Context: ")
+        .map_or(system, |(base, _)| base);
+    format!("{base}\n\n{indicator}")
+}
+
+/// The start of the recent window that is always kept: the last `turns` turns (an assistant
+/// message and what followed it), extended backwards until it holds `min_tokens`, and never
+/// starting on a tool result (whose call would be cut off).
+pub fn recent_start(messages: &[Message], counts: &[u64], turns: usize, min_tokens: u64) -> usize {
+    let assistants: Vec<usize> = messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == MessageRole::Assistant)
+        .map(|(i, _)| i)
+        .collect();
+    let mut start = if turns == 0 {
+        messages.len()
+    } else if assistants.len() >= turns {
+        assistants[assistants.len() - turns]
+    } else {
+        assistants.first().copied().unwrap_or(messages.len())
+    };
+    let mut kept: u64 = counts[start..].iter().sum();
+    while start > 0 && kept < min_tokens {
+        start -= 1;
+        kept += counts[start];
+    }
+    while start > 0 && start < messages.len() && messages[start].role == MessageRole::Tool {
+        start -= 1;
+    }
+    start
+}
+
+/// Leading system messages.
+pub fn head_end(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .take_while(|m| m.role == MessageRole::System)
+        .count()
+}
+
+/// A summarising compaction: `from..to` is replaced by a summary of `summarised` followed
+/// by the `kept` messages (pinned, epistemic-rich), in their order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryPlan {
+    pub from: usize,
+    pub to: usize,
+    pub kept: Vec<usize>,
+    pub summarised: Vec<usize>,
+}
+
+/// What a summarising compaction must keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SummaryPolicy {
+    pub recent_turns: usize,
+    /// Also keep the recent messages that make up this share of the window.
+    pub recent_percent: u32,
+    /// Decides how many epistemic groups keep a message.
+    pub complexity: Option<Complexity>,
+    /// Keep everything from this index on (the hybrid loop's active step).
+    pub protect_from: Option<usize>,
+    pub min_messages: usize,
+}
+
+/// Plans a summarising compaction, or `None` when there is nothing worth summarising.
+pub fn plan_summary(
+    messages: &[Message],
+    counts: &[u64],
+    capacity: u64,
+    policy: SummaryPolicy,
+) -> Option<SummaryPlan> {
+    if messages.len() < policy.min_messages.max(3) || capacity == 0 {
+        return None;
+    }
+    let min_recent = capacity * u64::from(policy.recent_percent) / 100;
+    let from = head_end(messages);
+    let mut to = recent_start(messages, counts, policy.recent_turns, min_recent);
+    if let Some(protected) = policy.protect_from {
+        to = to.min(protected);
+    }
+    if to <= from + 1 {
+        return None;
+    }
+    let threshold = keep_threshold(policy.complexity);
+    let (kept, summarised): (Vec<usize>, Vec<usize>) =
+        (from..to).partition(|&i| is_kept(&messages[i], threshold));
+    if summarised.is_empty() {
+        return None;
+    }
+    Some(SummaryPlan {
+        from,
+        to,
+        kept,
+        summarised,
+    })
+}
+
+fn is_kept(message: &Message, epistemic_threshold: usize) -> bool {
+    if message.pinned || message.role == MessageRole::System {
+        return true;
+    }
+    if is_summary(message) {
+        // An earlier summary is folded into the new one, never kept beside it.
+        return false;
+    }
+    matches!(message.role, MessageRole::Assistant | MessageRole::User)
+        && marker_groups(&message.text_content()) >= epistemic_threshold
+}
+
+pub fn is_summary(message: &Message) -> bool {
+    message
+        .parts
+        .iter()
+        .any(|p| matches!(p, MessagePart::CompactionSummary { .. }))
+}
+
+/// The form in which a kept middle message survives: its text only, since its tool calls'
+/// results are summarised away (a call without its result would be refused by providers).
+pub fn kept_form(message: &Message) -> Message {
+    if message.pinned
+        || message.role == MessageRole::System
+        || message.tool_calls().next().is_none()
+    {
+        let parts = message
+            .parts
+            .iter()
+            .filter(|p| !matches!(p, MessagePart::Thinking { .. }))
+            .cloned()
+            .collect::<Vec<_>>();
+        if !parts.is_empty() {
+            return Message {
+                role: message.role,
+                parts,
+                pinned: message.pinned,
+            };
+        }
+    }
+    Message {
+        role: message.role,
+        parts: vec![MessagePart::Text {
+            text: message.text_content(),
+        }],
+        pinned: message.pinned,
+    }
+}
+
+/// Tool results to mask: every unmasked tool result before the recent window.
+pub fn plan_mask(messages: &[Message], counts: &[u64], recent_turns: usize) -> Vec<usize> {
+    let start = recent_start(messages, counts, recent_turns, 0);
+    (0..start)
+        .filter(|&i| {
+            messages[i].role == MessageRole::Tool
+                && messages[i].parts.iter().any(
+                    |p| matches!(p, MessagePart::ToolResult(r) if !r.content.starts_with(MASKED) && !r.content.starts_with(ARCHIVED)),
+                )
+        })
+        .collect()
+}
+
+pub(crate) const MASKED: &str = "[masked: ";
+pub(crate) const ARCHIVED: &str = "[archived output: ";
+
+/// The placeholder of a masked tool result.
+pub fn masked(message: &Message, tokens: u64, block: BlockId) -> Message {
+    let parts = message
+        .parts
+        .iter()
+        .map(|part| match part {
+            MessagePart::ToolResult(result) => {
+                let mut result = result.clone();
+                result.content = format!(
+                    "{MASKED}the output of {} ({tokens} tokens) was archived as block {block}; call recall with this block_id to see it]",
+                    result.name
+                );
+                MessagePart::ToolResult(result)
+            }
+            other @ (MessagePart::Text { .. }
+            | MessagePart::ToolCall(_)
+            | MessagePart::Thinking { .. }
+            | MessagePart::CompactionSummary { .. }) => other.clone(),
+        })
+        .collect();
+    Message {
+        role: message.role,
+        parts,
+        pinned: message.pinned,
+    }
+}
+
+/// The preview left in the conversation for an offloaded tool output.
+pub fn preview(content: &str, chars: usize, block: BlockId) -> String {
+    let total = content.chars().count();
+    let head: String = content.chars().take(chars * 2 / 3).collect();
+    let tail_len = chars / 3;
+    let tail: String = content
+        .chars()
+        .skip(total.saturating_sub(tail_len).max(head.chars().count()))
+        .collect();
+    format!(
+        "{ARCHIVED}{total} characters, archived as block {block}; call recall with this block_id for all of it]\n{head}\n[...]\n{tail}"
+    )
+}
+
+/// The instructions of the summary call: a fixed structure, exact facts.
+pub const SUMMARY_PROMPT: &str = "You compress an AI agent's working history so it can continue the task with \
+less context. Write a summary with exactly these sections, as short bullet lists:\n\
+## Goal\n## Done\n## Findings (exact file paths, error messages, numbers, identifiers — copy them verbatim)\n\
+## Decisions (and why)\n## Open questions\n## Next steps\n\
+Keep every fact later steps may need; drop pleasantries and repetition. If an earlier summary is given, merge \
+it in: produce one summary, not a summary of a summary.";
+
+/// The transcript handed to the summary call.
+pub fn transcript(messages: &[&Message], earlier: Option<&str>) -> String {
+    let mut out = String::new();
+    if let Some(earlier) = earlier {
+        let _ = writeln!(out, "EARLIER SUMMARY:\n{earlier}\n");
+    }
+    out.push_str("HISTORY:\n");
+    for message in messages {
+        for part in &message.parts {
+            let _ = match part {
+                MessagePart::Text { text } => writeln!(out, "{}: {text}", role(message.role)),
+                MessagePart::ToolCall(call) => {
+                    writeln!(out, "tool call {}: {}", call.name, call.arguments)
+                }
+                MessagePart::ToolResult(result) => writeln!(
+                    out,
+                    "tool result {}{}: {}",
+                    result.name,
+                    if result.is_error { " (failed)" } else { "" },
+                    result.content
+                ),
+                MessagePart::Thinking { text, .. } => writeln!(out, "thinking: {text}"),
+                MessagePart::CompactionSummary { text, .. } => writeln!(out, "summary: {text}"),
+            };
+        }
+    }
+    out
+}
+
+fn role(role: MessageRole) -> &'static str {
+    match role {
+        MessageRole::System => "system",
+        MessageRole::User => "user",
+        MessageRole::Assistant => "assistant",
+        MessageRole::Tool => "tool",
+    }
+}
+
+static PATH: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // Constant pattern.
+    Regex::new(r"(?:[A-Za-z0-9_.~-]+/)+[A-Za-z0-9_.-]+|[A-Za-z0-9_-]+\.[A-Za-z][A-Za-z0-9]{0,5}\b")
+        .expect("path pattern")
+});
+static ERROR: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // Constant pattern.
+    Regex::new(r"(?i)\b(error|failed|failure|fail|exception|panic|traceback|denied|not found|cannot|refused|timed out)\b")
+        .expect("error pattern")
+});
+static DECISION: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // Constant pattern.
+    Regex::new(r"(?i)\b(decided|decide|will use|instead|because|chose|choose|must|must not|never|always|constraint|require[sd]?)\b")
+        .expect("decision pattern")
+});
+static NUMBER: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // Constant pattern.
+    Regex::new(r"\b\d+(?:[.,:]\d+)*\b").expect("number pattern")
+});
+
+/// The deterministic extractive summary used when the summary call fails: the same
+/// sections, filled with the lines that carry paths, errors, numbers and decisions.
+pub fn extractive_summary(
+    task: &str,
+    messages: &[&Message],
+    earlier: Option<&str>,
+    max_chars: usize,
+) -> String {
+    let mut done = Vec::new();
+    let mut findings = BTreeSet::new();
+    let mut decisions = Vec::new();
+    let mut questions = Vec::new();
+    let mut next = None;
+    let mut lines_of = |text: &str, findings: &mut BTreeSet<String>| {
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let line: String = line.chars().take(240).collect();
+            if ERROR.is_match(&line) || PATH.is_match(&line) || NUMBER.is_match(&line) {
+                findings.insert(line.clone());
+            }
+            if DECISION.is_match(&line) && decisions.len() < 40 {
+                decisions.push(line.clone());
+            }
+            if line.ends_with('?') && questions.len() < 20 {
+                questions.push(line);
+            }
+        }
+    };
+    for message in messages {
+        for part in &message.parts {
+            match part {
+                MessagePart::Text { text } => {
+                    lines_of(text, &mut findings);
+                    if message.role == MessageRole::Assistant {
+                        next = text
+                            .lines()
+                            .find(|l| !l.trim().is_empty())
+                            .map(str::to_owned);
+                    }
+                }
+                MessagePart::ToolCall(call) => {
+                    let args: String = call.arguments.to_string().chars().take(200).collect();
+                    done.push(format!("{} {args}", call.name));
+                }
+                MessagePart::ToolResult(result) => {
+                    let prefix = if result.is_error { "failed: " } else { "" };
+                    for line in result
+                        .content
+                        .lines()
+                        .map(str::trim)
+                        .filter(|l| !l.is_empty())
+                    {
+                        if ERROR.is_match(line) || PATH.is_match(line) {
+                            findings.insert(format!(
+                                "{prefix}{}",
+                                line.chars().take(240).collect::<String>()
+                            ));
+                        }
+                    }
+                }
+                MessagePart::CompactionSummary { text, .. } => lines_of(text, &mut findings),
+                MessagePart::Thinking { .. } => {}
+            }
+        }
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "## Goal\n- {}",
+        task.lines().next().unwrap_or_default()
+    );
+    if let Some(earlier) = earlier {
+        let _ = writeln!(out, "## Earlier\n{}", earlier.trim());
+    }
+    let mut section = |title: &str, items: &mut dyn Iterator<Item = String>| {
+        let _ = writeln!(out, "## {title}");
+        for item in items {
+            let _ = writeln!(out, "- {item}");
+        }
+    };
+    section("Done", &mut done.into_iter());
+    section("Findings", &mut findings.into_iter());
+    section("Decisions", &mut decisions.into_iter());
+    section("Open questions", &mut questions.into_iter());
+    section("Next steps", &mut next.into_iter());
+    if out.len() > max_chars {
+        let cut = (0..=max_chars)
+            .rev()
+            .find(|&i| out.is_char_boundary(i))
+            .unwrap_or(0);
+        out.truncate(cut);
+        out.push_str("\n[... summary truncated; the full history is archived ...]");
+    }
+    out
+}
+
+/// The summary message that replaces the middle of the conversation.
+pub fn summary_message(summary: &str, summarised: usize, archived: Vec<BlockId>) -> Message {
+    Message {
+        role: MessageRole::User,
+        parts: vec![MessagePart::CompactionSummary {
+            text: format!(
+                "[Nerve: {summarised} earlier messages, compacted; recall returns the originals (block ids below).]\n{summary}\nArchived blocks: {}",
+                archived
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            archived,
+        }],
+        pinned: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nerve_core::{ToolCall, ToolResult};
+
+    use super::*;
+
+    fn check_indicator(fill: u64, capacity: u64, blocks: usize, expected: &str) {
+        assert_eq!(indicator(fill, capacity, blocks), expected);
+    }
+
+    #[test]
+    fn indicator_format() {
+        check_indicator(
+            12_450,
+            16_000,
+            0,
+            "[Context: 12,450/16,000 tokens (77%) | 0 archived blocks]",
+        );
+        check_indicator(
+            999,
+            1_000_000,
+            3,
+            "[Context: 999/1,000,000 tokens (0%) | 3 archived blocks]",
+        );
+        let prompt = with_indicator(
+            "You are Nerve.",
+            "[Context: 1/2 tokens (50%) | 0 archived blocks]",
+        );
+        let again = with_indicator(&prompt, "[Context: 2/2 tokens (100%) | 1 archived blocks]");
+        assert_eq!(
+            again,
+            "You are Nerve.\n\n[Context: 2/2 tokens (100%) | 1 archived blocks]"
+        );
+    }
+
+    #[test]
+    fn thresholds_table() {
+        let config = CompactionConfig::default();
+        // Exactly at the threshold compacts; one token below does not.
+        assert!(at_or_above(80, 100, 80));
+        assert!(!at_or_above(79, 100, 80));
+        // Unknown (zero) capacity never compacts.
+        assert!(!at_or_above(1_000_000, 0, 80));
+        assert_eq!(config.hard_threshold(0), 80);
+        assert_eq!(
+            config.hard_threshold(85),
+            70,
+            "tighter under budget pressure"
+        );
+        let agent = CompactionConfig {
+            agent_controlled: true,
+            ..config
+        };
+        assert_eq!(agent.hard_threshold(0), 95);
+        assert_eq!(config.recent_turns(0), 3);
+        assert_eq!(config.recent_turns(90), 2);
+    }
+
+    pub(crate) fn conversation(turns: usize, text: &str) -> Vec<Message> {
+        let mut messages = vec![Message::system("sys"), Message::user("the task").pinned()];
+        for i in 0..turns {
+            let call = ToolCall {
+                id: format!("c{i}").as_str().into(),
+                name: "shell".into(),
+                arguments: serde_json::json!({"command": i}),
+            };
+            messages.push(Message {
+                role: MessageRole::Assistant,
+                parts: vec![
+                    MessagePart::Text {
+                        text: format!("{text} {i}"),
+                    },
+                    MessagePart::ToolCall(call.clone()),
+                ],
+                pinned: false,
+            });
+            messages.push(Message::tool_result(ToolResult {
+                call_id: call.id,
+                name: "shell".into(),
+                content: format!("output {i}"),
+                is_error: false,
+            }));
+        }
+        messages
+    }
+
+    #[test]
+    fn summary_plan_keeps_head_pinned_recent_and_epistemic() {
+        let mut messages = conversation(8, "step");
+        messages[6] = Message {
+            role: MessageRole::Assistant,
+            parts: vec![MessagePart::Text {
+                text: "Hmm, wait: perhaps I was wrong; let me verify.".into(),
+            }],
+            pinned: false,
+        };
+        let counts = [10; 32];
+        let counts = &counts[..messages.len()];
+        let policy = SummaryPolicy {
+            recent_turns: 3,
+            recent_percent: 0,
+            complexity: Some(Complexity::Simple),
+            protect_from: None,
+            min_messages: 4,
+        };
+        let plan = plan_summary(&messages, counts, 10_000, policy).unwrap();
+        assert_eq!(plan.from, 1);
+        assert_eq!(plan.to, messages.len() - 6, "3 turn pairs kept");
+        assert_eq!(
+            plan.kept,
+            [1, 6],
+            "the pinned task and the epistemic message"
+        );
+        assert!(!plan.summarised.contains(&1));
+        // Fewer than the minimum messages never compacts.
+        assert_eq!(
+            plan_summary(&messages[..3], &counts[..3], 10_000, policy),
+            None
+        );
+        // The active step is protected.
+        let protected = plan_summary(
+            &messages,
+            counts,
+            10_000,
+            SummaryPolicy {
+                recent_turns: 1,
+                protect_from: Some(5),
+                ..policy
+            },
+        )
+        .unwrap();
+        assert_eq!(protected.to, 5);
+    }
+
+    #[test]
+    fn the_recent_window_never_starts_on_a_tool_result() {
+        let messages = conversation(4, "x");
+        let counts = [1; 10];
+        let start = recent_start(&messages, &counts[..messages.len()], 1, 2);
+        assert_ne!(messages[start].role, MessageRole::Tool);
+    }
+
+    #[test]
+    fn extractive_summary_keeps_paths_errors_and_numbers() {
+        let messages = [
+            Message::text(
+                MessageRole::Assistant,
+                "I decided to use sqlite because it is embedded.",
+            ),
+            Message::tool_result(ToolResult {
+                call_id: "c".into(),
+                name: "shell".into(),
+                content: "src/db/schema.rs:42: error[E0308]: mismatched types".into(),
+                is_error: true,
+            }),
+            Message::text(MessageRole::Assistant, "Which table holds the sessions?"),
+        ];
+        let refs: Vec<&Message> = messages.iter().collect();
+        let summary =
+            extractive_summary("fix the build", &refs, Some("## Goal\n- earlier"), 10_000);
+        assert!(
+            summary.contains("src/db/schema.rs:42: error[E0308]: mismatched types"),
+            "{summary}"
+        );
+        assert!(summary.contains("I decided to use sqlite because it is embedded."));
+        assert!(summary.contains("Which table holds the sessions?"));
+        assert!(summary.starts_with("## Goal\n- fix the build"));
+    }
+
+    #[test]
+    fn previews_keep_both_ends() {
+        let content = format!("BEGIN{}END", "x".repeat(10_000));
+        let block = BlockId::new();
+        let text = preview(&content, 300, block);
+        assert!(
+            text.contains("BEGIN") && text.ends_with("END") && text.contains(&block.to_string())
+        );
+        assert!(text.len() < 600);
+    }
+}
+
+/// What `compress_context` asked for, carried out at the next turn boundary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompactionStrategyRequest {
+    /// Archive without a summary call (a short note stands in for the messages).
+    pub archive_only: bool,
+    pub reason: String,
+    /// Keep epistemic-rich messages verbatim (default).
+    pub preserve_markers: bool,
+}

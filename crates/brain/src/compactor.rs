@@ -1,0 +1,617 @@
+//! Carrying out compaction at turn boundaries: archive the originals, replace them in the
+//! conversation, keep the token counts in step, update the context indicator and record a
+//! `compaction` event. Also the two context tools, `recall` and `compress_context`.
+
+use nerve_core::event::{CallPurpose, Compaction, CompactionStrategy, CompactionTrigger};
+use nerve_core::{
+    ArchivedBlock, BlockId, Event, Message, MessagePart, MessageRole, TerminationReason, ToolCall,
+    ToolDefinition, ToolResult,
+};
+use schemars_free::{compress_schema, recall_schema};
+use serde::Deserialize;
+
+use crate::compaction::{
+    self, CompactionStrategyRequest, SUMMARY_PROMPT, at_or_above, extractive_summary, indicator,
+    is_summary, kept_form, masked, plan_mask, plan_summary, preview, summary_message, transcript,
+    with_indicator,
+};
+use crate::runner::{Overflow, Run, Stop};
+
+/// The longest extractive summary, in characters.
+const SUMMARY_MAX_CHARS: usize = 12_000;
+
+mod schemars_free {
+    //! The two context tools' schemas, written out: brain has no schema generator, and
+    //! these are small and stable.
+
+    pub(super) fn recall_schema() -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "Words to search for in archived context."},
+                "block_id": {"type": "string", "description": "The id of an archived block to return in full."}
+            }
+        })
+    }
+
+    pub(super) fn compress_schema() -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "reason": {"type": "string", "description": "Why now (a sub-goal is done, a large input is next...)."},
+                "strategy": {"type": "string", "enum": ["summarize", "archive"], "description": "summarize (default) or archive without a summary."},
+                "preserve_markers": {"type": "boolean", "description": "Keep messages with hedging or self-correction verbatim (default true)."}
+            },
+            "required": ["reason"]
+        })
+    }
+}
+
+pub(crate) fn context_tool_definitions(agent_controlled: bool) -> Vec<ToolDefinition> {
+    let mut tools = vec![ToolDefinition {
+        name: "recall".into(),
+        description: "Get back context that compaction archived: by block_id (shown in previews, placeholders \
+                      and summaries) or by searching with query."
+            .into(),
+        parameters: recall_schema(),
+    }];
+    if agent_controlled {
+        tools.push(ToolDefinition {
+            name: "compress_context".into(),
+            description: "Compact your context at a good moment (a sub-goal done, before a large input). Older \
+                          messages are summarised or archived; recall returns them."
+                .into(),
+            parameters: compress_schema(),
+        });
+    }
+    tools
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecallArgs {
+    #[serde(default)]
+    query: Option<String>,
+    #[serde(default)]
+    block_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompressArgs {
+    reason: String,
+    #[serde(default)]
+    strategy: Option<String>,
+    #[serde(default)]
+    preserve_markers: Option<bool>,
+}
+
+impl Run {
+    fn capacity(&self) -> Option<u64> {
+        self.config.context_window.filter(|c| *c > 0)
+    }
+
+    /// Whether `call` is one of the context tools handled here rather than in the sandbox.
+    pub(crate) fn is_context_tool(&self, call: &ToolCall) -> bool {
+        self.config.compaction.enabled
+            && (call.name == "recall"
+                || (call.name == "compress_context" && self.config.compaction.agent_controlled))
+    }
+
+    /// Runs a context tool and returns (content, is_error).
+    pub(crate) async fn context_tool(&mut self, call: &ToolCall) -> Result<(String, bool), Stop> {
+        if call.name == "recall" {
+            let args: RecallArgs = match serde_json::from_value(call.arguments.clone()) {
+                Ok(args) => args,
+                Err(e) => return Ok((format!("invalid arguments for `recall`: {e}"), true)),
+            };
+            return self.recall(args).await;
+        }
+        let args: CompressArgs = match serde_json::from_value(call.arguments.clone()) {
+            Ok(args) => args,
+            Err(e) => {
+                return Ok((
+                    format!("invalid arguments for `compress_context`: {e}"),
+                    true,
+                ));
+            }
+        };
+        let archive_only = match args.strategy.as_deref() {
+            None | Some("summarize") => false,
+            Some("archive") => true,
+            Some(other) => {
+                return Ok((
+                    format!("unknown strategy `{other}` (expected summarize or archive)"),
+                    true,
+                ));
+            }
+        };
+        self.compaction.requested = Some(CompactionStrategyRequest {
+            archive_only,
+            reason: args.reason,
+            preserve_markers: args.preserve_markers.unwrap_or(true),
+        });
+        Ok((
+            "Compaction scheduled: it runs at the end of this turn.".into(),
+            false,
+        ))
+    }
+
+    async fn recall(&mut self, args: RecallArgs) -> Result<(String, bool), Stop> {
+        if let Some(id) = args.block_id.as_deref().filter(|s| !s.trim().is_empty()) {
+            let Ok(id) = id.parse::<BlockId>() else {
+                return Ok((format!("`{id}` is not a block id"), true));
+            };
+            return Ok(match self.archive.fetch(self.execution_id, id).await? {
+                Some(block) => {
+                    let refs: Vec<&Message> = block.messages.iter().collect();
+                    let mut text =
+                        format!("Block {id} ({}):\n{}", block.note, transcript(&refs, None));
+                    cap(&mut text, 24_000);
+                    (text, false)
+                }
+                None => (format!("no archived block {id} in this execution"), true),
+            });
+        }
+        if let Some(query) = args.query.as_deref().filter(|s| !s.trim().is_empty()) {
+            let hits = self.archive.search(self.execution_id, query, 8).await?;
+            if hits.is_empty() {
+                return Ok((format!("nothing archived matches `{query}`"), false));
+            }
+            let mut text = String::new();
+            for hit in hits {
+                text.push_str(&format!(
+                    "block {} ({}): {}\n",
+                    hit.id, hit.note, hit.snippet
+                ));
+            }
+            text.push_str("Call recall with a block_id to see a block in full.");
+            return Ok((text, false));
+        }
+        Ok(("recall needs a query or a block_id".into(), true))
+    }
+
+    /// Archives an oversized tool output and returns the preview to keep instead.
+    pub(crate) async fn offload(
+        &mut self,
+        result: &ToolResult,
+    ) -> Result<Option<(String, BlockId)>, Stop> {
+        let config = self.config.compaction;
+        if !config.enabled || self.counter.count_text(&result.content) <= config.offload_tokens {
+            return Ok(None);
+        }
+        let id = BlockId::new();
+        let block = ArchivedBlock {
+            id,
+            messages: vec![Message::tool_result(result.clone())],
+            note: format!(
+                "output of {} at turn {}",
+                result.name,
+                self.ctx.turn_count() + 1
+            ),
+        };
+        self.archive.archive(self.execution_id, block).await?;
+        self.compaction.archived_blocks += 1;
+        Ok(Some((
+            preview(&result.content, config.preview_chars, id),
+            id,
+        )))
+    }
+
+    /// Records the offload of the message just appended at `index`.
+    pub(crate) async fn record_offload(
+        &mut self,
+        index: usize,
+        tokens_before: u64,
+        block: BlockId,
+    ) -> Result<(), Stop> {
+        let replacement = vec![self.ctx.messages[index].clone()];
+        self.ctx.compactions += 1;
+        self.record(Event::Compaction(Compaction {
+            turn: self.ctx.turn_count(),
+            strategy: CompactionStrategy::Offload,
+            trigger: CompactionTrigger::OutputSize,
+            from_index: to_u32(index),
+            to_index: to_u32(index + 1),
+            replacement,
+            archived: vec![block],
+            tokens_before,
+            tokens_after: self.fill(),
+            summary: None,
+            extractive: false,
+        }))
+        .await?;
+        Ok(())
+    }
+
+    /// The layers at a turn boundary: a requested compaction, then the hard threshold
+    /// (summarise), then the soft one (mask).
+    pub(crate) async fn maybe_compact(&mut self) -> Result<(), Stop> {
+        let config = self.config.compaction;
+        if !config.enabled {
+            return Ok(());
+        }
+        let turn = self.ctx.turn_count();
+        if let Some(request) = self.compaction.requested.take() {
+            let trigger = CompactionTrigger::Agent;
+            let note = request.archive_only.then_some(request.reason);
+            self.summarise(turn, trigger, note, request.preserve_markers, true)
+                .await?;
+            return Ok(());
+        }
+        let Some(capacity) = self.capacity() else {
+            return Ok(());
+        };
+        if turn < self.compaction.cooldown_until {
+            return Ok(());
+        }
+        let fill = self.fill();
+        let used = self.budget_used_percent();
+        if at_or_above(fill, capacity, config.hard_threshold(used))
+            && self
+                .compaction
+                .exhausted_at
+                .is_none_or(|at| fill > at + at / 10)
+        {
+            self.summarise(turn, CompactionTrigger::HardThreshold, None, true, false)
+                .await?;
+        } else if at_or_above(fill, capacity, config.soft_percent) {
+            self.mask(turn).await?;
+        }
+        Ok(())
+    }
+
+    /// Compacts after a `context_overflow` whatever the thresholds say. `false` when
+    /// nothing could be taken out.
+    pub(crate) async fn compact_for_overflow(&mut self, turn: u32) -> Result<bool, Stop> {
+        let before = self.fill();
+        self.mask(turn).await?;
+        self.summarise(turn, CompactionTrigger::Overflow, None, true, true)
+            .await?;
+        Ok(self.fill() < before)
+    }
+
+    async fn mask(&mut self, turn: u32) -> Result<(), Stop> {
+        let recent = self
+            .config
+            .compaction
+            .recent_turns(self.budget_used_percent());
+        let mut indices = plan_mask(&self.ctx.messages, &self.counts, recent);
+        if let Some(protected) = self.protect_from {
+            indices.retain(|&i| i < protected);
+        }
+        // Mask only where the placeholder is smaller than the output it replaces.
+        let placeholder_tokens = self.counter.count_text(&masked_probe());
+        indices.retain(|&i| self.counts[i] > placeholder_tokens + placeholder_tokens / 2);
+        let (Some(&first), Some(&last)) = (indices.first(), indices.last()) else {
+            return Ok(());
+        };
+        let id = BlockId::new();
+        let originals: Vec<Message> = indices
+            .iter()
+            .map(|&i| self.ctx.messages[i].clone())
+            .collect();
+        self.archive
+            .archive(
+                self.execution_id,
+                ArchivedBlock {
+                    id,
+                    messages: originals,
+                    note: format!("{} tool outputs masked at turn {turn}", indices.len()),
+                },
+            )
+            .await?;
+        self.compaction.archived_blocks += 1;
+        let before = self.fill();
+        let mut replacement = Vec::with_capacity(last + 1 - first);
+        for i in first..=last {
+            if indices.contains(&i) {
+                let placeholder = masked(&self.ctx.messages[i], self.counts[i], id);
+                self.counts[i] = self.counter.count_message(&placeholder);
+                self.ctx.messages[i] = placeholder;
+            }
+            replacement.push(self.ctx.messages[i].clone());
+        }
+        self.finish_compaction(
+            turn,
+            CompactionStrategy::Mask,
+            CompactionTrigger::SoftThreshold,
+            first,
+            last + 1,
+            replacement,
+            vec![id],
+            before,
+            None,
+            false,
+        )
+        .await
+    }
+
+    /// Replaces the middle of the conversation by a summary (or, with `archive_note`, by a
+    /// short note without a summary call).
+    async fn summarise(
+        &mut self,
+        turn: u32,
+        trigger: CompactionTrigger,
+        archive_note: Option<String>,
+        preserve_markers: bool,
+        forced: bool,
+    ) -> Result<(), Stop> {
+        let config = self.config.compaction;
+        let capacity = self.capacity().unwrap_or(0).max(1);
+        let used = self.budget_used_percent();
+        let complexity = if preserve_markers {
+            self.config.complexity
+        } else {
+            Some(nerve_core::Complexity::Simple)
+        };
+        let policy = compaction::SummaryPolicy {
+            recent_turns: config.recent_turns(used),
+            // Forced (asked for, or after an overflow): the recent turns, not a share of the window.
+            recent_percent: if self.capacity().is_some() && !forced {
+                config.keep_recent_percent
+            } else {
+                0
+            },
+            complexity,
+            protect_from: self.protect_from,
+            min_messages: config.min_messages,
+        };
+        let Some(mut plan) = plan_summary(&self.ctx.messages, &self.counts, capacity, policy)
+        else {
+            return Ok(());
+        };
+        if !preserve_markers {
+            plan.kept.retain(|&i| {
+                self.ctx.messages[i].pinned || self.ctx.messages[i].role == MessageRole::System
+            });
+            plan.summarised = (plan.from..plan.to)
+                .filter(|i| !plan.kept.contains(i))
+                .collect();
+        }
+        let before = self.fill();
+        let summarised: Vec<Message> = plan
+            .summarised
+            .iter()
+            .map(|&i| self.ctx.messages[i].clone())
+            .collect();
+        // Fold an earlier summary into this one rather than nesting it.
+        let earlier: Option<String> =
+            summarised
+                .iter()
+                .flat_map(|m| &m.parts)
+                .rev()
+                .find_map(|p| match p {
+                    MessagePart::CompactionSummary { text, .. } => Some(text.clone()),
+                    MessagePart::Text { .. }
+                    | MessagePart::ToolCall(_)
+                    | MessagePart::ToolResult(_)
+                    | MessagePart::Thinking { .. } => None,
+                });
+        let mut archived: Vec<BlockId> = summarised
+            .iter()
+            .flat_map(|m| &m.parts)
+            .filter_map(|p| match p {
+                MessagePart::CompactionSummary { archived, .. } => Some(archived.clone()),
+                MessagePart::Text { .. }
+                | MessagePart::ToolCall(_)
+                | MessagePart::ToolResult(_)
+                | MessagePart::Thinking { .. } => None,
+            })
+            .flatten()
+            .collect();
+        let id = BlockId::new();
+        let note = format!("{} messages compacted at turn {turn}", summarised.len());
+        self.archive
+            .archive(
+                self.execution_id,
+                ArchivedBlock {
+                    id,
+                    messages: summarised.clone(),
+                    note,
+                },
+            )
+            .await?;
+        self.compaction.archived_blocks += 1;
+        archived.push(id);
+        let fresh: Vec<&Message> = summarised.iter().filter(|m| !is_summary(m)).collect();
+        let task = self
+            .ctx
+            .messages
+            .iter()
+            .find(|m| m.pinned)
+            .map(Message::text_content)
+            .unwrap_or_default();
+        let strategy = if archive_note.is_some() {
+            CompactionStrategy::Archive
+        } else {
+            CompactionStrategy::Summarize
+        };
+        let (summary, extractive) = match archive_note {
+            Some(reason) => (format!("Archived at the agent's request: {reason}"), false),
+            None => match self.summary_call(turn, &fresh, earlier.as_deref()).await {
+                Ok(text) => (text, false),
+                Err(SummaryFailure::Stop(stop)) => return Err(stop),
+                Err(SummaryFailure::Failed) => (
+                    extractive_summary(&task, &fresh, earlier.as_deref(), SUMMARY_MAX_CHARS),
+                    true,
+                ),
+            },
+        };
+        let mut replacement: Vec<Message> = plan
+            .kept
+            .iter()
+            .filter(|&&i| self.ctx.messages[i].pinned)
+            .map(|&i| kept_form(&self.ctx.messages[i]))
+            .collect();
+        replacement.push(summary_message(&summary, fresh.len(), archived.clone()));
+        replacement.extend(
+            plan.kept
+                .iter()
+                .filter(|&&i| !self.ctx.messages[i].pinned)
+                .map(|&i| kept_form(&self.ctx.messages[i])),
+        );
+        let replacement_counts: Vec<u64> = replacement
+            .iter()
+            .map(|m| self.counter.count_message(m))
+            .collect();
+        let removed: u64 = self.counts[plan.from..plan.to].iter().sum();
+        let added: u64 = replacement_counts.iter().sum();
+        if added >= removed {
+            // Summarising would not shrink the context: never loop on it, never grow.
+            self.compaction.exhausted_at = Some(before);
+            self.compaction.cooldown_until = turn + self.config.compaction.cooldown_turns;
+            return Ok(());
+        }
+        self.ctx
+            .messages
+            .splice(plan.from..plan.to, replacement.iter().cloned());
+        self.counts.splice(plan.from..plan.to, replacement_counts);
+        if let Some(protected) = self.protect_from.as_mut() {
+            *protected = protected
+                .saturating_sub(plan.to - plan.from)
+                .saturating_add(replacement.len());
+        }
+        self.finish_compaction(
+            turn,
+            strategy,
+            trigger,
+            plan.from,
+            plan.to,
+            replacement,
+            archived,
+            before,
+            Some(summary),
+            extractive,
+        )
+        .await
+    }
+
+    async fn summary_call(
+        &mut self,
+        turn: u32,
+        messages: &[&Message],
+        earlier: Option<&str>,
+    ) -> Result<String, SummaryFailure> {
+        let request = vec![
+            Message::system(SUMMARY_PROMPT),
+            Message::user(transcript(messages, earlier)),
+        ];
+        match self
+            .call_model_on(turn, CallPurpose::Summary, Some(&request), &[])
+            .await
+        {
+            Ok(response) => {
+                let text = response.message.text_content();
+                if text.trim().is_empty() {
+                    Err(SummaryFailure::Failed)
+                } else {
+                    Ok(text)
+                }
+            }
+            Err(Overflow::Context(_)) => Err(SummaryFailure::Failed),
+            Err(Overflow::Stop(stop)) => match stop.reason {
+                // A failed summary call falls back to the extractive summary; the run's
+                // own limits still stop it.
+                TerminationReason::Error => Err(SummaryFailure::Failed),
+                TerminationReason::Completed
+                | TerminationReason::MaxTurns
+                | TerminationReason::BudgetExhausted
+                | TerminationReason::Shutdown
+                | TerminationReason::TimedOut
+                | TerminationReason::Stagnation
+                | TerminationReason::Parked => Err(SummaryFailure::Stop(stop)),
+            },
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // The fields of one event.
+    async fn finish_compaction(
+        &mut self,
+        turn: u32,
+        strategy: CompactionStrategy,
+        trigger: CompactionTrigger,
+        from: usize,
+        to: usize,
+        replacement: Vec<Message>,
+        archived: Vec<BlockId>,
+        tokens_before: u64,
+        summary: Option<String>,
+        extractive: bool,
+    ) -> Result<(), Stop> {
+        self.ctx.compactions += 1;
+        self.record(Event::Compaction(Compaction {
+            turn,
+            strategy,
+            trigger,
+            from_index: to_u32(from),
+            to_index: to_u32(to),
+            replacement,
+            archived,
+            tokens_before,
+            tokens_after: self.fill(),
+            summary,
+            extractive,
+        }))
+        .await?;
+        self.refresh_indicator().await
+    }
+
+    /// Rewrites the context indicator in the system prompt. Only at start and after a
+    /// compaction, so that between ordinary turns the prompt prefix stays byte-identical.
+    pub(crate) async fn refresh_indicator(&mut self) -> Result<(), Stop> {
+        let Some(capacity) = self.capacity() else {
+            return Ok(());
+        };
+        let Some(system) = self
+            .ctx
+            .messages
+            .first()
+            .filter(|m| m.role == MessageRole::System)
+        else {
+            return Ok(());
+        };
+        let text = with_indicator(
+            &system.text_content(),
+            &indicator(self.fill(), capacity, self.compaction.archived_blocks),
+        );
+        let message = Message::system(text);
+        self.record(Event::MessageAppended(nerve_core::event::MessageAppended {
+            index: 0,
+            message: message.clone(),
+        }))
+        .await?;
+        self.counts[0] = self.counter.count_message(&message);
+        self.ctx.messages[0] = message;
+        Ok(())
+    }
+}
+
+enum SummaryFailure {
+    Stop(Stop),
+    Failed,
+}
+
+/// A placeholder of typical length, to judge whether masking a result pays.
+fn masked_probe() -> String {
+    format!(
+        "{}the output of shell (1000 tokens) was archived as block {}; call recall with this block_id to see it]",
+        compaction::MASKED,
+        BlockId::new()
+    )
+}
+
+fn to_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn cap(text: &mut String, max: usize) {
+    if text.len() > max {
+        let cut = (0..=max)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        text.truncate(cut);
+        text.push_str("\n[... truncated ...]");
+    }
+}
