@@ -15,7 +15,7 @@ use crate::usage::{MicroUsd, TokenUsage};
 pub const EVENT_VERSION: u32 = 1;
 
 /// Which kind of model call a provider request serves; the scripted provider routes on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallPurpose {
     /// Loop turns and plan-step turns.

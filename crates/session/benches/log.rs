@@ -6,7 +6,8 @@
 //!   `append::fdatasync_append` (write the same number of bytes to a plain file and
 //!   `fdatasync` it, over allocated blocks or growing the file);
 //! - `batch::group_commit` (10,240 appends from 50 or 1,024 concurrent appenders through
-//!   one sink) vs `batch::one_transaction` (the same rows inserted in one transaction);
+//!   one sink) vs `batch::one_transaction` (the same rows, in the same order, inserted in
+//!   one transaction);
 //! - `replay::store_replay` (replay of a 100,000-event execution from the database) vs
 //!   `replay::raw_scan` (an ordered `SELECT` of the same rows, every column read).
 //!
@@ -198,11 +199,19 @@ impl AppendFixture {
         let dir = tempdir();
         let (path, id) = populated(dir.path(), prior);
         let sink = ok(SqliteSink::open(&path, Arc::new(Redactor::new())));
-        Self { _dir: dir, sink, rt: runtime(), id, event: appended_event() }
+        Self {
+            _dir: dir,
+            sink,
+            rt: runtime(),
+            id,
+            event: appended_event(),
+        }
     }
 
     fn append(&self) -> u64 {
-        ok(self.rt.block_on(self.sink.append(self.id, black_box(self.event.clone()))))
+        ok(self
+            .rt
+            .block_on(self.sink.append(self.id, black_box(self.event.clone()))))
     }
 }
 
@@ -230,9 +239,20 @@ impl RawFile {
         ok(overwritten.sync_all());
         // One stored event as a line of text: the payload, the ids and the two hashes.
         let payload = ok(serde_json::to_string(&appended_event()));
-        let record =
-            format!("{}\t{}\t{payload}\t{}\t{}\n", ExecutionId::new(), 7, "0".repeat(64), "0".repeat(64));
-        Self { _dir: dir, appended, overwritten, record, offset: 0 }
+        let record = format!(
+            "{}\t{}\t{payload}\t{}\t{}\n",
+            ExecutionId::new(),
+            7,
+            "0".repeat(64),
+            "0".repeat(64)
+        );
+        Self {
+            _dir: dir,
+            appended,
+            overwritten,
+            record,
+            offset: 0,
+        }
     }
 
     /// Appends the record and makes it durable: the file grows, so `fdatasync` also
@@ -245,7 +265,9 @@ impl RawFile {
     /// Writes the record over allocated blocks and makes it durable: no size to commit, as
     /// SQLite's write-ahead log once it has grown. The cheapest durable write there is.
     fn overwrite(&mut self) {
-        ok(self.overwritten.write_all_at(black_box(self.record.as_bytes()), self.offset));
+        ok(self
+            .overwritten
+            .write_all_at(black_box(self.record.as_bytes()), self.offset));
         ok(self.overwritten.sync_data());
         self.offset = (self.offset + self.record.len() as u64) % (SPAN - self.record.len() as u64);
     }
@@ -254,13 +276,21 @@ impl RawFile {
 /// A fresh, empty log and its sink (the directory goes with it).
 fn fresh_sink() -> (Arc<SqliteSink>, tempfile::TempDir) {
     let dir = tempdir();
-    let sink = Arc::new(ok(SqliteSink::open(&dir.path().join("log.db"), Arc::new(Redactor::new()))));
+    let sink = Arc::new(ok(SqliteSink::open(
+        &dir.path().join("log.db"),
+        Arc::new(Redactor::new()),
+    )));
     (sink, dir)
 }
 
 /// 10,240 appends from `appenders` concurrent executions, each awaiting its appends in
 /// order, through one sink; returns how long they took.
-fn group_commit(rt: &tokio::runtime::Runtime, sink: &Arc<SqliteSink>, events: &[Event], appenders: usize) -> Duration {
+fn group_commit(
+    rt: &tokio::runtime::Runtime,
+    sink: &Arc<SqliteSink>,
+    events: &[Event],
+    appenders: usize,
+) -> Duration {
     let per = BATCH / appenders;
     let start = Instant::now();
     rt.block_on(async {
@@ -283,10 +313,35 @@ fn group_commit(rt: &tokio::runtime::Runtime, sink: &Arc<SqliteSink>, events: &[
     start.elapsed()
 }
 
-/// The rows of 10,240 appends (50 executions of 204.8 events), already encoded and hashed.
-fn batch_rows() -> Vec<StoredEvent> {
+/// The same 10,240 appends as `group_commit` with 1,024 appenders, all in flight at once:
+/// each append is its own task, nobody waits for one append before making the next. What
+/// the writer does when it is never short of work.
+fn burst(rt: &tokio::runtime::Runtime, sink: &Arc<SqliteSink>, events: &[Event]) -> Duration {
+    let per = BATCH / 1024;
+    let start = Instant::now();
+    rt.block_on(async {
+        let mut tasks = Vec::with_capacity(BATCH);
+        for _ in 0..1024 {
+            let id = ExecutionId::new();
+            for event in &events[..per] {
+                let (sink, event) = (Arc::clone(sink), event.clone());
+                tasks.push(tokio::spawn(
+                    async move { ok(sink.append(id, event).await) },
+                ));
+            }
+        }
+        for task in tasks {
+            ok(task.await);
+        }
+    });
+    start.elapsed()
+}
+
+/// The rows one execution appends in the batch benchmark (`BATCH / appenders` of them),
+/// already encoded and hashed.
+fn batch_rows(appenders: usize) -> Vec<StoredEvent> {
     let source = tempdir();
-    let (path, id) = populated(source.path(), BATCH / 50);
+    let (path, id) = populated(source.path(), BATCH / appenders);
     ok(ok(Store::open_read_only(&path)).events(&id))
 }
 
@@ -301,10 +356,17 @@ fn fresh_connection() -> (rusqlite::Connection, tempfile::TempDir) {
     (conn, dir)
 }
 
-/// The anchor: as many rows inserted in one transaction through one prepared statement;
-/// returns how long it took.
-fn one_transaction(conn: &mut rusqlite::Connection, rows: &[StoredEvent]) -> Duration {
-    let ids: Vec<String> = (0..50).map(|_| ExecutionId::new().to_string()).collect();
+/// The anchor: the same rows as `group_commit` with as many appenders, in the order it
+/// appends them (each execution's first event, then each one's second, ...), inserted in
+/// one transaction through one prepared statement; returns how long it took.
+fn one_transaction(
+    conn: &mut rusqlite::Connection,
+    rows: &[StoredEvent],
+    appenders: usize,
+) -> Duration {
+    let ids: Vec<String> = (0..appenders)
+        .map(|_| ExecutionId::new().to_string())
+        .collect();
     let start = Instant::now();
     let tx = ok(conn.transaction());
     {
@@ -312,8 +374,8 @@ fn one_transaction(conn: &mut rusqlite::Connection, rows: &[StoredEvent]) -> Dur
             "INSERT INTO events (execution_id, seq, ts, kind, version, payload, prev_hash, hash)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         ));
-        for id in &ids {
-            for row in rows {
+        for row in rows {
+            for id in &ids {
                 ok(insert.execute(rusqlite::params![
                     id,
                     row.seq as i64,
@@ -386,17 +448,34 @@ mod batch {
     fn group_commit(bencher: Bencher, appenders: usize) {
         let rt = runtime();
         let events = run_events(BATCH / appenders);
-        bencher
-            .with_inputs(fresh_sink)
-            .bench_local_values(|fresh| (super::group_commit(&rt, &fresh.0, &events, appenders), fresh));
+        bencher.with_inputs(fresh_sink).bench_local_values(|fresh| {
+            (
+                super::group_commit(&rt, &fresh.0, &events, appenders),
+                fresh,
+            )
+        });
     }
 
     #[divan::bench(sample_count = 10, sample_size = 1)]
-    fn one_transaction(bencher: Bencher) {
-        let rows = batch_rows();
+    fn burst(bencher: Bencher) {
+        let rt = runtime();
+        let events = run_events(BATCH / 1024);
+        bencher
+            .with_inputs(fresh_sink)
+            .bench_local_values(|fresh| (super::burst(&rt, &fresh.0, &events), fresh));
+    }
+
+    #[divan::bench(args = [50, 1024], sample_count = 10, sample_size = 1)]
+    fn one_transaction(bencher: Bencher, appenders: usize) {
+        let rows = batch_rows(appenders);
         bencher
             .with_inputs(fresh_connection)
-            .bench_local_values(|mut fresh| (super::one_transaction(&mut fresh.0, &rows), fresh));
+            .bench_local_values(|mut fresh| {
+                (
+                    super::one_transaction(&mut fresh.0, &rows, appenders),
+                    fresh,
+                )
+            });
     }
 }
 
@@ -428,7 +507,10 @@ mod replay {
     fn raw_scan(bencher: Bencher) {
         let dir = tempdir();
         let (path, id) = populated(dir.path(), REPLAYED);
-        let conn = ok(rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY));
+        let conn = ok(rusqlite::Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        ));
         let id = id.to_string();
         bencher.bench_local(|| super::raw_scan(&conn, &id));
     }
@@ -471,7 +553,11 @@ mod paired {
     fn append() {
         const ROUNDS: usize = 40;
         const EACH: u32 = 10;
-        let (short, long, mut raw) = (AppendFixture::new(100), AppendFixture::new(100_000), RawFile::new());
+        let (short, long, mut raw) = (
+            AppendFixture::new(100),
+            AppendFixture::new(100_000),
+            RawFile::new(),
+        );
         // The store written directly on this thread: what the writer thread's hop costs.
         let direct_dir = tempdir();
         let (direct_path, direct_id) = populated(direct_dir.path(), 100);
@@ -499,8 +585,16 @@ mod paired {
             }
             rows.push(times);
         }
-        let ratio = |a: usize, b: usize| median(rows.iter().map(|t| t[a].as_secs_f64() / t[b].as_secs_f64()).collect());
-        let med = |a: usize| Duration::from_secs_f64(median(rows.iter().map(|t| t[a].as_secs_f64()).collect()));
+        let ratio = |a: usize, b: usize| {
+            median(
+                rows.iter()
+                    .map(|t| t[a].as_secs_f64() / t[b].as_secs_f64())
+                    .collect(),
+            )
+        };
+        let med = |a: usize| {
+            Duration::from_secs_f64(median(rows.iter().map(|t| t[a].as_secs_f64()).collect()))
+        };
         line(&format!(
             "append: durable append {} (100 prior) / {} (100,000 prior); fdatasync overwrite {}, append {}",
             ms(med(0)),
@@ -508,43 +602,66 @@ mod paired {
             ms(med(2)),
             ms(med(3))
         ));
-        line(&format!("  durable append / fdatasync overwrite: {:.2}x (target <= 1.5x)", ratio(0, 2)));
-        line(&format!("  durable append / fdatasync append:    {:.2}x", ratio(0, 3)));
-        line(&format!("  100,000 prior / 100 prior:             {:.2}x (flat: ~1.0x)", ratio(1, 0)));
-        line(&format!("  Store::append on the caller's thread / fdatasync overwrite: {:.2}x", ratio(4, 2)));
+        line(&format!(
+            "  durable append / fdatasync overwrite: {:.2}x (target <= 1.5x)",
+            ratio(0, 2)
+        ));
+        line(&format!(
+            "  durable append / fdatasync append:    {:.2}x",
+            ratio(0, 3)
+        ));
+        line(&format!(
+            "  100,000 prior / 100 prior:             {:.2}x (flat: ~1.0x)",
+            ratio(1, 0)
+        ));
+        line(&format!(
+            "  Store::append on the caller's thread / fdatasync overwrite: {:.2}x",
+            ratio(4, 2)
+        ));
     }
 
     fn batch() {
         const ROUNDS: usize = 7;
         let rt = runtime();
         let events = run_events(BATCH / 50);
-        let rows = batch_rows();
-        let mut ratios = (Vec::new(), Vec::new());
-        let mut times = (Vec::new(), Vec::new(), Vec::new());
-        for round in 0..ROUNDS {
-            let (mut wide, mut narrow, mut anchor) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-            for k in 0..3 {
-                match (round + k) % 3 {
-                    0 => wide = group_commit(&rt, &fresh_sink().0, &events, 1024),
-                    1 => narrow = group_commit(&rt, &fresh_sink().0, &events, 50),
-                    _ => anchor = one_transaction(&mut fresh_connection().0, &rows),
+        // (label, appenders awaiting their appends, or 0 for all appends in flight at once)
+        for (label, appenders) in [
+            ("1,024 executions, each awaiting its appends", 1024),
+            ("50 executions, each awaiting its appends", 50),
+            ("all 10,240 appends in flight at once", 0),
+        ] {
+            // The burst appends what 1,024 executions do.
+            let executions = if appenders == 0 { 1024 } else { appenders };
+            let rows = batch_rows(executions);
+            let (mut ratios, mut ours, mut anchors) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..ROUNDS {
+                let (mut commit, mut anchor) = (Duration::ZERO, Duration::ZERO);
+                for k in 0..2 {
+                    if (round + k) % 2 == 0 {
+                        let sink = fresh_sink();
+                        commit = if appenders == 0 {
+                            burst(&rt, &sink.0, &events)
+                        } else {
+                            group_commit(&rt, &sink.0, &events, appenders)
+                        };
+                    } else {
+                        anchor = one_transaction(&mut fresh_connection().0, &rows, executions);
+                    }
                 }
+                ratios.push(anchor.as_secs_f64() / commit.as_secs_f64());
+                ours.push(commit.as_secs_f64());
+                anchors.push(anchor.as_secs_f64());
             }
-            ratios.0.push(anchor.as_secs_f64() / wide.as_secs_f64());
-            ratios.1.push(anchor.as_secs_f64() / narrow.as_secs_f64());
-            times.0.push(wide.as_secs_f64());
-            times.1.push(narrow.as_secs_f64());
-            times.2.push(anchor.as_secs_f64());
+            line(&format!(
+                "batch of 10,240 appends, {label}: group commit {}; the same rows in one transaction {}",
+                ms(Duration::from_secs_f64(median(ours))),
+                ms(Duration::from_secs_f64(median(anchors)))
+            ));
+            line(&format!(
+                "  throughput vs one transaction: {:.0}% (target >= 50%)",
+                100.0 * median(ratios)
+            ));
         }
-        let d = |v: Vec<f64>| ms(Duration::from_secs_f64(median(v)));
-        line(&format!(
-            "batch of 10,240: group commit {} (1,024 appenders) / {} (50 appenders); one transaction {}",
-            d(times.0),
-            d(times.1),
-            d(times.2)
-        ));
-        line(&format!("  throughput vs one transaction, 1,024 appenders: {:.0}% (target >= 50%)", 100.0 * median(ratios.0)));
-        line(&format!("  throughput vs one transaction, 50 appenders:    {:.0}%", 100.0 * median(ratios.1)));
     }
 
     fn replay() {
@@ -552,7 +669,10 @@ mod paired {
         let dir = tempdir();
         let (path, id) = populated(dir.path(), REPLAYED);
         let store = ok(Store::open_read_only(&path));
-        let conn = ok(rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY));
+        let conn = ok(rusqlite::Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        ));
         let text_id = id.to_string();
         let (mut ratios, mut ours, mut anchors) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..ROUNDS {
@@ -577,6 +697,9 @@ mod paired {
             ms(Duration::from_secs_f64(median(ours))),
             ms(Duration::from_secs_f64(median(anchors)))
         ));
-        line(&format!("  replay speed vs raw scan: {:.0}% (target >= 50%)", 100.0 * median(ratios)));
+        line(&format!(
+            "  replay speed vs raw scan: {:.0}% (target >= 50%)",
+            100.0 * median(ratios)
+        ));
     }
 }

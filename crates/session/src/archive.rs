@@ -18,6 +18,8 @@ const MAX_TERM_CHARS: usize = 64;
 pub struct NewBlock {
     pub block_id: BlockId,
     pub messages: Vec<Message>,
+    /// What the block holds, in a line (`3 tool outputs masked at turn 12`); searchable.
+    pub note: String,
 }
 
 /// An archived block as stored (its messages redacted like every payload).
@@ -30,6 +32,7 @@ pub struct ArchiveBlock {
     pub created_seq: u64,
     pub ts: String,
     pub messages: Vec<Message>,
+    pub note: String,
 }
 
 /// One search result, best first.
@@ -37,13 +40,15 @@ pub struct ArchiveBlock {
 pub struct ArchiveHit {
     pub block_id: BlockId,
     pub created_seq: u64,
+    pub note: String,
     /// A short excerpt around the matching terms.
     pub snippet: String,
 }
 
 /// The FTS5 query for free text typed by an agent or a user: each whitespace-separated term
-/// becomes a quoted string (inner quotes doubled), terms are joined with `OR` and ranked by
-/// bm25, so a block matching more terms comes first. `None` when nothing searchable is left.
+/// becomes a quoted string (inner quotes doubled), and a block must match every term (as
+/// the in-memory archive of `nerve-brain` does); results are ranked by bm25. `None` when
+/// nothing searchable is left.
 pub fn fts_query(text: &str) -> Option<String> {
     let terms: Vec<String> = text
         .split_whitespace()
@@ -69,7 +74,7 @@ pub fn fts_query(text: &str) -> Option<String> {
     if terms.is_empty() {
         None
     } else {
-        Some(terms.join(" OR "))
+        Some(terms.join(" AND "))
     }
 }
 
@@ -111,10 +116,10 @@ mod tests {
 
     #[test]
     fn queries_are_quoted_phrases() {
-        check("failing test", Some(r#""failing" OR "test""#));
+        check("failing test", Some(r#""failing" AND "test""#));
         check(
             r#"say "hi" NEAR(a b) OR col:x*"#,
-            Some(r#""say" OR """hi""" OR "NEAR(a" OR "b)" OR "OR" OR "col:x*""#),
+            Some(r#""say" AND """hi""" AND "NEAR(a" AND "b)" AND "OR" AND "col:x*""#),
         );
         check("  \t\n", None);
         check("-- ** ()", None);

@@ -75,15 +75,13 @@ pub(crate) fn event_hash(
     version: u32,
     payload: &str,
 ) -> String {
-    hex::encode(digest(
-        prev_hash,
-        execution_id,
-        seq,
-        ts,
-        kind,
-        version,
-        payload,
-    ))
+    let hash = digest(prev_hash, execution_id, seq, ts, kind, version, payload);
+    let mut hex_hash = [0u8; 64];
+    // 32 bytes always fit in 64 hex digits, which are ASCII.
+    match hex::encode_to_slice(hash, &mut hex_hash) {
+        Ok(()) => String::from_utf8_lossy(&hex_hash).into_owned(),
+        Err(_) => hex::encode(hash),
+    }
 }
 
 /// Verifies a chain one event at a time, without keeping the events: the store streams

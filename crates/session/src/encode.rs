@@ -31,6 +31,7 @@ pub(crate) struct EncodedCheckpoint {
 pub(crate) struct EncodedBlock {
     pub(crate) block_id: String,
     pub(crate) messages: String,
+    pub(crate) note: String,
     pub(crate) text: String,
 }
 
@@ -152,10 +153,15 @@ pub(crate) fn encode_blocks(
             let messages = redacted_json(&block.messages, redactor)?;
             // Built from the redacted messages, so the index never holds a secret either.
             let redacted: Vec<Message> = serde_json::from_str(&messages)?;
+            let note = redactor.redact(&block.note).into_owned();
+            let mut text = note.clone();
+            text.push('\n');
+            text.push_str(&searchable_text(&redacted));
             Ok(EncodedBlock {
                 block_id: block.block_id.to_string(),
                 messages,
-                text: searchable_text(&redacted),
+                note,
+                text,
             })
         })
         .collect::<Result<Vec<_>, serde_json::Error>>()?;

@@ -162,12 +162,18 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     DROP INDEX events_by_kind;
     "
     ),
+    // 3: a one-line note per archived block (what it holds), shown by `recall`.
+    r"
+    ALTER TABLE archive_blocks ADD COLUMN note TEXT NOT NULL DEFAULT '';
+    ",
 ];
 
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// The first version with checkpoints, the archive and the executions index.
 pub(crate) const V2: i64 = 2;
+/// The first version with a note per archive block.
+pub(crate) const V3: i64 = 3;
 
 /// Brings `conn` to [`SCHEMA_VERSION`]. Returns the version found before migrating, so the
 /// caller can refuse a database from the future.

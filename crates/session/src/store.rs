@@ -25,7 +25,7 @@ use crate::encode::{
 };
 use crate::replay::{Replay, Replayer, replay};
 use crate::schema::{
-    SCHEMA_VERSION, V2, derived_executions, execution_columns, migrate, user_version,
+    SCHEMA_VERSION, V2, V3, derived_executions, execution_columns, migrate, user_version,
     with_last_event,
 };
 
@@ -200,6 +200,8 @@ pub struct Store {
     /// long as no other process appends to the same execution; if one does, the insert hits
     /// the primary key, the transaction rolls back and the entry is dropped.
     heads: HashMap<String, Head>,
+    /// A write failed since the last commit: load heads from the events, not the index.
+    verify_heads: bool,
 }
 
 const INSERT_EVENT: &str =
@@ -253,6 +255,7 @@ impl Store {
             path: shown,
             schema: SCHEMA_VERSION,
             heads: HashMap::new(),
+            verify_heads: false,
         })
     }
 
@@ -278,6 +281,7 @@ impl Store {
             path: shown,
             schema,
             heads: HashMap::new(),
+            verify_heads: false,
         })
     }
 
@@ -372,9 +376,21 @@ impl Store {
     /// Commits `writes` in one transaction and returns what each produced. On error nothing
     /// was written, and the cached heads of the executions involved are dropped.
     pub(crate) fn apply(&mut self, writes: &[&Write]) -> Result<Vec<Written>, SessionError> {
+        let result = self.commit(writes);
+        if result.is_err() {
+            self.verify_heads = true;
+        }
+        result
+    }
+
+    fn commit(&mut self, writes: &[&Write]) -> Result<Vec<Written>, SessionError> {
         let ts = now_rfc3339();
         let Self {
-            conn, path, heads, ..
+            conn,
+            path,
+            heads,
+            verify_heads,
+            ..
         } = self;
         let err = |source| SessionError::Sqlite {
             path: path.clone(),
@@ -397,7 +413,7 @@ impl Store {
                         // Taken out of the cache: it goes back only if the commit succeeds.
                         let head = match heads.remove(id) {
                             Some(head) => head,
-                            None => load_head(&tx, id, &ts).map_err(err)?,
+                            None => load_head(&tx, id, &ts, *verify_heads).map_err(err)?,
                         };
                         entry.insert(head)
                     }
@@ -453,11 +469,19 @@ impl Store {
                 }
                 for block in &write.blocks {
                     tx.prepare_cached(
-                        "INSERT INTO archive_blocks (block_id, execution_id, created_seq, ts, messages, text)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        "INSERT INTO archive_blocks (block_id, execution_id, created_seq, ts, messages, note, text)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     )
                     .and_then(|mut stmt| {
-                        stmt.execute(params![block.block_id, id, to_i64(head.seq), ts, block.messages, block.text])
+                        stmt.execute(params![
+                            block.block_id,
+                            id,
+                            to_i64(head.seq),
+                            ts,
+                            block.messages,
+                            block.note,
+                            block.text
+                        ])
                     })
                     .map_err(err)?;
                 }
@@ -502,6 +526,7 @@ impl Store {
             }
         }
         tx.commit().map_err(err)?;
+        *verify_heads = false;
         if heads.len() + touched.len() > MAX_CACHED_HEADS {
             heads.clear();
         }
@@ -517,7 +542,9 @@ impl Store {
     /// Stops this connection from checkpointing the WAL at the end of its commits: the
     /// sink's writer leaves that to a checkpointer thread, off the append path.
     pub(crate) fn disable_auto_checkpoint(&self) -> Result<(), SessionError> {
-        self.conn.pragma_update(None, "wal_autocheckpoint", 0).map_err(|e| self.sql_err(e))
+        self.conn
+            .pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(|e| self.sql_err(e))
     }
 
     /// Copies what it can of the WAL into the database without waiting for readers or the
@@ -726,16 +753,28 @@ impl Store {
         if self.schema < V2 {
             return Ok(None);
         }
+        let sql = if self.schema >= V3 {
+            "SELECT created_seq, ts, messages, note FROM archive_blocks WHERE block_id = ?1 AND execution_id = ?2"
+        } else {
+            "SELECT created_seq, ts, messages, '' FROM archive_blocks WHERE block_id = ?1 AND execution_id = ?2"
+        };
         let row = self
             .conn
             .query_row(
-                "SELECT created_seq, ts, messages FROM archive_blocks WHERE block_id = ?1 AND execution_id = ?2",
+                sql,
                 params![block.to_string(), execution.to_string()],
-                |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?)),
+                |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, String>(3)?,
+                    ))
+                },
             )
             .optional()
             .map_err(|e| self.sql_err(e))?;
-        let Some((created_seq, ts, messages)) = row else {
+        let Some((created_seq, ts, messages, note)) = row else {
             return Ok(None);
         };
         let messages: Vec<Message> = serde_json::from_str(&messages).map_err(|e| {
@@ -749,6 +788,7 @@ impl Store {
             created_seq: to_u64(created_seq),
             ts,
             messages,
+            note,
         }))
     }
 
@@ -766,15 +806,18 @@ impl Store {
         if self.schema < V2 || limit == 0 {
             return Ok(Vec::new());
         }
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT b.block_id, b.created_seq, snippet(archive_fts, 0, '', '', '…', 24)
-                 FROM archive_fts JOIN archive_blocks b ON b.id = archive_fts.rowid
-                 WHERE archive_fts MATCH ?1 AND b.execution_id = ?2
-                 ORDER BY rank LIMIT ?3",
-            )
-            .map_err(|e| self.sql_err(e))?;
+        let sql = if self.schema >= V3 {
+            "SELECT b.block_id, b.created_seq, snippet(archive_fts, 0, '', '', '…', 24), b.note
+             FROM archive_fts JOIN archive_blocks b ON b.id = archive_fts.rowid
+             WHERE archive_fts MATCH ?1 AND b.execution_id = ?2
+             ORDER BY rank LIMIT ?3"
+        } else {
+            "SELECT b.block_id, b.created_seq, snippet(archive_fts, 0, '', '', '…', 24), ''
+             FROM archive_fts JOIN archive_blocks b ON b.id = archive_fts.rowid
+             WHERE archive_fts MATCH ?1 AND b.execution_id = ?2
+             ORDER BY rank LIMIT ?3"
+        };
+        let mut stmt = self.conn.prepare_cached(sql).map_err(|e| self.sql_err(e))?;
         let rows = stmt
             .query_map(
                 params![fts, execution.to_string(), to_i64(limit as u64)],
@@ -783,19 +826,21 @@ impl Store {
                         row.get::<_, String>(0)?,
                         row.get::<_, i64>(1)?,
                         row.get::<_, String>(2)?,
+                        row.get::<_, String>(3)?,
                     ))
                 },
             )
             .map_err(|e| self.sql_err(e))?;
         let mut hits = Vec::new();
         for row in rows {
-            let (block_id, created_seq, snippet) = row.map_err(|e| self.sql_err(e))?;
+            let (block_id, created_seq, snippet, note) = row.map_err(|e| self.sql_err(e))?;
             let block_id = block_id.parse().map_err(|e| {
                 SessionError::Corrupt(format!("archive block id {block_id:?}: {e}"))
             })?;
             hits.push(ArchiveHit {
                 block_id,
                 created_seq: to_u64(created_seq),
+                note,
                 snippet,
             });
         }
@@ -837,7 +882,12 @@ impl<'scope> Decoder<'scope> {
             .spawn_scoped(scope, move || {
                 for mut batch in inbox {
                     for (seq, kind, version, range) in batch.rows.drain(..) {
-                        replayer.push(seq, kind, version, batch.text.get(range).unwrap_or_default());
+                        replayer.push(
+                            seq,
+                            kind,
+                            version,
+                            batch.text.get(range).unwrap_or_default(),
+                        );
                     }
                     batch.text.clear();
                     // Full: the reader has enough spare batches; this one is freed here.
@@ -846,7 +896,12 @@ impl<'scope> Decoder<'scope> {
                 replayer
             });
         match spawned {
-            Ok(thread) => Self::There { batch: DecodeBatch::default(), batches, spent, thread },
+            Ok(thread) => Self::There {
+                batch: DecodeBatch::default(),
+                batches,
+                spent,
+                thread,
+            },
             Err(_) => Self::Here(Box::new(Replayer::new(execution_id))),
         }
     }
@@ -855,10 +910,17 @@ impl<'scope> Decoder<'scope> {
         let kind = EventKind::from_wire(fields.kind);
         match self {
             Self::Here(replayer) => replayer.push(fields.seq, kind, fields.version, fields.payload),
-            Self::There { batch, batches, spent, .. } => {
+            Self::There {
+                batch,
+                batches,
+                spent,
+                ..
+            } => {
                 let start = batch.text.len();
                 batch.text.push_str(fields.payload);
-                batch.rows.push((fields.seq, kind, fields.version, start..batch.text.len()));
+                batch
+                    .rows
+                    .push((fields.seq, kind, fields.version, start..batch.text.len()));
                 if batch.rows.len() == DECODE_BATCH {
                     let next = spent.try_recv().unwrap_or_default();
                     // A send fails only when the decoder panicked; `finish` re-raises that.
@@ -871,10 +933,17 @@ impl<'scope> Decoder<'scope> {
     fn finish(self) -> Replayer {
         match self {
             Self::Here(replayer) => *replayer,
-            Self::There { batch, batches, thread, .. } => {
+            Self::There {
+                batch,
+                batches,
+                thread,
+                ..
+            } => {
                 let _ = batches.send(batch);
                 drop(batches);
-                thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             }
         }
     }
@@ -941,17 +1010,11 @@ fn summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
     })
 }
 
-/// The chain head and index row of `execution` as committed.
-fn load_head(conn: &Connection, execution: &str, ts: &str) -> rusqlite::Result<Head> {
-    let (seq, hash) = conn
-        .prepare_cached(
-            "SELECT seq, hash FROM events WHERE execution_id = ?1 ORDER BY seq DESC LIMIT 1",
-        )?
-        .query_row([execution], |row| {
-            Ok((to_u64(row.get(0)?), row.get::<_, String>(1)?))
-        })
-        .optional()?
-        .unwrap_or_else(|| (0, GENESIS_HASH.to_owned()));
+/// The chain head and index row of `execution` as committed. The index row is written in
+/// the transaction of an execution's first event, so without a row there are no events
+/// and the head is the genesis: one lookup instead of two for a new execution. After a
+/// failed write (`verify`), the events are asked as well, whatever the index says.
+fn load_head(conn: &Connection, execution: &str, ts: &str, verify: bool) -> rusqlite::Result<Head> {
     let row = conn
         .prepare_cached(concat!(
             "SELECT ",
@@ -959,8 +1022,20 @@ fn load_head(conn: &Connection, execution: &str, ts: &str) -> rusqlite::Result<H
             ", '', 0 FROM executions WHERE execution_id = ?1"
         ))?
         .query_row([execution], summary)
+        .optional()?;
+    let head = if row.is_some() || verify {
+        conn.prepare_cached(
+            "SELECT seq, hash FROM events WHERE execution_id = ?1 ORDER BY seq DESC LIMIT 1",
+        )?
+        .query_row([execution], |row| {
+            Ok((to_u64(row.get(0)?), row.get::<_, String>(1)?))
+        })
         .optional()?
-        .unwrap_or_else(|| ExecutionSummary::new(execution, ts));
+    } else {
+        None
+    };
+    let (seq, hash) = head.unwrap_or_else(|| (0, GENESIS_HASH.to_owned()));
+    let row = row.unwrap_or_else(|| ExecutionSummary::new(execution, ts));
     Ok(Head {
         seq,
         hash,

@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use nerve_core::event::Compaction;
-use nerve_core::{BlockId, Event, EventSink, ExecutionId, Redactor, SinkError};
+use nerve_core::{
+    ArchivedBlock, BlockId, ContextArchive, Event, EventSink, ExecutionId, RecallHit, Redactor,
+    SinkError,
+};
 use tokio::sync::oneshot;
 
 use crate::SessionError;
@@ -37,7 +40,10 @@ const CHECKPOINT_EVERY_ROWS: usize = 400;
 
 struct Job {
     write: Write,
-    reply: oneshot::Sender<Result<Written, String>>,
+    /// The outcome, and the write itself: the caller's thread allocated it and frees it
+    /// (freeing on the writer's thread took the allocator's cross-thread path, in the one
+    /// thread every append waits for).
+    reply: oneshot::Sender<(Result<Written, String>, Write)>,
 }
 
 impl std::fmt::Debug for Job {
@@ -91,8 +97,8 @@ impl SqliteSink {
             .send(Job { write, reply })
             .map_err(|_| SessionError::WriterGone)?;
         match answer.await {
-            Ok(Ok(written)) => Ok(written),
-            Ok(Err(message)) => Err(SessionError::Write(message)),
+            Ok((Ok(written), _)) => Ok(written),
+            Ok((Err(message), _)) => Err(SessionError::Write(message)),
             Err(_) => Err(SessionError::WriterGone),
         }
     }
@@ -178,7 +184,7 @@ fn run_writer(mut store: Store, queue: &mpsc::Receiver<Job>, checkpoint: &mpsc::
         match outcome {
             Ok(written) => {
                 for (job, written) in jobs.into_iter().zip(written) {
-                    let _ = job.reply.send(Ok(written));
+                    let _ = job.reply.send((Ok(written), job.write));
                 }
             }
             Err(error) => {
@@ -191,7 +197,7 @@ fn run_writer(mut store: Store, queue: &mpsc::Receiver<Job>, checkpoint: &mpsc::
                     if let Err(message) = &result {
                         tracing::error!(%message, "event log write failed");
                     }
-                    let _ = job.reply.send(result);
+                    let _ = job.reply.send((result, job.write));
                 }
             }
         }
@@ -314,5 +320,58 @@ impl EventStore for SqliteSink {
     ) -> Result<Vec<ArchiveHit>, SessionError> {
         self.read(move |store| store.search_archive(&execution, &query, limit))
             .await
+    }
+}
+
+/// The archive port `nerve-brain` compacts into: blocks are stored beside the log, redacted
+/// like every payload, searchable with FTS5.
+#[async_trait]
+impl ContextArchive for SqliteSink {
+    async fn archive(&self, execution: ExecutionId, block: ArchivedBlock) -> Result<(), SinkError> {
+        let block = NewBlock {
+            block_id: block.id,
+            messages: block.messages,
+            note: block.note,
+        };
+        self.put_blocks(execution, vec![block])
+            .await
+            .map(|_| ())
+            .map_err(|e| SinkError(e.to_string()))
+    }
+
+    async fn fetch(
+        &self,
+        execution: ExecutionId,
+        id: BlockId,
+    ) -> Result<Option<ArchivedBlock>, SinkError> {
+        let block = self
+            .archive_block(execution, id)
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
+        Ok(block.map(|block| ArchivedBlock {
+            id: block.block_id,
+            messages: block.messages,
+            note: block.note,
+        }))
+    }
+
+    async fn search(
+        &self,
+        execution: ExecutionId,
+        query: &str,
+        limit: usize,
+    ) -> Result<Vec<RecallHit>, SinkError> {
+        let hits = self
+            .search_archive(execution, query.to_owned(), limit)
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
+        Ok(hits
+            .into_iter()
+            .map(|hit| RecallHit {
+                id: hit.block_id,
+                note: hit.note,
+                snippet: hit.snippet,
+            })
+            .collect())
     }
 }
