@@ -13,11 +13,11 @@
 //!    messages, pinned messages, the recent turns (at least 3 turn pairs or 10% of the
 //!    window) and messages rich in epistemic markers.
 
-use std::collections::BTreeSet;
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::sync::LazyLock;
 
-use nerve_core::{BlockId, Complexity, Message, MessagePart, MessageRole};
+use nerve_core::{BlockId, Complexity, Message, MessagePart, MessageRole, ToolResult};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +25,7 @@ use crate::epistemic::{keep_threshold, marker_groups};
 
 /// Thresholds and sizes. Percentages are of the context window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct CompactionConfig {
     pub enabled: bool,
     /// A tool output over this many tokens is archived at once.
@@ -385,7 +386,7 @@ static PATH: LazyLock<Regex> = LazyLock::new(|| {
 });
 static ERROR: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
-    Regex::new(r"(?i)\b(error|failed|failure|fail|exception|panic|traceback|denied|not found|cannot|refused|timed out)\b")
+    Regex::new(r"(?i)\b(error|failed|failure|fail|exception|panic|panicked|traceback|denied|not found|cannot|refused|timed out)\b")
         .expect("error pattern")
 });
 static DECISION: LazyLock<Regex> = LazyLock::new(|| {
@@ -398,97 +399,271 @@ static NUMBER: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"\b\d+(?:[.,:]\d+)*\b").expect("number pattern")
 });
 
-/// The deterministic extractive summary used when the summary call fails: the same
-/// sections, filled with the lines that carry paths, errors, numbers and decisions.
+/// The sections of the extractive summary that hold items (the goal and the next step are
+/// written apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Section {
+    Done,
+    Findings,
+    Decisions,
+    Questions,
+}
+
+// What the extractive summary keeps first when space is short (lower first), newest before
+// oldest within a rank: a decision or a constraint is the costliest to rediscover; open
+// questions are few; the agent's notes about errors and the error lines of tool outputs
+// (with their locations) come next; then the agent's other notes with paths and numbers,
+// rules read in tool output, and the steps taken (which recall lists anyway).
+const RANK_DECISION: u8 = 0;
+const RANK_QUESTION: u8 = 1;
+const RANK_NOTE_ERROR: u8 = 2;
+const RANK_TOOL_ERROR: u8 = 3;
+const RANK_NOTE: u8 = 4;
+const RANK_RULE: u8 = 5;
+const RANK_STEP: u8 = 6;
+
+/// Steps kept in the summary at most: the newest.
+const MAX_STEPS: usize = 20;
+/// Characters of one item at most.
+const MAX_ITEM_CHARS: usize = 240;
+
+/// One candidate line of the extractive summary; `order` is its place in the history.
+#[derive(Debug)]
+struct Item {
+    section: Section,
+    rank: u8,
+    order: usize,
+    text: String,
+}
+
+#[derive(Debug, Default)]
+struct Items(Vec<Item>);
+
+impl Items {
+    fn add(&mut self, section: Section, rank: u8, text: &str) {
+        let text = text.trim();
+        if text.is_empty() {
+            return;
+        }
+        let order = self.0.len();
+        self.0.push(Item {
+            section,
+            rank,
+            order,
+            text: text.chars().take(MAX_ITEM_CHARS).collect(),
+        });
+    }
+
+    /// A line the agent (or the user) wrote, sentence by sentence: one line often holds a
+    /// decision and a remark about the next step.
+    fn text_line(&mut self, line: &str) {
+        for sentence in sentences(line) {
+            if sentence.ends_with('?') {
+                self.add(Section::Questions, RANK_QUESTION, sentence);
+            } else if DECISION.is_match(sentence) {
+                self.add(Section::Decisions, RANK_DECISION, sentence);
+            } else if ERROR.is_match(sentence) {
+                self.add(Section::Findings, RANK_NOTE_ERROR, sentence);
+            } else if PATH.is_match(sentence) || NUMBER.is_match(sentence) {
+                self.add(Section::Findings, RANK_NOTE, sentence);
+            }
+        }
+    }
+
+    /// The lines of a tool output worth keeping: errors with the few lines after them
+    /// (where compilers and test runners put the location and the values), and rules.
+    /// Everything else in an output is bulk that `recall` returns on demand.
+    fn tool_output(&mut self, result: &ToolResult) {
+        if result.content.starts_with(MASKED) {
+            return;
+        }
+        let prefix = if result.is_error { "failed: " } else { "" };
+        let mut context = 0;
+        for line in result.content.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with(ARCHIVED) {
+                continue;
+            }
+            if ERROR.is_match(line) {
+                self.add(Section::Findings, RANK_TOOL_ERROR, &format!("{prefix}{line}"));
+                context = 3;
+            } else if context > 0 {
+                context -= 1;
+                if PATH.is_match(line) || NUMBER.is_match(line) {
+                    self.add(Section::Findings, RANK_TOOL_ERROR, line);
+                }
+            } else if DECISION.is_match(line) {
+                self.add(Section::Findings, RANK_RULE, line);
+            }
+        }
+    }
+
+    /// The items of an earlier summary (a model's or an extractive one), merged into this
+    /// one: folded, not nested.
+    fn earlier(&mut self, summary: &str) {
+        let mut section = None;
+        for line in summary.lines().map(str::trim) {
+            if let Some(title) = line.strip_prefix("## ") {
+                let title = title.to_ascii_lowercase();
+                section = if title.starts_with("goal") || title.starts_with("next") {
+                    // The goal is the task's; an old next step is stale.
+                    None
+                } else if title.starts_with("done") {
+                    Some((Section::Done, RANK_STEP))
+                } else if title.starts_with("decision") {
+                    Some((Section::Decisions, RANK_DECISION))
+                } else if title.starts_with("open") || title.starts_with("question") {
+                    Some((Section::Questions, RANK_QUESTION))
+                } else {
+                    Some((Section::Findings, RANK_NOTE))
+                };
+                continue;
+            }
+            let Some((section, rank)) = section else {
+                continue;
+            };
+            if line.starts_with("[Nerve: ")
+                || line.starts_with("Archived blocks: ")
+                || line.starts_with("[... ")
+            {
+                continue;
+            }
+            let text = line
+                .strip_prefix("- ")
+                .or_else(|| line.strip_prefix("* "))
+                .unwrap_or(line);
+            let rank = if section == Section::Findings && ERROR.is_match(text) {
+                RANK_NOTE_ERROR
+            } else {
+                rank
+            };
+            self.add(section, rank, text);
+        }
+    }
+}
+
+/// The sentences of `line`: split after `.`, `?` or `!` followed by a space, so that
+/// paths and numbers stay whole.
+fn sentences(line: &str) -> impl Iterator<Item = &str> {
+    let mut rest = line;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = rest
+            .char_indices()
+            .find(|&(i, c)| {
+                matches!(c, '.' | '?' | '!') && rest[i + 1..].starts_with(char::is_whitespace)
+            })
+            .map_or(rest.len(), |(i, _)| i + 1);
+        let sentence = &rest[..end];
+        rest = rest[end..].trim_start();
+        Some(sentence)
+    })
+}
+
+/// The step a tool call was, in a few words: its command, path or query when it has one.
+fn step(call: &nerve_core::ToolCall) -> String {
+    let what = ["command", "path", "query", "pattern", "url"]
+        .iter()
+        .find_map(|key| call.arguments.get(*key).and_then(serde_json::Value::as_str))
+        .map_or_else(|| call.arguments.to_string(), str::to_owned);
+    let what: String = what.chars().take(120).collect();
+    format!("{} {what}", call.name)
+}
+
+/// The deterministic extractive summary used when the summary call fails: the sections of
+/// the summary prompt, filled with the decisions, the agent's notes, the error lines of
+/// tool outputs (with their locations), rules, open questions and the latest steps. An
+/// earlier summary's items are merged in rather than nested. When everything does not fit
+/// in `max_chars`, what is costliest to lose is kept (see the ranks above), newest first;
+/// each section stays in the order of the history.
 pub fn extractive_summary(
     task: &str,
     messages: &[&Message],
     earlier: Option<&str>,
     max_chars: usize,
 ) -> String {
-    let mut done = Vec::new();
-    let mut findings = BTreeSet::new();
-    let mut decisions = Vec::new();
-    let mut questions = Vec::new();
+    let mut items = Items::default();
+    if let Some(earlier) = earlier {
+        items.earlier(earlier);
+    }
     let mut next = None;
-    let mut lines_of = |text: &str, findings: &mut BTreeSet<String>| {
-        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-            let line: String = line.chars().take(240).collect();
-            if ERROR.is_match(&line) || PATH.is_match(&line) || NUMBER.is_match(&line) {
-                findings.insert(line.clone());
-            }
-            if DECISION.is_match(&line) && decisions.len() < 40 {
-                decisions.push(line.clone());
-            }
-            if line.ends_with('?') && questions.len() < 20 {
-                questions.push(line);
-            }
-        }
-    };
     for message in messages {
         for part in &message.parts {
             match part {
                 MessagePart::Text { text } => {
-                    lines_of(text, &mut findings);
+                    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                        items.text_line(line);
+                    }
                     if message.role == MessageRole::Assistant {
                         next = text
                             .lines()
-                            .find(|l| !l.trim().is_empty())
-                            .map(str::to_owned);
+                            .map(str::trim)
+                            .find(|l| !l.is_empty())
+                            .map(|l| l.chars().take(MAX_ITEM_CHARS).collect::<String>());
                     }
                 }
-                MessagePart::ToolCall(call) => {
-                    let args: String = call.arguments.to_string().chars().take(200).collect();
-                    done.push(format!("{} {args}", call.name));
-                }
-                MessagePart::ToolResult(result) => {
-                    let prefix = if result.is_error { "failed: " } else { "" };
-                    for line in result
-                        .content
-                        .lines()
-                        .map(str::trim)
-                        .filter(|l| !l.is_empty())
-                    {
-                        if ERROR.is_match(line) || PATH.is_match(line) {
-                            findings.insert(format!(
-                                "{prefix}{}",
-                                line.chars().take(240).collect::<String>()
-                            ));
-                        }
-                    }
-                }
-                MessagePart::CompactionSummary { text, .. } => lines_of(text, &mut findings),
+                MessagePart::ToolCall(call) => items.add(Section::Done, RANK_STEP, &step(call)),
+                MessagePart::ToolResult(result) => items.tool_output(result),
+                MessagePart::CompactionSummary { text, .. } => items.earlier(text),
                 MessagePart::Thinking { .. } => {}
             }
         }
     }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "## Goal\n- {}",
-        task.lines().next().unwrap_or_default()
-    );
-    if let Some(earlier) = earlier {
-        let _ = writeln!(out, "## Earlier\n{}", earlier.trim());
-    }
-    let mut section = |title: &str, items: &mut dyn Iterator<Item = String>| {
-        let _ = writeln!(out, "## {title}");
-        for item in items {
-            let _ = writeln!(out, "- {item}");
+    let goal = format!("## Goal\n- {}\n", task.lines().next().unwrap_or_default());
+    let headers = "## Done\n## Findings\n## Decisions\n## Open questions\n## Next steps\n";
+    let note_reserve = 80;
+    let mut used = goal.len() + headers.len() + note_reserve + next.as_ref().map_or(0, |n| n.len() + 3);
+    // Newest first, each line once per section, at most MAX_STEPS steps.
+    let mut seen = HashSet::new();
+    let mut steps = 0;
+    let mut candidates: Vec<&Item> = items
+        .0
+        .iter()
+        .rev()
+        .filter(|item| seen.insert((item.section, item.text.as_str())))
+        .filter(|item| {
+            if item.section != Section::Done {
+                return true;
+            }
+            steps += 1;
+            steps <= MAX_STEPS
+        })
+        .collect();
+    candidates.sort_by_key(|item| item.rank); // Stable: newest first within a rank.
+    let mut chosen = Vec::with_capacity(candidates.len());
+    let mut left_out = 0;
+    for item in candidates {
+        let cost = item.text.len() + 3;
+        if used + cost <= max_chars {
+            used += cost;
+            chosen.push(item);
+        } else {
+            left_out += 1;
         }
-    };
-    section("Done", &mut done.into_iter());
-    section("Findings", &mut findings.into_iter());
-    section("Decisions", &mut decisions.into_iter());
-    section("Open questions", &mut questions.into_iter());
-    section("Next steps", &mut next.into_iter());
-    if out.len() > max_chars {
-        let cut = (0..=max_chars)
-            .rev()
-            .find(|&i| out.is_char_boundary(i))
-            .unwrap_or(0);
-        out.truncate(cut);
-        out.push_str("\n[... summary truncated; the full history is archived ...]");
+    }
+    chosen.sort_by_key(|item| item.order);
+    let mut out = goal;
+    for (section, title) in [
+        (Section::Done, "Done"),
+        (Section::Findings, "Findings"),
+        (Section::Decisions, "Decisions"),
+        (Section::Questions, "Open questions"),
+    ] {
+        let _ = writeln!(out, "## {title}");
+        for item in chosen.iter().filter(|item| item.section == section) {
+            let _ = writeln!(out, "- {}", item.text);
+        }
+    }
+    out.push_str("## Next steps\n");
+    if let Some(next) = next {
+        let _ = writeln!(out, "- {next}");
+    }
+    if left_out > 0 {
+        let _ = writeln!(
+            out,
+            "[... {left_out} more lines left out; recall returns the full history ...]"
+        );
     }
     out
 }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 /// Tuning of the detector; the defaults are the seeds'.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct StagnationConfig {
     pub enabled: bool,
     /// Recent tool-bearing turns analysed.

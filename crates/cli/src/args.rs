@@ -70,6 +70,25 @@ pub(crate) enum Command {
     },
     /// Check the log's hash chain; exits 1 when it was tampered with.
     Verify { id: String },
+    /// Continue a crashed, interrupted or parked execution in a fresh sandbox.
+    Resume {
+        id: String,
+        /// Another provider than the one the execution started with.
+        #[arg(long, value_name = "SPEC")]
+        provider: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decide the pending approvals of a parked execution.
+    Approve {
+        id: String,
+        /// Refuse instead of approving.
+        #[arg(long)]
+        deny: bool,
+        /// Shown to the model with a denial, recorded in the log.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -1,8 +1,13 @@
 //! The optional TOML configuration file. Unknown keys are errors, so a typo never silently
 //! falls back to a default.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use nerve_hands::proxy::{
+    Credential, HostPattern, ProxyConfig, ProxyLimits, ProxyRule, UpstreamScheme,
+};
+use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::Failure;
@@ -12,6 +17,49 @@ use crate::Failure;
 pub(crate) struct Config {
     #[serde(default)]
     pub(crate) sandbox: SandboxSection,
+    #[serde(default)]
+    pub(crate) proxy: ProxySection,
+    #[serde(default)]
+    pub(crate) guardrails: GuardrailsSection,
+    #[serde(default)]
+    pub(crate) policy: PolicySection,
+    #[serde(default)]
+    pub(crate) compaction: Option<nerve_brain::compaction::CompactionConfig>,
+    /// Extra models, or overrides of the built-in table's windows and prices.
+    #[serde(default)]
+    pub(crate) models: Vec<ModelSection>,
+}
+
+/// `[guardrails]`: limits and recoveries of every run (command-line flags win).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GuardrailsSection {
+    pub(crate) max_tokens_recoveries: Option<u32>,
+    pub(crate) premature_end_retries: Option<u32>,
+    pub(crate) max_replans: Option<u32>,
+    pub(crate) reserve_tokens: Option<u64>,
+    pub(crate) reserve_cost_percent: Option<u32>,
+    pub(crate) stagnation: Option<nerve_brain::stagnation::StagnationConfig>,
+}
+
+/// `[policy]`: which tool calls run, ask or are refused. `default` is `allow` unless set.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PolicySection {
+    pub(crate) default: Option<nerve_brain::approval::PolicyAction>,
+    #[serde(default)]
+    pub(crate) rules: Vec<nerve_brain::approval::PolicyRule>,
+}
+
+/// One `[[models]]` entry: prices in dollars per million tokens.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ModelSection {
+    pub(crate) name: String,
+    pub(crate) context_window: Option<u64>,
+    pub(crate) max_output_tokens: Option<u64>,
+    pub(crate) input_usd_per_million: Option<f64>,
+    pub(crate) output_usd_per_million: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -24,6 +72,63 @@ pub(crate) struct SandboxSection {
 }
 
 impl Config {
+    /// The engine settings the file gives; run flags are laid over them.
+    pub(crate) fn engine_config(&self) -> Result<nerve_brain::EngineConfig, Failure> {
+        let defaults = nerve_brain::EngineConfig::default();
+        let guards = &self.guardrails;
+        let policy = nerve_brain::approval::ToolPolicy::new(
+            self.policy.rules.clone(),
+            self.policy
+                .default
+                .unwrap_or(nerve_brain::approval::PolicyAction::Allow),
+        )
+        .map_err(Failure::usage)?;
+        Ok(nerve_brain::EngineConfig {
+            max_tokens_recoveries: guards
+                .max_tokens_recoveries
+                .unwrap_or(defaults.max_tokens_recoveries),
+            premature_end_retries: guards
+                .premature_end_retries
+                .unwrap_or(defaults.premature_end_retries),
+            max_replans: guards.max_replans.unwrap_or(defaults.max_replans),
+            reserve_tokens: guards.reserve_tokens.unwrap_or(defaults.reserve_tokens),
+            reserve_cost_percent: guards
+                .reserve_cost_percent
+                .unwrap_or(defaults.reserve_cost_percent),
+            stagnation: guards.stagnation.unwrap_or(defaults.stagnation),
+            compaction: self.compaction.unwrap_or(defaults.compaction),
+            policy,
+            ..defaults
+        })
+    }
+
+    /// The built-in model table with the file's `[[models]]` laid over it.
+    pub(crate) fn model_table(&self) -> Result<nerve_brain::ModelTable, Failure> {
+        let micros = |usd: Option<f64>, name: &str| -> Result<Option<u64>, Failure> {
+            usd.map(|usd| {
+                nerve_core::MicroUsd::from_usd(usd)
+                    .map(|m| m.0)
+                    .ok_or_else(|| Failure::usage(format!("model {name}: {usd} is not a price")))
+            })
+            .transpose()
+        };
+        let mut overrides = Vec::new();
+        for model in &self.models {
+            overrides.push(nerve_brain::ModelOverride {
+                name: model.name.clone(),
+                context_window: model.context_window,
+                max_output_tokens: model.max_output_tokens,
+                input_per_million: micros(model.input_usd_per_million, &model.name)?,
+                output_per_million: micros(model.output_usd_per_million, &model.name)?,
+                cache_read_per_million: None,
+                cache_write_per_million: None,
+            });
+        }
+        nerve_brain::ModelTable::builtin()
+            .with_overrides(overrides)
+            .map_err(Failure::usage)
+    }
+
     /// Reads `path`, or the defaults when no file was named.
     pub(crate) fn load(path: Option<&Path>) -> Result<Self, Failure> {
         let Some(path) = path else {
@@ -39,5 +144,291 @@ impl Config {
                 e.message()
             ))
         })
+    }
+}
+
+/// `[proxy]`: the auth proxy's limits and its allowlist, `[[proxy.rules]]`. Without rules
+/// every request from the sandbox is denied (and recorded). See docs/proxy.md.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ProxySection {
+    /// Resolution, TCP connect and TLS handshake to an upstream (default 10).
+    pub(crate) connect_timeout_secs: Option<u64>,
+    /// A whole request, from its head to the end of the response (default 120).
+    pub(crate) timeout_secs: Option<u64>,
+    /// The largest request body forwarded (default 8 MiB).
+    pub(crate) max_request_bytes: Option<u64>,
+    /// The largest response body passed back (default 64 MiB).
+    pub(crate) max_response_bytes: Option<u64>,
+    #[serde(default)]
+    pub(crate) rules: Vec<RuleSpec>,
+}
+
+/// One `[[proxy.rules]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RuleSpec {
+    /// `api.example.com`, `*.example.com`, or an IP literal.
+    pub(crate) host: String,
+    /// Default `["GET", "HEAD"]`; `CONNECT` allows tunnels (not with a credential).
+    pub(crate) methods: Option<Vec<String>>,
+    /// Allowed path prefixes; default `["/"]`.
+    pub(crate) paths: Option<Vec<String>>,
+    /// `https` (default) or `http`: how the proxy talks to the upstream.
+    pub(crate) upstream_scheme: Option<SchemeSpec>,
+    /// Default: 443 for https, 80 for http.
+    pub(crate) upstream_port: Option<u16>,
+    /// Allow loopback, private, link-local and metadata addresses (default false).
+    #[serde(default)]
+    pub(crate) allow_private: bool,
+    pub(crate) credential: Option<CredentialSpec>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum SchemeSpec {
+    Http,
+    Https,
+}
+
+/// `[proxy.rules.credential]`: the header the proxy adds, and where its secret comes from
+/// (exactly one of `env` and `file`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CredentialSpec {
+    /// Label in events and redactions (`[REDACTED:<name>]`); default: the variable's name
+    /// in lower case, else the file's name.
+    pub(crate) name: Option<String>,
+    /// Default `Authorization`.
+    pub(crate) header: Option<String>,
+    /// Default `Bearer {secret}`.
+    pub(crate) value: Option<String>,
+    /// An environment variable of the `nerve` process holding the secret.
+    pub(crate) env: Option<String>,
+    /// A file holding the secret (trailing line breaks are ignored).
+    pub(crate) file: Option<PathBuf>,
+}
+
+/// The proxy's configuration, and its secrets labelled for the redactor.
+pub(crate) struct ProxySetup {
+    pub(crate) config: ProxyConfig,
+    pub(crate) secrets: Vec<(String, SecretString)>,
+}
+
+impl ProxySection {
+    /// Validates the rules and reads their secrets (`env` looks up a variable of this
+    /// process). Errors are one line naming the rule, never a secret.
+    pub(crate) fn build(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<ProxySetup, Failure> {
+        let mut rules = Vec::new();
+        let mut secrets = Vec::new();
+        for spec in &self.rules {
+            let fail = |problem: String| {
+                Failure::usage(format!("[[proxy.rules]] host = {:?}: {problem}", spec.host))
+            };
+            let host = HostPattern::parse(&spec.host).map_err(fail)?;
+            let mut rule = ProxyRule::new(host);
+            if let Some(methods) = &spec.methods {
+                rule.methods = methods.clone();
+            }
+            if let Some(paths) = &spec.paths {
+                rule.paths = paths.clone();
+            }
+            rule.upstream_scheme = match spec.upstream_scheme {
+                None | Some(SchemeSpec::Https) => UpstreamScheme::Https,
+                Some(SchemeSpec::Http) => UpstreamScheme::Http,
+            };
+            rule.upstream_port = spec.upstream_port;
+            rule.allow_private = spec.allow_private;
+            if let Some(credential) = &spec.credential {
+                let (secret, default_name) = read_secret(credential, env).map_err(fail)?;
+                let name = credential.name.clone().unwrap_or(default_name);
+                secrets.push((name.clone(), secret.clone()));
+                rule.credential = Some(Credential {
+                    name,
+                    header: credential
+                        .header
+                        .clone()
+                        .unwrap_or_else(|| "Authorization".to_owned()),
+                    template: credential
+                        .value
+                        .clone()
+                        .unwrap_or_else(|| "Bearer {secret}".to_owned()),
+                    secret,
+                });
+            }
+            rules.push(rule);
+        }
+        let defaults = ProxyLimits::default();
+        let limits = ProxyLimits {
+            connect_timeout: self
+                .connect_timeout_secs
+                .map_or(defaults.connect_timeout, Duration::from_secs),
+            total_timeout: self
+                .timeout_secs
+                .map_or(defaults.total_timeout, Duration::from_secs),
+            max_request_body_bytes: self
+                .max_request_bytes
+                .unwrap_or(defaults.max_request_body_bytes),
+            max_response_body_bytes: self
+                .max_response_bytes
+                .unwrap_or(defaults.max_response_body_bytes),
+            ..defaults
+        };
+        let config = ProxyConfig {
+            limits,
+            ..ProxyConfig::new(rules)
+        };
+        config.validate().map_err(Failure::usage)?;
+        Ok(ProxySetup { config, secrets })
+    }
+}
+
+/// The secret and the credential's default name.
+fn read_secret(
+    spec: &CredentialSpec,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(SecretString, String), String> {
+    match (&spec.env, &spec.file) {
+        (Some(variable), None) => {
+            let value = env(variable)
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| format!("the credential's variable {variable} is not set"))?;
+            Ok((SecretString::from(value), variable.to_ascii_lowercase()))
+        }
+        (None, Some(file)) => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read the credential file {}: {e}", file.display()))?;
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "secret".to_owned());
+            let name: String = name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            Ok((
+                SecretString::from(text.trim_end_matches(['\n', '\r']).to_owned()),
+                name,
+            ))
+        }
+        (Some(_), Some(_)) => Err("a credential takes `env` or `file`, not both".to_owned()),
+        (None, None) => Err("a credential needs `env` or `file`".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use secrecy::ExposeSecret;
+
+    use super::*;
+
+    fn build(toml_text: &str, env: &[(&str, &str)]) -> Result<ProxySetup, String> {
+        let config: Config = toml::from_str(toml_text).map_err(|e| e.message().to_owned())?;
+        let lookup = |name: &str| {
+            env.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        config.proxy.build(&lookup).map_err(|f| f.message)
+    }
+
+    #[test]
+    fn rules_are_read_with_their_secrets() {
+        let file = std::env::temp_dir().join(format!("nerve-config-test-{}", std::process::id()));
+        std::fs::write(&file, "file-secret-123\n").unwrap();
+        let text = format!(
+            r#"
+            [proxy]
+            timeout_secs = 30
+
+            [[proxy.rules]]
+            host = "api.github.com"
+            methods = ["GET", "POST"]
+            paths = ["/repos/acme/"]
+            [proxy.rules.credential]
+            env = "GH_TOKEN"
+
+            [[proxy.rules]]
+            host = "*.internal.test"
+            upstream_scheme = "http"
+            upstream_port = 8080
+            allow_private = true
+            [proxy.rules.credential]
+            name = "internal"
+            header = "X-Api-Key"
+            value = "{{secret}}"
+            file = "{}"
+
+            [[proxy.rules]]
+            host = "pypi.org"
+            methods = ["CONNECT"]
+            "#,
+            file.display()
+        );
+        let setup = build(&text, &[("GH_TOKEN", "gh-secret-456")]);
+        std::fs::remove_file(&file).unwrap();
+        let setup = setup.unwrap();
+        assert_eq!(setup.config.limits.total_timeout, Duration::from_secs(30));
+        let rules = &setup.config.rules;
+        assert_eq!(rules.len(), 3);
+        assert_eq!(rules[0].methods, ["GET", "POST"]);
+        assert_eq!(rules[0].upstream_scheme, UpstreamScheme::Https);
+        assert_eq!(rules[0].port(), 443);
+        let github = rules[0].credential.as_ref().unwrap();
+        assert_eq!(github.name, "gh_token");
+        assert_eq!(github.header, "Authorization");
+        assert_eq!(github.template, "Bearer {secret}");
+        assert_eq!(rules[1].port(), 8080);
+        assert!(rules[1].allow_private);
+        let internal = rules[1].credential.as_ref().unwrap();
+        assert_eq!(internal.secret.expose_secret(), "file-secret-123");
+        let labels: Vec<&str> = setup.secrets.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(labels, ["gh_token", "internal"]);
+        assert!(rules[2].credential.is_none());
+    }
+
+    #[test]
+    fn mistakes_are_one_line_errors() {
+        let check = |text: &str, expected: &str| {
+            let got = build(text, &[("SHORT", "abc"), ("GH_TOKEN", "gh-secret-456")]);
+            assert_eq!(got.err().as_deref(), Some(expected), "{text}");
+        };
+        check(
+            "[[proxy.rules]]\nhost = \"a.test\"\n[proxy.rules.credential]\nenv = \"MISSING\"",
+            "[[proxy.rules]] host = \"a.test\": the credential's variable MISSING is not set",
+        );
+        check(
+            "[[proxy.rules]]\nhost = \"a.test\"\n[proxy.rules.credential]\nenv = \"SHORT\"",
+            "invalid proxy rules: rule for `a.test`: credential `short`: the secret is shorter than 6 characters and could not be redacted",
+        );
+        check(
+            "[[proxy.rules]]\nhost = \"a.test\"\n[proxy.rules.credential]\nenv = \"GH_TOKEN\"\nfile = \"/x\"",
+            "[[proxy.rules]] host = \"a.test\": a credential takes `env` or `file`, not both",
+        );
+        check(
+            "[[proxy.rules]]\nhost = \"bücher.test\"",
+            "[[proxy.rules]] host = \"bücher.test\": host `bücher.test`: the host is not ASCII (internationalised names are refused)",
+        );
+        check(
+            "[[proxy.rules]]\nhost = \"a.test\"\nmethods = [\"CONNECT\"]\n[proxy.rules.credential]\nenv = \"GH_TOKEN\"",
+            "invalid proxy rules: rule for `a.test`: CONNECT is refused on a rule with a credential: a tunnel is opaque, the credential could not be injected and the sandbox's own headers could not be checked",
+        );
+        check(
+            "[[proxy.rules]]\nhost = \"a.test\"\nupstream_scheme = \"ftp\"",
+            "unknown variant `ftp`, expected `http` or `https`",
+        );
+        check(
+            "[[proxy.rules]]\nhost = \"a.test\"\nport = 1",
+            "unknown field `port`, expected one of `host`, `methods`, `paths`, `upstream_scheme`, `upstream_port`, `allow_private`, `credential`",
+        );
     }
 }

@@ -11,6 +11,7 @@ mod inspect;
 mod output;
 mod progress;
 mod provider;
+mod resume;
 mod run;
 
 use std::process::ExitCode;
@@ -76,6 +77,10 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Show { id, json } => inspect::show(&db, &id, json),
         Command::Events { id, json } => inspect::events(&db, &id, json),
         Command::Verify { id } => inspect::verify(&db, &id),
+        Command::Resume { id, provider, json } => {
+            run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), json).await
+        }
+        Command::Approve { id, deny, reason } => resume::approve(&db, &id, deny, reason).await,
     }
 }
 

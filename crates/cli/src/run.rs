@@ -5,11 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nerve_brain::{AgentEngine, EngineConfig, ExecutionResult, Provider, Task};
+use nerve_brain::{AgentEngine, EngineConfig, ExecutionResult, Provider, ResumeState, Task};
 use nerve_core::{
     Complexity, EventSink, ExecutionId, LoopType, MicroUsd, Redactor, TaskId, TaskStatus,
 };
-use nerve_hands::{DEFAULT_IMAGE, ImageSource, Sandbox, SandboxConfig, SandboxTools};
+use nerve_hands::{
+    DEFAULT_IMAGE, ImageSource, ProxyListener, Sandbox, SandboxConfig, SandboxTools,
+};
 use nerve_session::SqliteSink;
 use secrecy::SecretString;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +24,9 @@ use crate::progress::{Mode, ProgressSink};
 
 /// Environment variables whose values are registered with the redactor when set.
 const PROVIDER_KEY_VARS: &[&str] = &["OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
+
+/// Host variables passed into the sandbox when set, after the credential filter.
+const SANDBOX_ENV_VARS: &[&str] = &["LANG", "LC_ALL", "TZ"];
 
 pub(crate) async fn run(
     args: RunArgs,
@@ -39,85 +44,6 @@ pub(crate) async fn run(
                 .ok_or_else(|| Failure::usage(format!("--budget-usd {usd} is not a dollar amount")))
         })
         .transpose()?;
-    let redactor = Arc::new(build_redactor()?);
-
-    let docker = nerve_hands::connect_docker()
-        .await
-        .map_err(Failure::usage)?;
-    if let Err(error) = nerve_hands::reap_orphans(&docker).await {
-        tracing::warn!(%error, "could not reap orphaned sandboxes");
-    }
-    let image = args
-        .image
-        .clone()
-        .or(config.sandbox.image.clone())
-        .unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
-    if image == DEFAULT_IMAGE
-        && !nerve_hands::image_exists(&docker, &image)
-            .await
-            .map_err(Failure::usage)?
-    {
-        if !args.json {
-            output::error_line(&format!("building the sandbox image {image} (once)"));
-        }
-        let source = config
-            .sandbox
-            .busybox
-            .clone()
-            .map_or_else(ImageSource::default, |busybox| ImageSource { busybox });
-        nerve_hands::build_default_image(&docker, &source, &image)
-            .await
-            .map_err(Failure::usage)?;
-    }
-
-    let execution_id = ExecutionId::new();
-    let sandbox_config = SandboxConfig::new(image, workspace.clone(), execution_id);
-    let sandbox = Arc::new(
-        Sandbox::start(docker, &sandbox_config)
-            .await
-            .map_err(Failure::usage)?,
-    );
-    let outcome = run_in_sandbox(
-        &args,
-        db,
-        &workspace,
-        description,
-        provider,
-        budget_cost,
-        redactor,
-        execution_id,
-        &sandbox,
-    )
-    .await;
-    if let Err(error) = sandbox.remove().await {
-        tracing::warn!(%error, "could not remove the sandbox; the reaper will at the next start");
-    }
-    let result = outcome?;
-    report(&result, args.json);
-    Ok(
-        if result.termination_reason == nerve_core::TerminationReason::Completed {
-            0
-        } else {
-            1
-        },
-    )
-}
-
-#[allow(clippy::too_many_arguments)] // One call site; a struct would only rename these.
-async fn run_in_sandbox(
-    args: &RunArgs,
-    db: &Path,
-    workspace: &Path,
-    description: String,
-    provider: Arc<dyn Provider>,
-    budget_cost: Option<MicroUsd>,
-    redactor: Arc<nerve_core::Redactor>,
-    execution_id: ExecutionId,
-    sandbox: &Arc<Sandbox>,
-) -> Result<ExecutionResult, Failure> {
-    let log = SqliteSink::open(db, redactor).map_err(Failure::usage)?;
-    let progress = Arc::new(ProgressSink::new(log, Mode::detect(args.json), args.context_window));
-    let sink: Arc<dyn EventSink> = Arc::clone(&progress) as Arc<dyn EventSink>;
     let loop_type = match args.loop_type {
         LoopArg::React => LoopType::React,
         LoopArg::PlanExecute => LoopType::PlanExecute,
@@ -130,30 +56,25 @@ async fn run_in_sandbox(
         ComplexityArg::Complex => Complexity::Complex,
         ComplexityArg::Epic => Complexity::Epic,
     });
-    let engine = AgentEngine::new(
-        provider,
-        Arc::new(SandboxTools::new(Arc::clone(sandbox))),
-        sink,
-        EngineConfig {
-            loop_type,
-            complexity,
-            max_turns: args.max_turns,
-            timeout: args.timeout.map(Duration::from_secs),
-            budget_tokens: args.budget_tokens,
-            budget_cost,
-            context_window: args.context_window,
-            recorded_config: serde_json::json!({
-                "max_turns": args.max_turns,
-                "timeout_secs": args.timeout,
-                "budget_tokens": args.budget_tokens,
-                "budget_usd": args.budget_usd,
-                "context_window": args.context_window,
-                "complexity": complexity,
-                "container": sandbox.container_id(),
-            }),
-            ..EngineConfig::default()
-        },
-    );
+    let engine_config = EngineConfig {
+        loop_type,
+        complexity,
+        max_turns: args.max_turns,
+        timeout: args.timeout.map(Duration::from_secs),
+        budget_tokens: args.budget_tokens,
+        budget_cost,
+        context_window: args.context_window,
+        recorded_config: serde_json::json!({
+            "max_turns": args.max_turns,
+            "timeout_secs": args.timeout,
+            "budget_tokens": args.budget_tokens,
+            "budget_usd": args.budget_usd,
+            "context_window": args.context_window,
+            "complexity": complexity,
+            "image": args.image,
+        }),
+        ..config.engine_config()?
+    };
     let task = Task {
         id: TaskId::new(),
         description,
@@ -161,18 +82,228 @@ async fn run_in_sandbox(
         status: TaskStatus::Created,
         workspace: workspace.display().to_string(),
     };
-    if !args.json {
-        output::error_line(&format!("execution {execution_id}"));
+    let launch = Launch {
+        db,
+        config: &config,
+        workspace,
+        provider,
+        engine_config,
+        image: args.image.clone(),
+        json: args.json,
+        execution_id: ExecutionId::new(),
+        start: Start::Fresh(task),
+    };
+    launch.go().await
+}
+
+/// `nerve resume ID`: a fresh sandbox on the same workspace, the conversation rebuilt from
+/// the log, and the engine continuing from the next turn.
+pub(crate) async fn resume(
+    db: &Path,
+    config_path: Option<&Path>,
+    id: &str,
+    provider_spec: Option<&str>,
+    json: bool,
+) -> Result<u8, Failure> {
+    let config = Config::load(config_path)?;
+    let resumable = crate::resume::resumable(db, id)?;
+    let started = &resumable.started;
+    let workspace = validate_workspace(Path::new(&started.workspace))?;
+    let spec = provider_spec.unwrap_or(&started.provider);
+    let model = (started.model != "scripted").then_some(started.model.as_str());
+    let provider = if let Some(path) = spec.strip_prefix("script:") {
+        // A resumed scripted run continues after the last response its log recorded.
+        let scripted =
+            nerve_brain::ScriptedProvider::from_file(Path::new(path)).map_err(Failure::usage)?;
+        for (purpose, used) in &resumable.model_calls {
+            scripted.skip(*purpose, *used);
+        }
+        Arc::new(scripted) as Arc<dyn Provider>
+    } else {
+        crate::provider::build(spec, model)?
+    };
+    let recorded = &started.config;
+    let number = |key: &str| recorded.get(key).and_then(serde_json::Value::as_u64);
+    let engine_config = EngineConfig {
+        loop_type: LoopType::React,
+        max_turns: started.max_turns,
+        timeout: number("timeout_secs").map(Duration::from_secs),
+        budget_tokens: number("budget_tokens"),
+        budget_cost: recorded
+            .get("budget_usd")
+            .and_then(serde_json::Value::as_f64)
+            .and_then(MicroUsd::from_usd),
+        context_window: number("context_window"),
+        recorded_config: recorded.clone(),
+        ..config.engine_config()?
+    };
+    let image = recorded
+        .get("image")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned);
+    let launch = Launch {
+        db,
+        config: &config,
+        workspace,
+        provider,
+        engine_config,
+        image,
+        json,
+        execution_id: resumable.execution,
+        start: Start::Resume(Box::new(resumable.state)),
+    };
+    launch.go().await
+}
+
+/// What differs between a fresh run and a resume.
+enum Start {
+    Fresh(Task),
+    Resume(Box<ResumeState>),
+}
+
+/// Everything needed to run the engine in a sandbox, fresh or resumed.
+struct Launch<'a> {
+    db: &'a Path,
+    config: &'a Config,
+    workspace: PathBuf,
+    provider: Arc<dyn Provider>,
+    engine_config: EngineConfig,
+    image: Option<String>,
+    json: bool,
+    execution_id: ExecutionId,
+    start: Start,
+}
+
+impl Launch<'_> {
+    async fn go(self) -> Result<u8, Failure> {
+        // The proxy's rules and secrets are read before anything starts; its secrets are
+        // registered with the redactor, so the log scrubs them too.
+        let proxy = self.config.proxy.build(&|name| std::env::var(name).ok())?;
+        let redactor = Arc::new(build_redactor(&proxy.secrets)?);
+
+        let docker = nerve_hands::connect_docker()
+            .await
+            .map_err(Failure::usage)?;
+        if let Err(error) = nerve_hands::reap_orphans(&docker).await {
+            tracing::warn!(%error, "could not reap orphaned sandboxes");
+        }
+        let image = self
+            .image
+            .clone()
+            .or(self.config.sandbox.image.clone())
+            .unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
+        if image == DEFAULT_IMAGE
+            && !nerve_hands::image_exists(&docker, &image)
+                .await
+                .map_err(Failure::usage)?
+        {
+            if !self.json {
+                output::error_line(&format!("building the sandbox image {image} (once)"));
+            }
+            let source = self
+                .config
+                .sandbox
+                .busybox
+                .clone()
+                .map_or_else(ImageSource::default, |busybox| ImageSource { busybox });
+            nerve_hands::build_default_image(&docker, &source, &image)
+                .await
+                .map_err(Failure::usage)?;
+        }
+
+        // The socket exists before the container that mounts it; it serves once the log is
+        // open (every decision is an event).
+        let proxy = ProxyListener::bind(proxy.config).map_err(Failure::usage)?;
+        let mut sandbox_config =
+            SandboxConfig::new(image, self.workspace.clone(), self.execution_id);
+        sandbox_config.proxy = Some(proxy.mount());
+        sandbox_config.env = sandbox_env(&redactor);
+        let sandbox = Arc::new(
+            Sandbox::start(docker, &sandbox_config)
+                .await
+                .map_err(Failure::usage)?,
+        );
+        let json = self.json;
+        let outcome = self.in_sandbox(redactor, &sandbox, proxy).await;
+        if let Err(error) = sandbox.remove().await {
+            tracing::warn!(%error, "could not remove the sandbox; the reaper will at the next start");
+        }
+        let result = outcome?;
+        report(&result, json);
+        Ok(
+            if result.termination_reason == nerve_core::TerminationReason::Completed {
+                0
+            } else {
+                1
+            },
+        )
     }
-    let cancel = CancellationToken::new();
-    let watcher = tokio::spawn(watch_interrupts(cancel.clone()));
-    let result = engine
-        .run(execution_id, task, cancel)
-        .await
+
+    async fn in_sandbox(
+        self,
+        redactor: Arc<Redactor>,
+        sandbox: &Arc<Sandbox>,
+        proxy: ProxyListener,
+    ) -> Result<ExecutionResult, Failure> {
+        let log = Arc::new(SqliteSink::open(self.db, redactor).map_err(Failure::usage)?);
+        // The model table gives prices and the context window; --context-window wins.
+        let model = self
+            .config
+            .model_table()?
+            .get(self.provider.model())
+            .cloned();
+        let context_window = self
+            .engine_config
+            .context_window
+            .or(model.as_ref().map(|m| m.context_window));
+        let pricing = model
+            .as_ref()
+            .map(nerve_brain::ModelInfo::pricing)
+            .unwrap_or_default();
+        let progress = Arc::new(ProgressSink::new(
+            Arc::clone(&log),
+            Mode::detect(self.json),
+            context_window,
+        ));
+        let sink: Arc<dyn EventSink> = Arc::clone(&progress) as Arc<dyn EventSink>;
+        // Serves until it is dropped at the end of this function, after the engine is done.
+        let proxy = proxy
+            .serve(Arc::clone(&sink), self.execution_id)
+            .map_err(Failure::usage)?;
+        let mut engine_config = self.engine_config;
+        engine_config.context_window = context_window;
+        engine_config.pricing = pricing;
+        if let Some(map) = engine_config.recorded_config.as_object_mut() {
+            map.insert(
+                "container".into(),
+                serde_json::json!(sandbox.container_id()),
+            );
+        }
+        let mut engine = AgentEngine::new(
+            self.provider,
+            Arc::new(SandboxTools::with_proxy(
+                Arc::clone(sandbox),
+                proxy.client(),
+            )),
+            sink,
+            engine_config,
+        );
+        // Compaction archives into the log, so `recall` survives a crash and a resume.
+        engine.archive = Arc::clone(&log) as Arc<dyn nerve_core::ContextArchive>;
+        if !self.json {
+            output::error_line(&format!("execution {}", self.execution_id));
+        }
+        let cancel = CancellationToken::new();
+        let watcher = tokio::spawn(watch_interrupts(cancel.clone()));
+        let result = match self.start {
+            Start::Fresh(task) => engine.run(self.execution_id, task, cancel).await,
+            Start::Resume(state) => engine.resume(self.execution_id, *state, cancel).await,
+        }
         .map_err(Failure::usage);
-    watcher.abort();
-    progress.finish();
-    result
+        watcher.abort();
+        progress.finish();
+        result
+    }
 }
 
 /// First Ctrl-C: stop at the next turn boundary. Second: abort at once.
@@ -219,8 +350,10 @@ fn read_task(args: &RunArgs) -> Result<String, Failure> {
     Ok(text)
 }
 
-fn build_redactor() -> Result<Redactor, Failure> {
-    let secrets: Vec<(&str, SecretString)> = PROVIDER_KEY_VARS
+/// The redactor of the run: the provider keys found in the environment and the proxy's
+/// secrets (labelled with their credential's name).
+fn build_redactor(proxy_secrets: &[(String, SecretString)]) -> Result<Redactor, Failure> {
+    let mut secrets: Vec<(&str, SecretString)> = PROVIDER_KEY_VARS
         .iter()
         .filter_map(|name| {
             std::env::var(name)
@@ -229,8 +362,29 @@ fn build_redactor() -> Result<Redactor, Failure> {
                 .map(|v| (*name, SecretString::from(v)))
         })
         .collect();
+    secrets.extend(
+        proxy_secrets
+            .iter()
+            .map(|(name, secret)| (name.as_str(), secret.clone())),
+    );
     Redactor::with_secrets(secrets.iter().map(|(name, secret)| (*name, secret)))
         .map_err(Failure::usage)
+}
+
+/// The few host variables a sandbox gets, through the credential filter: a name that looks
+/// like a credential, or a value holding a registered secret or a token, stays out.
+fn sandbox_env(redactor: &Redactor) -> Vec<(String, String)> {
+    let vars = SANDBOX_ENV_VARS
+        .iter()
+        .filter_map(|name| std::env::var(name).ok().map(|v| ((*name).to_owned(), v)));
+    let (kept, dropped) = nerve_core::filter_sandbox_env(vars, redactor);
+    if !dropped.is_empty() {
+        tracing::warn!(
+            ?dropped,
+            "host variables kept out of the sandbox by the credential filter"
+        );
+    }
+    kept
 }
 
 fn describe_io(error: &std::io::Error) -> String {

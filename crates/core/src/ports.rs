@@ -109,3 +109,11 @@ pub trait ContextArchive: Send + Sync {
         limit: usize,
     ) -> Result<Vec<RecallHit>, SinkError>;
 }
+
+/// A shared sink is a sink: wrappers (progress display) can hold an `Arc` of the log.
+#[async_trait]
+impl<T: EventSink + ?Sized> EventSink for std::sync::Arc<T> {
+    async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
+        (**self).append(execution, event).await
+    }
+}

@@ -1,0 +1,187 @@
+//! `nerve approve` and the log side of `nerve resume`: decide a parked execution's pending
+//! approvals, and rebuild what the engine needs to continue an execution from its log.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use nerve_brain::ResumeState;
+use nerve_brain::approval::Approval;
+use nerve_core::event::{ApprovalDecided, ApprovalDecision, CallPurpose, Decider, Started};
+use nerve_core::{
+    Event, EventSink, ExecutionId, Redactor, TaskStatus, TerminationReason, TokenUsage,
+};
+use nerve_session::{Replay, SqliteSink, Store, StoredEvent};
+
+use crate::Failure;
+use crate::output;
+
+/// Resumes of one execution allowed before `nerve resume` refuses: a run that keeps
+/// crashing needs a human, not another attempt.
+pub(crate) const MAX_RESUMES: usize = 3;
+
+/// An execution as its log left it, ready to continue.
+#[derive(Debug)]
+pub(crate) struct Resumable {
+    pub(crate) execution: ExecutionId,
+    pub(crate) started: Started,
+    pub(crate) state: ResumeState,
+    /// Model calls already answered, per purpose: where a scripted provider continues.
+    pub(crate) model_calls: BTreeMap<CallPurpose, usize>,
+}
+
+fn load(db: &Path, id: &str) -> Result<(ExecutionId, Vec<StoredEvent>, Replay), Failure> {
+    let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
+    if !db.exists() {
+        return Err(Failure::usage(format!(
+            "no event log at {} (pass --db)",
+            db.display()
+        )));
+    }
+    let store = Store::open_read_only(db).map_err(Failure::usage)?;
+    let events = store.events(&execution).map_err(Failure::usage)?;
+    let replay = nerve_session::replay(&execution.to_string(), &events);
+    Ok((execution, events, replay))
+}
+
+/// Reads `id` from the log and checks that it can be resumed.
+pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
+    let (execution, events, replay) = load(db, id)?;
+    let Some(started) = replay.started.clone() else {
+        return Err(Failure::usage(format!(
+            "execution {execution} has no start event; nothing to resume"
+        )));
+    };
+    match replay.termination_reason {
+        None => {}
+        Some(reason) if reason.is_resumable() => {}
+        Some(reason) => {
+            return Err(Failure::usage(format!(
+                "execution {execution} ended with {reason}, which cannot be resumed (only crashed, shutdown, parked, timed_out and error runs can)"
+            )));
+        }
+    }
+    if replay.resumes.len() >= MAX_RESUMES {
+        return Err(Failure::usage(format!(
+            "execution {execution} was already resumed {} times; inspect it with `nerve replay {execution}`",
+            replay.resumes.len()
+        )));
+    }
+    if !replay.pending_approvals.is_empty() {
+        return Err(Failure::usage(format!(
+            "execution {execution} waits for approval of {}: decide with `nerve approve {execution}` (or --deny) first",
+            replay
+                .pending_approvals
+                .iter()
+                .map(|p| p.call.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    if replay.messages.is_empty() {
+        return Err(Failure::usage(format!(
+            "execution {execution} recorded no conversation; nothing to resume"
+        )));
+    }
+    // Decisions by a human, and usage of the turn that began but never completed.
+    let mut approvals = Vec::new();
+    let mut pending_turn_usage = TokenUsage::default();
+    let mut model_calls: BTreeMap<CallPurpose, usize> = BTreeMap::new();
+    for stored in &events {
+        let Ok(event) = serde_json::from_str::<Event>(&stored.payload) else {
+            continue;
+        };
+        if let Event::ApprovalDecided(decided) = &event
+            && decided.decided_by == Decider::User
+        {
+            let approved = decided.decision == ApprovalDecision::Approved;
+            approvals.push((
+                decided.call_id.clone(),
+                Approval {
+                    approved,
+                    reason: decided.reason.clone(),
+                },
+            ));
+        } else if let Event::ModelCalled(called) = &event {
+            *model_calls.entry(called.purpose).or_default() += 1;
+            if called.purpose == CallPurpose::Agent && called.turn > replay.total_turns {
+                pending_turn_usage += called.usage;
+            }
+        } else if let Event::Resumed(_) = &event {
+            pending_turn_usage = TokenUsage::default();
+        }
+    }
+    let state = ResumeState {
+        task_id: started.task_id,
+        messages: replay.messages.clone(),
+        turns: replay.total_turns,
+        usage: replay.usage,
+        cost: replay.cost,
+        task_status: replay.task_status.unwrap_or(TaskStatus::InProgress),
+        pending_turn_usage,
+        in_doubt: replay.in_doubt.iter().map(|call| call.id.clone()).collect(),
+        approvals,
+        attempt: u32::try_from(replay.resumes.len() + 1).unwrap_or(u32::MAX),
+        from_checkpoint_seq: replay.checkpoints.last().map(|c| c.seq),
+    };
+    Ok(Resumable {
+        execution,
+        started,
+        state,
+        model_calls,
+    })
+}
+
+/// `nerve approve ID [--deny] [--reason TEXT]`: records a human decision for every pending
+/// approval of a parked execution.
+pub(crate) async fn approve(
+    db: &Path,
+    id: &str,
+    deny: bool,
+    reason: Option<String>,
+) -> Result<u8, Failure> {
+    let (execution, _, replay) = load(db, id)?;
+    if replay.pending_approvals.is_empty() {
+        let ended = replay
+            .termination_reason
+            .map_or_else(|| "is unfinished".to_owned(), |r| format!("ended {r}"));
+        return Err(Failure::usage(format!(
+            "execution {execution} has no pending approval (it {ended})"
+        )));
+    }
+    if replay.termination_reason != Some(TerminationReason::Parked) {
+        return Err(Failure::usage(format!(
+            "execution {execution} is not parked; approvals are decided on parked executions"
+        )));
+    }
+    let sink = SqliteSink::open(db, Arc::new(Redactor::new())).map_err(Failure::usage)?;
+    let decision = if deny {
+        ApprovalDecision::Denied
+    } else {
+        ApprovalDecision::Approved
+    };
+    for pending in &replay.pending_approvals {
+        sink.append(
+            execution,
+            Event::ApprovalDecided(ApprovalDecided {
+                turn: pending.turn,
+                call_id: pending.call.id.clone(),
+                decision,
+                decided_by: Decider::User,
+                rule: pending.rule.clone(),
+                reason: reason.clone(),
+            }),
+        )
+        .await
+        .map_err(Failure::runtime)?;
+        output::line(&format!(
+            "{} {} call {} ({})",
+            if deny { "denied" } else { "approved" },
+            pending.call.name,
+            pending.call.id,
+            pending.rule
+        ));
+    }
+    output::line(&format!("continue it with: nerve resume {execution}"));
+    Ok(0)
+}
