@@ -19,6 +19,19 @@ use crate::runner::{Overflow, Run, Stop};
 
 /// The longest extractive summary, in characters.
 const SUMMARY_MAX_CHARS: usize = 12_000;
+/// The share of the window (percent) an extractive summary may take, at about three
+/// characters a token. A fixed size would take half of a small window, so that the next
+/// turns cross the hard threshold again at once.
+const SUMMARY_WINDOW_PERCENT: u64 = 15;
+
+/// The longest extractive summary for a window of `capacity` tokens.
+fn summary_max_chars(capacity: Option<u64>) -> usize {
+    capacity.map_or(SUMMARY_MAX_CHARS, |capacity| {
+        usize::try_from(capacity.saturating_mul(SUMMARY_WINDOW_PERCENT) / 100 * 3)
+            .unwrap_or(usize::MAX)
+            .clamp(1_000, SUMMARY_MAX_CHARS)
+    })
+}
 
 mod schemars_free {
     //! The two context tools' schemas, written out: brain has no schema generator, and
@@ -256,7 +269,8 @@ impl Run {
             self.summarise(turn, CompactionTrigger::HardThreshold, None, true, false)
                 .await?;
         } else if at_or_above(fill, capacity, config.soft_percent) {
-            self.mask(turn).await?;
+            let pct: u64 = std::env::var("MASK_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+            self.mask(turn, capacity * pct / 100).await?;
         }
         Ok(())
     }
@@ -265,13 +279,13 @@ impl Run {
     /// nothing could be taken out.
     pub(crate) async fn compact_for_overflow(&mut self, turn: u32) -> Result<bool, Stop> {
         let before = self.fill();
-        self.mask(turn).await?;
+        self.mask(turn, 0).await?;
         self.summarise(turn, CompactionTrigger::Overflow, None, true, true)
             .await?;
         Ok(self.fill() < before)
     }
 
-    async fn mask(&mut self, turn: u32) -> Result<(), Stop> {
+    async fn mask(&mut self, turn: u32, min_savings: u64) -> Result<(), Stop> {
         let recent = self
             .config
             .compaction
@@ -283,6 +297,10 @@ impl Run {
         // Mask only where the placeholder is smaller than the output it replaces.
         let placeholder_tokens = self.counter.count_text(&masked_probe());
         indices.retain(|&i| self.counts[i] > placeholder_tokens + placeholder_tokens / 2);
+        let savings: u64 = indices.iter().map(|&i| self.counts[i] - placeholder_tokens).sum();
+        if savings < min_savings {
+            return Ok(());
+        }
         let (Some(&first), Some(&last)) = (indices.first(), indices.last()) else {
             return Ok(());
         };
@@ -433,7 +451,12 @@ impl Run {
                 Ok(text) => (text, false),
                 Err(SummaryFailure::Stop(stop)) => return Err(stop),
                 Err(SummaryFailure::Failed) => (
-                    extractive_summary(&task, &fresh, earlier.as_deref(), SUMMARY_MAX_CHARS),
+                    extractive_summary(
+                        &task,
+                        &fresh,
+                        earlier.as_deref(),
+                        summary_max_chars(self.capacity()),
+                    ),
                     true,
                 ),
             },

@@ -18,6 +18,9 @@ pub struct AgentContext {
     pub cost: MicroUsd,
     pub task_status: TaskStatus,
     pub compactions: u32,
+    /// Checkpoints taken by this run.
+    #[serde(default)]
+    pub checkpoints: u32,
     /// The loop that runs (never `auto` once resolved).
     pub loop_type: LoopType,
 }

@@ -70,6 +70,8 @@ pub struct EngineConfig {
     /// Re-prompts of an empty answer right after a failing tool result.
     pub premature_end_retries: u32,
     pub max_replans: u32,
+    /// A checkpoint after every this many turns (0: never).
+    pub checkpoint_every: u32,
     /// Hybrid: most plan steps, and turns per step.
     pub hybrid_max_steps: usize,
     pub hybrid_step_turns: u32,
@@ -102,6 +104,7 @@ impl Default for EngineConfig {
             max_tokens_recoveries: 2,
             premature_end_retries: 2,
             max_replans: 3,
+            checkpoint_every: 1,
             hybrid_max_steps: 7,
             hybrid_step_turns: 5,
             plan_max_steps: 20,
@@ -275,6 +278,7 @@ impl AgentEngine {
             cost: MicroUsd::ZERO,
             task_status: task.status,
             compactions: 0,
+            checkpoints: 0,
             loop_type: self.config.loop_type,
         };
         let mut run = self.new_run(execution_id, ctx, cancel);
@@ -360,6 +364,7 @@ impl AgentEngine {
             cost: state.cost + self.config.pricing.cost(state.pending_turn_usage),
             task_status: state.task_status,
             compactions: 0,
+            checkpoints: 0,
             loop_type: LoopType::React,
         };
         let mut run = self.new_run(execution_id, ctx, cancel);
@@ -495,6 +500,8 @@ async fn drive(run: &mut Run) -> Stop {
 async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
     let target = match outcome.reason {
         TerminationReason::Completed => Some(TaskStatus::InReview),
+        // Interrupted, or suspended when a checkpoint was taken to resume from.
+        TerminationReason::Shutdown if run.ctx.checkpoints > 0 => Some(TaskStatus::Suspended),
         TerminationReason::Shutdown => Some(TaskStatus::Interrupted),
         TerminationReason::Error => Some(TaskStatus::Failed),
         TerminationReason::MaxTurns

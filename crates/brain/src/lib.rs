@@ -32,6 +32,8 @@ mod compaction_tests;
 #[cfg(test)]
 mod loop_tests;
 #[cfg(test)]
+mod prefix_tests;
+#[cfg(test)]
 mod testing;
 
 pub use anthropic::{AnthropicConfig, AnthropicProvider};

@@ -94,7 +94,7 @@ pub(crate) async fn complete_turn(
     }))
     .await?;
     run.ctx.turns.push(record);
-    Ok(())
+    run.checkpoint().await
 }
 
 /// The guardrails that judge a finished turn.

@@ -122,6 +122,42 @@ impl Run {
         Ok(())
     }
 
+    /// Every `checkpoint_every` turns, a snapshot of the state the conversation does not
+    /// show (the conversation itself is in the log, message by message, so the snapshot
+    /// stays small and a turn's cost stays flat however long the history grows).
+    pub(crate) async fn checkpoint(&mut self) -> Result<(), Stop> {
+        let every = self.config.checkpoint_every;
+        let turn = self.ctx.turn_count();
+        if every == 0 || turn % every != 0 {
+            return Ok(());
+        }
+        let snapshot = serde_json::json!({
+            "turn": turn,
+            "messages": self.ctx.messages.len(),
+            "usage": self.ctx.usage,
+            "cost": self.ctx.cost,
+            "task_status": self.ctx.task_status,
+            "loop_type": self.ctx.loop_type,
+            "compactions": self.ctx.compactions,
+            "archived_blocks": self.compaction.archived_blocks,
+            "step": self.step,
+            "guards": {
+                "near_budget_warned": self.guards.near_budget_warned,
+                "max_tokens_continuations": self.guards.max_tokens_continuations,
+                "premature_reprompts": self.guards.premature_reprompts,
+            },
+        });
+        if self
+            .sink
+            .checkpoint(self.execution_id, turn, snapshot)
+            .await?
+            .is_some()
+        {
+            self.ctx.checkpoints += 1;
+        }
+        Ok(())
+    }
+
     /// Tokens the next request will carry: every message plus the tool definitions.
     pub(crate) fn fill(&self) -> u64 {
         self.counts.iter().sum::<u64>() + self.tool_tokens

@@ -247,6 +247,15 @@ impl<S: EventSink> EventSink for ProgressSink<S> {
         self.observe(&event);
         self.inner.append(execution, event).await
     }
+
+    async fn checkpoint(
+        &self,
+        execution: ExecutionId,
+        turn: u32,
+        snapshot: serde_json::Value,
+    ) -> Result<Option<u64>, SinkError> {
+        self.inner.checkpoint(execution, turn, snapshot).await
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,18 @@ pub struct SinkError(pub String);
 pub trait EventSink: Send + Sync {
     /// Records `event` as the next event of `execution` and returns its sequence number.
     async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError>;
+
+    /// Saves a snapshot of the agent's state after `turn` (a `checkpoint` event ties it to
+    /// the chain) and returns the checkpoint's sequence number. Sinks without checkpoint
+    /// storage keep nothing and return `None`.
+    async fn checkpoint(
+        &self,
+        _execution: ExecutionId,
+        _turn: u32,
+        _snapshot: serde_json::Value,
+    ) -> Result<Option<u64>, SinkError> {
+        Ok(None)
+    }
 }
 
 /// A tool as the model sees it: name, description and JSON Schema of its arguments.
@@ -115,5 +127,14 @@ pub trait ContextArchive: Send + Sync {
 impl<T: EventSink + ?Sized> EventSink for std::sync::Arc<T> {
     async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
         (**self).append(execution, event).await
+    }
+
+    async fn checkpoint(
+        &self,
+        execution: ExecutionId,
+        turn: u32,
+        snapshot: serde_json::Value,
+    ) -> Result<Option<u64>, SinkError> {
+        (**self).checkpoint(execution, turn, snapshot).await
     }
 }

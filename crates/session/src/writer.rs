@@ -219,6 +219,18 @@ impl EventSink for SqliteSink {
             .copied()
             .ok_or_else(|| SinkError("the writer returned no sequence number".into()))
     }
+
+    async fn checkpoint(
+        &self,
+        execution: ExecutionId,
+        turn: u32,
+        snapshot: serde_json::Value,
+    ) -> Result<Option<u64>, SinkError> {
+        EventStore::write_checkpoint(self, execution, turn, snapshot)
+            .await
+            .map(Some)
+            .map_err(|e| SinkError(e.to_string()))
+    }
 }
 
 #[async_trait]
