@@ -128,7 +128,7 @@ impl Run {
     pub(crate) async fn checkpoint(&mut self) -> Result<(), Stop> {
         let every = self.config.checkpoint_every;
         let turn = self.ctx.turn_count();
-        if every == 0 || turn % every != 0 {
+        if every == 0 || !turn.is_multiple_of(every) {
             return Ok(());
         }
         let snapshot = serde_json::json!({
