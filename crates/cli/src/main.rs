@@ -7,6 +7,8 @@
 
 mod args;
 mod config;
+#[cfg(test)]
+mod config_doc_test;
 mod inspect;
 mod output;
 mod progress;

@@ -1,0 +1,40 @@
+//! The configuration example in docs/cli.md parses and means what it says: the docs stay true.
+
+use crate::config::Config;
+
+#[test]
+fn the_documented_example_parses() {
+    let doc = include_str!("../../../docs/cli.md");
+    let start = doc
+        .find("```toml\n")
+        .map(|i| i + "```toml\n".len())
+        .unwrap();
+    let end = start + doc[start..].find("```").unwrap();
+    let config: Config = toml::from_str(&doc[start..end]).unwrap();
+    let engine = config.engine_config().unwrap();
+    assert_eq!(engine.max_replans, 3);
+    let push = nerve_core::ToolCall {
+        id: "c".into(),
+        name: "shell".into(),
+        arguments: serde_json::json!({"command": "git push"}),
+    };
+    assert_eq!(
+        engine.policy.evaluate(&push).0,
+        nerve_brain::approval::PolicyAction::Ask
+    );
+    assert!(
+        config
+            .model_table()
+            .unwrap()
+            .get("my-local-model")
+            .is_some()
+    );
+}
+
+#[test]
+fn a_typo_is_an_error_not_a_default() {
+    let err = toml::from_str::<Config>("[guardrails]\nmax_replan = 3\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field `max_replan`"), "{err}");
+}
