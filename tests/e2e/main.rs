@@ -6,7 +6,9 @@
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 mod bad_input;
+mod compaction;
 mod demo;
 mod loops;
+mod proxy;
 mod sandbox;
 mod support;
