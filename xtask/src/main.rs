@@ -5,7 +5,8 @@
 //! - `image`         (re)build the default sandbox image `nerve-sandbox:latest` and the static
 //!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
-//! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, sandbox)
+//! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
+//!   sandbox, proxy)
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
@@ -15,8 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str =
-    "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain|sandbox]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain|compaction|sandbox|proxy]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -245,24 +245,41 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 }
 
 fn bench(area: Option<&str>) -> Result<()> {
-    let packages: &[&str] = match area {
-        None => &["nerve-core", "nerve-session", "nerve-brain", "nerve-hands"],
-        Some("core") => &["nerve-core"],
-        Some("session") => &["nerve-session"],
-        Some("brain") => &["nerve-brain"],
-        Some("sandbox") => &["nerve-hands"],
+    // (package, bench target); `None` runs every bench of the package.
+    let selected: Vec<(&str, Option<&str>)> = match area {
+        None => vec![
+            ("nerve-core", None),
+            ("nerve-session", None),
+            ("nerve-brain", None),
+            ("nerve-hands", Some("sandbox")),
+            ("nerve-hands", Some("proxy")),
+        ],
+        Some("core") => vec![("nerve-core", None)],
+        Some("session") => vec![("nerve-session", None)],
+        Some("brain") => vec![("nerve-brain", None)],
+        // Fact retention and speed of compaction (issue 6), also part of `brain`.
+        Some("compaction") => vec![
+            ("nerve-brain", Some("compaction_retention")),
+            ("nerve-brain", Some("compaction_speed")),
+        ],
+        Some("sandbox") => vec![("nerve-hands", Some("sandbox"))],
+        // The proxy benchmark needs neither Docker nor the image: in-process upstream,
+        // proxy and relay on the loopback.
+        Some("proxy") => vec![("nerve-hands", Some("proxy"))],
         Some(other) => bail!("unknown bench area `{other}`\n{USAGE}"),
     };
-    for package in packages {
-        if *package == "nerve-hands" {
+    for (package, target) in selected {
+        let mut command = cargo();
+        command.args(["bench", "--package", package]);
+        if let Some(target) = target {
+            command.args(["--bench", target]);
+        }
+        if target == Some("sandbox") {
             // The sandbox benchmark needs the engine, the image and the executor.
             let executor = image(false)?;
-            run(cargo()
-                .args(["bench", "--package", package, "--bench", "sandbox"])
-                .env(nerve_hands::EXECUTOR_ENV, &executor))?;
-        } else {
-            run(cargo().args(["bench", "--package", package]))?;
+            command.env(nerve_hands::EXECUTOR_ENV, &executor);
         }
+        run(&mut command)?;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use crate::relay::{DEFAULT_RELAY_LISTEN, RelayConfig};
 use crate::server::Config;
 
 /// The environment variable that sets the workspace root when `--root` is absent.
@@ -16,11 +17,14 @@ pub const USAGE: &str = "\
 nerve-executor: serves Nerve's executor protocol (JSON lines) on stdin and stdout.
 
 Usage: nerve-executor [--root DIR] [--shell PATH] [--max-file-bytes N] [--max-output-bytes N]
+                      [--proxy-socket PATH [--proxy-listen ADDR]]
 
   --root DIR              workspace root (default: $NERVE_EXECUTOR_ROOT, else /workspace)
   --shell PATH            shell that runs commands as `PATH -c command` (default: /bin/sh)
   --max-file-bytes N      largest file write_file/edit_file accept (default: 16 MiB)
   --max-output-bytes N    cap on exec's max_output_bytes per stream (default: 16 MiB)
+  --proxy-socket PATH     relay TCP connections on the loopback to the auth proxy's unix socket
+  --proxy-listen ADDR     where the relay listens (default: 127.0.0.1:3128)
   --version, --help";
 
 /// What the command line asks for.
@@ -44,6 +48,8 @@ pub fn parse_args(
     if let Some(root) = env_root.filter(|r| !r.is_empty()) {
         config.root = PathBuf::from(root);
     }
+    let mut proxy_socket: Option<PathBuf> = None;
+    let mut proxy_listen: Option<String> = None;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let arg = arg
@@ -68,9 +74,22 @@ pub fn parse_args(
             "--shell" => config.shell = PathBuf::from(value()?),
             "--max-file-bytes" => config.limits.max_file_bytes = number(&flag, value()?)?,
             "--max-output-bytes" => config.limits.max_output_bytes = number(&flag, value()?)?,
+            "--proxy-socket" => proxy_socket = Some(PathBuf::from(value()?)),
+            "--proxy-listen" => proxy_listen = Some(value()?.to_string_lossy().into_owned()),
             _ => return Err(format!("unknown argument: {arg} (try --help)")),
         }
     }
+    config.relay = match (proxy_socket, proxy_listen) {
+        (Some(socket), listen) => {
+            let listen = listen.as_deref().unwrap_or(DEFAULT_RELAY_LISTEN);
+            let address = listen.parse().map_err(|_| {
+                format!("--proxy-listen needs an IP address and port, not {listen:?}")
+            })?;
+            Some(RelayConfig::new(socket, address))
+        }
+        (None, Some(_)) => return Err("--proxy-listen needs --proxy-socket".to_owned()),
+        (None, None) => None,
+    };
     Ok(Invocation::Serve(config))
 }
 
@@ -142,6 +161,35 @@ mod tests {
                     ..defaults
                 },
             )),
+        );
+        check(
+            &["--proxy-socket", "/run/nerve/proxy.sock"],
+            None,
+            Ok(Invocation::Serve(Config {
+                relay: Some(RelayConfig::new(
+                    "/run/nerve/proxy.sock",
+                    "127.0.0.1:3128".parse().unwrap(),
+                )),
+                ..Config::default()
+            })),
+        );
+        check(
+            &["--proxy-socket=/s", "--proxy-listen", "127.0.0.1:9"],
+            None,
+            Ok(Invocation::Serve(Config {
+                relay: Some(RelayConfig::new("/s", "127.0.0.1:9".parse().unwrap())),
+                ..Config::default()
+            })),
+        );
+        check(
+            &["--proxy-listen", "127.0.0.1:9"],
+            None,
+            Err("--proxy-listen needs --proxy-socket"),
+        );
+        check(
+            &["--proxy-socket", "/s", "--proxy-listen", "localhost:9"],
+            None,
+            Err("--proxy-listen needs an IP address and port, not \"localhost:9\""),
         );
         check(&["--root", "/r", "--help"], None, Ok(Invocation::Help));
         check(&["-V"], None, Ok(Invocation::Version));

@@ -6,6 +6,8 @@
 //! in order. It runs shell commands in their own process groups with deadlines and bounded
 //! output ([`ExecRequest`]), and file operations confined to the workspace root, refusing `..`,
 //! absolute paths elsewhere and symlinks that leave it ([`Workspace`]). End of input ends it.
+//! With `--proxy-socket` it also relays TCP connections on the container's loopback to the
+//! host's auth proxy ([`spawn_relay`]), the sandbox's only way to the network.
 //!
 //! Architecture invariants: no async runtime and no `unsafe` (system calls go through `rustix`);
 //! the binary is static (`+crt-static`) so it runs in a `FROM scratch` image; nothing here
@@ -20,6 +22,7 @@ mod glob;
 mod grep;
 mod output;
 mod protocol;
+mod relay;
 mod server;
 
 pub use args::{Invocation, ROOT_ENV, USAGE, parse_args};
@@ -32,4 +35,5 @@ pub use protocol::{
     ReadFileRequest, Reply, Request, Response, VERSION, WriteFileOutput, WriteFileRequest,
     decode_response,
 };
+pub use relay::{DEFAULT_RELAY_LISTEN, Relay, RelayConfig, spawn_relay};
 pub use server::{Config, Executor, Limits};

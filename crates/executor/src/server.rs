@@ -68,6 +68,9 @@ pub struct Config {
     /// subreaper and adopts its commands' orphans; wrong inside a test process, where it would
     /// steal the exit status of children that other threads wait for.
     pub reap_orphans: bool,
+    /// The relay to the auth proxy, started by the binary before it serves; `None` when
+    /// the sandbox has no proxy.
+    pub relay: Option<crate::relay::RelayConfig>,
 }
 
 impl Config {
@@ -78,6 +81,7 @@ impl Config {
             shell: PathBuf::from("/bin/sh"),
             limits: Limits::default(),
             reap_orphans: true,
+            relay: None,
         }
     }
 }

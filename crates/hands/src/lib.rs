@@ -5,19 +5,24 @@
 //! Architecture: [`Sandbox`] owns one container and the persistent in-container executor
 //! (`nerve-executor`, bind-mounted, spoken to in JSON lines); [`SandboxTools`] turns the
 //! model's tool calls into executor requests and the answers into model-facing text.
+//! [`proxy`] is the credential-injecting auth proxy on the host: the sandbox's only way to
+//! the network, through a unix socket mounted into the container.
 
 mod executor;
 mod image;
 mod locate;
 mod percall;
+pub mod proxy;
 mod sandbox;
 mod tools;
 
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
 pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};
+pub use proxy::{Proxy, ProxyClient, ProxyConfig, ProxyListener, ProxyMount, ProxyRule};
 pub use sandbox::{Backend, Sandbox, SandboxConfig, connect_docker, reap_orphans};
 pub use tools::{
-    EditFileArgs, GrepArgs, ListDirArgs, ReadFileArgs, SandboxTools, ShellArgs, WriteFileArgs,
+    EditFileArgs, GrepArgs, HttpRequestArgs, ListDirArgs, ReadFileArgs, SandboxTools, ShellArgs,
+    WriteFileArgs,
 };
 
 /// The executor protocol types that [`Sandbox`]'s operations take and return.
@@ -59,6 +64,15 @@ pub enum HandsError {
     /// more. Returned by [`Sandbox`]'s operations; not retryable within the execution.
     #[error("the sandbox is lost: {0}")]
     SandboxLost(String),
+    /// The proxy's rules are invalid (a duplicate host, a credential without `{secret}`, a
+    /// secret too short to redact). Returned by [`ProxyConfig::validate`] and
+    /// [`ProxyListener::bind`]; not retryable until the configuration is fixed.
+    #[error("invalid proxy rules: {0}")]
+    ProxyConfig(String),
+    /// The proxy cannot start (its directory or socket cannot be created). Returned by
+    /// [`ProxyListener::bind`] and [`ProxyListener::serve`].
+    #[error("auth proxy: {0}")]
+    Proxy(String),
     /// The Docker engine refused or failed an operation on the container. Returned by
     /// every container operation; the sandbox should be considered lost.
     #[error("docker: {0}")]

@@ -15,6 +15,9 @@
 //! 4. In the source tree this crate was built from (a developer's checkout):
 //!    `target/sandbox/nerve-executor`, then the executor README's build output
 //!    `target/x86_64-unknown-linux-gnu/release/nerve-executor`.
+//!
+//! Among 2 to 4, a static binary wins over an earlier dynamic one: `cargo build` puts a
+//! dynamic `nerve-executor` next to `target/debug/nerve`, which cannot run in the image.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -35,9 +38,18 @@ pub fn locate_executor() -> Option<PathBuf> {
     let exe_dir = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(Path::to_path_buf));
-    candidates(exe_dir.as_deref(), &source_root())
+    let found: Vec<PathBuf> = candidates(exe_dir.as_deref(), &source_root())
         .into_iter()
-        .find(|path| path.is_file())
+        .filter(|path| path.is_file())
+        .collect();
+    // `cargo build` leaves a dynamic `nerve-executor` next to `nerve`; a static one further
+    // down the list is the one that can run. With none usable, the first found is returned
+    // so that the sandbox's warning says what is wrong with it.
+    found
+        .iter()
+        .find(|path| unusable_reason(path).is_none())
+        .or(found.first())
+        .cloned()
 }
 
 /// The places searched after the environment variable, in order.

@@ -11,6 +11,10 @@
 //! container: commands through per-call `docker exec` (`percall.rs`), file operations on the
 //! host through the executor library's own confinement (`openat2` with `RESOLVE_BENEATH`),
 //! which never runs a command on the host.
+//!
+//! With a proxy ([`SandboxConfig::proxy`]), its host directory is mounted read-only at
+//! `/run/nerve`, the executor relays `127.0.0.1:3128` inside the container to the socket
+//! there, and commands get `HTTP_PROXY` and friends pointing at it.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -37,6 +41,7 @@ use crate::HandsError;
 use crate::executor::Connection;
 use crate::locate::{CONTAINER_EXECUTOR_PATH, unusable_reason};
 use crate::percall;
+use crate::proxy::{CONTAINER_PROXY_DIR, ProxyMount, RELAY_LISTEN};
 
 /// Label on every container Nerve creates; the reaper looks for it.
 pub(crate) const LABEL_MANAGED: &str = "org.nerve.managed";
@@ -87,8 +92,13 @@ pub struct SandboxConfig {
     pub max_file_bytes: i64,
     /// Open files per process (`RLIMIT_NOFILE`).
     pub max_open_files: i64,
-    /// Environment for commands, already filtered by the credential filter.
+    /// Environment for commands. Filtered again at start with
+    /// [`nerve_core::filter_sandbox_env`] (credential-like names, well-known token formats);
+    /// the caller filters it first with the run's redactor, which knows the secrets.
     pub env: Vec<(String, String)>,
+    /// The auth proxy to reach from inside, if any; without one the sandbox has no network
+    /// at all.
+    pub proxy: Option<ProxyMount>,
 }
 
 impl SandboxConfig {
@@ -110,6 +120,7 @@ impl SandboxConfig {
             max_file_bytes: 256 << 20,
             max_open_files: 4096,
             env: Vec::new(),
+            proxy: None,
         }
     }
 }
@@ -185,11 +196,27 @@ impl Sandbox {
             .user
             .clone()
             .unwrap_or_else(|| format!("{}:{}", meta.uid(), meta.gid()));
+        let (passed, dropped) = nerve_core::filter_sandbox_env(
+            config.env.iter().cloned(),
+            &nerve_core::Redactor::new(),
+        );
+        if !dropped.is_empty() {
+            tracing::debug!(?dropped, "environment variables kept out of the sandbox");
+        }
+        let proxy_env = config
+            .proxy
+            .as_ref()
+            .map(|_| proxy_env())
+            .unwrap_or_default();
         let env: Vec<String> = ["PATH=/bin:/usr/bin", "HOME=/tmp"]
             .into_iter()
             .map(str::to_owned)
-            .chain(config.env.iter().map(|(k, v)| format!("{k}={v}")))
+            .chain(passed.iter().map(|(k, v)| format!("{k}={v}")))
+            .chain(proxy_env)
             .collect();
+        if let Some(proxy) = &config.proxy {
+            share_proxy_dir(proxy, &user);
+        }
         let executor = match &config.executor {
             None => Err(format!(
                 "no executor binary found (set {} or build it with `cargo xtask image`)",
@@ -200,7 +227,13 @@ impl Sandbox {
                 None => std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display())),
             },
         };
-        let workspace_bind = format!("{}:/workspace:rw", path_str(&workspace)?);
+        let mut workspace_binds = vec![format!("{}:/workspace:rw", path_str(&workspace)?)];
+        if let Some(proxy) = &config.proxy {
+            workspace_binds.push(format!(
+                "{}:{CONTAINER_PROXY_DIR}:ro",
+                path_str(&proxy.host_dir)?
+            ));
+        }
         let mut sandbox = Self {
             docker,
             id: String::new(),
@@ -212,10 +245,11 @@ impl Sandbox {
         let mut channel = Channel::default();
         let reason = match executor {
             Ok(binary) => {
-                let binds = vec![
-                    workspace_bind.clone(),
-                    format!("{}:{CONTAINER_EXECUTOR_PATH}:ro", path_str(&binary)?),
-                ];
+                let mut binds = workspace_binds.clone();
+                binds.push(format!(
+                    "{}:{CONTAINER_EXECUTOR_PATH}:ro",
+                    path_str(&binary)?
+                ));
                 let body = container_body(
                     config,
                     binds,
@@ -239,7 +273,7 @@ impl Sandbox {
         if let Some(reason) = reason {
             let body = container_body(
                 config,
-                vec![workspace_bind],
+                workspace_binds,
                 &sandbox.user,
                 &sandbox.env,
                 MainProcess::Idle,
@@ -543,14 +577,22 @@ fn container_body(
         ..Default::default()
     };
     let (cmd, stdin) = match main {
-        MainProcess::Executor => (
-            vec![
+        MainProcess::Executor => {
+            let mut cmd = vec![
                 CONTAINER_EXECUTOR_PATH.to_owned(),
                 "--root".to_owned(),
                 "/workspace".to_owned(),
-            ],
-            true,
-        ),
+            ];
+            if config.proxy.is_some() {
+                cmd.extend([
+                    "--proxy-socket".to_owned(),
+                    ProxyMount::container_socket(),
+                    "--proxy-listen".to_owned(),
+                    RELAY_LISTEN.to_owned(),
+                ]);
+            }
+            (cmd, true)
+        }
         MainProcess::Idle => (
             vec!["/bin/sleep".to_owned(), "2147483647".to_owned()],
             false,
@@ -573,6 +615,40 @@ fn container_body(
         network_disabled: Some(true),
         host_config: Some(host_config),
         ..Default::default()
+    }
+}
+
+/// The variables that send commands' HTTP through the relay: both spellings, since tools
+/// disagree (busybox `wget` reads only the lower-case ones). No `NO_PROXY`: everything,
+/// loopback URLs included, goes through the proxy, which judges where it goes.
+fn proxy_env() -> Vec<String> {
+    let url = format!("http://{RELAY_LISTEN}");
+    ["http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"]
+        .iter()
+        .map(|name| format!("{name}={url}"))
+        .collect()
+}
+
+/// The proxy's directory and socket are private to the `nerve` user (any host user who
+/// can connect gets credentials injected). When commands run as another uid, hand both to
+/// that uid; this takes root, and without it the sandbox cannot reach the proxy (said in a
+/// warning).
+fn share_proxy_dir(proxy: &ProxyMount, user: &str) {
+    let mut ids = user.split(':').map(str::parse::<u32>);
+    let (Some(Ok(uid)), gid) = (ids.next(), ids.next()) else {
+        return;
+    };
+    let gid = gid.and_then(Result::ok);
+    let Ok(meta) = std::fs::metadata(&proxy.host_dir) else {
+        return;
+    };
+    if meta.uid() == uid {
+        return;
+    }
+    for path in [proxy.host_dir.clone(), proxy.host_socket()] {
+        if let Err(error) = std::os::unix::fs::chown(&path, Some(uid), gid) {
+            tracing::warn!(%error, path = %path.display(), uid, "cannot give the proxy socket to the sandbox's user; the sandbox cannot reach the proxy");
+        }
     }
 }
 
@@ -708,5 +784,30 @@ mod tests {
         assert_eq!(body.cmd.unwrap()[0], CONTAINER_EXECUTOR_PATH);
         assert_eq!(body.open_stdin, Some(true));
         assert_eq!(host.log_config.unwrap().typ.as_deref(), Some("none"));
+    }
+
+    #[test]
+    fn with_a_proxy_the_executor_relays_to_its_socket() {
+        let config = SandboxConfig {
+            proxy: Some(ProxyMount {
+                host_dir: "/tmp/nerve-proxy-x".into(),
+            }),
+            ..SandboxConfig::new("img", "/w", ExecutionId::new())
+        };
+        let body = container_body(&config, Vec::new(), "1:1", &[], MainProcess::Executor);
+        assert_eq!(
+            body.cmd.unwrap()[3..],
+            [
+                "--proxy-socket",
+                "/run/nerve/proxy.sock",
+                "--proxy-listen",
+                "127.0.0.1:3128"
+            ]
+        );
+        assert!(proxy_env().contains(&"http_proxy=http://127.0.0.1:3128".to_owned()));
+        assert_eq!(
+            body.host_config.unwrap().network_mode.as_deref(),
+            Some("none")
+        );
     }
 }

@@ -1,8 +1,10 @@
 //! The agent's tools as the model sees them, executed in a [`Sandbox`]. Arguments are
 //! typed; their JSON Schemas are generated from the types, and anything the model sends
 //! that does not fit becomes an error result naming the problem. Every tool goes through the
-//! sandbox's executor, so file operations are confined inside the container.
+//! sandbox's executor, so file operations are confined inside the container; `http_request`
+//! goes through the auth proxy's socket, under the same rules as commands in the sandbox.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -17,6 +19,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::HandsError;
+use crate::proxy::{HttpRequest, HttpResponse, PROXY_HEADER, ProxyClient};
 use crate::sandbox::Sandbox;
 
 /// Default and largest per-command timeouts.
@@ -102,15 +105,65 @@ pub struct GrepArgs {
     pub glob: Option<String>,
 }
 
-/// The tools of one execution, bound to its sandbox.
+/// Send an HTTP request through the auth proxy.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpRequestArgs {
+    /// The method, upper case: GET, HEAD, POST, PUT, PATCH, DELETE, ...
+    pub method: String,
+    /// Absolute URL, e.g. `http://api.example.com/v1/items?page=2`. Plain `http` is enough:
+    /// the proxy uses TLS upstream where its rules say so.
+    pub url: String,
+    /// Extra request headers. Credentials are added by the proxy for the hosts it holds
+    /// them for; any you send to such a host are removed.
+    #[serde(default)]
+    pub headers: Option<BTreeMap<String, String>>,
+    /// The request body, as text.
+    #[serde(default)]
+    pub body: Option<String>,
+}
+
+/// The tools of one execution, bound to its sandbox (and its proxy, for `http_request`).
 #[derive(Debug, Clone)]
 pub struct SandboxTools {
     sandbox: Arc<Sandbox>,
+    proxy: Option<ProxyClient>,
 }
 
 impl SandboxTools {
+    /// The tools without network access: `http_request` answers that no proxy is
+    /// configured.
     pub fn new(sandbox: Arc<Sandbox>) -> Self {
-        Self { sandbox }
+        Self {
+            sandbox,
+            proxy: None,
+        }
+    }
+
+    /// The tools with `http_request` going through `proxy`.
+    pub fn with_proxy(sandbox: Arc<Sandbox>, proxy: ProxyClient) -> Self {
+        Self {
+            sandbox,
+            proxy: Some(proxy),
+        }
+    }
+
+    async fn http_request(&self, args: HttpRequestArgs) -> Result<ToolOutput, ToolError> {
+        let Some(proxy) = &self.proxy else {
+            return Ok(ToolOutput::error(
+                "http_request: no network access is configured for this execution",
+            ));
+        };
+        let request = HttpRequest {
+            method: args.method,
+            url: args.url,
+            headers: args.headers.unwrap_or_default().into_iter().collect(),
+            body: args.body,
+        };
+        Ok(match proxy.send(request).await {
+            Ok(response) => format_http(&response, proxy.limits.max_body_bytes),
+            Err(problem) => ToolOutput::error(format!("http_request: {problem}")),
+        })
     }
 
     async fn shell(&self, args: ShellArgs) -> Result<ToolOutput, ToolError> {
@@ -308,6 +361,45 @@ fn format_exec(output: &ExecOutput, timeout_secs: u64) -> ToolOutput {
     }
 }
 
+/// The status line, the headers, a blank line and the body (text, capped). Statuses of 400
+/// and above are error results; a refusal by the proxy says why in its body.
+fn format_http(response: &HttpResponse, cap: usize) -> ToolOutput {
+    let mut content = format!("HTTP {} {}\n", response.status, response.reason);
+    for (name, value) in &response.headers {
+        content.push_str(&format!("{name}: {value}\n"));
+    }
+    content.push('\n');
+    match std::str::from_utf8(&response.body) {
+        Ok(text) => content.push_str(text),
+        // A cut in the middle of a character is not binary: keep what decodes.
+        Err(error) if response.truncated && error.error_len().is_none() => {
+            content.push_str(&String::from_utf8_lossy(
+                &response.body[..error.valid_up_to()],
+            ));
+        }
+        Err(_) => content.push_str(&format!(
+            "[binary body of {} bytes not shown]",
+            response.body.len()
+        )),
+    }
+    if response.truncated {
+        if !content.ends_with('\n') {
+            content.push('\n');
+        }
+        content.push_str(&format!(
+            "[body truncated: only the first {cap} bytes are shown]"
+        ));
+    }
+    let refused = response
+        .headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case(PROXY_HEADER));
+    ToolOutput {
+        content,
+        is_error: refused || response.status >= 400,
+    }
+}
+
 fn format_read(path: &str, offset: u64, output: &ReadFileOutput) -> ToolOutput {
     let mut content = output.content.clone();
     let mut notes = Vec::new();
@@ -441,6 +533,13 @@ fn definitions() -> Vec<ToolDefinition> {
             "Search the files under a workspace path for a regular expression; answers \
              `path:line:text` lines.",
         ),
+        definition::<HttpRequestArgs>(
+            "http_request",
+            "Send an HTTP request through the auth proxy, the only network access there is. \
+             Only hosts, methods and paths allowed by its rules are reached; credentials are \
+             added by the proxy, never by you. Redirects are returned, not followed. Answers \
+             the status, the headers and the body (long bodies are cut).",
+        ),
     ]
 }
 
@@ -466,6 +565,7 @@ impl ToolExecutor for SandboxTools {
             "edit_file" => dispatch!(EditFileArgs, edit_file),
             "list_dir" => dispatch!(ListDirArgs, list_dir),
             "grep" => dispatch!(GrepArgs, grep),
+            "http_request" => dispatch!(HttpRequestArgs, http_request),
             other => Ok(ToolOutput::error(format!(
                 "unknown tool `{other}`; available tools: {}",
                 definitions()
@@ -560,7 +660,8 @@ mod tests {
                 "write_file",
                 "edit_file",
                 "list_dir",
-                "grep"
+                "grep",
+                "http_request"
             ]
         );
         let required = |name: &str| {
@@ -578,6 +679,10 @@ mod tests {
         );
         assert_eq!(required("list_dir"), serde_json::Value::Null);
         assert_eq!(required("grep"), serde_json::json!(["pattern"]));
+        assert_eq!(
+            required("http_request"),
+            serde_json::json!(["method", "url"])
+        );
         for def in &defs {
             assert_eq!(def.parameters["type"], "object", "{}", def.name);
             assert_eq!(
@@ -705,6 +810,72 @@ mod tests {
             )
             .content,
             "a:1:x\n[more matches exist; narrow the path, glob or pattern]"
+        );
+    }
+
+    fn http_response(
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        truncated: bool,
+    ) -> HttpResponse {
+        HttpResponse {
+            status,
+            reason: http::StatusCode::from_u16(status)
+                .unwrap()
+                .canonical_reason()
+                .unwrap_or_default()
+                .to_owned(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            body: body.to_vec(),
+            truncated,
+        }
+    }
+
+    #[test]
+    fn http_results() {
+        let check = |response: HttpResponse, expected: &str, is_error: bool| {
+            let got = format_http(&response, 4);
+            assert_eq!(got.content, expected);
+            assert_eq!(got.is_error, is_error, "{expected}");
+        };
+        check(
+            http_response(200, &[("content-type", "text/plain")], b"ok", false),
+            "HTTP 200 OK\ncontent-type: text/plain\n\nok",
+            false,
+        );
+        check(
+            http_response(302, &[("location", "http://elsewhere.test/")], b"", false),
+            "HTTP 302 Found\nlocation: http://elsewhere.test/\n\n",
+            false,
+        );
+        check(
+            http_response(404, &[], b"nope", false),
+            "HTTP 404 Not Found\n\nnope",
+            true,
+        );
+        check(
+            http_response(
+                403,
+                &[("x-nerve-proxy", "denied")],
+                b"nerve proxy: denied: no rule allows the host evil.test\n",
+                false,
+            ),
+            "HTTP 403 Forbidden\nx-nerve-proxy: denied\n\nnerve proxy: denied: no rule allows the host evil.test\n",
+            true,
+        );
+        check(
+            http_response(200, &[], b"abc\xc3", true),
+            "HTTP 200 OK\n\nabc\n[body truncated: only the first 4 bytes are shown]",
+            false,
+        );
+        check(
+            http_response(200, &[], b"\xff\xfe\x00", false),
+            "HTTP 200 OK\n\n[binary body of 3 bytes not shown]",
+            false,
         );
     }
 }

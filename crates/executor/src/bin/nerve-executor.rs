@@ -38,6 +38,17 @@ fn main() -> ExitCode {
             "nerve-executor: warning: cannot become a child subreaper: {e}"
         );
     }
+    // The relay first: a command may use the network from its first request on. A relay
+    // that cannot start costs the network, not the tools.
+    if let Some(relay) = config.relay.clone()
+        && let Err(e) = nerve_executor::spawn_relay(relay.clone())
+    {
+        let _ = writeln!(
+            io::stderr(),
+            "nerve-executor: warning: cannot relay {} to the proxy: {e}",
+            relay.listen
+        );
+    }
     let root = config.root.clone();
     let executor = match Executor::new(config) {
         Ok(executor) => executor,
