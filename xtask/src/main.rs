@@ -85,6 +85,8 @@ fn ci() -> Result<()> {
         "warnings",
     ]))?;
     let executor = image(false)?;
+    // The end-to-end tests drive the real binary.
+    run(cargo().args(["build", "--package", "nerve-cli"]))?;
     // Docker tests must run here: a missing engine is a failure, never a skip.
     run(cargo()
         .args(["test", "--workspace"])
