@@ -2,6 +2,8 @@
 //! errors exit 2. (Its presence also makes `cargo test --workspace` build the binary that
 //! the end-to-end tests in `tests/` drive.)
 
+#![allow(clippy::unwrap_used)] // A test helper: a failure to spawn is a test failure.
+
 use std::process::Command;
 
 fn nerve(args: &[&str]) -> std::process::Output {
