@@ -48,8 +48,9 @@ pub(crate) fn replay_json(replayed: &Replay) -> serde_json::Value {
 }
 
 pub(crate) fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
-    let (_, execution, events) = load(db, id)?;
-    let replayed = nerve_session::replay(&execution.to_string(), &events);
+    let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
+    // Streams the rows: one thread verifies the chain while another decodes.
+    let replayed = open(db)?.replay(&execution).map_err(Failure::usage)?;
     if json {
         output::json(&replay_json(&replayed));
     } else {
