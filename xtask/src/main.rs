@@ -6,9 +6,11 @@
 //!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
-//!   sandbox, proxy)
+//!   sandbox, proxy, e2e)
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
+
+mod bench_e2e;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain|compaction|sandbox|proxy]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain|compaction|sandbox|proxy|e2e]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -247,6 +249,10 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 }
 
 fn bench(area: Option<&str>) -> Result<()> {
+    // End to end: the release `nerve` in the real sandbox against LangGraph (bench_e2e.rs).
+    if area == Some("e2e") {
+        return bench_e2e::bench();
+    }
     // (package, bench target); `None` runs every bench of the package.
     let selected: Vec<(&str, Option<&str>)> = match area {
         None => vec![
@@ -282,6 +288,9 @@ fn bench(area: Option<&str>) -> Result<()> {
             command.env(nerve_hands::EXECUTOR_ENV, &executor);
         }
         run(&mut command)?;
+    }
+    if area.is_none() {
+        bench_e2e::bench()?;
     }
     Ok(())
 }

@@ -13,7 +13,7 @@
 //!    messages, pinned messages, the recent turns (at least 3 turn pairs or 10% of the
 //!    window) and messages rich in epistemic markers.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::LazyLock;
 
@@ -389,10 +389,25 @@ static ERROR: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)\b(error|failed|failure|fail|exception|panic|panicked|traceback|denied|not found|cannot|refused|timed out)\b")
         .expect("error pattern")
 });
+/// An error in tool output. Narrower than [`ERROR`], which reads the agent's prose: in
+/// source code and logs `Error` is mostly a type name (`Result<T, Error>`, `Error::Missing`),
+/// so here "error" counts only as a label (`error:`, `error[E0308]:`, `TypeError:`,
+/// `ERROR`), beside the words that only failures use.
+const TOOL_ERROR_PATTERN: &str = r"(?i)error(?:\[[^\]\n]*\])?:(?:[^:]|$)|(?-i:\bERROR\b)|\b(?:failed|failure|fatal|exception|panic|panicked|traceback|denied|not found|cannot|refused|timed out)\b";
+const DECISION_PATTERN: &str = r"(?i)\b(?:decided|decide|will use|instead|because|chose|choose|must|must not|never|always|constraint|require[sd]?)\b";
+static TOOL_ERROR: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // Constant pattern.
+    Regex::new(TOOL_ERROR_PATTERN).expect("tool error pattern")
+});
 static DECISION: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
-    Regex::new(r"(?i)\b(decided|decide|will use|instead|because|chose|choose|must|must not|never|always|constraint|require[sd]?)\b")
-        .expect("decision pattern")
+    Regex::new(DECISION_PATTERN).expect("decision pattern")
+});
+/// Errors or rules, to find both in one pass over a tool output.
+static TOOL_LINE: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // Constant patterns.
+    Regex::new(&format!("(?:{TOOL_ERROR_PATTERN})|(?:{DECISION_PATTERN})"))
+        .expect("tool line pattern")
 });
 static NUMBER: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
@@ -472,27 +487,53 @@ impl Items {
 
     /// The lines of a tool output worth keeping: errors with the few lines after them
     /// (where compilers and test runners put the location and the values), and rules.
-    /// Everything else in an output is bulk that `recall` returns on demand.
+    /// Everything else in an output is bulk that `recall` returns on demand. Most lines
+    /// match nothing, so one pattern runs once over the whole output, where the regex's
+    /// prefilter skips the bulk, rather than several patterns line by line.
     fn tool_output(&mut self, result: &ToolResult) {
-        if result.content.starts_with(MASKED) {
+        let content = result.content.as_str();
+        if content.starts_with(MASKED) {
             return;
         }
-        let prefix = if result.is_error { "failed: " } else { "" };
-        let mut context = 0;
-        for line in result.content.lines().map(str::trim) {
-            if line.is_empty() || line.starts_with(ARCHIVED) {
+        // Line start → (rank, line), in the order of the output.
+        let mut picked: BTreeMap<usize, (u8, &str)> = BTreeMap::new();
+        let mut last_error = None;
+        for found in TOOL_LINE.find_iter(content) {
+            let (start, end) = line_bounds(content, found.start());
+            let line = content[start..end].trim();
+            if !TOOL_ERROR.is_match(found.as_str()) {
+                picked.entry(start).or_insert((RANK_RULE, line));
                 continue;
             }
-            if ERROR.is_match(line) {
-                self.add(Section::Findings, RANK_TOOL_ERROR, &format!("{prefix}{line}"));
-                context = 3;
-            } else if context > 0 {
-                context -= 1;
-                if PATH.is_match(line) || NUMBER.is_match(line) {
-                    self.add(Section::Findings, RANK_TOOL_ERROR, line);
+            if last_error == Some(start) {
+                continue;
+            }
+            last_error = Some(start);
+            picked.insert(start, (RANK_TOOL_ERROR, line));
+            let mut at = end + 1;
+            let mut context = 0;
+            while context < 3 && at < content.len() {
+                let (start, end) = line_bounds(content, at);
+                let line = content[start..end].trim();
+                if !line.is_empty() {
+                    context += 1;
+                    if !line.starts_with(ARCHIVED) && (PATH.is_match(line) || NUMBER.is_match(line))
+                    {
+                        picked.insert(start, (RANK_TOOL_ERROR, line));
+                    }
                 }
-            } else if DECISION.is_match(line) {
-                self.add(Section::Findings, RANK_RULE, line);
+                at = end + 1;
+            }
+        }
+        let prefix = if result.is_error { "failed: " } else { "" };
+        for (rank, line) in picked.into_values() {
+            if line.starts_with(ARCHIVED) {
+                continue;
+            }
+            if rank == RANK_TOOL_ERROR && TOOL_ERROR.is_match(line) {
+                self.add(Section::Findings, rank, &format!("{prefix}{line}"));
+            } else {
+                self.add(Section::Findings, rank, line);
             }
         }
     }
@@ -539,6 +580,14 @@ impl Items {
             self.add(section, rank, text);
         }
     }
+}
+
+/// The bounds of the line of `text` that holds byte `at` (without its line break).
+fn line_bounds(text: &str, at: usize) -> (usize, usize) {
+    let bytes = text.as_bytes();
+    let start = memchr::memrchr(b'\n', &bytes[..at]).map_or(0, |i| i + 1);
+    let end = memchr::memchr(b'\n', &bytes[at..]).map_or(text.len(), |i| at + i);
+    (start, end)
 }
 
 /// The sentences of `line`: split after `.`, `?` or `!` followed by a space, so that
@@ -613,7 +662,8 @@ pub fn extractive_summary(
     let goal = format!("## Goal\n- {}\n", task.lines().next().unwrap_or_default());
     let headers = "## Done\n## Findings\n## Decisions\n## Open questions\n## Next steps\n";
     let note_reserve = 80;
-    let mut used = goal.len() + headers.len() + note_reserve + next.as_ref().map_or(0, |n| n.len() + 3);
+    let mut used =
+        goal.len() + headers.len() + note_reserve + next.as_ref().map_or(0, |n| n.len() + 3);
     // Newest first, each line once per section, at most MAX_STEPS steps.
     let mut seen = HashSet::new();
     let mut steps = 0;
@@ -854,6 +904,135 @@ mod tests {
         assert!(summary.contains("I decided to use sqlite because it is embedded."));
         assert!(summary.contains("Which table holds the sessions?"));
         assert!(summary.starts_with("## Goal\n- fix the build"));
+    }
+
+    /// The extractive summary of `messages` (with `earlier`, within `max_chars`) holds every
+    /// line of `present` and none of `absent`.
+    fn check_extractive(
+        messages: &[Message],
+        earlier: Option<&str>,
+        max_chars: usize,
+        present: &[&str],
+        absent: &[&str],
+    ) -> String {
+        let refs: Vec<&Message> = messages.iter().collect();
+        let summary = extractive_summary("fix the build", &refs, earlier, max_chars);
+        for line in present {
+            assert!(summary.contains(line), "`{line}` missing from:\n{summary}");
+        }
+        for line in absent {
+            assert!(
+                !summary.contains(line),
+                "`{line}` must not be in:\n{summary}"
+            );
+        }
+        summary
+    }
+
+    fn tool(content: &str, is_error: bool) -> Message {
+        Message::tool_result(ToolResult {
+            call_id: "c".into(),
+            name: "shell".into(),
+            content: content.into(),
+            is_error,
+        })
+    }
+
+    #[test]
+    fn extractive_summary_folds_an_earlier_summary_instead_of_nesting_it() {
+        let earlier = "[Nerve: 12 earlier messages, compacted; recall returns the originals (block ids below).]\n\
+            ## Goal\n- fix the build\n## Done\n- shell cargo build\n\
+            ## Findings (exact paths, errors, numbers)\n- src/db/schema.rs:42: error[E0308]: mismatched types\n\
+            ## Decisions\n- Use sqlite because it is embedded.\n## Open questions\n## Next steps\n- read schema.rs\n\
+            Archived blocks: 0192f0c4-7b1e-7c3a-9f00-4a5b6c7d8e9f";
+        let summary = check_extractive(
+            &[Message::text(
+                MessageRole::Assistant,
+                "The pool size is 48 in config/db.toml. Next I will check the migration.",
+            )],
+            Some(earlier),
+            10_000,
+            &[
+                "- src/db/schema.rs:42: error[E0308]: mismatched types",
+                "- Use sqlite because it is embedded.",
+                "- shell cargo build",
+                "- The pool size is 48 in config/db.toml.",
+            ],
+            &[
+                "[Nerve: ",
+                "Archived blocks",
+                "## Earlier",
+                "- read schema.rs",
+            ],
+        );
+        assert_eq!(summary.matches("## Goal").count(), 1, "{summary}");
+        // Folding a fold changes nothing more: the items are merged, never wrapped again.
+        let again = check_extractive(&[], Some(&summary), 10_000, &[], &["## Earlier"]);
+        assert_eq!(again.matches("error[E0308]").count(), 1, "{again}");
+    }
+
+    #[test]
+    fn extractive_summary_keeps_errors_with_their_location_and_skips_placeholders() {
+        check_extractive(
+            &[
+                tool(
+                    "   Compiling serde v1.0.1\nerror[E0382]: borrow of moved value: `row`\n  --> src/ledger.rs:88:9\n   |\n    Finished in 3.2s",
+                    true,
+                ),
+                tool(
+                    "[masked: the output of shell (900 tokens) was archived as block b; call recall with this block_id to see it]",
+                    false,
+                ),
+                tool(
+                    "Money is stored in cents.\nNever edit applied migrations.",
+                    false,
+                ),
+            ],
+            None,
+            10_000,
+            &[
+                "- failed: error[E0382]: borrow of moved value: `row`",
+                "- --> src/ledger.rs:88:9",
+                "- Never edit applied migrations.",
+            ],
+            &["masked", "Compiling serde", "Money is stored"],
+        );
+    }
+
+    #[test]
+    fn a_tight_extractive_summary_keeps_decisions_and_the_newest_errors() {
+        let mut messages = vec![Message::text(
+            MessageRole::Assistant,
+            "Decision: use RowStreamer instead of a Vec, because exports are large.",
+        )];
+        for i in 0..200 {
+            messages.push(Message {
+                role: MessageRole::Assistant,
+                parts: vec![MessagePart::ToolCall(ToolCall {
+                    id: format!("c{i}").as_str().into(),
+                    name: "shell".into(),
+                    arguments: serde_json::json!({"command": format!("cargo test part_{i}")}),
+                })],
+                pinned: false,
+            });
+            messages.push(tool(
+                &format!("test part_{i} ... FAILED at src/part_{i}.rs:{i}"),
+                true,
+            ));
+        }
+        let summary = check_extractive(
+            &messages,
+            None,
+            1_500,
+            &[
+                "use RowStreamer instead of a Vec",
+                "src/part_199.rs:199",
+                "## Next steps",
+                "more lines left out",
+            ],
+            &["src/part_0.rs:0"],
+        );
+        assert!(summary.len() <= 1_500, "{} characters", summary.len());
     }
 
     #[test]

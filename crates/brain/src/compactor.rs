@@ -24,6 +24,15 @@ const SUMMARY_MAX_CHARS: usize = 12_000;
 /// turns cross the hard threshold again at once.
 const SUMMARY_WINDOW_PERCENT: u64 = 15;
 
+/// Soft masking runs only when it frees at least this share of the window (percent).
+/// Once the fill sits between the soft and the hard threshold, every turn pushes one more
+/// tool result out of the recent window; masking each alone would rewrite the prompt, and
+/// the indicator at its start, at every turn, so a provider's prompt cache would miss the
+/// whole prompt for a few hundred tokens saved. Batched, most turns stay ordinary (the
+/// retention benchmark in `docs/benchmarks.md` measures the prompt reuse). After an
+/// overflow everything is masked regardless.
+const MASK_MIN_PERCENT: u64 = 10;
+
 /// The longest extractive summary for a window of `capacity` tokens.
 fn summary_max_chars(capacity: Option<u64>) -> usize {
     capacity.map_or(SUMMARY_MAX_CHARS, |capacity| {
@@ -269,8 +278,7 @@ impl Run {
             self.summarise(turn, CompactionTrigger::HardThreshold, None, true, false)
                 .await?;
         } else if at_or_above(fill, capacity, config.soft_percent) {
-            let pct: u64 = std::env::var("MASK_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-            self.mask(turn, capacity * pct / 100).await?;
+            self.mask(turn, capacity * MASK_MIN_PERCENT / 100).await?;
         }
         Ok(())
     }
@@ -285,6 +293,7 @@ impl Run {
         Ok(self.fill() < before)
     }
 
+    /// Masks the old tool results, if that frees at least `min_savings` tokens.
     async fn mask(&mut self, turn: u32, min_savings: u64) -> Result<(), Stop> {
         let recent = self
             .config
@@ -297,7 +306,10 @@ impl Run {
         // Mask only where the placeholder is smaller than the output it replaces.
         let placeholder_tokens = self.counter.count_text(&masked_probe());
         indices.retain(|&i| self.counts[i] > placeholder_tokens + placeholder_tokens / 2);
-        let savings: u64 = indices.iter().map(|&i| self.counts[i] - placeholder_tokens).sum();
+        let savings: u64 = indices
+            .iter()
+            .map(|&i| self.counts[i] - placeholder_tokens)
+            .sum();
         if savings < min_savings {
             return Ok(());
         }
@@ -323,7 +335,7 @@ impl Run {
         let before = self.fill();
         let mut replacement = Vec::with_capacity(last + 1 - first);
         for i in first..=last {
-            if indices.contains(&i) {
+            if indices.binary_search(&i).is_ok() {
                 let placeholder = masked(&self.ctx.messages[i], self.counts[i], id);
                 self.counts[i] = self.counter.count_message(&placeholder);
                 self.ctx.messages[i] = placeholder;
@@ -636,5 +648,99 @@ fn cap(text: &mut String, max: usize) {
             .unwrap_or(0);
         text.truncate(cut);
         text.push_str("\n[... truncated ...]");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use nerve_core::event::CompactionTrigger;
+    use nerve_core::{EventSink, ExecutionId, TaskId, TaskStatus};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::engine::{AgentEngine, EngineConfig, Task};
+    use crate::scripted::ScriptedProvider;
+    use crate::testing::{EchoTools, MemorySink};
+
+    #[test]
+    fn the_extractive_summary_scales_with_the_window() {
+        for (capacity, expected) in [
+            (None, 12_000),
+            (Some(1_000), 1_000),
+            (Some(8_000), 3_600),
+            (Some(16_000), 7_200),
+            (Some(200_000), 12_000),
+        ] {
+            assert_eq!(summary_max_chars(capacity), expected, "{capacity:?}");
+        }
+    }
+
+    /// Between the soft and the hard threshold, results that leave the recent window are
+    /// masked in batches that free at least a tenth of the window, not one per turn.
+    #[tokio::test]
+    async fn soft_masking_waits_until_it_frees_a_tenth_of_the_window() {
+        let window = 20_000;
+        // Long notes: once they fill the window's first 60%, masking alone cannot get
+        // below the soft threshold, and each turn has one more result to mask.
+        let note =
+            "the module compiles, but the integration check still reports a stale cache entry; "
+                .repeat(12);
+        let cassette: Vec<String> = (0..70)
+            .map(|i| {
+                serde_json::json!({
+                    "text": format!("Part {i}: {note}"),
+                    "tool_calls": [{"name": "shell", "arguments": {"lines": 30, "fact": format!("fact {i}")}}],
+                    "usage": {"input_tokens": 1, "output_tokens": 1},
+                })
+                .to_string()
+            })
+            .chain([r#"{"text":"done"}"#.to_owned()])
+            .collect();
+        let sink = Arc::new(MemorySink::default());
+        let engine = AgentEngine::new(
+            Arc::new(ScriptedProvider::parse("mask", &cassette.join("\n")).unwrap()),
+            Arc::new(EchoTools::default()),
+            Arc::clone(&sink) as Arc<dyn EventSink>,
+            EngineConfig {
+                context_window: Some(window),
+                max_turns: 100,
+                ..EngineConfig::default()
+            },
+        );
+        let task = Task {
+            id: TaskId::new(),
+            description: "read the log".into(),
+            metadata: serde_json::Value::Null,
+            status: TaskStatus::Created,
+            workspace: "/w".into(),
+        };
+        engine
+            .run(ExecutionId::new(), task, CancellationToken::new())
+            .await
+            .unwrap();
+        let masks: Vec<_> = sink
+            .events()
+            .into_iter()
+            .filter_map(|e| {
+                if let Event::Compaction(c) = e
+                    && c.trigger == CompactionTrigger::SoftThreshold
+                {
+                    Some(c)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert!(masks.len() >= 2, "{} masks", masks.len());
+        for mask in &masks {
+            assert!(
+                mask.tokens_before - mask.tokens_after >= window / 10,
+                "{} -> {}",
+                mask.tokens_before,
+                mask.tokens_after
+            );
+        }
     }
 }

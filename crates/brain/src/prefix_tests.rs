@@ -110,12 +110,17 @@ fn turn(i: usize, lines: u64) -> String {
     .to_string()
 }
 
-/// 40 turns of mid-sized outputs with one oversized output (offloaded), a scripted summary
-/// for the first summary call and the extractive fallback after it, in a 4,000-token window.
+/// 40 turns of mid-sized outputs with one oversized output (offloaded) and a scripted
+/// summary for the summary call, in a 6,000-token window: masks and a summary on the way.
 fn cassette() -> String {
-    let mut lines: Vec<String> = (0..40)
-        .map(|i| turn(i, if i == 7 { 2_000 } else { 15 + (i as u64 * 7) % 20 }))
-        .collect();
+    let size = |i: usize| {
+        if i == 7 {
+            2_000
+        } else {
+            15 + (i as u64 * 7) % 20
+        }
+    };
+    let mut lines: Vec<String> = (0..40).map(|i| turn(i, size(i))).collect();
     lines.push(
         r###"{"call":"summary","text":"## Goal\n- find the failing module\n## Done\n- read the build log\n## Findings\n- nothing failing yet\n## Decisions\n## Open questions\n## Next steps\n- keep reading"}"###
             .to_owned(),
@@ -202,7 +207,10 @@ async fn the_prompt_prefix_is_stable_between_compactions() {
                 );
                 assert!(sent.wire.join(",").starts_with(&before.wire.join(",")));
                 assert_eq!(sent.tools, before.tools);
-                assert_eq!(sent.system, before.system, "the indicator moved between turns");
+                assert_eq!(
+                    sent.system, before.system,
+                    "the indicator moved between turns"
+                );
                 if between.is_empty() {
                     stable += 1;
                 } else {

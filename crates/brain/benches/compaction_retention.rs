@@ -1,0 +1,670 @@
+//! Fact retention under compaction: seeded trajectories with planted facts
+//! (`trajectory/mod.rs`) run through the real engine (`AgentEngine::run`) under each
+//! strategy and several context windows. Prints, per strategy and window, the token
+//! reduction, the largest request against the window, and the shares of needed facts that
+//! are in the context (at the end, and when the turn that needs them is sent) or that
+//! `recall` gets back from the engine's archive.
+//!
+//! `cargo xtask bench compaction`, or `cargo bench -p nerve-brain --bench compaction_retention`.
+//!
+//! Strategies:
+//! - `none`: compaction disabled; its final conversation is the uncompacted reference.
+//! - `truncate oldest`: not an engine strategy; emulated on the uncompacted conversation by
+//!   dropping the oldest messages after the system prompt and the task until it fits the
+//!   window (and a tool result whose call went goes too).
+//! - `masking only`: the engine with the hard threshold out of reach (`hard_percent: 1000`);
+//!   offload and soft masking still run.
+//! - `layered, scripted summary`: the full policy; summary calls are answered by a
+//!   deterministic summariser standing in for a good model (see [`good_summary`]).
+//! - `layered, extractive fallback`: the full policy; summary calls fail, as with a cassette
+//!   that has no summary lines, so the engine writes its extractive summary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // A benchmark printing its table.
+
+#[path = "trajectory/mod.rs"]
+mod trajectory;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use nerve_brain::archive::MemoryArchive;
+use nerve_brain::compaction::{CompactionConfig, transcript};
+use nerve_brain::stagnation::StagnationConfig;
+use nerve_brain::tokens::{CachedCounter, Estimate, estimate_messages};
+use nerve_brain::{
+    AgentEngine, EngineConfig, FinishReason, ModelRequest, ModelResponse, Provider, ProviderError,
+    ScriptedProvider, Task, TokenCounter,
+};
+use nerve_core::event::{CallPurpose, CompactionStrategy};
+use nerve_core::{
+    ContextArchive, Event, EventSink, ExecutionId, Message, MessageRole, SinkError, TaskId,
+    TaskStatus, TokenUsage, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
+};
+use tokio_util::sync::CancellationToken;
+use trajectory::{Fact, Kind, Shape, Trajectory, haystack};
+
+const SEEDS: [u64; 5] = [11, 22, 33, 44, 55];
+const WINDOWS: [u64; 4] = [8_000, 16_000, 32_000, 64_000];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Strategy {
+    None,
+    Truncate,
+    Mask,
+    Layered,
+    Extractive,
+}
+
+impl Strategy {
+    const ALL: [Self; 5] = [
+        Self::None,
+        Self::Truncate,
+        Self::Mask,
+        Self::Layered,
+        Self::Extractive,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Truncate => "truncate oldest",
+            Self::Mask => "masking only",
+            Self::Layered => "layered, scripted summary",
+            Self::Extractive => "layered, extractive fallback",
+        }
+    }
+}
+
+/// Answers each call with the output the trajectory generated for its id.
+struct GeneratedTools {
+    outputs: HashMap<String, (String, bool)>,
+}
+
+#[async_trait]
+impl ToolExecutor for GeneratedTools {
+    fn definitions(&self) -> Vec<ToolDefinition> {
+        let tool = |name: &str, description: &str, parameters: serde_json::Value| ToolDefinition {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+        };
+        vec![
+            tool(
+                "shell",
+                "Run a shell command in the workspace.",
+                serde_json::json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+            ),
+            tool(
+                "read_file",
+                "Read a file of the workspace.",
+                serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+            ),
+            tool(
+                "apply_patch",
+                "Apply a unified diff to a file.",
+                serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}, "patch": {"type": "string"}}, "required": ["path", "patch"]}),
+            ),
+        ]
+    }
+
+    async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
+        Ok(match self.outputs.get(&call.id.0) {
+            Some((content, false)) => ToolOutput::ok(content.clone()),
+            Some((content, true)) => ToolOutput::error(content.clone()),
+            None => ToolOutput::error(format!("no generated output for call {}", call.id)),
+        })
+    }
+}
+
+/// Keeps what the benchmark reports of the events: the compactions.
+#[derive(Default)]
+struct Sink(Mutex<Vec<(CompactionStrategy, bool)>>);
+
+#[async_trait]
+impl EventSink for Sink {
+    async fn append(&self, _execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
+        if let Event::Compaction(compaction) = event {
+            self.0
+                .lock()
+                .unwrap()
+                .push((compaction.strategy, compaction.extractive));
+        }
+        Ok(0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Summaries {
+    /// Answered by [`good_summary`].
+    Good,
+    /// Passed to the cassette, which has no summary lines: the call fails.
+    Fail,
+}
+
+/// What the provider saw of the agent's requests.
+#[derive(Debug, Default)]
+struct Record {
+    calls: usize,
+    /// The largest request (messages and tool definitions), in tokens.
+    peak: u64,
+    /// Messages in each agent request, in order.
+    lengths: Vec<usize>,
+    /// (fact index, in the request of the turn that needs it).
+    at_need: Vec<(usize, bool)>,
+    /// The previous agent request, to see how much of each request repeats it.
+    previous: Vec<Message>,
+    /// Tokens of all agent requests, and of their leading messages identical to the
+    /// previous request's (what a provider's prompt cache can reuse).
+    sent_tokens: u64,
+    reused_tokens: u64,
+}
+
+/// The scripted cassette for agent turns, plus the summary behaviour and a record of every
+/// agent request.
+struct BenchProvider {
+    agent: ScriptedProvider,
+    summaries: Summaries,
+    trajectory: Arc<Trajectory>,
+    counter: CachedCounter<Estimate>,
+    record: Mutex<Record>,
+}
+
+#[async_trait]
+impl Provider for BenchProvider {
+    fn name(&self) -> &str {
+        "bench"
+    }
+
+    fn model(&self) -> &str {
+        // The engine counts with the calibrated estimate, as for the scripted provider.
+        "scripted"
+    }
+
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
+        match request.purpose {
+            CallPurpose::Agent => {
+                {
+                    let mut record = self.record.lock().unwrap();
+                    record.calls += 1;
+                    let turn = record.calls;
+                    let tokens = self.counter.count_messages(request.messages)
+                        + self.counter.count_tools(request.tools);
+                    record.peak = record.peak.max(tokens);
+                    let common = request
+                        .messages
+                        .iter()
+                        .zip(&record.previous)
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    record.reused_tokens +=
+                        self.counter.count_messages(&request.messages[..common]);
+                    record.sent_tokens += self.counter.count_messages(request.messages);
+                    record.previous = request.messages.to_vec();
+                    record.lengths.push(request.messages.len());
+                    let needed: Vec<(usize, &Fact)> = self.trajectory.needed_at(turn).collect();
+                    if !needed.is_empty() {
+                        let text = haystack(request.messages);
+                        for (index, fact) in needed {
+                            record.at_need.push((index, fact.is_in(&text)));
+                        }
+                    }
+                }
+                self.agent.complete(request).await
+            }
+            CallPurpose::Summary => match self.summaries {
+                Summaries::Good => {
+                    let transcript = request
+                        .messages
+                        .iter()
+                        .filter(|m| m.role == MessageRole::User)
+                        .map(Message::text_content)
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    Ok(ModelResponse {
+                        message: Message::text(
+                            MessageRole::Assistant,
+                            good_summary(&self.trajectory, &transcript),
+                        ),
+                        usage: TokenUsage::new(0, 0),
+                        finish: FinishReason::Stop,
+                    })
+                }
+                Summaries::Fail => self.agent.complete(request).await,
+            },
+            CallPurpose::Plan => self.agent.complete(request).await,
+        }
+    }
+}
+
+/// The summary a good model writes from the transcript it is given: the sections of the
+/// summary prompt, the latest steps, and every planted fact the transcript (history and
+/// earlier summary) still shows, stated exactly. It cannot know facts the transcript does
+/// not hold: a tool output masked before the summary sees only its placeholder.
+fn good_summary(trajectory: &Trajectory, transcript: &str) -> String {
+    let (earlier, history) = transcript
+        .split_once("HISTORY:\n")
+        .unwrap_or(("", transcript));
+    let mut total = 0;
+    let mut steps: Vec<String> = Vec::new();
+    let mut in_done = false;
+    for line in earlier.lines() {
+        if line.starts_with("## ") {
+            in_done = line == "## Done";
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("- ").filter(|_| in_done) {
+            match rest.strip_suffix(" tool calls so far; the latest:") {
+                Some(n) => total = n.parse().unwrap_or(0),
+                None => steps.push(rest.to_owned()),
+            }
+        }
+    }
+    let mut next = String::new();
+    for line in history.lines() {
+        if let Some(call) = line.strip_prefix("tool call ") {
+            let (name, arguments) = call.split_once(": ").unwrap_or((call, "{}"));
+            let arguments: serde_json::Value =
+                serde_json::from_str(arguments).unwrap_or(serde_json::Value::Null);
+            let what = arguments
+                .get("command")
+                .or_else(|| arguments.get("path"))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default();
+            steps.push(format!("{name}: {what}"));
+            total += 1;
+        } else if let Some(text) = line.strip_prefix("assistant: ") {
+            next = text.chars().take(300).collect();
+        }
+    }
+    let latest = &steps[steps.len().saturating_sub(8)..];
+    let mut out = format!(
+        "## Goal\n- {}\n## Done\n- {total} tool calls so far; the latest:\n",
+        trajectory.task
+    );
+    for step in latest {
+        out.push_str(&format!("- {step}\n"));
+    }
+    let section = |out: &mut String, title: &str, kinds: &[Kind]| {
+        out.push_str(&format!("## {title}\n"));
+        for fact in trajectory
+            .facts
+            .iter()
+            .filter(|f| kinds.contains(&f.kind) && f.is_in(transcript))
+        {
+            out.push_str(&format!("- {}\n", fact.statement));
+        }
+    };
+    section(
+        &mut out,
+        "Findings",
+        &[Kind::Path, Kind::Error, Kind::Number],
+    );
+    section(&mut out, "Decisions", &[Kind::Decision, Kind::Constraint]);
+    out.push_str("## Open questions\n- none\n## Next steps\n");
+    out.push_str(&format!("- {next}\n"));
+    out
+}
+
+/// One engine run.
+struct Run {
+    messages: Vec<Message>,
+    record: Record,
+    archive: Arc<MemoryArchive>,
+    execution: ExecutionId,
+    compactions: Vec<(CompactionStrategy, bool)>,
+}
+
+fn engine_run(
+    runtime: &tokio::runtime::Runtime,
+    trajectory: &Arc<Trajectory>,
+    cassette: &str,
+    strategy: Strategy,
+    window: Option<u64>,
+) -> Run {
+    let compaction = match strategy {
+        Strategy::None => CompactionConfig {
+            enabled: false,
+            ..CompactionConfig::default()
+        },
+        Strategy::Mask => CompactionConfig {
+            hard_percent: 1_000,
+            pressure_hard_percent: 1_000,
+            ..CompactionConfig::default()
+        },
+        Strategy::Layered | Strategy::Extractive => CompactionConfig::default(),
+        Strategy::Truncate => unreachable!("truncation is emulated, not run"),
+    };
+    let provider = Arc::new(BenchProvider {
+        agent: ScriptedProvider::parse("bench", cassette).unwrap(),
+        summaries: if strategy == Strategy::Layered {
+            Summaries::Good
+        } else {
+            Summaries::Fail
+        },
+        trajectory: Arc::clone(trajectory),
+        counter: CachedCounter::new(Estimate),
+        record: Mutex::new(Record::default()),
+    });
+    let sink = Arc::new(Sink::default());
+    let archive = Arc::new(MemoryArchive::default());
+    let config = EngineConfig {
+        context_window: window,
+        max_turns: u32::try_from(trajectory.turns.len() + 10).unwrap(),
+        compaction,
+        // Stagnation is not what is measured here.
+        stagnation: StagnationConfig {
+            enabled: false,
+            ..StagnationConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let mut engine = AgentEngine::new(
+        Arc::clone(&provider) as Arc<dyn Provider>,
+        Arc::new(GeneratedTools {
+            outputs: trajectory.outputs(),
+        }),
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        config,
+    );
+    engine.archive = Arc::clone(&archive) as Arc<dyn ContextArchive>;
+    let execution = ExecutionId::new();
+    let task = Task {
+        id: TaskId::new(),
+        description: trajectory.task.clone(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/workspace".into(),
+    };
+    let result = runtime
+        .block_on(engine.run(execution, task, CancellationToken::new()))
+        .unwrap();
+    assert_eq!(
+        result.termination_reason,
+        nerve_core::TerminationReason::Completed,
+        "{strategy:?} {window:?}: {:?}",
+        result.error
+    );
+    let record = std::mem::take(&mut *provider.record.lock().unwrap());
+    let compactions = std::mem::take(&mut *sink.0.lock().unwrap());
+    Run {
+        messages: result.context.messages,
+        record,
+        archive,
+        execution,
+        compactions,
+    }
+}
+
+/// Whether `recall` gets `fact` back: a search with the words the agent knows returns a
+/// block (among the 8 hits the tool shows) whose full text holds the fact.
+fn recallable(runtime: &tokio::runtime::Runtime, run: &Run, fact: &Fact) -> bool {
+    runtime.block_on(async {
+        let hits = run
+            .archive
+            .search(run.execution, &fact.query, 8)
+            .await
+            .unwrap();
+        for hit in hits {
+            if let Some(block) = run.archive.fetch(run.execution, hit.id).await.unwrap() {
+                let text = transcript(&block.messages.iter().collect::<Vec<_>>(), None);
+                if fact.is_in(&text) {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
+/// Truncation of the conversation `messages` (with per-message token `counts`) to
+/// `budget`: the oldest messages after the leading system message and the task are
+/// dropped until it fits, and a tool result left without its call goes too. Returns where
+/// the kept tail starts.
+fn truncation_start(messages: &[Message], counts: &[u64], budget: u64) -> usize {
+    let mut total: u64 = counts.iter().sum();
+    let mut start = 2.min(messages.len());
+    while total > budget && start < messages.len() {
+        total -= counts[start];
+        start += 1;
+    }
+    while start < messages.len() && messages[start].role == MessageRole::Tool {
+        start += 1;
+    }
+    start
+}
+
+fn truncated(messages: &[Message], start: usize) -> Vec<Message> {
+    messages[..2.min(messages.len())]
+        .iter()
+        .chain(&messages[start..])
+        .cloned()
+        .collect()
+}
+
+/// Totals of one (strategy, window) cell over all seeds.
+#[derive(Debug, Default, Clone)]
+struct Cell {
+    reductions: Vec<f64>,
+    peak_share: f64,
+    facts: usize,
+    in_context: usize,
+    at_need: usize,
+    recallable: usize,
+    either: usize,
+    by_kind: BTreeMap<Kind, (usize, usize, usize)>,
+    masks: usize,
+    summaries: usize,
+    offloads: usize,
+    sent_tokens: u64,
+    reused_tokens: u64,
+}
+
+impl Cell {
+    fn add_fact(&mut self, kind: Kind, in_context: bool, at_need: bool, recallable: bool) {
+        self.facts += 1;
+        self.in_context += usize::from(in_context);
+        self.at_need += usize::from(at_need);
+        self.recallable += usize::from(recallable);
+        self.either += usize::from(in_context || recallable);
+        let entry = self.by_kind.entry(kind).or_default();
+        entry.0 += 1;
+        entry.1 += usize::from(in_context);
+        entry.2 += usize::from(in_context || recallable);
+    }
+}
+
+fn percent(part: usize, whole: usize) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let shape = Shape::default();
+    let mut cells: BTreeMap<(u64, Strategy), Cell> = BTreeMap::new();
+    let mut sizes = Vec::new();
+    for seed in SEEDS {
+        let trajectory = Arc::new(trajectory::generate(seed, shape));
+        let cassette = trajectory.cassette();
+        let reference = engine_run(&runtime, &trajectory, &cassette, Strategy::None, None);
+        let full_tokens = estimate_messages(&reference.messages);
+        let counts: Vec<u64> = reference
+            .messages
+            .iter()
+            .map(nerve_brain::tokens::estimate_message)
+            .collect();
+        let in_outputs: u64 = reference
+            .messages
+            .iter()
+            .zip(&counts)
+            .filter(|(m, _)| m.role == MessageRole::Tool)
+            .map(|(_, count)| count)
+            .sum();
+        sizes.push((seed, full_tokens, trajectory.facts.len(), in_outputs));
+        let reference_text = haystack(&reference.messages);
+        for (index, fact) in trajectory.facts.iter().enumerate() {
+            assert!(
+                fact.is_in(&reference_text),
+                "seed {seed}: fact {index} missing from the uncompacted run"
+            );
+        }
+        for window in WINDOWS {
+            // none: everything stays, nothing is archived.
+            let cell = cells.entry((window, Strategy::None)).or_default();
+            cell.reductions.push(0.0);
+            cell.peak_share = cell
+                .peak_share
+                .max(reference.record.peak as f64 / window as f64);
+            cell.sent_tokens += reference.record.sent_tokens;
+            cell.reused_tokens += reference.record.reused_tokens;
+            for fact in &trajectory.facts {
+                cell.add_fact(fact.kind, true, true, false);
+            }
+            // truncate oldest: each request of the uncompacted run, truncated; then the end.
+            let cell = cells.entry((window, Strategy::Truncate)).or_default();
+            let mut previous: Option<(usize, u64)> = None;
+            let mut starts = Vec::with_capacity(reference.record.lengths.len());
+            for &length in &reference.record.lengths {
+                let start =
+                    truncation_start(&reference.messages[..length], &counts[..length], window);
+                let tokens =
+                    counts[..2].iter().sum::<u64>() + counts[start..length].iter().sum::<u64>();
+                cell.sent_tokens += tokens;
+                // The previous request is reused whole when the cut did not move.
+                cell.reused_tokens += match previous {
+                    Some((before, before_tokens)) if before == start => before_tokens,
+                    Some(_) => counts[..2].iter().sum::<u64>(),
+                    None => 0,
+                };
+                cell.peak_share = cell.peak_share.max(tokens as f64 / window as f64);
+                previous = Some((start, tokens));
+                starts.push(start);
+            }
+            let end = truncated(
+                &reference.messages,
+                truncation_start(&reference.messages, &counts, window),
+            );
+            let text = haystack(&end);
+            cell.reductions
+                .push(1.0 - estimate_messages(&end) as f64 / full_tokens as f64);
+            for fact in &trajectory.facts {
+                let length = reference.record.lengths[fact.needed - 1];
+                let sent = truncated(&reference.messages[..length], starts[fact.needed - 1]);
+                cell.add_fact(
+                    fact.kind,
+                    fact.is_in(&text),
+                    fact.is_in(&haystack(&sent)),
+                    false,
+                );
+            }
+            for strategy in [Strategy::Mask, Strategy::Layered, Strategy::Extractive] {
+                let run = engine_run(&runtime, &trajectory, &cassette, strategy, Some(window));
+                let text = haystack(&run.messages);
+                let at_need: HashMap<usize, bool> = run.record.at_need.iter().copied().collect();
+                let mut cell = cells.remove(&(window, strategy)).unwrap_or_default();
+                cell.reductions
+                    .push(1.0 - estimate_messages(&run.messages) as f64 / full_tokens as f64);
+                cell.peak_share = cell.peak_share.max(run.record.peak as f64 / window as f64);
+                cell.sent_tokens += run.record.sent_tokens;
+                cell.reused_tokens += run.record.reused_tokens;
+                for (index, fact) in trajectory.facts.iter().enumerate() {
+                    cell.add_fact(
+                        fact.kind,
+                        fact.is_in(&text),
+                        at_need.get(&index).copied().unwrap_or(false),
+                        recallable(&runtime, &run, fact),
+                    );
+                }
+                for (kind, _) in &run.compactions {
+                    match kind {
+                        CompactionStrategy::Mask => cell.masks += 1,
+                        CompactionStrategy::Summarize | CompactionStrategy::Archive => {
+                            cell.summaries += 1;
+                        }
+                        CompactionStrategy::Offload => cell.offloads += 1,
+                    }
+                }
+                cells.insert((window, strategy), cell);
+            }
+        }
+    }
+
+    println!("Compaction fact retention");
+    println!(
+        "{} seeded trajectories ({} turns each; uncompacted: {} tokens on average, {:.0}% of them in tool outputs; {} needed facts in all, {} per kind)\n",
+        SEEDS.len(),
+        shape.turns,
+        sizes.iter().map(|s| s.1).sum::<u64>() / sizes.len() as u64,
+        100.0 * sizes.iter().map(|s| s.3).sum::<u64>() as f64
+            / sizes.iter().map(|s| s.1).sum::<u64>() as f64,
+        sizes.iter().map(|s| s.2).sum::<usize>(),
+        sizes.iter().map(|s| s.2).sum::<usize>() / Kind::ALL.len(),
+    );
+    println!(
+        "| window | strategy | token reduction | largest request / window | facts in context (end) | in context when needed | recallable | in context or recallable | masks / summaries / offloads | prompt reuse |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for window in WINDOWS {
+        for strategy in Strategy::ALL {
+            let Some(cell) = cells.get(&(window, strategy)) else {
+                continue;
+            };
+            let reduction =
+                100.0 * cell.reductions.iter().sum::<f64>() / cell.reductions.len() as f64;
+            let counts = match strategy {
+                Strategy::Mask | Strategy::Layered | Strategy::Extractive => format!(
+                    "{} / {} / {}",
+                    cell.masks / SEEDS.len(),
+                    cell.summaries / SEEDS.len(),
+                    cell.offloads / SEEDS.len()
+                ),
+                Strategy::None | Strategy::Truncate => "–".to_owned(),
+            };
+            let reuse = format!(
+                "{:.0}%",
+                100.0 * cell.reused_tokens as f64 / cell.sent_tokens.max(1) as f64
+            );
+            println!(
+                "| {}k | {} | {reduction:.0}% | {:.0}% | {:.0}% | {:.0}% | {:.0}% | {:.0}% | {counts} | {reuse} |",
+                window / 1_000,
+                strategy.name(),
+                100.0 * cell.peak_share,
+                percent(cell.in_context, cell.facts),
+                percent(cell.at_need, cell.facts),
+                percent(cell.recallable, cell.facts),
+                percent(cell.either, cell.facts),
+            );
+        }
+    }
+    println!("\nFacts in context at the end, by kind (in context or recallable in brackets)\n");
+    let kinds: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+    println!("| window | strategy | {} |", kinds.join(" | "));
+    println!("|---|---|{}", "---|".repeat(kinds.len()));
+    for window in WINDOWS {
+        for strategy in Strategy::ALL {
+            let Some(cell) = cells.get(&(window, strategy)) else {
+                continue;
+            };
+            let columns: Vec<String> = Kind::ALL
+                .iter()
+                .map(|kind| {
+                    let (n, kept, either) = cell.by_kind.get(kind).copied().unwrap_or_default();
+                    format!("{:.0}% ({:.0}%)", percent(kept, n), percent(either, n))
+                })
+                .collect();
+            println!(
+                "| {}k | {} | {} |",
+                window / 1_000,
+                strategy.name(),
+                columns.join(" | ")
+            );
+        }
+    }
+}
