@@ -303,23 +303,34 @@ impl Run {
         if let Some(protected) = self.protect_from {
             indices.retain(|&i| i < protected);
         }
-        // Mask only where the placeholder is smaller than the output it replaces.
-        let placeholder_tokens = self.counter.count_text(&masked_probe());
-        indices.retain(|&i| self.counts[i] > placeholder_tokens + placeholder_tokens / 2);
-        let savings: u64 = indices
+        // Mask only where the placeholder is smaller than the output it replaces, and only
+        // when the placeholders, counted exactly, free enough to be worth a prompt rewrite.
+        let id = BlockId::new();
+        let placeholders: Vec<(usize, Message, u64)> = indices
             .iter()
-            .map(|&i| self.counts[i] - placeholder_tokens)
+            .map(|&i| {
+                let placeholder = masked(&self.ctx.messages[i], self.counts[i], id);
+                let tokens = self.counter.count_message(&placeholder);
+                (i, placeholder, tokens)
+            })
+            .filter(|(i, _, tokens)| self.counts[*i] > tokens + tokens / 2)
+            .collect();
+        let savings: u64 = placeholders
+            .iter()
+            .map(|(i, _, tokens)| self.counts[*i] - tokens)
             .sum();
         if savings < min_savings {
             return Ok(());
         }
-        let (Some(&first), Some(&last)) = (indices.first(), indices.last()) else {
+        let (Some(first), Some(last)) = (
+            placeholders.first().map(|p| p.0),
+            placeholders.last().map(|p| p.0),
+        ) else {
             return Ok(());
         };
-        let id = BlockId::new();
-        let originals: Vec<Message> = indices
+        let originals: Vec<Message> = placeholders
             .iter()
-            .map(|&i| self.ctx.messages[i].clone())
+            .map(|(i, _, _)| self.ctx.messages[*i].clone())
             .collect();
         self.archive
             .archive(
@@ -327,21 +338,17 @@ impl Run {
                 ArchivedBlock {
                     id,
                     messages: originals,
-                    note: format!("{} tool outputs masked at turn {turn}", indices.len()),
+                    note: format!("{} tool outputs masked at turn {turn}", placeholders.len()),
                 },
             )
             .await?;
         self.compaction.archived_blocks += 1;
         let before = self.fill();
-        let mut replacement = Vec::with_capacity(last + 1 - first);
-        for i in first..=last {
-            if indices.binary_search(&i).is_ok() {
-                let placeholder = masked(&self.ctx.messages[i], self.counts[i], id);
-                self.counts[i] = self.counter.count_message(&placeholder);
-                self.ctx.messages[i] = placeholder;
-            }
-            replacement.push(self.ctx.messages[i].clone());
+        for (i, placeholder, tokens) in placeholders {
+            self.counts[i] = tokens;
+            self.ctx.messages[i] = placeholder;
         }
+        let replacement: Vec<Message> = self.ctx.messages[first..=last].to_vec();
         self.finish_compaction(
             turn,
             CompactionStrategy::Mask,
@@ -625,15 +632,6 @@ impl Run {
 enum SummaryFailure {
     Stop(Stop),
     Failed,
-}
-
-/// A placeholder of typical length, to judge whether masking a result pays.
-fn masked_probe() -> String {
-    format!(
-        "{}the output of shell (1000 tokens) was archived as block {}; call recall with this block_id to see it]",
-        compaction::MASKED,
-        BlockId::new()
-    )
 }
 
 fn to_u32(n: usize) -> u32 {

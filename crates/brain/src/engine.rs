@@ -233,7 +233,7 @@ impl AgentEngine {
             planner: self.planner.clone(),
             tools: Arc::clone(&self.tools),
             approver: Arc::clone(&self.approver),
-            tool_definitions,
+            tool_definitions: tool_definitions.into(),
             sink: Arc::clone(&self.sink),
             config: self.config.clone(),
             ctx,

@@ -2,6 +2,7 @@
 //! (feed the results back), until the model answers without tool calls or a guardrail
 //! stops it. Its turn is also the unit of work of the plan loops' steps.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use nerve_core::event::{
@@ -49,7 +50,8 @@ pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
     run.warn_near_budget().await?;
     let started = Instant::now();
     let number = run.ctx.turn_count() + 1;
-    let tools = run.tool_definitions.clone();
+    // Shared, not copied: the definitions hold JSON schemas.
+    let tools = Arc::clone(&run.tool_definitions);
     let response = run.call_model(number, CallPurpose::Agent, &tools).await?;
     let calls: Vec<ToolCall> = response.message.tool_calls().cloned().collect();
     let text = response.message.text_content();

@@ -70,7 +70,7 @@ pub(crate) struct Run {
     pub(crate) planner: Option<Arc<dyn Provider>>,
     pub(crate) tools: Arc<dyn ToolExecutor>,
     pub(crate) approver: Arc<dyn Approver>,
-    pub(crate) tool_definitions: Vec<ToolDefinition>,
+    pub(crate) tool_definitions: Arc<[ToolDefinition]>,
     pub(crate) sink: Arc<dyn EventSink>,
     pub(crate) config: EngineConfig,
     pub(crate) ctx: AgentContext,
