@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use crate::support::{nerve, root, stderr};
+use crate::support::{nerve, nerve_env, root, stderr};
 
 fn check(db: &Path, args: &[&str], expected: &str) -> Output {
     let output = nerve(db, args);
@@ -139,5 +139,135 @@ fn inspection_commands_name_what_is_wrong() {
         Some(2),
         "an empty file is no log: {}",
         stderr(&created)
+    );
+}
+
+#[test]
+fn an_unknown_execution_id_is_named_by_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    // A real, empty log: the id is well formed but not in it.
+    nerve_session::Store::open(&db).unwrap();
+    let id = "01a200a4-59d8-741c-abcd-cb6ad7c4295c";
+    let expected = format!("no execution with id {id}");
+    for args in [
+        &["replay", id][..],
+        &["replay", id, "--json"],
+        &["show", id, "--json"],
+        &["events", id, "--json"],
+        &["verify", id],
+        &["resume", id],
+        &["resume", id, "--json"],
+        &["approve", id],
+        &["approve", id, "--deny", "--reason", "no"],
+    ] {
+        check(&db, args, &expected);
+    }
+    let events: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM events", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(events, 0, "nothing may be written for an unknown execution");
+}
+
+#[test]
+fn a_corrupt_config_is_refused_by_every_command_that_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let script = format!(
+        "script:{}",
+        root().join("examples/demo/cassette.jsonl").display()
+    );
+    let workspace = dir.path().to_str().unwrap();
+    let id = "01a200a4-59d8-741c-abcd-cb6ad7c4295c";
+    for (name, text, expected) in [
+        ("syntax.toml", "[sandbox\nimage = 1", "invalid config"),
+        ("binary.toml", "\u{0}\u{1}garbage", "invalid config"),
+        (
+            "unknown_key.toml",
+            "[sandbox]\nimgae = \"x\"\n",
+            "unknown field `imgae`",
+        ),
+        (
+            "wrong_type.toml",
+            "[guardrails]\nmax_replans = \"three\"\n",
+            "invalid config",
+        ),
+        (
+            "bad_policy.toml",
+            "[policy]\nrules = [{ tool = \"shell\", pattern = \"(\", action = \"ask\" }]\n",
+            "invalid pattern: regex parse error: ( ^ error: unclosed group",
+        ),
+    ] {
+        let config = dir.path().join(name);
+        std::fs::write(&config, text).unwrap();
+        let config = config.to_str().unwrap();
+        let run = [
+            "--config",
+            config,
+            "run",
+            "--workspace",
+            workspace,
+            "--task",
+            "x",
+            "--provider",
+            &script,
+        ];
+        check(&db, &run, expected);
+        check(&db, &["--config", config, "resume", id], expected);
+    }
+    check(
+        &db,
+        &[
+            "--config",
+            "/no/such/nerve.toml",
+            "run",
+            "--workspace",
+            workspace,
+            "--task",
+            "x",
+            "--provider",
+            &script,
+        ],
+        "cannot read config /no/such/nerve.toml",
+    );
+    assert!(!db.exists(), "a refused command must not create the log");
+}
+
+#[test]
+fn an_unreachable_provider_is_refused_before_the_run_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let workspace = dir.path().to_str().unwrap();
+    let key = "sk-test-0123456789abcdefghijklmnop";
+    // Nothing listens on the discard port of the loopback.
+    let output = nerve_env(
+        &db,
+        &[
+            "run",
+            "--workspace",
+            workspace,
+            "--task",
+            "x",
+            "--provider",
+            "openai",
+            "--model",
+            "gpt-4o",
+        ],
+        &[
+            ("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
+            ("OPENAI_API_KEY", key),
+        ],
+    );
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "nerve: provider openai at http://127.0.0.1:9/v1 is unreachable: connection refused"
+    );
+    assert!(!err.contains(key));
+    assert!(
+        !db.exists(),
+        "a run that never started must not create the log"
     );
 }

@@ -7,8 +7,12 @@
 
 mod bad_input;
 mod compaction;
+mod crash;
 mod demo;
+mod interrupt;
+mod json;
 mod loops;
+mod parked;
 mod proxy;
 mod sandbox;
 mod support;

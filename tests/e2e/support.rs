@@ -1,8 +1,12 @@
-//! Helpers: locate the `nerve` binary, run it, check for a Docker engine.
+//! Helpers: locate the `nerve` binary, run it (to the end or in the background), check for a
+//! Docker engine, read the log while a run writes it.
 
+use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The `nerve` binary built for this test run (`cargo test --workspace` builds it).
 pub(crate) fn nerve_bin() -> PathBuf {
@@ -105,7 +109,7 @@ pub(crate) fn copy_example(name: &str, into: &Path) -> PathBuf {
     target
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
@@ -116,4 +120,278 @@ fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(entry.path(), &target).unwrap();
         }
     }
+}
+
+/// Runs `nerve --db <db> <args>` with extra environment variables (after the clean-up of
+/// [`nerve`]'s provider variables, and with proxy variables removed so that no host setting
+/// decides where a connection goes).
+pub(crate) fn nerve_env(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(nerve_bin());
+    command
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .env_remove("NERVE_CONFIG")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY");
+    for name in PROXY_VARS {
+        command.env_remove(name);
+    }
+    command.envs(env.iter().copied()).output().unwrap()
+}
+
+const PROXY_VARS: &[&str] = &[
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// How long a test waits for a child process or for an event before it gives up: a
+/// watchdog against hangs, far above what any step needs.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(90);
+
+/// A `nerve` child process whose output is collected as it comes. Dropping it kills the
+/// process, so a failing test never leaves one behind.
+pub(crate) struct Running {
+    child: Child,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Starts `nerve --db <db> <args>` in the background with a clean provider environment.
+pub(crate) fn spawn_nerve(db: &Path, args: &[&str]) -> Running {
+    let mut child = Command::new(nerve_bin())
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .env_remove("NERVE_CONFIG")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = Arc::new(Mutex::new(Vec::new()));
+    let stderr = Arc::new(Mutex::new(Vec::new()));
+    let readers = vec![
+        collect(child.stdout.take().unwrap(), Arc::clone(&stdout)),
+        collect(child.stderr.take().unwrap(), Arc::clone(&stderr)),
+    ];
+    Running {
+        child,
+        stdout,
+        stderr,
+        readers,
+    }
+}
+
+fn collect(
+    mut from: impl Read + Send + 'static,
+    into: Arc<Mutex<Vec<u8>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut buffer = [0; 4096];
+        while let Ok(n) = from.read(&mut buffer) {
+            if n == 0 {
+                break;
+            }
+            into.lock().unwrap().extend_from_slice(&buffer[..n]);
+        }
+    })
+}
+
+impl Running {
+    /// Sends a signal by name (`INT`, `KILL`) to the process.
+    pub(crate) fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([format!("-{name}"), self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// What the process wrote to stderr so far.
+    pub(crate) fn stderr_so_far(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    /// Panics (after killing the process) when it already exited: a step it should have
+    /// reached alive was not.
+    pub(crate) fn assert_alive(&mut self, waiting_for: &str) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            let stderr = self.stderr_so_far();
+            panic!(
+                "nerve exited ({status}) while the test waited for {waiting_for}; stderr: {stderr}"
+            );
+        }
+    }
+
+    /// Waits until `done` holds for the process's stderr, within [`PATIENCE`].
+    pub(crate) fn wait_for_stderr(&mut self, what: &str, done: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !done(&self.stderr_so_far()) {
+            self.assert_alive(what);
+            assert!(Instant::now() < deadline, "gave up waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits for the process to exit, within [`PATIENCE`] (killed after that), and returns
+    /// its exit status and output.
+    pub(crate) fn wait(mut self) -> Output {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if self.child.try_wait().unwrap().is_some() {
+                return self.output();
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let output = self.output();
+                panic!(
+                    "nerve did not exit within {PATIENCE:?}; stderr: {}",
+                    stderr(&output)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL, then the exit status and output.
+    pub(crate) fn kill(mut self) -> Output {
+        self.child.kill().unwrap();
+        self.output()
+    }
+
+    fn output(&mut self) -> Output {
+        let status = self.child.wait().unwrap();
+        for reader in self.readers.drain(..) {
+            reader.join().unwrap();
+        }
+        Output {
+            status,
+            stdout: std::mem::take(&mut *self.stdout.lock().unwrap()),
+            stderr: std::mem::take(&mut *self.stderr.lock().unwrap()),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One row of the event log, read directly from SQLite.
+#[derive(Debug, Clone)]
+pub(crate) struct LogEvent {
+    pub(crate) execution_id: String,
+    pub(crate) kind: String,
+    pub(crate) payload: serde_json::Value,
+}
+
+/// Every event of the log in commit order, read-only: empty while the log does not exist
+/// yet or is being created, so it can poll a log that a running `nerve` writes.
+pub(crate) fn read_log(db: &Path) -> Vec<LogEvent> {
+    let read = || -> rusqlite::Result<Vec<LogEvent>> {
+        let conn = rusqlite::Connection::open_with_flags(
+            db,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        let mut statement = conn
+            .prepare("SELECT execution_id, kind, payload FROM events ORDER BY execution_id, seq")?;
+        let rows = statement.query_map([], |row| {
+            Ok(LogEvent {
+                execution_id: row.get(0)?,
+                kind: row.get(1)?,
+                payload: serde_json::from_str(&row.get::<_, String>(2)?)
+                    .unwrap_or(serde_json::Value::Null),
+            })
+        })?;
+        rows.collect()
+    };
+    if !db.exists() {
+        return Vec::new();
+    }
+    read().unwrap_or_default()
+}
+
+/// Polls the log until an event matches `wanted`, while `running` is alive, within
+/// [`PATIENCE`]. Returns the log as it was then.
+pub(crate) fn wait_for_event(
+    db: &Path,
+    running: &mut Running,
+    what: &str,
+    wanted: impl Fn(&LogEvent) -> bool,
+) -> Vec<LogEvent> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let log = read_log(db);
+        if log.iter().any(&wanted) {
+            return log;
+        }
+        running.assert_alive(what);
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether `event` is `kind` for turn `turn`.
+pub(crate) fn is_turn_event(event: &LogEvent, kind: &str, turn: u64) -> bool {
+    event.kind == kind && event.payload["turn"] == turn
+}
+
+/// The ids of the sandbox containers labelled with `execution_id`, running or not; `None`
+/// when the `docker` CLI is not there to ask.
+pub(crate) fn containers_of(execution_id: &str) -> Option<Vec<String>> {
+    let listed = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=org.nerve.execution={execution_id}"),
+        ])
+        .output()
+        .ok()
+        .filter(|output| output.status.success())?;
+    Some(
+        String::from_utf8_lossy(&listed.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// Every file under `dir` (relative path → contents), directories included as empty
+/// entries ending in `/`: what "the same final workspace" compares.
+pub(crate) fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, into: &mut BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.strip_prefix(root).unwrap().display().to_string();
+            if path.is_dir() {
+                into.insert(format!("{name}/"), Vec::new());
+                walk(root, &path, into);
+            } else {
+                into.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(dir, dir, &mut files);
+    files
+}
+
+/// `nerve events ID --json`, parsed.
+pub(crate) fn events_json(db: &Path, id: &str) -> Vec<serde_json::Value> {
+    let output = nerve(db, &["events", id, "--json"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    last_json(&output).as_array().unwrap().clone()
 }

@@ -136,14 +136,22 @@ impl Config {
         };
         let text = std::fs::read_to_string(path)
             .map_err(|e| Failure::usage(format!("cannot read config {}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| {
+        let config: Self = toml::from_str(&text).map_err(|e| {
             let first = e.to_string().lines().next().unwrap_or_default().to_owned();
             Failure::usage(format!(
                 "invalid config {}: {first} ({})",
                 path.display(),
                 e.message()
             ))
-        })
+        })?;
+        // Values that parse but cannot work (a policy pattern that is no regex, a price that
+        // is no amount) are refused here too, before any command looks at anything else.
+        let invalid = |f: Failure| {
+            Failure::usage(format!("invalid config {}: {}", path.display(), f.message))
+        };
+        config.engine_config().map_err(invalid)?;
+        config.model_table().map_err(invalid)?;
+        Ok(config)
     }
 }
 

@@ -87,8 +87,18 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
 }
 
 fn report(failure: &Failure) -> ExitCode {
-    output::error_line(&format!("nerve: {}", failure.message));
+    output::error_line(&format!("nerve: {}", one_line(&failure.message)));
     ExitCode::from(failure.code)
+}
+
+/// The contract is one line on stderr; some causes (a regex parse error) span several.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Logs go to stderr, filtered by `NERVE_LOG` (default: warnings).

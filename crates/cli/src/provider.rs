@@ -6,9 +6,16 @@
 //! `ANTHROPIC_API_KEY` (required for Anthropic itself). Keys become `SecretString`s at once
 //! and are never printed. Against a custom base URL `--model` is required, since only the
 //! server knows its model names.
+//!
+//! Before anything runs, an HTTP provider's endpoint is checked: its host must resolve and
+//! accept a TCP connection within a few seconds. Otherwise the run would start, record its
+//! events and fail at the first model call after every retry; an unreachable endpoint is a
+//! configuration error (exit 2, nothing written). When a proxy variable applies to the
+//! endpoint's scheme the check is skipped, since the proxy, not us, connects.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use nerve_brain::{
     AnthropicConfig, AnthropicProvider, ModelTable, OpenAiConfig, OpenAiProvider, Provider,
@@ -25,16 +32,28 @@ const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
 /// non-streamed answer stays well inside the request timeout.
 const ANTHROPIC_OUTPUT_CAP: u64 = 16_384;
 
-pub(crate) fn build(spec: &str, model: Option<&str>) -> Result<Arc<dyn Provider>, Failure> {
-    build_with(spec, model, &|name| std::env::var(name).ok())
+/// How long the pre-flight check may take: resolving the endpoint's host and connecting.
+const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The provider `spec` names, checked to be reachable when it speaks HTTP.
+pub(crate) async fn build(spec: &str, model: Option<&str>) -> Result<Arc<dyn Provider>, Failure> {
+    let env = |name: &str| std::env::var(name).ok();
+    let (provider, endpoint) = build_with(spec, model, &env)?;
+    if let Some(url) = endpoint
+        && !proxied(&url, &env)
+    {
+        preflight(provider.name(), &url, PREFLIGHT_TIMEOUT).await?;
+    }
+    Ok(provider)
 }
 
-/// `env` looks up an environment variable; empty values count as unset.
+/// The provider, and the base URL it will call when it speaks HTTP. `env` looks up an
+/// environment variable; empty values count as unset.
 fn build_with(
     spec: &str,
     model: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Arc<dyn Provider>, Failure> {
+) -> Result<(Arc<dyn Provider>, Option<String>), Failure> {
     let env = |name: &str| {
         env(name)
             .map(|v| v.trim().to_owned())
@@ -46,8 +65,9 @@ fn build_with(
                 "--provider script: needs a cassette path, e.g. script:demo.jsonl",
             ));
         }
-        return Ok(Arc::new(
-            ScriptedProvider::from_file(Path::new(path)).map_err(Failure::usage)?,
+        return Ok((
+            Arc::new(ScriptedProvider::from_file(Path::new(path)).map_err(Failure::usage)?),
+            None,
         ));
     }
     match spec {
@@ -70,9 +90,10 @@ fn build_with(
                 config.base_url = url;
             }
             config.api_key = api_key;
+            let url = config.base_url.clone();
             let provider = OpenAiProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider openai: {e}")))?;
-            Ok(Arc::new(provider))
+            Ok((Arc::new(provider), Some(url)))
         }
         "anthropic" => {
             let base_url = env("ANTHROPIC_BASE_URL");
@@ -94,9 +115,10 @@ fn build_with(
             if let Some(info) = ModelTable::builtin().get(&model) {
                 config.max_output_tokens = info.max_output_tokens.min(ANTHROPIC_OUTPUT_CAP);
             }
+            let url = config.base_url.clone();
             let provider = AnthropicProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider anthropic: {e}")))?;
-            Ok(Arc::new(provider))
+            Ok((Arc::new(provider), Some(url)))
         }
         other => Err(Failure::usage(format!(
             "unknown provider `{other}` (expected script:PATH, openai or anthropic)"
@@ -119,6 +141,114 @@ fn choose_model(
     }
 }
 
+/// Where a base URL connects to, and how to show it (without any user info).
+#[derive(Debug, PartialEq, Eq)]
+struct Endpoint {
+    host: String,
+    port: u16,
+    shown: String,
+}
+
+/// Splits `http[s]://[user@]host[:port][/path]`; `None` for anything else (the provider
+/// already refused such a URL).
+fn endpoint(url: &str) -> Option<Endpoint> {
+    let (scheme, rest, default_port) = if let Some(rest) = url.strip_prefix("https://") {
+        ("https", rest, 443)
+    } else if let Some(rest) = url.strip_prefix("http://") {
+        ("http", rest, 80)
+    } else {
+        return None;
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        // An IPv6 literal: `[::1]` or `[::1]:8080`.
+        let (host, after) = bracketed.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(port) => port.parse().ok()?,
+            None if after.is_empty() => default_port,
+            None => return None,
+        };
+        (host, port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, port.parse().ok()?),
+            None => (authority, default_port),
+        }
+    };
+    if host.is_empty() {
+        return None;
+    }
+    Some(Endpoint {
+        host: host.to_owned(),
+        port,
+        shown: format!("{scheme}://{authority}{path}"),
+    })
+}
+
+/// Whether requests to `url` go through a proxy from the environment (as the HTTP client
+/// does by default), so that a direct connection says nothing.
+fn proxied(url: &str, env: &dyn Fn(&str) -> Option<String>) -> bool {
+    let scheme_vars: &[&str] = if url.starts_with("https://") {
+        &["HTTPS_PROXY", "https_proxy"]
+    } else {
+        &["HTTP_PROXY", "http_proxy"]
+    };
+    scheme_vars
+        .iter()
+        .chain(&["ALL_PROXY", "all_proxy"])
+        .any(|name| env(name).is_some_and(|v| !v.trim().is_empty()))
+}
+
+/// Resolves the endpoint's host and opens (and drops) a TCP connection to it, all within
+/// `timeout`.
+async fn preflight(provider: &str, url: &str, timeout: Duration) -> Result<(), Failure> {
+    let Some(endpoint) = endpoint(url) else {
+        return Ok(());
+    };
+    let unreachable = |why: String| {
+        Failure::usage(format!(
+            "provider {provider} at {} is unreachable: {why}",
+            endpoint.shown
+        ))
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let too_slow = || format!("no answer within {} s", timeout.as_secs());
+    let addresses = tokio::time::timeout_at(
+        deadline,
+        tokio::net::lookup_host((endpoint.host.as_str(), endpoint.port)),
+    )
+    .await
+    .map_err(|_| unreachable(too_slow()))?
+    .map_err(|e| unreachable(format!("cannot resolve {}: {e}", endpoint.host)))?;
+    let mut last = format!("{} has no address", endpoint.host);
+    for address in addresses {
+        match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(address)).await {
+            Ok(Ok(_connection)) => return Ok(()),
+            Ok(Err(error)) => last = describe_connect(&error),
+            Err(_) => return Err(unreachable(too_slow())),
+        }
+    }
+    Err(unreachable(last))
+}
+
+fn describe_connect(error: &std::io::Error) -> String {
+    // An if-chain, not a match: io::ErrorKind is non-exhaustive.
+    let kind = error.kind();
+    if kind == std::io::ErrorKind::ConnectionRefused {
+        "connection refused".to_owned()
+    } else if kind == std::io::ErrorKind::HostUnreachable {
+        "host unreachable".to_owned()
+    } else if kind == std::io::ErrorKind::NetworkUnreachable {
+        "network unreachable".to_owned()
+    } else if kind == std::io::ErrorKind::TimedOut {
+        "connection timed out".to_owned()
+    } else {
+        error.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,7 +265,7 @@ mod tests {
                 .map(|(_, v)| (*v).to_owned())
         };
         let outcome = build_with(spec, model, &env)
-            .map(|p| (p.name().to_owned(), p.model().to_owned()))
+            .map(|(p, _)| (p.name().to_owned(), p.model().to_owned()))
             .map_err(|f| (f.code, f.message));
         match expected {
             Ok((name, model)) => assert_eq!(
@@ -225,6 +355,128 @@ mod tests {
             None,
             &[],
             Err("unknown provider `gemini` (expected script:PATH, openai or anthropic)"),
+        );
+    }
+
+    #[test]
+    fn http_providers_name_the_endpoint_they_call() {
+        let url = |spec: &str, vars: &[(&str, &str)]| {
+            let env = |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            };
+            build_with(spec, Some("m"), &env).unwrap().1
+        };
+        assert_eq!(
+            url("openai", &[("OPENAI_API_KEY", "sk-x")]).as_deref(),
+            Some("https://api.openai.com/v1")
+        );
+        assert_eq!(
+            url("openai", &[("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")]).as_deref(),
+            Some("http://127.0.0.1:9/v1")
+        );
+        assert_eq!(
+            url("anthropic", &[("ANTHROPIC_API_KEY", "sk-ant-x")]).as_deref(),
+            Some("https://api.anthropic.com")
+        );
+    }
+
+    fn check_endpoint(url: &str, expected: Option<(&str, u16, &str)>) {
+        assert_eq!(
+            endpoint(url),
+            expected.map(|(host, port, shown)| Endpoint {
+                host: host.to_owned(),
+                port,
+                shown: shown.to_owned(),
+            }),
+            "{url}"
+        );
+    }
+
+    #[test]
+    fn endpoints_are_split_into_host_and_port() {
+        check_endpoint(
+            "https://api.openai.com/v1",
+            Some(("api.openai.com", 443, "https://api.openai.com/v1")),
+        );
+        check_endpoint(
+            "http://127.0.0.1:9/v1",
+            Some(("127.0.0.1", 9, "http://127.0.0.1:9/v1")),
+        );
+        check_endpoint(
+            "http://localhost",
+            Some(("localhost", 80, "http://localhost")),
+        );
+        check_endpoint(
+            "http://[::1]:8000/v1",
+            Some(("::1", 8000, "http://[::1]:8000/v1")),
+        );
+        check_endpoint("https://[::1]", Some(("::1", 443, "https://[::1]")));
+        // User info is never shown.
+        check_endpoint(
+            "https://user:pw@llm.internal:8443/v1",
+            Some(("llm.internal", 8443, "https://llm.internal:8443/v1")),
+        );
+        check_endpoint("https://host:port/v1", None);
+        check_endpoint("https:///v1", None);
+        check_endpoint("ftp://host", None);
+    }
+
+    #[test]
+    fn a_proxy_variable_for_the_scheme_skips_the_check() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert!(proxied(
+            "https://a",
+            &env(&[("HTTPS_PROXY", "http://p:3128")])
+        ));
+        assert!(proxied("http://a", &env(&[("all_proxy", "socks5://p")])));
+        assert!(!proxied(
+            "http://a",
+            &env(&[("HTTPS_PROXY", "http://p:3128")])
+        ));
+        assert!(!proxied("https://a", &env(&[("HTTPS_PROXY", " ")])));
+    }
+
+    #[tokio::test]
+    async fn the_preflight_connects_or_says_why_not() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let open = format!("http://{}/v1", listener.local_addr().unwrap());
+        assert!(
+            preflight("openai", &open, Duration::from_secs(5))
+                .await
+                .is_ok()
+        );
+        drop(listener);
+        let failure = preflight("openai", &open, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (failure.code, failure.message),
+            (
+                2,
+                format!("provider openai at {open} is unreachable: connection refused")
+            )
+        );
+        let failure = preflight(
+            "anthropic",
+            "https://no-such-host.invalid",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            failure.message.starts_with(
+                "provider anthropic at https://no-such-host.invalid is unreachable: cannot resolve no-such-host.invalid"
+            ) || failure.message.ends_with("no answer within 5 s"),
+            "{}",
+            failure.message
         );
     }
 }

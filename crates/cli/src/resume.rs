@@ -9,7 +9,7 @@ use nerve_brain::ResumeState;
 use nerve_brain::approval::Approval;
 use nerve_core::event::{ApprovalDecided, ApprovalDecision, CallPurpose, Decider, Started};
 use nerve_core::{
-    Event, EventSink, ExecutionId, Redactor, TaskStatus, TerminationReason, TokenUsage,
+    Event, EventSink, ExecutionId, MessageRole, Redactor, TaskStatus, TerminationReason, TokenUsage,
 };
 use nerve_session::{Replay, SqliteSink, Store, StoredEvent};
 
@@ -87,6 +87,11 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
     let mut approvals = Vec::new();
     let mut pending_turn_usage = TokenUsage::default();
     let mut model_calls: BTreeMap<CallPurpose, usize> = BTreeMap::new();
+    // An agent answer is recorded in two commits: `model_called`, then the assistant message.
+    // A crash between them leaves an answer the log does not hold; its cassette line must be
+    // replayed, so it does not count as used (its usage was spent and stays counted).
+    let mut unrecorded_answer = false;
+    let mut unrecorded_answers = 0;
     for stored in &events {
         let Ok(event) = serde_json::from_str::<Event>(&stored.payload) else {
             continue;
@@ -104,12 +109,22 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
             ));
         } else if let Event::ModelCalled(called) = &event {
             *model_calls.entry(called.purpose).or_default() += 1;
+            unrecorded_answer = called.purpose == CallPurpose::Agent && called.outcome == "ok";
             if called.purpose == CallPurpose::Agent && called.turn > replay.total_turns {
                 pending_turn_usage += called.usage;
             }
+        } else if let Event::MessageAppended(appended) = &event
+            && appended.message.role == MessageRole::Assistant
+        {
+            unrecorded_answer = false;
         } else if let Event::Resumed(_) = &event {
             pending_turn_usage = TokenUsage::default();
+            unrecorded_answers += usize::from(std::mem::take(&mut unrecorded_answer));
         }
+    }
+    unrecorded_answers += usize::from(unrecorded_answer);
+    if let Some(used) = model_calls.get_mut(&CallPurpose::Agent) {
+        *used = used.saturating_sub(unrecorded_answers);
     }
     let state = ResumeState {
         task_id: started.task_id,

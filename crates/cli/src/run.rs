@@ -36,7 +36,7 @@ pub(crate) async fn run(
     let config = Config::load(config_path)?;
     let workspace = validate_workspace(&args.workspace)?;
     let description = read_task(&args)?;
-    let provider = crate::provider::build(&args.provider, args.model.as_deref())?;
+    let provider = crate::provider::build(&args.provider, args.model.as_deref()).await?;
     let budget_cost = args
         .budget_usd
         .map(|usd| {
@@ -120,7 +120,7 @@ pub(crate) async fn resume(
         }
         Arc::new(scripted) as Arc<dyn Provider>
     } else {
-        crate::provider::build(spec, model)?
+        crate::provider::build(spec, model).await?
     };
     let recorded = &started.config;
     let number = |key: &str| recorded.get(key).and_then(serde_json::Value::as_u64);
