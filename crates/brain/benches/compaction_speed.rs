@@ -235,6 +235,7 @@ fn sample(
         approvals: Vec::new(),
         attempt: 1,
         from_checkpoint_seq: None,
+        finished_in_incomplete_turn: Vec::new(),
     };
     let result = runtime
         .block_on(engine.resume(ExecutionId::new(), state, CancellationToken::new()))

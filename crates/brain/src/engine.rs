@@ -146,6 +146,9 @@ pub struct ResumeState {
     /// 1 for the first resume.
     pub attempt: u32,
     pub from_checkpoint_seq: Option<u64>,
+    /// Tool calls of the turn that began but never completed which did finish: when every
+    /// call of that turn finished, only its `turn_completed` record is missing.
+    pub finished_in_incomplete_turn: Vec<ToolCall>,
 }
 
 /// Why an execution could not start. Nothing has been recorded when these are returned.
@@ -426,6 +429,20 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
         })
         .unwrap_or_default();
     if pending.is_empty() {
+        // The crash fell between the turn's last tool result and its record: complete it.
+        if !state.finished_in_incomplete_turn.is_empty() {
+            let number = state.turns + 1;
+            let calls = state.finished_in_incomplete_turn.clone();
+            react::complete_turn(
+                run,
+                number,
+                state.pending_turn_usage,
+                "tool_calls",
+                &calls,
+                Instant::now(),
+            )
+            .await?;
+        }
         return Ok(());
     }
     let started = Instant::now();
@@ -463,12 +480,14 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
             }
         }
     }
+    let mut calls = state.finished_in_incomplete_turn.clone();
+    calls.extend(pending);
     react::complete_turn(
         run,
         number,
         state.pending_turn_usage,
         "tool_calls",
-        &pending,
+        &calls,
         started,
     )
     .await

@@ -309,6 +309,7 @@ async fn ask_without_a_user_parks_and_an_approved_resume_completes() {
         )],
         attempt: 1,
         from_checkpoint_seq: None,
+        finished_in_incomplete_turn: Vec::new(),
     };
     let resumed = engine
         .resume(ExecutionId::new(), state, CancellationToken::new())
@@ -378,6 +379,7 @@ async fn resume_tells_the_model_about_in_doubt_calls_instead_of_rerunning_them()
         approvals: Vec::new(),
         attempt: 1,
         from_checkpoint_seq: None,
+        finished_in_incomplete_turn: Vec::new(),
     };
     let resumed = engine
         .resume(ExecutionId::new(), state, CancellationToken::new())
@@ -565,4 +567,72 @@ async fn auto_resolves_the_loop_from_the_complexity() {
         panic!("the first event is the start")
     };
     assert_eq!(started.loop_type, LoopType::PlanExecute);
+}
+
+#[tokio::test]
+async fn resume_records_a_turn_whose_calls_finished_but_whose_record_was_lost() {
+    // The first run dies after turn 1's tool result, before its `turn_completed`.
+    let first = run(
+        &lines(&[tool("touch f")]),
+        EngineConfig::default(),
+        EchoTools::default(),
+    )
+    .await;
+    let messages = first.result.context.messages.clone();
+    let call = messages
+        .iter()
+        .rev()
+        .find(|m| m.role == MessageRole::Assistant)
+        .and_then(|m| m.tool_calls().next().cloned())
+        .unwrap();
+    let provider =
+        ScriptedProvider::parse("test", &lines(&[tool("touch f"), text("done")])).unwrap();
+    provider.skip(CallPurpose::Agent, 1);
+    let tools = Arc::new(EchoTools::default());
+    let sink = Arc::new(MemorySink::default());
+    let engine = AgentEngine::new(
+        Arc::new(provider),
+        Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig::default(),
+    );
+    let state = ResumeState {
+        task_id: first.result.context.task_id,
+        messages,
+        turns: 0,
+        usage: nerve_core::TokenUsage::default(),
+        cost: nerve_core::MicroUsd::ZERO,
+        task_status: TaskStatus::InProgress,
+        pending_turn_usage: nerve_core::TokenUsage::default(),
+        in_doubt: Vec::new(),
+        approvals: Vec::new(),
+        attempt: 1,
+        from_checkpoint_seq: None,
+        finished_in_incomplete_turn: vec![call],
+    };
+    let resumed = engine
+        .resume(ExecutionId::new(), state, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(resumed.termination_reason, TerminationReason::Completed);
+    assert!(
+        tools.calls.lock().unwrap().is_empty(),
+        "the finished call is not run again"
+    );
+    let turns: Vec<u32> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| {
+            if let Event::TurnCompleted(t) = e {
+                Some(t.turn)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(
+        turns,
+        [1, 2],
+        "turn 1 gets its record, and the next answer is turn 2"
+    );
 }

@@ -92,6 +92,9 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
     // replayed, so it does not count as used (its usage was spent and stays counted).
     let mut unrecorded_answer = false;
     let mut unrecorded_answers = 0;
+    // Calls of the turn that began but never completed, and those of them that finished.
+    let mut started_calls: Vec<nerve_core::ToolCall> = Vec::new();
+    let mut finished_calls: Vec<nerve_core::ToolCall> = Vec::new();
     for stored in &events {
         let Ok(event) = serde_json::from_str::<Event>(&stored.payload) else {
             continue;
@@ -117,6 +120,17 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
             && appended.message.role == MessageRole::Assistant
         {
             unrecorded_answer = false;
+        } else if let Event::ToolCallStarted(started_call) = &event
+            && started_call.turn > replay.total_turns
+        {
+            started_calls.push(started_call.call.clone());
+        } else if let Event::ToolCallFinished(finished) = &event
+            && finished.turn > replay.total_turns
+            && let Some(call) = started_calls
+                .iter()
+                .find(|c| c.id == finished.result.call_id)
+        {
+            finished_calls.push(call.clone());
         } else if let Event::Resumed(_) = &event {
             pending_turn_usage = TokenUsage::default();
             unrecorded_answers += usize::from(std::mem::take(&mut unrecorded_answer));
@@ -138,6 +152,7 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
         approvals,
         attempt: u32::try_from(replay.resumes.len() + 1).unwrap_or(u32::MAX),
         from_checkpoint_seq: replay.checkpoints.last().map(|c| c.seq),
+        finished_in_incomplete_turn: finished_calls,
     };
     Ok(Resumable {
         execution,
