@@ -157,6 +157,21 @@ async fn step(run: &mut Run, mode: PlanMode) -> Result<StepEnd, Stop> {
 /// A planning call: asks for `submit_plan` and returns the steps.
 async fn plan(run: &mut Run, mode: PlanMode, instruction: &str) -> Result<Vec<String>, Stop> {
     run.push_message(Message::user(instruction)).await?;
+    let (text, steps) = plan_call(run, mode, "Plan accepted").await?;
+    // Lenient with models that write the plan as text: numbered or bulleted lines.
+    let steps = steps
+        .or_else(|| steps_from_text(&text, mode.max_steps))
+        .unwrap_or_else(|| vec!["Do the task, then verify the result.".to_owned()]);
+    Ok(steps)
+}
+
+/// One `plan` call offering only `submit_plan`: answers every call it makes (`accepted` or
+/// why not) and returns the answer's text and the first valid plan.
+async fn plan_call(
+    run: &mut Run,
+    mode: PlanMode,
+    accepted: &str,
+) -> Result<(String, Option<Vec<String>>), Stop> {
     let response = run
         .call_model(
             run.ctx.turn_count(),
@@ -167,29 +182,26 @@ async fn plan(run: &mut Run, mode: PlanMode, instruction: &str) -> Result<Vec<St
     let text = response.message.text_content();
     let calls: Vec<ToolCall> = response.message.tool_calls().cloned().collect();
     run.push_message(response.message).await?;
-    let mut steps = None;
+    let mut plan = None;
     for call in &calls {
         let parsed = parse_plan(call, mode.max_steps);
         let content = match &parsed {
-            Ok(steps) => format!("Plan accepted: {} steps.", steps.len()),
+            Ok(steps) => format!("{accepted}: {} steps.", steps.len()),
             Err(problem) => format!("Plan rejected: {problem}"),
         };
+        let is_error = parsed.is_err();
         let result = ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
             content,
-            is_error: parsed.is_err(),
+            is_error,
         };
         react::finish_tool(run, run.ctx.turn_count(), result, 0).await?;
-        if steps.is_none() {
-            steps = parsed.ok();
+        if plan.is_none() {
+            plan = parsed.ok();
         }
     }
-    // Lenient with models that write the plan as text: numbered or bulleted lines.
-    let steps = steps
-        .or_else(|| steps_from_text(&text, mode.max_steps))
-        .unwrap_or_else(|| vec!["Do the task, then verify the result.".to_owned()]);
-    Ok(steps)
+    Ok((text, plan))
 }
 
 /// After a step (hybrid): a progress summary that may revise the remaining steps.
@@ -213,33 +225,7 @@ async fn checkpoint(
          If they should change, call submit_plan with the new remaining steps; otherwise answer with the summary only."
     )))
     .await?;
-    let response = run
-        .call_model(
-            run.ctx.turn_count(),
-            CallPurpose::Plan,
-            &[submit_plan_definition()],
-        )
-        .await?;
-    let calls: Vec<ToolCall> = response.message.tool_calls().cloned().collect();
-    run.push_message(response.message).await?;
-    let mut revised = None;
-    for call in &calls {
-        let parsed = parse_plan(call, mode.max_steps);
-        let content = match &parsed {
-            Ok(steps) => format!("Remaining plan replaced: {} steps.", steps.len()),
-            Err(problem) => format!("Plan rejected: {problem}"),
-        };
-        let result = ToolResult {
-            call_id: call.id.clone(),
-            name: call.name.clone(),
-            content,
-            is_error: parsed.is_err(),
-        };
-        react::finish_tool(run, run.ctx.turn_count(), result, 0).await?;
-        if revised.is_none() {
-            revised = parsed.ok();
-        }
-    }
+    let (_, revised) = plan_call(run, mode, "Remaining plan replaced").await?;
     Ok(revised)
 }
 
