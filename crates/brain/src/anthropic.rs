@@ -155,11 +155,7 @@ impl AnthropicProvider {
     }
 
     fn estimate(&self, request: &ModelRequest<'_>) -> UsageEstimate {
-        UsageEstimate {
-            input: self.counter.count_messages(request.messages)
-                + self.counter.count_tools(request.tools),
-            counter: Arc::clone(&self.counter),
-        }
+        UsageEstimate::for_request(&self.counter, request)
     }
 
     async fn send(
@@ -167,11 +163,13 @@ impl AnthropicProvider {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<reqwest::Response, ProviderError> {
-        let body = serde_json::to_vec(&self.wire_request(request, stream)).map_err(|e| {
-            ProviderError::permanent(kind::BAD_REQUEST, format!("cannot encode the request: {e}"))
-        })?;
         self.client
-            .post(&self.url, self.headers.clone(), body, stream)
+            .post(
+                &self.url,
+                self.headers.clone(),
+                &self.wire_request(request, stream),
+                stream,
+            )
             .await
     }
 }

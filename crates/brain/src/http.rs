@@ -108,14 +108,20 @@ impl HttpClient {
         })
     }
 
-    /// POSTs a JSON body. Any non-2xx status becomes the matching [`ProviderError`].
+    /// POSTs `body` as JSON. Any non-2xx status becomes the matching [`ProviderError`].
     pub(crate) async fn post(
         &self,
         url: &str,
         headers: HeaderMap,
-        body: Vec<u8>,
+        body: &impl serde::Serialize,
         streaming: bool,
     ) -> Result<reqwest::Response, ProviderError> {
+        let body = serde_json::to_vec(body).map_err(|e| {
+            ProviderError::permanent(
+                crate::provider::kind::BAD_REQUEST,
+                format!("cannot encode the request: {e}"),
+            )
+        })?;
         let mut request = self
             .client
             .post(url)

@@ -134,11 +134,7 @@ impl OpenAiProvider {
     }
 
     fn estimate(&self, request: &ModelRequest<'_>) -> UsageEstimate {
-        UsageEstimate {
-            input: self.counter.count_messages(request.messages)
-                + self.counter.count_tools(request.tools),
-            counter: Arc::clone(&self.counter),
-        }
+        UsageEstimate::for_request(&self.counter, request)
     }
 
     async fn send(
@@ -146,11 +142,13 @@ impl OpenAiProvider {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<reqwest::Response, ProviderError> {
-        let body = serde_json::to_vec(&self.wire_request(request, stream)).map_err(|e| {
-            ProviderError::permanent(kind::BAD_REQUEST, format!("cannot encode the request: {e}"))
-        })?;
         self.client
-            .post(&self.url, self.headers.clone(), body, stream)
+            .post(
+                &self.url,
+                self.headers.clone(),
+                &self.wire_request(request, stream),
+                stream,
+            )
             .await
     }
 }

@@ -492,6 +492,17 @@ pub struct UsageEstimate {
 }
 
 impl UsageEstimate {
+    /// Counts the prompt of `request` with `counter`, before it is sent.
+    pub fn for_request(
+        counter: &Arc<dyn TokenCounter>,
+        request: &crate::provider::ModelRequest<'_>,
+    ) -> Self {
+        Self {
+            input: counter.count_messages(request.messages) + counter.count_tools(request.tools),
+            counter: Arc::clone(counter),
+        }
+    }
+
     /// Reported usage when there is some (servers that report zeros report nothing).
     pub fn resolve(&self, reported: Option<TokenUsage>, message: &Message) -> TokenUsage {
         match reported {
