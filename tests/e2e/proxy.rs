@@ -23,27 +23,10 @@ use nerve_hands::{Proxy, Sandbox, SandboxConfig, SandboxTools};
 use secrecy::SecretString;
 use serde_json::{Value, json};
 
-use crate::support::{docker_available, last_json, nerve_bin, stderr, stdout};
+use crate::support::{last_json, nerve_bin, sandbox_available, stderr, stdout};
 
 const CANARY: &str = "canary-e2e-5b1d7c29-never-leak";
 const LIVENESS: Duration = Duration::from_secs(300);
-
-/// Docker, the image and a built executor (the relay is in it).
-fn sandbox_available() -> bool {
-    if !docker_available() {
-        return false;
-    }
-    if nerve_hands::locate_executor().is_some() {
-        return true;
-    }
-    let reason = "no nerve-executor binary: build it with `cargo xtask image`";
-    assert!(
-        !std::env::var("NERVE_REQUIRE_DOCKER").is_ok_and(|v| v == "1"),
-        "{reason}"
-    );
-    eprintln!("skipping: {reason}");
-    false
-}
 
 /// A plain HTTP/1.1 server on 127.0.0.1 on its own thread. Each request is recorded raw and
 /// answered by `answer(head, body)` with `Connection: close`.

@@ -15,30 +15,12 @@ use nerve_core::{ToolCall, ToolCallId, ToolExecutor, ToolOutput};
 use nerve_hands::{Backend, Sandbox, SandboxConfig, SandboxTools};
 use serde_json::{Value, json};
 
-use crate::support::{docker_available, last_json, nerve_bin, stderr};
+use crate::support::{last_json, nerve_bin, sandbox_available, stderr};
 
 /// A hung call fails the test after this long (a liveness bound, not a timing assertion).
 const LIVENESS: Duration = Duration::from_secs(300);
 
 const SECRET: &str = "TOPSECRET-host-only";
-
-/// Whether the sandbox tests can run: an engine, the image and a built executor. Panics
-/// when they must (`NERVE_REQUIRE_DOCKER=1`).
-fn sandbox_available() -> bool {
-    if !docker_available() {
-        return false;
-    }
-    if nerve_hands::locate_executor().is_some() {
-        return true;
-    }
-    let reason = "no nerve-executor binary: build it with `cargo xtask image`";
-    assert!(
-        !std::env::var("NERVE_REQUIRE_DOCKER").is_ok_and(|v| v == "1"),
-        "{reason}"
-    );
-    eprintln!("skipping: {reason}");
-    false
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

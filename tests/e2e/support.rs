@@ -395,3 +395,21 @@ pub(crate) fn events_json(db: &Path, id: &str) -> Vec<serde_json::Value> {
     assert!(output.status.success(), "{}", stderr(&output));
     last_json(&output).as_array().unwrap().clone()
 }
+
+/// Whether the sandbox tests can run: an engine, the image and a built executor (the proxy
+/// relay is in it). Panics when they must (`NERVE_REQUIRE_DOCKER=1`).
+pub(crate) fn sandbox_available() -> bool {
+    if !docker_available() {
+        return false;
+    }
+    if nerve_hands::locate_executor().is_some() {
+        return true;
+    }
+    let reason = "no nerve-executor binary: build it with `cargo xtask image`";
+    assert!(
+        !std::env::var("NERVE_REQUIRE_DOCKER").is_ok_and(|v| v == "1"),
+        "{reason}"
+    );
+    eprintln!("skipping: {reason}");
+    false
+}
