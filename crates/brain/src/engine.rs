@@ -251,6 +251,7 @@ impl AgentEngine {
             tool_tokens,
             compaction: CompactionState::default(),
             protect_from: None,
+            pending: std::sync::Mutex::default(),
         }
     }
 
@@ -340,6 +341,8 @@ impl AgentEngine {
             .await?;
         run.refresh_indicator().await?;
         run.transition(TaskStatus::InProgress).await?;
+        // Durable before the first model call, however long that takes: the run is listed.
+        run.flush().await?;
         Ok(())
     }
 
@@ -401,6 +404,7 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
     if run.ctx.task_status != TaskStatus::InProgress {
         run.transition(TaskStatus::InProgress).await?;
     }
+    run.flush().await?;
     // The calls of the last assistant message that have no result yet.
     let answered: Vec<&ToolCallId> = run
         .ctx
@@ -547,7 +551,11 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
         cost: run.ctx.cost,
         error: error.clone(),
     };
-    if let Err(sink_error) = run.record(Event::Finish(finish)).await {
+    let recorded = match run.record(Event::Finish(finish)).await {
+        Ok(()) => run.flush().await,
+        Err(error) => Err(error),
+    };
+    if let Err(sink_error) = recorded {
         tracing::error!(%sink_error, "could not record the finish event");
         error.get_or_insert_with(|| sink_error.to_string());
     }

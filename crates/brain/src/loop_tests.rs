@@ -636,3 +636,89 @@ async fn resume_records_a_turn_whose_calls_finished_but_whose_record_was_lost() 
         "turn 1 gets its record, and the next answer is turn 2"
     );
 }
+
+/// Tools that note, when a call runs, the last event the log holds durably.
+struct Watching {
+    sink: Arc<MemorySink>,
+    inner: EchoTools,
+    seen: std::sync::Mutex<Vec<Option<Event>>>,
+}
+
+#[async_trait::async_trait]
+impl nerve_core::ToolExecutor for Watching {
+    fn definitions(&self) -> Vec<nerve_core::ToolDefinition> {
+        self.inner.definitions()
+    }
+
+    async fn execute(
+        &self,
+        call: &nerve_core::ToolCall,
+    ) -> Result<nerve_core::ToolOutput, nerve_core::ToolError> {
+        let last = self.sink.events().last().cloned();
+        self.seen.lock().unwrap().push(last);
+        self.inner.execute(call).await
+    }
+}
+
+#[tokio::test]
+async fn a_turn_is_two_commits_and_a_call_runs_only_once_its_intent_is_durable() {
+    let sink = Arc::new(MemorySink::default());
+    let tools = Arc::new(Watching {
+        sink: Arc::clone(&sink),
+        inner: EchoTools::default(),
+        seen: std::sync::Mutex::default(),
+    });
+    let engine = AgentEngine::new(
+        Arc::new(
+            ScriptedProvider::parse(
+                "test",
+                &lines(&[tool("ls"), tool("pwd"), tool("date"), text("done")]),
+            )
+            .unwrap(),
+        ),
+        Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig::default(),
+    );
+    let task = Task {
+        id: TaskId::new(),
+        description: "do it".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/w".into(),
+    };
+    let result = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(result.termination_reason, TerminationReason::Completed);
+
+    let seen = tools.seen.lock().unwrap().clone();
+    let commands: Vec<String> = seen
+        .iter()
+        .map(|event| match event {
+            Some(Event::ToolCallStarted(started)) => started.call.arguments["command"].to_string(),
+            other => panic!("a call ran before its intent was committed: {other:?}"),
+        })
+        .collect();
+    assert_eq!(commands, [r#""ls""#, r#""pwd""#, r#""date""#]);
+
+    let commits = sink.commits.lock().unwrap().clone();
+    // The start, two per tool turn, the final turn, the finish.
+    assert_eq!(commits.len(), 1 + 3 * 2 + 1 + 1, "{commits:#?}");
+    assert_eq!(commits[0].last(), Some(&"task_transition"));
+    for turn in commits[1..7].chunks(2) {
+        assert_eq!(
+            turn[0],
+            ["model_called", "message_appended", "tool_call_started"]
+        );
+        assert_eq!(
+            turn[1],
+            ["tool_call_finished", "message_appended", "turn_completed"]
+        );
+    }
+    assert_eq!(commits.last().unwrap().last(), Some(&"finish"));
+    // Every event went through a commit, in order.
+    let committed: Vec<&str> = commits.concat();
+    assert_eq!(committed, sink.kinds());
+}

@@ -235,6 +235,7 @@ pub(crate) async fn execute_calls(
                     rule: rule.clone(),
                 }))
                 .await?;
+                run.flush().await?;
                 match run.approver.decide(call, &rule).await {
                     None => {
                         return Err(Stop::new(
@@ -324,6 +325,7 @@ pub(crate) async fn execute_tool(
         call: call.clone(),
     }))
     .await?;
+    run.flush().await?;
     let started = Instant::now();
     let (content, is_error) = if run.is_context_tool(call) {
         run.context_tool(call).await?

@@ -1,12 +1,12 @@
 //! The state of a running execution and the operations every loop shares: recording
 //! events, appending messages, the turn-boundary guardrails, and model calls with retries.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nerve_core::event::{CallPurpose, MessageAppended, ModelCalled, Retry, TaskTransition};
 use nerve_core::{
-    ContextArchive, Event, EventSink, ExecutionId, Message, SinkError, TaskStatus,
+    ContextArchive, Event, EventSink, ExecutionId, Message, SinkError, Snapshot, TaskStatus,
     TerminationReason, TokenUsage, ToolDefinition, ToolExecutor,
 };
 use tokio_util::sync::CancellationToken;
@@ -90,6 +90,8 @@ pub(crate) struct Run {
     pub(crate) compaction: CompactionState,
     /// Messages from this index on belong to the active plan step: never compacted.
     pub(crate) protect_from: Option<usize>,
+    /// Events recorded but not yet committed; see [`Run::record`].
+    pub(crate) pending: Mutex<Vec<Event>>,
 }
 
 /// The guards of compaction, reset on resume.
@@ -106,8 +108,37 @@ pub(crate) struct CompactionState {
 }
 
 impl Run {
+    /// Records `event` as the execution's next. Events are committed in batches, each one
+    /// durable before whatever may follow it matters: [`Run::flush`] runs before a tool is
+    /// called (its intent is durable before any side effect), before a wait (a retry's
+    /// sleep, a person's approval, a model call), once the run has started and at every
+    /// turn boundary ([`Run::checkpoint`]), and with the finish event. A crash in between loses only
+    /// events that changed nothing outside the process: the log stays a consistent prefix.
+    /// One commit per step instead of per event is what keeps a turn cheap (see
+    /// docs/benchmarks.md, "End to end").
     pub(crate) async fn record(&self, event: Event) -> Result<(), SinkError> {
-        self.sink.append(self.execution_id, event).await.map(|_| ())
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(event);
+        Ok(())
+    }
+
+    /// Commits the events recorded so far, with `checkpoint` after them when given.
+    async fn commit(&self, checkpoint: Option<Snapshot>) -> Result<Option<u64>, SinkError> {
+        let events =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        if events.is_empty() && checkpoint.is_none() {
+            return Ok(None);
+        }
+        self.sink
+            .commit(self.execution_id, events, checkpoint)
+            .await
+    }
+
+    /// Makes every event recorded so far durable.
+    pub(crate) async fn flush(&self) -> Result<(), SinkError> {
+        self.commit(None).await.map(|_| ())
     }
 
     pub(crate) async fn push_message(&mut self, message: Message) -> Result<(), SinkError> {
@@ -129,7 +160,7 @@ impl Run {
         let every = self.config.checkpoint_every;
         let turn = self.ctx.turn_count();
         if every == 0 || !turn.is_multiple_of(every) {
-            return Ok(());
+            return Ok(self.flush().await?);
         }
         let snapshot = serde_json::json!({
             "turn": turn,
@@ -147,12 +178,11 @@ impl Run {
                 "premature_reprompts": self.guards.premature_reprompts,
             },
         });
-        if self
-            .sink
-            .checkpoint(self.execution_id, turn, snapshot)
-            .await?
-            .is_some()
-        {
+        let snapshot = Snapshot {
+            turn,
+            state: snapshot,
+        };
+        if self.commit(Some(snapshot)).await?.is_some() {
             self.ctx.checkpoints += 1;
         }
         Ok(())
@@ -317,6 +347,9 @@ impl Run {
             if self.cancel.is_cancelled() {
                 return Err(Stop::shutdown().into());
             }
+            // What led to this call (a compaction, a reminder) is durable before the wait;
+            // after a turn boundary there is nothing left to commit.
+            self.flush().await?;
             let request = ModelRequest {
                 messages: messages.unwrap_or(&self.ctx.messages),
                 tools,
@@ -376,6 +409,7 @@ impl Run {
                         delay_ms,
                     }))
                     .await?;
+                    self.flush().await?;
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         () = self.cancel.cancelled() => return Err(Stop::shutdown().into()),

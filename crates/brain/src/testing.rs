@@ -4,14 +4,15 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use nerve_core::{
-    Event, EventSink, ExecutionId, SinkError, ToolCall, ToolDefinition, ToolError, ToolExecutor,
-    ToolOutput,
+    Event, EventSink, ExecutionId, SinkError, Snapshot, ToolCall, ToolDefinition, ToolError,
+    ToolExecutor, ToolOutput,
 };
 
-/// Records every event in memory.
+/// Records every event in memory, and the kinds of each commit.
 #[derive(Debug, Default)]
 pub(crate) struct MemorySink {
     pub(crate) events: Mutex<Vec<Event>>,
+    pub(crate) commits: Mutex<Vec<Vec<&'static str>>>,
 }
 
 impl MemorySink {
@@ -35,6 +36,20 @@ impl EventSink for MemorySink {
         let mut events = self.events.lock().unwrap();
         events.push(event);
         Ok(events.len() as u64)
+    }
+
+    async fn commit(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        _checkpoint: Option<Snapshot>,
+    ) -> Result<Option<u64>, SinkError> {
+        let kinds = events.iter().map(|e| e.kind().as_str()).collect();
+        for event in events {
+            self.append(execution, event).await?;
+        }
+        self.commits.lock().unwrap().push(kinds);
+        Ok(None)
     }
 }
 

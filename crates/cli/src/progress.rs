@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nerve_core::event::{ProxyVerdict, StagnationAction};
-use nerve_core::{Event, EventSink, ExecutionId, MicroUsd, SinkError, TokenUsage};
+use nerve_core::{Event, EventSink, ExecutionId, MicroUsd, SinkError, Snapshot, TokenUsage};
 
 use crate::output;
 
@@ -255,6 +255,18 @@ impl<S: EventSink> EventSink for ProgressSink<S> {
         snapshot: serde_json::Value,
     ) -> Result<Option<u64>, SinkError> {
         self.inner.checkpoint(execution, turn, snapshot).await
+    }
+
+    async fn commit(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Result<Option<u64>, SinkError> {
+        for event in &events {
+            self.observe(event);
+        }
+        self.inner.commit(execution, events, checkpoint).await
     }
 }
 

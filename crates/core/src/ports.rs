@@ -31,6 +31,36 @@ pub trait EventSink: Send + Sync {
     ) -> Result<Option<u64>, SinkError> {
         Ok(None)
     }
+
+    /// Records `events` in order and then, when given, `checkpoint`, in as few durable
+    /// steps as the sink can (the SQLite log: one transaction); returns once all of it is
+    /// durable, with the checkpoint's sequence number when one was stored. Engines batch
+    /// a turn's events this way, committing before anything with a side effect runs. The
+    /// default appends one by one.
+    async fn commit(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Result<Option<u64>, SinkError> {
+        for event in events {
+            self.append(execution, event).await?;
+        }
+        match checkpoint {
+            Some(snapshot) => {
+                self.checkpoint(execution, snapshot.turn, snapshot.state)
+                    .await
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+/// The agent's state after a turn, saved as a checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    pub turn: u32,
+    pub state: serde_json::Value,
 }
 
 /// A tool as the model sees it: name, description and JSON Schema of its arguments.
@@ -136,5 +166,14 @@ impl<T: EventSink + ?Sized> EventSink for std::sync::Arc<T> {
         snapshot: serde_json::Value,
     ) -> Result<Option<u64>, SinkError> {
         (**self).checkpoint(execution, turn, snapshot).await
+    }
+
+    async fn commit(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Result<Option<u64>, SinkError> {
+        (**self).commit(execution, events, checkpoint).await
     }
 }

@@ -121,6 +121,18 @@ pub(crate) fn encode_checkpoint(
     snapshot: &serde_json::Value,
     redactor: &Redactor,
 ) -> Result<Write, serde_json::Error> {
+    encode_checkpoint_after(execution_id, Vec::new(), turn, snapshot, redactor)
+}
+
+/// Like [`encode_checkpoint`], with `events` (encoded already) recorded before the
+/// `checkpoint` event in the same write.
+pub(crate) fn encode_checkpoint_after(
+    execution_id: String,
+    mut events: Vec<EncodedEvent>,
+    turn: u32,
+    snapshot: &serde_json::Value,
+    redactor: &Redactor,
+) -> Result<Write, serde_json::Error> {
     let snapshot = redacted_json(snapshot, redactor)?;
     let sha256 = sha256_hex(&snapshot);
     let event = Event::Checkpoint(Checkpoint {
@@ -130,7 +142,10 @@ pub(crate) fn encode_checkpoint(
     });
     Ok(Write {
         execution_id,
-        events: vec![encode_event(&event, redactor)?],
+        events: {
+            events.push(encode_event(&event, redactor)?);
+            events
+        },
         checkpoint: Some(EncodedCheckpoint {
             turn,
             snapshot,

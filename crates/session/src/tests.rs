@@ -759,6 +759,55 @@ async fn append_all_is_atomic_and_ordered() {
 }
 
 #[tokio::test]
+async fn a_commit_stores_its_events_and_then_its_checkpoint_in_one_write() {
+    let (_dir, path) = temp_db();
+    let sink = SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap();
+    let id = ExecutionId::new();
+    let port: &dyn EventSink = &sink;
+    assert_eq!(port.commit(id, vec![], None).await.unwrap(), None);
+    assert_eq!(
+        port.commit(id, vec![started(), context()], None)
+            .await
+            .unwrap(),
+        None
+    );
+    let snapshot = nerve_core::Snapshot {
+        turn: 1,
+        state: serde_json::json!({"turn": 1, "messages": 3}),
+    };
+    let seq = port
+        .commit(id, vec![model_called(1), turn(1)], Some(snapshot.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        seq,
+        Some(5),
+        "the checkpoint event follows the commit's events"
+    );
+    let kinds: Vec<String> = sink
+        .events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "started",
+            "context_created",
+            "model_called",
+            "turn_completed",
+            "checkpoint"
+        ]
+    );
+    let checkpoint = sink.latest_checkpoint(id).await.unwrap().unwrap();
+    assert_eq!((checkpoint.seq, checkpoint.turn), (5, 1));
+    assert_eq!(checkpoint.snapshot, snapshot.state);
+    assert_eq!(sink.verify(id).await.unwrap(), Ok(5));
+}
+
+#[tokio::test]
 async fn secrets_never_reach_the_file() {
     let (_dir, path) = temp_db();
     let canary = secrecy::SecretString::from(CANARY);

@@ -16,14 +16,16 @@ use async_trait::async_trait;
 use nerve_core::event::Compaction;
 use nerve_core::{
     ArchivedBlock, BlockId, ContextArchive, Event, EventSink, ExecutionId, RecallHit, Redactor,
-    SinkError,
+    SinkError, Snapshot,
 };
 use tokio::sync::oneshot;
 
 use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock};
 use crate::chain::ChainError;
-use crate::encode::{Write, Written, encode_blocks, encode_checkpoint, encode_event};
+use crate::encode::{
+    Write, Written, encode_blocks, encode_checkpoint, encode_checkpoint_after, encode_event,
+};
 use crate::event_store::EventStore;
 use crate::replay::Replay;
 use crate::store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint, StoredEvent};
@@ -230,6 +232,34 @@ impl EventSink for SqliteSink {
             .await
             .map(Some)
             .map_err(|e| SinkError(e.to_string()))
+    }
+
+    async fn commit(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Result<Option<u64>, SinkError> {
+        let sink_error = |e: SessionError| SinkError(e.to_string());
+        let encoded = events
+            .iter()
+            .map(|e| encode_event(e, &self.redactor))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| sink_error(SessionError::Encode(e)))?;
+        let write = match &checkpoint {
+            Some(snapshot) => encode_checkpoint_after(
+                execution.to_string(),
+                encoded,
+                snapshot.turn,
+                &snapshot.state,
+                &self.redactor,
+            )
+            .map_err(|e| sink_error(SessionError::Encode(e)))?,
+            None if encoded.is_empty() => return Ok(None),
+            None => Write::events(execution.to_string(), encoded),
+        };
+        let written = self.submit(write).await.map_err(sink_error)?;
+        Ok(checkpoint.map(|_| written.head))
     }
 }
 
