@@ -4,7 +4,9 @@
 //! - `append::durable` (one durable append through `SqliteSink`, after 100 or 100,000
 //!   prior events of the same execution) vs `append::fdatasync_overwrite` and
 //!   `append::fdatasync_append` (write the same number of bytes to a plain file and
-//!   `fdatasync` it, over allocated blocks or growing the file);
+//!   `fdatasync` it, over allocated blocks or growing the file); in the paired report
+//!   only, a turn's 4-event `EventSink::commit` vs one `fdatasync`ed write of the same
+//!   4 records;
 //! - `batch::group_commit` (10,240 appends from 50 or 1,024 concurrent appenders through
 //!   one sink) vs `batch::one_transaction` (the same rows, in the same order, inserted in
 //!   one transaction);
@@ -18,6 +20,8 @@
 //! benchmarks run one after the other can disagree by 10x. After divan's table, a run
 //! without arguments therefore prints a paired report: subject and anchor interleaved round
 //! by round, the ratio taken within each round, and the median of those ratios shown.
+//! `cargo bench -p nerve-session -- paired [append] [batch] [replay]` prints only that
+//! report (or the parts named), without divan's table.
 
 use std::io::Write as _;
 use std::os::unix::fs::FileExt as _;
@@ -37,10 +41,20 @@ use nerve_core::{
 use nerve_session::{SqliteSink, Store, StoredEvent};
 
 fn main() {
+    // `cargo bench -p nerve-session -- paired [append|batch|replay]...`: the paired
+    // report alone (or some of its parts), without divan's table.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.first().is_some_and(|arg| arg == "paired") {
+        paired::report(&args[1..]);
+        return;
+    }
     divan::main();
     // Any argument (a filter, an option) asks for something narrower than the full report.
-    if std::env::args().skip(1).all(|arg| arg == "--bench") {
-        paired::report();
+    if args.is_empty() {
+        paired::report(&[]);
     }
 }
 
@@ -213,6 +227,22 @@ impl AppendFixture {
             .rt
             .block_on(self.sink.append(self.id, black_box(self.event.clone()))))
     }
+
+    /// A turn's worth of events committed at once, as the engine does (a few events in one
+    /// durable write; here the model call, the assistant message, a tool call's intent and
+    /// its outcome).
+    fn commit(&self, events: &[Event]) {
+        ok(self
+            .rt
+            .block_on(self.sink.commit(self.id, black_box(events.to_vec()), None)));
+    }
+}
+
+/// The four events of [`AppendFixture::commit`].
+fn committed_events() -> Vec<Event> {
+    let mut turn = turn_events(7, 13);
+    turn.truncate(4);
+    turn
 }
 
 /// A plain file written the way the log would be, without SQLite.
@@ -222,6 +252,18 @@ struct RawFile {
     overwritten: std::fs::File,
     record: String,
     offset: u64,
+}
+
+/// One stored event as a line of text: the payload, the ids and the two hashes.
+fn raw_record(event: &Event) -> String {
+    let payload = ok(serde_json::to_string(event));
+    format!(
+        "{}\t{}\t{payload}\t{}\t{}\n",
+        ExecutionId::new(),
+        7,
+        "0".repeat(64),
+        "0".repeat(64)
+    )
 }
 
 /// The overwritten file's size: written once, then reused round robin.
@@ -237,15 +279,7 @@ impl RawFile {
         let overwritten = ok(std::fs::File::create(dir.path().join("overwritten.log")));
         ok(overwritten.write_all_at(&vec![0u8; SPAN as usize], 0));
         ok(overwritten.sync_all());
-        // One stored event as a line of text: the payload, the ids and the two hashes.
-        let payload = ok(serde_json::to_string(&appended_event()));
-        let record = format!(
-            "{}\t{}\t{payload}\t{}\t{}\n",
-            ExecutionId::new(),
-            7,
-            "0".repeat(64),
-            "0".repeat(64)
-        );
+        let record = raw_record(&appended_event());
         Self {
             _dir: dir,
             appended,
@@ -270,6 +304,16 @@ impl RawFile {
             .write_all_at(black_box(self.record.as_bytes()), self.offset));
         ok(self.overwritten.sync_data());
         self.offset = (self.offset + self.record.len() as u64) % (SPAN - self.record.len() as u64);
+    }
+
+    /// Writes `records` (one line of text per event) over allocated blocks in one write,
+    /// and makes them durable.
+    fn overwrite_all(&mut self, records: &str) {
+        ok(self
+            .overwritten
+            .write_all_at(black_box(records.as_bytes()), self.offset));
+        ok(self.overwritten.sync_data());
+        self.offset = (self.offset + records.len() as u64) % (SPAN - records.len() as u64);
     }
 }
 
@@ -543,11 +587,19 @@ mod paired {
         format!("{:.3} ms", d.as_secs_f64() * 1e3)
     }
 
-    pub(super) fn report() {
+    /// The parts named in `only`, or all of them.
+    pub(super) fn report(only: &[String]) {
+        let wanted = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
         line("\npaired report (median over rounds of the ratio within each round)");
-        append();
-        batch();
-        replay();
+        if wanted("append") {
+            append();
+        }
+        if wanted("batch") {
+            batch();
+        }
+        if wanted("replay") {
+            replay();
+        }
     }
 
     fn append() {
@@ -563,12 +615,14 @@ mod paired {
         let (direct_path, direct_id) = populated(direct_dir.path(), 100);
         let mut direct = ok(Store::open(&direct_path));
         let (redactor, event) = (Redactor::new(), [appended_event()]);
-        let mut rows: Vec<[Duration; 5]> = Vec::new();
+        let committed = committed_events();
+        let records: String = committed.iter().map(raw_record).collect();
+        let mut rows: Vec<[Duration; 7]> = Vec::new();
         for round in 0..ROUNDS {
-            let mut times = [Duration::ZERO; 5];
+            let mut times = [Duration::ZERO; 7];
             // Rotate the order, so no subject always follows the same one.
-            for k in 0..5 {
-                let which = (round + k) % 5;
+            for k in 0..7 {
+                let which = (round + k) % 7;
                 times[which] = match which {
                     0 => time(EACH, || {
                         short.append();
@@ -578,6 +632,8 @@ mod paired {
                     }),
                     2 => time(EACH, || raw.overwrite()),
                     3 => time(EACH, || raw.append()),
+                    5 => time(EACH, || short.commit(&committed)),
+                    6 => time(EACH, || raw.overwrite_all(&records)),
                     _ => time(EACH, || {
                         ok(direct.append(&direct_id, &event, &redactor));
                     }),
@@ -617,6 +673,15 @@ mod paired {
         line(&format!(
             "  Store::append on the caller's thread / fdatasync overwrite: {:.2}x",
             ratio(4, 2)
+        ));
+        line(&format!(
+            "commit of a turn's 4 events (EventSink::commit) {}; fdatasync overwrite of the same 4 records {}",
+            ms(med(5)),
+            ms(med(6))
+        ));
+        line(&format!(
+            "  4-event commit / fdatasync overwrite of 4 records: {:.2}x",
+            ratio(5, 6)
         ));
     }
 

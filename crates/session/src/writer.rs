@@ -7,8 +7,9 @@
 //! numbers, hashes and inserts. Reads go to a separate read-only connection, so a slow
 //! `recall` search never delays an append.
 
+use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -37,8 +38,12 @@ const MAX_BATCH: usize = 1024;
 const ARRIVAL_GAP: Duration = Duration::from_micros(100);
 /// The longest a batch waits for company, whatever the last commit cost.
 const MAX_GATHER: Duration = Duration::from_millis(2);
-/// Rows committed between two requests to the checkpointer.
-const CHECKPOINT_EVERY_ROWS: usize = 400;
+/// Rows committed between two requests to the checkpointer: one to three WAL pages a
+/// row, so a WAL of some 16–40 MiB. Each checkpoint costs two fsyncs on the checkpointer,
+/// and the commit after it one more on the writer (to start the WAL over); at SQLite's
+/// usual 1,000 pages (400 rows) that was one commit in eight when 50 executions append at
+/// once. A larger WAL also copies a page rewritten by several commits only once.
+const CHECKPOINT_EVERY_ROWS: usize = 4000;
 
 struct Job {
     write: Write,
@@ -60,7 +65,7 @@ impl std::fmt::Debug for Job {
 /// concurrent executions in one process share its writer.
 #[derive(Debug)]
 pub struct SqliteSink {
-    jobs: mpsc::Sender<Job>,
+    jobs: Arc<Queue>,
     redactor: Arc<Redactor>,
     reader: Arc<Mutex<Store>>,
 }
@@ -80,10 +85,15 @@ impl SqliteSink {
             .name("nerve-log-checkpoint".into())
             .spawn(move || run_checkpointer(&checkpointer, &poked))
             .map_err(|_| SessionError::WriterGone)?;
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let jobs = Arc::new(Queue::default());
+        let queue = Arc::clone(&jobs);
         thread::Builder::new()
             .name("nerve-log-writer".into())
-            .spawn(move || run_writer(store, &queue, &pokes))
+            .spawn(move || {
+                // However the writer ends, nobody is left waiting for it.
+                let _closing = Closing(&queue);
+                run_writer(store, &queue, &pokes);
+            })
             .map_err(|_| SessionError::WriterGone)?;
         Ok(Self {
             jobs,
@@ -95,9 +105,9 @@ impl SqliteSink {
     /// Hands `write` to the writer and waits for its commit.
     async fn submit(&self, write: Write) -> Result<Written, SessionError> {
         let (reply, answer) = oneshot::channel();
-        self.jobs
-            .send(Job { write, reply })
-            .map_err(|_| SessionError::WriterGone)?;
+        if !self.jobs.push(Job { write, reply }) {
+            return Err(SessionError::WriterGone);
+        }
         match answer.await {
             Ok((Ok(written), _)) => Ok(written),
             Ok((Err(message), _)) => Err(SessionError::Write(message)),
@@ -122,6 +132,123 @@ impl SqliteSink {
     }
 }
 
+impl Drop for SqliteSink {
+    fn drop(&mut self) {
+        // The writer commits what is queued, then stops.
+        self.jobs.close();
+    }
+}
+
+/// The writer's inbox. A channel would wake the writer for every append; while it gathers
+/// a batch, this one wakes it once, when the company it expects has arrived (or to see
+/// whether the appends stopped coming). On two cores, fifty wake-ups per commit took the
+/// core the appenders needed to produce the batch.
+#[derive(Debug, Default)]
+struct Queue {
+    state: Mutex<Inbox>,
+    arrived: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Inbox {
+    jobs: VecDeque<Job>,
+    /// The rows queued (see [`Write::weight`]).
+    weight: usize,
+    /// The writer sleeps until this many jobs are queued (0: it is not sleeping).
+    want: usize,
+    /// No more jobs are taken: the sink or the writer is gone.
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        // Every update of the inbox is one push or one drain: a panic cannot tear it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `job`; false when the writer is gone.
+    fn push(&self, job: Job) -> bool {
+        let mut inbox = self.lock();
+        if inbox.closed {
+            return false;
+        }
+        inbox.weight += job.write.weight();
+        inbox.jobs.push_back(job);
+        if inbox.want > 0 && (inbox.jobs.len() >= inbox.want || inbox.weight >= MAX_BATCH) {
+            inbox.want = 0;
+            self.arrived.notify_one();
+        }
+        true
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.arrived.notify_one();
+    }
+
+    /// The next batch: waits for a first job, then, when the last batch had `company`
+    /// jobs, for up to that many while they keep coming (no pause longer than
+    /// `ARRIVAL_GAP`) until `patience` has passed since the first arrived. `None` once
+    /// closed and empty.
+    fn next_batch(&self, company: usize, patience: Duration) -> Option<Vec<Job>> {
+        let mut inbox = self.lock();
+        while inbox.jobs.is_empty() {
+            if inbox.closed {
+                return None;
+            }
+            inbox.want = 1;
+            inbox = self
+                .arrived
+                .wait(inbox)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        let deadline = Instant::now() + patience;
+        let mut seen = inbox.jobs.len();
+        while inbox.jobs.len() < company && inbox.weight < MAX_BATCH && !inbox.closed {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            inbox.want = company;
+            let (next, waited) = self
+                .arrived
+                .wait_timeout(inbox, left.min(ARRIVAL_GAP))
+                .unwrap_or_else(PoisonError::into_inner);
+            inbox = next;
+            if waited.timed_out() {
+                if inbox.jobs.len() == seen {
+                    break; // The burst is over.
+                }
+                seen = inbox.jobs.len();
+            }
+        }
+        inbox.want = 0;
+        let mut weight = 0;
+        let mut batch = Vec::with_capacity(inbox.jobs.len().min(company.max(1)));
+        while weight < MAX_BATCH {
+            let Some(job) = inbox.jobs.pop_front() else {
+                break;
+            };
+            weight += job.write.weight();
+            batch.push(job);
+        }
+        inbox.weight -= weight;
+        Some(batch)
+    }
+}
+
+/// Closes the queue when the writer thread ends, even by a panic, and drops what is left
+/// in it: each waiting caller then learns that the writer is gone.
+struct Closing<'a>(&'a Queue);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        let mut inbox = self.0.lock();
+        inbox.closed = true;
+        inbox.jobs.clear();
+    }
+}
+
 /// Checkpoints whenever the writer asks, until the writer is gone.
 fn run_checkpointer(store: &Store, poked: &mpsc::Receiver<()>) {
     while poked.recv().is_ok() {
@@ -132,51 +259,26 @@ fn run_checkpointer(store: &Store, poked: &mpsc::Receiver<()>) {
     }
 }
 
-fn run_writer(mut store: Store, queue: &mpsc::Receiver<Job>, checkpoint: &mpsc::SyncSender<()>) {
+fn run_writer(mut store: Store, queue: &Queue, checkpoint: &mpsc::SyncSender<()>) {
     // How the previous batch went: with company, the next one waits a moment for it.
     let (mut last_jobs, mut last_commit) = (0usize, Duration::ZERO);
     // Rows committed since the checkpointer was last asked to run.
     let mut unchecked = 0usize;
-    while let Ok(first) = queue.recv() {
-        let gathering_since = Instant::now();
-        let mut weight = first.write.weight();
-        let mut jobs = vec![first];
-        while weight < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(job) => {
-                    weight += job.write.weight();
-                    jobs.push(job);
-                }
-                Err(_) => break,
-            }
-        }
-        // Group commit proper. Appenders woken by the last commit are still producing
-        // their next event; committing the moment the first arrives would pay a whole
-        // fsync for a handful of them. So when the last batch had company, keep taking
-        // jobs while they keep coming (no pause longer than `ARRIVAL_GAP`), for at most
-        // half as long as the last commit took. A lone appender never waits.
-        if last_jobs > 1 {
-            let deadline = gathering_since + (last_commit / 2).min(MAX_GATHER);
-            while weight < MAX_BATCH {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                match queue.recv_timeout(left.min(ARRIVAL_GAP)) {
-                    Ok(job) => {
-                        weight += job.write.weight();
-                        jobs.push(job);
-                    }
-                    Err(_) => break,
-                }
-            }
-        }
+    // Group commit proper. Appenders woken by the last commit are still producing their
+    // next event; committing the moment the first arrives would pay a whole fsync for a
+    // handful of them. So when the last batch had company, wait for as many again while
+    // they keep coming, for at most half as long as the last commit took. A lone appender
+    // never waits.
+    while let Some(jobs) = queue.next_batch(
+        if last_jobs > 1 { last_jobs } else { 0 },
+        (last_commit / 2).min(MAX_GATHER),
+    ) {
+        let weight: usize = jobs.iter().map(|job| job.write.weight()).sum();
         last_jobs = jobs.len();
         let committing_since = Instant::now();
         let writes: Vec<&Write> = jobs.iter().map(|job| &job.write).collect();
         let outcome = store.apply(&writes);
         last_commit = committing_since.elapsed();
-        // About SQLite's default of 1,000 WAL pages: a few pages per row.
         unchecked += weight;
         if unchecked >= CHECKPOINT_EVERY_ROWS {
             // Full: it is still busy with the previous request, which will cover this one.
