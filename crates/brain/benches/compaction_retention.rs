@@ -12,10 +12,12 @@
 //! - `truncate oldest`: not an engine strategy; emulated on the uncompacted conversation by
 //!   dropping the oldest messages after the system prompt and the task until it fits the
 //!   window (and a tool result whose call went goes too).
-//! - `masking only`: the engine with the hard threshold out of reach (`hard_percent: 1000`);
-//!   offload and soft masking still run.
-//! - `layered, scripted summary`: the full policy; summary calls are answered by a
-//!   deterministic summariser standing in for a good model (see [`good_summary`]).
+//! - `masking only`: the engine with the hard threshold out of reach (`hard_percent: 1000`)
+//!   and no digests (`mask_digest_chars: 0`): offload with head-and-tail previews and plain
+//!   observation masking, the classic baseline.
+//! - `layered, scripted summary`: the full policy, whose masked placeholders (and offload
+//!   previews) carry a digest of the output; summary calls are answered by a deterministic
+//!   summariser standing in for a good model (see [`good_summary`]).
 //! - `layered, extractive fallback`: the full policy; summary calls fail, as with a cassette
 //!   that has no summary lines, so the engine writes its extractive summary.
 
@@ -240,7 +242,8 @@ impl Provider for BenchProvider {
 /// The summary a good model writes from the transcript it is given: the sections of the
 /// summary prompt, the latest steps, and every planted fact the transcript (history and
 /// earlier summary) still shows, stated exactly. It cannot know facts the transcript does
-/// not hold: a tool output masked before the summary sees only its placeholder.
+/// not hold: of a tool output masked before the summary it sees only the placeholder and
+/// the digest the placeholder carries.
 fn good_summary(trajectory: &Trajectory, transcript: &str) -> String {
     let (earlier, history) = transcript
         .split_once("HISTORY:\n")
@@ -330,6 +333,7 @@ fn engine_run(
         Strategy::Mask => CompactionConfig {
             hard_percent: 1_000,
             pressure_hard_percent: 1_000,
+            mask_digest_chars: 0,
             ..CompactionConfig::default()
         },
         Strategy::Layered | Strategy::Extractive => CompactionConfig::default(),

@@ -33,8 +33,8 @@ use nerve_brain::{
 };
 use nerve_core::event::{CallPurpose, CompactionStrategy};
 use nerve_core::{
-    Event, EventSink, ExecutionId, Message, MessageRole, MicroUsd, SinkError, TaskId, TaskStatus,
-    TokenUsage, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
+    Event, EventSink, ExecutionId, Message, MessagePart, MessageRole, MicroUsd, SinkError, TaskId,
+    TaskStatus, TokenUsage, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
 };
 use tokio_util::sync::CancellationToken;
 use trajectory::Shape;
@@ -380,7 +380,7 @@ fn main() {
     );
     println!("| step | median | fastest | slowest |");
     println!("|---|---|---|---|");
-    let rows: [(&str, (Duration, Duration, Duration)); 4] = [
+    let rows: [(&str, (Duration, Duration, Duration)); 5] = [
         (
             "`plan_summary`",
             time(|| plan_summary(&messages, &counts, window, policy)),
@@ -396,6 +396,22 @@ fn main() {
             time(|| compaction::transcript(&summarised, None)),
         ),
         ("`plan_mask`", time(|| plan_mask(&messages, &counts, 3))),
+        (
+            "`digest` of every tool output (300 characters each)",
+            time(|| {
+                messages
+                    .iter()
+                    .flat_map(|m| &m.parts)
+                    .filter_map(|p| {
+                        if let MessagePart::ToolResult(r) = p {
+                            Some(compaction::digest(&r.content, 300).len())
+                        } else {
+                            None
+                        }
+                    })
+                    .sum::<usize>()
+            }),
+        ),
     ];
     for (step, (median, fastest, slowest)) in rows {
         println!(

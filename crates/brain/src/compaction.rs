@@ -5,9 +5,11 @@
 //!
 //! The layers, cheapest first:
 //! 1. **Offload**: a tool output over `offload_tokens` goes to the archive at once; the
-//!    conversation keeps a preview and the block id.
+//!    conversation keeps a preview (head, tail and a digest of the middle) and the block id.
 //! 2. **Mask** (soft threshold, 60%): old tool results, outside the recent turns, are
-//!    replaced by a one-line placeholder; the originals stay recallable.
+//!    replaced by a placeholder that names the archived block and carries a short digest of
+//!    the output (its error lines with their location, rules, settings, paths found); the
+//!    originals stay recallable.
 //! 3. **Summarise** (hard threshold, 80%; 95% when the agent steers compaction): the middle
 //!    of the conversation becomes one structured summary, keeping the leading system
 //!    messages, pinned messages, the recent turns (at least 3 turn pairs or 10% of the
@@ -50,6 +52,11 @@ pub struct CompactionConfig {
     pub pressure_percent: u32,
     /// The hard threshold under budget pressure.
     pub pressure_hard_percent: u32,
+    /// Characters of the digest (error lines with their location, rules, settings, paths
+    /// found; see [`digest`]) that a masked output's placeholder keeps, and an offloaded
+    /// output's preview for the middle it leaves out. 0: bare placeholders, head-and-tail
+    /// previews.
+    pub mask_digest_chars: usize,
 }
 
 impl Default for CompactionConfig {
@@ -68,6 +75,7 @@ impl Default for CompactionConfig {
             cooldown_turns: 2,
             pressure_percent: 80,
             pressure_hard_percent: 70,
+            mask_digest_chars: 300,
         }
     }
 }
@@ -292,18 +300,31 @@ pub fn plan_mask(messages: &[Message], counts: &[u64], recent_turns: usize) -> V
 pub(crate) const MASKED: &str = "[masked: ";
 pub(crate) const ARCHIVED: &str = "[archived output: ";
 
-/// The placeholder of a masked tool result.
-pub fn masked(message: &Message, tokens: u64, block: BlockId) -> Message {
+/// The placeholder of a masked tool result: where the output went and, within
+/// `digest_chars`, its [`digest`]. A digest never makes the placeholder longer than the
+/// output: it gets at most what is left of three fifths of the output's length after the
+/// placeholder's own line, so that a placeholder with a digest still takes off two fifths
+/// of the characters, more than the third (of the tokens) `compactor.rs` asks before it
+/// masks. (A bare placeholder can be longer than a tiny output, which is then left alone.)
+pub fn masked(message: &Message, tokens: u64, block: BlockId, digest_chars: usize) -> Message {
     let parts = message
         .parts
         .iter()
         .map(|part| match part {
             MessagePart::ToolResult(result) => {
                 let mut result = result.clone();
-                result.content = format!(
-                    "{MASKED}the output of {} ({tokens} tokens) was archived as block {block}; call recall with this block_id to see it]",
+                let what = format!(
+                    "{MASKED}the output of {} ({tokens} tokens) was archived as block {block}; call recall with this block_id to see it",
                     result.name
                 );
+                let room = (result.content.len() * 3 / 5)
+                    .saturating_sub(what.len() + DIGEST_HEADER.len() + 2);
+                let digest = digest(&result.content, digest_chars.min(room));
+                result.content = if digest.is_empty() {
+                    format!("{what}]")
+                } else {
+                    format!("{what}{DIGEST_HEADER}]\n{digest}")
+                };
                 MessagePart::ToolResult(result)
             }
             other @ (MessagePart::Text { .. }
@@ -319,17 +340,196 @@ pub fn masked(message: &Message, tokens: u64, block: BlockId) -> Message {
     }
 }
 
-/// The preview left in the conversation for an offloaded tool output.
-pub fn preview(content: &str, chars: usize, block: BlockId) -> String {
+/// Ends the placeholder's line when a digest follows it.
+const DIGEST_HEADER: &str = "; its notable lines:";
+
+// What a digest keeps first (lower first), in the order of the output within a rank: error
+// lines with their location and values, and the exit status of a failed command; rules that
+// name something (a path, a `code` span); then what the output found: a `key = value`
+// setting or a path at the start of a line (a search hit, a listing), each key or path
+// once, and rules in general words.
+const DIGEST_ERROR: u8 = 0;
+const DIGEST_RULE: u8 = 1;
+const DIGEST_FOUND: u8 = 2;
+/// Characters of one digest line at most.
+const DIGEST_LINE_CHARS: usize = 160;
+
+/// The facts of a tool output that later turns are likely to need, in at most `max_chars`
+/// characters, one per line, in the order of the output: error lines with their location
+/// and values (the lines after `error[E0308]: …`, `thread … panicked at …`), the exit
+/// status of a failed command, rules (`never`, `must`, …), `key = value` settings and the
+/// paths found. Deterministic, and empty when nothing is notable or `max_chars` is 0. The
+/// masked placeholder carries it, so that what an output established stays in context
+/// after the output leaves (the reference design's "tool pair summaries"); `recall` returns
+/// the rest. Errors and rules come from the pattern the extractive summary runs once over
+/// each output; settings and paths are looked for only while room is left.
+pub fn digest(content: &str, max_chars: usize) -> String {
+    if max_chars == 0 || content.is_empty() {
+        return String::new();
+    }
+    // (rank, position, line).
+    let mut candidates: Vec<(u8, usize, &str)> = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut cost = 0;
+    for (start, (rank, line)) in notable_lines(content, DIGEST_ERROR, DIGEST_RULE) {
+        if line.is_empty() || line.starts_with(ARCHIVED) || !seen.insert(line) {
+            continue;
+        }
+        let rank = if rank == DIGEST_RULE && !names_something(line) {
+            DIGEST_FOUND
+        } else {
+            rank
+        };
+        cost += digest_cost(line);
+        candidates.push((rank, start, line));
+    }
+    if let Some(status) = failed_status(content)
+        && seen.insert(status)
+    {
+        cost += digest_cost(status);
+        candidates.push((DIGEST_ERROR, content.len(), status));
+    }
+    if cost < max_chars {
+        let mut keys: HashSet<&str> = HashSet::new();
+        let mut start = 0;
+        while start < content.len() && cost < max_chars + DIGEST_LINE_CHARS {
+            let end = memchr::memchr(b'\n', &content.as_bytes()[start..])
+                .map_or(content.len(), |i| start + i);
+            if let Some((key, text)) = found(&content[start..end])
+                && keys.insert(key)
+                && seen.insert(text)
+            {
+                cost += digest_cost(text);
+                candidates.push((DIGEST_FOUND, start, text));
+            }
+            start = end + 1;
+        }
+    }
+    candidates.sort_by_key(|&(rank, start, _)| (rank, start));
+    let mut used = 0;
+    let mut chosen: Vec<(usize, &str)> = Vec::new();
+    for (_, start, line) in candidates {
+        let line = clip(line, DIGEST_LINE_CHARS);
+        if used + line.len() <= max_chars {
+            used += line.len() + 1;
+            chosen.push((start, line));
+        }
+    }
+    chosen.sort_by_key(|&(start, _)| start);
+    chosen
+        .into_iter()
+        .map(|(_, line)| line)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What a line found, as (key, text): a path at its start, with the line number when one
+/// follows (`rg -n`, `find`, `ls`), or a `key = value` setting. Only the line's first word is
+/// looked at, so that the bulk of an output costs little more than finding its line breaks.
+fn found(line: &str) -> Option<(&str, &str)> {
+    let line = line.trim();
+    let bytes = line.as_bytes();
+    let first = *bytes.first()?;
+    if !(first.is_ascii_alphanumeric() || matches!(first, b'_' | b'.')) {
+        return None;
+    }
+    let word_end = bytes
+        .iter()
+        .position(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'/')))
+        .unwrap_or(bytes.len());
+    let word = &line[..word_end];
+    if word.contains('/') {
+        let name = word.rsplit('/').next().unwrap_or_default();
+        let is_file = name.rsplit_once('.').is_some_and(|(stem, extension)| {
+            let extension = extension.as_bytes();
+            !stem.is_empty()
+                && (1..=6).contains(&extension.len())
+                && extension[0].is_ascii_alphabetic()
+                && extension.iter().all(u8::is_ascii_alphanumeric)
+        });
+        if !is_file {
+            return None;
+        }
+        // With the line number: `src/x.rs:41`.
+        let digits = bytes[word_end..].strip_prefix(b":").map_or(0, |rest| {
+            rest.iter().take_while(|b| b.is_ascii_digit()).count()
+        });
+        let end = if digits > 0 {
+            word_end + 1 + digits
+        } else {
+            word_end
+        };
+        return Some((word, &line[..end]));
+    }
+    // A setting: `key = value`, not `a == b`.
+    let value = line[word_end..]
+        .trim_start_matches([' ', '\t'])
+        .strip_prefix('=')?;
+    let is_key = first.is_ascii_alphabetic() || first == b'_';
+    (is_key && !value.starts_with('=') && !value.trim().is_empty()).then_some((word, line))
+}
+
+fn digest_cost(line: &str) -> usize {
+    line.len().min(DIGEST_LINE_CHARS) + 1
+}
+
+/// `line` cut to at most `max` bytes, at a character boundary.
+fn clip(line: &str, max: usize) -> &str {
+    if line.len() <= max {
+        return line;
+    }
+    let cut = (0..=max)
+        .rev()
+        .find(|&i| line.is_char_boundary(i))
+        .unwrap_or(0);
+    &line[..cut]
+}
+
+/// Whether a rule names what it is about: a path or a `code` span, rather than general
+/// words such as a doc comment's "errors are never printed".
+fn names_something(line: &str) -> bool {
+    line.contains('`') || line.contains('/')
+}
+
+/// The status line of a command that failed (`[exit code: 2]`, `[killed by signal 9]`),
+/// as the sandbox's shell tool ends its output.
+fn failed_status(content: &str) -> Option<&str> {
+    let last = content.trim_end().rsplit('\n').next()?.trim();
+    let failed = last
+        .strip_prefix("[exit code: ")
+        .is_some_and(|rest| rest != "0]")
+        || last.starts_with("[killed by signal ")
+        || last == "[exit status unknown]";
+    failed.then_some(last)
+}
+
+/// The preview left in the conversation for an offloaded tool output: its head and tail
+/// and, within `digest_chars`, the [`digest`] of the middle left out, where a long log
+/// tends to hold its first error.
+pub fn preview(content: &str, chars: usize, block: BlockId, digest_chars: usize) -> String {
     let total = content.chars().count();
-    let head: String = content.chars().take(chars * 2 / 3).collect();
-    let tail_len = chars / 3;
-    let tail: String = content
-        .chars()
-        .skip(total.saturating_sub(tail_len).max(head.chars().count()))
-        .collect();
+    let at = |n: usize| {
+        content
+            .char_indices()
+            .nth(n)
+            .map_or(content.len(), |(i, _)| i)
+    };
+    let head_chars = (chars * 2 / 3).min(total);
+    let head_end = at(head_chars);
+    let tail_start = at(total.saturating_sub(chars / 3).max(head_chars));
+    let (head, middle, tail) = (
+        &content[..head_end],
+        &content[head_end..tail_start],
+        &content[tail_start..],
+    );
+    let kept = digest(middle, digest_chars);
+    let gap = if kept.is_empty() {
+        "[...]".to_owned()
+    } else {
+        format!("[... notable lines of the part left out:]\n{kept}\n[...]")
+    };
     format!(
-        "{ARCHIVED}{total} characters, archived as block {block}; call recall with this block_id for all of it]\n{head}\n[...]\n{tail}"
+        "{ARCHIVED}{total} characters, archived as block {block}; call recall with this block_id for all of it]\n{head}\n{gap}\n{tail}"
     )
 }
 
@@ -403,11 +603,14 @@ static DECISION: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
     Regex::new(DECISION_PATTERN).expect("decision pattern")
 });
-/// Errors or rules, to find both in one pass over a tool output.
+/// Errors or rules, to find both in one pass over a tool output. In a tool output "do not"
+/// is a rule too (`Do not edit: generated file`); in the agent's prose it is not a decision.
 static TOOL_LINE: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant patterns.
-    Regex::new(&format!("(?:{TOOL_ERROR_PATTERN})|(?:{DECISION_PATTERN})"))
-        .expect("tool line pattern")
+    Regex::new(&format!(
+        r"(?:{TOOL_ERROR_PATTERN})|(?:{DECISION_PATTERN})|(?i:\b(?:do not|don't)\b)"
+    ))
+    .expect("tool line pattern")
 });
 static NUMBER: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
@@ -487,46 +690,25 @@ impl Items {
 
     /// The lines of a tool output worth keeping: errors with the few lines after them
     /// (where compilers and test runners put the location and the values), and rules.
-    /// Everything else in an output is bulk that `recall` returns on demand. Most lines
-    /// match nothing, so one pattern runs once over the whole output, where the regex's
-    /// prefilter skips the bulk, rather than several patterns line by line.
+    /// Everything else in an output is bulk that `recall` returns on demand. A masked
+    /// placeholder contributes the lines of its digest, which were picked the same way.
     fn tool_output(&mut self, result: &ToolResult) {
         let content = result.content.as_str();
         if content.starts_with(MASKED) {
+            // The digest: one kept line per line, after the placeholder's own line.
+            let digest = content.split_once('\n').map_or("", |(_, digest)| digest);
+            for line in digest.lines().map(str::trim) {
+                let rank = if TOOL_ERROR.is_match(line) {
+                    RANK_TOOL_ERROR
+                } else {
+                    RANK_RULE
+                };
+                self.add(Section::Findings, rank, line);
+            }
             return;
         }
-        // Line start → (rank, line), in the order of the output.
-        let mut picked: BTreeMap<usize, (u8, &str)> = BTreeMap::new();
-        let mut last_error = None;
-        for found in TOOL_LINE.find_iter(content) {
-            let (start, end) = line_bounds(content, found.start());
-            let line = content[start..end].trim();
-            if !TOOL_ERROR.is_match(found.as_str()) {
-                picked.entry(start).or_insert((RANK_RULE, line));
-                continue;
-            }
-            if last_error == Some(start) {
-                continue;
-            }
-            last_error = Some(start);
-            picked.insert(start, (RANK_TOOL_ERROR, line));
-            let mut at = end + 1;
-            let mut context = 0;
-            while context < 3 && at < content.len() {
-                let (start, end) = line_bounds(content, at);
-                let line = content[start..end].trim();
-                if !line.is_empty() {
-                    context += 1;
-                    if !line.starts_with(ARCHIVED) && (PATH.is_match(line) || NUMBER.is_match(line))
-                    {
-                        picked.insert(start, (RANK_TOOL_ERROR, line));
-                    }
-                }
-                at = end + 1;
-            }
-        }
         let prefix = if result.is_error { "failed: " } else { "" };
-        for (rank, line) in picked.into_values() {
+        for (rank, line) in notable_lines(content, RANK_TOOL_ERROR, RANK_RULE).into_values() {
             if line.starts_with(ARCHIVED) {
                 continue;
             }
@@ -580,6 +762,53 @@ impl Items {
             self.add(section, rank, text);
         }
     }
+}
+
+/// The notable lines of a tool output, by line start, in the order of the output: error
+/// lines, each with those of the next three lines that carry a location or a value (ranked
+/// `error`), and rules (ranked `rule`). Most lines match nothing, so one pattern runs once
+/// over the whole output, where the regex's prefilter skips the bulk, rather than several
+/// patterns line by line.
+fn notable_lines(content: &str, error: u8, rule: u8) -> BTreeMap<usize, (u8, &str)> {
+    let mut picked: BTreeMap<usize, (u8, &str)> = BTreeMap::new();
+    let mut last_error = None;
+    for found in TOOL_LINE.find_iter(content) {
+        let (start, end) = line_bounds(content, found.start());
+        let line = content[start..end].trim();
+        if !TOOL_ERROR.is_match(found.as_str()) {
+            picked.entry(start).or_insert((rule, line));
+            continue;
+        }
+        if last_error == Some(start) || counts_none(content, found.start()) {
+            continue;
+        }
+        last_error = Some(start);
+        picked.insert(start, (error, line));
+        let mut at = end + 1;
+        let mut context = 0;
+        while context < 3 && at < content.len() {
+            let (start, end) = line_bounds(content, at);
+            let line = content[start..end].trim();
+            if !line.is_empty() {
+                context += 1;
+                if !line.starts_with(ARCHIVED) && (PATH.is_match(line) || NUMBER.is_match(line)) {
+                    picked.insert(start, (error, line));
+                }
+            }
+            at = end + 1;
+        }
+    }
+    picked
+}
+
+/// Whether the failure word at `at` is counted zero times (`40 passed; 0 failed`): a
+/// report that nothing failed.
+fn counts_none(content: &str, at: usize) -> bool {
+    let before = &content.as_bytes()[..at];
+    before.ends_with(b"0 ")
+        && !before[..before.len() - 2]
+            .last()
+            .is_some_and(u8::is_ascii_digit)
 }
 
 /// The bounds of the line of `text` that holds byte `at` (without its line break).
@@ -1035,15 +1264,157 @@ mod tests {
         assert!(summary.len() <= 1_500, "{} characters", summary.len());
     }
 
+    /// The digest of `content` within `max_chars` is exactly `expected` (its lines).
+    fn check_digest(content: &str, max_chars: usize, expected: &[&str]) {
+        let got = digest(content, max_chars);
+        assert_eq!(got.lines().collect::<Vec<_>>(), expected, "{got}");
+        assert!(got.len() <= max_chars, "{} > {max_chars}", got.len());
+        assert_eq!(got, digest(content, max_chars), "deterministic");
+    }
+
+    #[test]
+    fn digest_table() {
+        let build = "   Compiling serde v1.0.1\nwarning: unused variable: `row`\n  --> src/ledger.rs:12:5\n   |\n\
+            error[E0308]: mismatched types\n  --> src/x.rs:41:9\n   |\n41 |     let n: u32 = row.get(\"n\")?;\n   |\n\
+            error: could not compile `billing` (lib) due to 1 previous error\n[exit code: 101]";
+        // The error with its location and the offending line, the summary line, the status;
+        // not the warning's location.
+        check_digest(
+            build,
+            300,
+            &[
+                "error[E0308]: mismatched types",
+                "--> src/x.rs:41:9",
+                "41 |     let n: u32 = row.get(\"n\")?;",
+                "error: could not compile `billing` (lib) due to 1 previous error",
+                "[exit code: 101]",
+            ],
+        );
+        // A tight budget keeps the first error and its location.
+        check_digest(
+            build,
+            60,
+            &["error[E0308]: mismatched types", "--> src/x.rs:41:9"],
+        );
+        // A failing assertion: where it panicked and the values.
+        check_digest(
+            "running 2 tests\ntest ledger::tests::sums ... ok\ntest ledger::tests::exact ... FAILED\n\n\
+             ---- ledger::tests::exact stdout ----\nthread 'ledger::tests::exact' panicked at src/ledger.rs:88:5:\n\
+             assertion `left == right` failed\n  left: 1250\n right: 1251\n\n\
+             test result: FAILED. 1 passed; 1 failed; 0 ignored",
+            300,
+            &[
+                "test ledger::tests::exact ... FAILED",
+                "thread 'ledger::tests::exact' panicked at src/ledger.rs:88:5:",
+                "assertion `left == right` failed",
+                "left: 1250",
+                "right: 1251",
+                "test result: FAILED. 1 passed; 1 failed; 0 ignored",
+            ],
+        );
+        // Settings, each key once; a rule that names something before one in general words.
+        check_digest(
+            "[pool]\nsize = 48\nidle_ms = 30000\n[replica]\nsize = 8\n\
+             Secrets are never written to logs.\nNever edit migrations/0036_fx.sql; add a new one.",
+            300,
+            &[
+                "size = 48",
+                "idle_ms = 30000",
+                "Secrets are never written to logs.",
+                "Never edit migrations/0036_fx.sql; add a new one.",
+            ],
+        );
+        check_digest(
+            "size = 48\nSecrets are never written to logs.\nNever edit migrations/0036_fx.sql; add a new one.",
+            60,
+            &["Never edit migrations/0036_fx.sql; add a new one."],
+        );
+        // Search hits: each file once, with its first line number.
+        check_digest(
+            "src/a.rs:10:fn apply_fx() {\nsrc/a.rs:42:    apply_fx();\ncrates/b/src/c.rs:7:use a::apply_fx;\nREADME.md",
+            300,
+            &["src/a.rs:10", "crates/b/src/c.rs:7"],
+        );
+        // Nothing notable: a source file, a passing test run, a success status.
+        for quiet in [
+            "pub fn load(&self, id: &Id) -> Result<Row, Error> {\n    let row = self.rows.get(id).ok_or(Error::Missing)?;\n    Ok(row)\n}",
+            "running 3 tests\ntest a ... ok\n\ntest result: ok. 3 passed; 0 failed; 0 ignored\n[exit code: 0]",
+            "",
+        ] {
+            check_digest(quiet, 300, &[]);
+        }
+        // No budget, no digest.
+        check_digest(build, 0, &[]);
+    }
+
+    #[test]
+    fn a_masked_placeholder_keeps_the_block_id_and_never_outgrows_the_output() {
+        let block = BlockId::new();
+        let result = |content: &str| {
+            Message::tool_result(ToolResult {
+                call_id: "c".into(),
+                name: "shell".into(),
+                content: content.into(),
+                is_error: true,
+            })
+        };
+        let content = |m: &Message| {
+            let MessagePart::ToolResult(r) = &m.parts[0] else {
+                panic!("{m:?}")
+            };
+            r.content.clone()
+        };
+        let log = format!(
+            "{}error[E0308]: mismatched types\n  --> src/x.rs:41:9\n{}",
+            "   Compiling serde v1.0.1\n".repeat(40),
+            "   Compiling tokio\n".repeat(40)
+        );
+        let with = content(&masked(&result(&log), 500, block, 300));
+        assert!(with.starts_with(MASKED) && with.contains(&block.to_string()));
+        assert!(
+            with.ends_with("lines:]\nerror[E0308]: mismatched types\n--> src/x.rs:41:9"),
+            "{with}"
+        );
+        let bare = content(&masked(&result(&log), 500, block, 0));
+        assert_eq!(
+            bare,
+            format!(
+                "[masked: the output of shell (500 tokens) was archived as block {block}; call recall with this block_id to see it]"
+            )
+        );
+        // A short output gets no more digest than fits in three fifths of it.
+        for repeat in [1, 2, 3, 4, 6, 10] {
+            let short = "error: x failed at src/a.rs:1\n".repeat(repeat);
+            let placeholder = content(&masked(&result(&short), 9, block, 300));
+            assert!(
+                placeholder.len() <= bare.len().max(short.len() * 3 / 5),
+                "{repeat}: {placeholder}"
+            );
+        }
+    }
+
     #[test]
     fn previews_keep_both_ends() {
         let content = format!("BEGIN{}END", "x".repeat(10_000));
         let block = BlockId::new();
-        let text = preview(&content, 300, block);
+        let text = preview(&content, 300, block, 300);
         assert!(
             text.contains("BEGIN") && text.ends_with("END") && text.contains(&block.to_string())
         );
         assert!(text.len() < 600);
+        assert_eq!(text, preview(&content, 300, block, 0), "nothing notable");
+        // The middle's error, left out of head and tail, is kept in the digest.
+        let log = format!(
+            "{}error[E0382]: borrow of moved value: `row`\n  --> src/ledger.rs:88:9\n{}",
+            "   Compiling serde\n".repeat(200),
+            "   Compiling tokio\n".repeat(200)
+        );
+        let text = preview(&log, 300, block, 300);
+        assert!(
+            text.contains("left out:]\nerror[E0382]: borrow of moved value: `row`\n--> src/ledger.rs:88:9\n[...]\n"),
+            "{text}"
+        );
+        assert!(!preview(&log, 300, block, 0).contains("E0382"));
     }
 }
 

@@ -6,15 +6,15 @@ use std::sync::Arc;
 
 use nerve_core::event::{CompactionStrategy, CompactionTrigger};
 use nerve_core::{
-    ContextArchive, Event, EventSink, ExecutionId, MessagePart, MessageRole, TaskId, TaskStatus,
-    TerminationReason,
+    BlockId, ContextArchive, Event, EventSink, ExecutionId, Message, MessagePart, MessageRole,
+    TaskId, TaskStatus, TerminationReason, ToolResult,
 };
 use proptest::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 use crate::ExecutionResult;
 use crate::archive::MemoryArchive;
-use crate::compaction::CompactionConfig;
+use crate::compaction::{CompactionConfig, digest, masked};
 use crate::engine::{AgentEngine, EngineConfig, Task};
 use crate::scripted::ScriptedProvider;
 use crate::testing::{EchoTools, MemorySink};
@@ -180,6 +180,55 @@ async fn a_large_output_is_offloaded_and_recall_returns_it() {
     assert_ne!(own, block);
 }
 
+/// Soft masking with digests: a masked output's error line stays in context, in the
+/// placeholder that names the block holding the whole output; with `mask_digest_chars: 0`
+/// the placeholder is bare.
+#[tokio::test]
+async fn masked_outputs_keep_their_error_lines_in_a_digest() {
+    let script: Vec<String> = (0..30)
+        .map(|i| {
+            big(
+                60,
+                &format!("error[E0308]: mismatched types at src/f{i}.rs:{i}"),
+            )
+        })
+        .chain([r#"{"text":"done"}"#.to_owned()])
+        .collect();
+    let error = "error[E0308]: mismatched types at src/f0.rs:0";
+    for (digest_chars, kept) in [(300, true), (0, false)] {
+        let mut config = config(12_000);
+        config.compaction.mask_digest_chars = digest_chars;
+        let outcome = run(&script.join("\n"), config).await;
+        let masks: Vec<_> = outcome
+            .compactions()
+            .into_iter()
+            .filter(|c| c.strategy == CompactionStrategy::Mask)
+            .collect();
+        assert!(!masks.is_empty(), "{:?}", outcome.compactions());
+        assert!(masks.iter().all(|c| c.tokens_after < c.tokens_before));
+        let first = outcome
+            .result
+            .context
+            .messages
+            .iter()
+            .find_map(|m| match &m.parts[..] {
+                [MessagePart::ToolResult(r)] => Some(r.content.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(first.starts_with("[masked: "), "{first}");
+        assert!(first.contains(&masks[0].archived[0].to_string()), "{first}");
+        assert_eq!(first.contains(error), kept, "{first}");
+        let archived = outcome
+            .archive
+            .fetch(outcome.execution, masks[0].archived[0])
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(format!("{archived:?}").contains(error));
+    }
+}
+
 #[tokio::test]
 async fn the_hard_threshold_summarises_with_the_scripted_summary() {
     let mut script: Vec<String> = (0..12).map(small).collect();
@@ -337,7 +386,11 @@ fn random_script(turns: &[(u8, bool)]) -> String {
         .enumerate()
         .map(|(i, (size, large))| {
             if *large {
-                big(u64::from(*size) * 40, &format!("fact {i}"))
+                // An error line in the middle of the output: masking keeps it in a digest.
+                big(
+                    u64::from(*size) * 40,
+                    &format!("fact {i}: error[E0308]: mismatched types at src/f{i}.rs:{i}"),
+                )
             } else {
                 format!(
                     r#"{{"text":"{} wait, let me verify {i}","tool_calls":[{{"name":"shell","arguments":{{"command":"echo {i}"}}}}],"usage":{{"input_tokens":1,"output_tokens":1}}}}"#,
@@ -377,5 +430,63 @@ proptest! {
             let is_large = turns.last().is_some_and(|(_, large)| *large);
             prop_assert!(is_large || format!("{previous:?}").contains(&expected), "the last tool turn survives: {previous:?}");
         }
+    }
+}
+
+/// Lines a tool output is made of: bulk, errors with locations, rules, settings, paths,
+/// statuses, and lines longer than a digest line.
+const OUTPUT_LINES: [&str; 14] = [
+    "   Compiling serde v1.0.1",
+    "error[E0308]: mismatched types",
+    "  --> src/ledger.rs:41:9",
+    "thread 'tests::exact' panicked at src/ledger.rs:88:5:",
+    "  left: 1250",
+    "Never edit migrations/0036_fx.sql; add a new one.",
+    "Secrets are never written to logs.",
+    "pool_size = 48",
+    "crates/db/src/pool.rs:12:pub fn open() {}",
+    "test result: ok. 3 passed; 0 failed",
+    "[exit code: 2]",
+    "",
+    "    let row = self.rows.get(id).ok_or(Error::Missing)?;",
+    "error: a very long line that goes on and on and on and on and on and on and on and on and on and on and on and on and on and on and on and on and on and on",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The digest of any output fits its budget, is made of (the starts of) the output's own
+    /// lines, and is the same every time; the placeholder that carries it keeps the block id
+    /// and is never longer than the output, unless the output is shorter than a bare
+    /// placeholder (which masking then leaves alone).
+    #[test]
+    fn digests_fit_and_never_grow_the_output(
+        picks in prop::collection::vec(0..OUTPUT_LINES.len(), 0..80),
+        max_chars in 0usize..600,
+    ) {
+        let content = picks.iter().map(|&i| OUTPUT_LINES[i]).collect::<Vec<_>>().join("\n");
+        let kept = digest(&content, max_chars);
+        prop_assert!(kept.len() <= max_chars, "{} > {max_chars}", kept.len());
+        prop_assert_eq!(&kept, &digest(&content, max_chars));
+        for line in kept.lines() {
+            prop_assert!(content.lines().any(|l| l.trim().starts_with(line)), "`{line}` is not from the output");
+        }
+        let block = BlockId::new();
+        let message = Message::tool_result(ToolResult {
+            call_id: "c".into(),
+            name: "shell".into(),
+            content: content.clone(),
+            is_error: false,
+        });
+        let placeholder = |chars| {
+            let masked = masked(&message, 100, block, chars);
+            let MessagePart::ToolResult(r) = &masked.parts[0] else {
+                panic!("{masked:?}")
+            };
+            r.content.clone()
+        };
+        let (bare, with) = (placeholder(0), placeholder(max_chars));
+        prop_assert!(with.contains(&block.to_string()));
+        prop_assert!(with.len() <= bare.len().max(content.len() * 3 / 5), "{} characters for {}", with.len(), content.len());
     }
 }

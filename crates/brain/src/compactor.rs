@@ -215,7 +215,12 @@ impl Run {
         self.archive.archive(self.execution_id, block).await?;
         self.compaction.archived_blocks += 1;
         Ok(Some((
-            preview(&result.content, config.preview_chars, id),
+            preview(
+                &result.content,
+                config.preview_chars,
+                id,
+                config.mask_digest_chars,
+            ),
             id,
         )))
     }
@@ -309,7 +314,12 @@ impl Run {
         let placeholders: Vec<(usize, Message, u64)> = indices
             .iter()
             .map(|&i| {
-                let placeholder = masked(&self.ctx.messages[i], self.counts[i], id);
+                let placeholder = masked(
+                    &self.ctx.messages[i],
+                    self.counts[i],
+                    id,
+                    self.config.compaction.mask_digest_chars,
+                );
                 let tokens = self.counter.count_message(&placeholder);
                 (i, placeholder, tokens)
             })

@@ -104,7 +104,7 @@ fn turn(i: usize, lines: u64) -> String {
              entry for the billing crate, so I am reading the next part of the build log to find the \
              module that fails; the previous part only had warnings about unused variables."
         ),
-        "tool_calls": [{"name": "shell", "arguments": {"lines": lines, "fact": format!("fact {i}")}}],
+        "tool_calls": [{"name": "shell", "arguments": {"lines": lines, "fact": format!("fact {i}: error: check {i} failed at src/m{i}.rs:{i}")}}],
         "usage": {"input_tokens": 10, "output_tokens": 10},
     })
     .to_string()
@@ -112,6 +112,7 @@ fn turn(i: usize, lines: u64) -> String {
 
 /// 40 turns of mid-sized outputs with one oversized output (offloaded) and a scripted
 /// summary for the summary call, in a 6,000-token window: masks and a summary on the way.
+/// Each output holds an error line, so that masked placeholders carry digests.
 fn cassette() -> String {
     let size = |i: usize| {
         if i == 7 {

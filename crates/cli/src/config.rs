@@ -404,6 +404,27 @@ mod tests {
         assert!(rules[2].credential.is_none());
     }
 
+    /// The `[compaction]` section reaches the engine; keys left out keep the defaults.
+    #[test]
+    fn the_compaction_section_reaches_the_engine() {
+        let check = |text: &str, digest_chars: usize, soft: u32| {
+            let config: Config = toml::from_str(text).unwrap();
+            let compaction = config.engine_config().unwrap().compaction;
+            assert_eq!(
+                (compaction.mask_digest_chars, compaction.soft_percent),
+                (digest_chars, soft),
+                "{text}"
+            );
+        };
+        check("", 300, 60);
+        check("[compaction]\nmask_digest_chars = 0\n", 0, 60);
+        check(
+            "[compaction]\nsoft_percent = 50\nmask_digest_chars = 120\n",
+            120,
+            50,
+        );
+    }
+
     #[test]
     fn mistakes_are_one_line_errors() {
         let check = |text: &str, expected: &str| {
