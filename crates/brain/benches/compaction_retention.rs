@@ -5,6 +5,11 @@
 //! are in the context (at the end, and when the turn that needs them is sent) or that
 //! `recall` gets back from the engine's archive.
 //!
+//! A second, smaller table runs the same seeds with realistic noise (`Noise::Realistic`:
+//! unrelated errors and failing tests in the logs, long configuration files, rules naming
+//! paths) at two windows, to show how far the first table, whose noise the digest's rules
+//! were chosen against, carries over. The first table's trajectories are unchanged.
+//!
 //! `cargo xtask bench compaction`, or `cargo bench -p nerve-brain --bench compaction_retention`.
 //!
 //! Strategies:
@@ -44,10 +49,19 @@ use nerve_core::{
     TaskStatus, TokenUsage, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
 };
 use tokio_util::sync::CancellationToken;
-use trajectory::{Fact, Kind, Shape, Trajectory, haystack};
+use trajectory::{Fact, Kind, Noise, Shape, Trajectory, haystack};
 
 const SEEDS: [u64; 5] = [11, 22, 33, 44, 55];
 const WINDOWS: [u64; 4] = [8_000, 16_000, 32_000, 64_000];
+/// The second, smaller table: the same seeds with realistic noise (`Noise::Realistic`), to
+/// see how far the first one carries over.
+const REALISTIC_WINDOWS: [u64; 2] = [8_000, 32_000];
+const REALISTIC_STRATEGIES: [Strategy; 4] = [
+    Strategy::Truncate,
+    Strategy::Mask,
+    Strategy::Layered,
+    Strategy::Extractive,
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Strategy {
@@ -486,18 +500,20 @@ fn percent(part: usize, whole: usize) -> f64 {
     }
 }
 
-fn main() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let shape = Shape::default();
+/// Every (window, strategy) cell over `seeds`, and per seed (seed, uncompacted tokens,
+/// facts, tokens in tool outputs).
+struct Measured {
+    cells: BTreeMap<(u64, Strategy), Cell>,
+    sizes: Vec<(u64, u64, usize, u64)>,
+}
+
+fn measure(runtime: &tokio::runtime::Runtime, shape: Shape, windows: &[u64]) -> Measured {
     let mut cells: BTreeMap<(u64, Strategy), Cell> = BTreeMap::new();
     let mut sizes = Vec::new();
     for seed in SEEDS {
         let trajectory = Arc::new(trajectory::generate(seed, shape));
         let cassette = trajectory.cassette();
-        let reference = engine_run(&runtime, &trajectory, &cassette, Strategy::None, None);
+        let reference = engine_run(runtime, &trajectory, &cassette, Strategy::None, None);
         let full_tokens = estimate_messages(&reference.messages);
         let counts: Vec<u64> = reference
             .messages
@@ -519,7 +535,7 @@ fn main() {
                 "seed {seed}: fact {index} missing from the uncompacted run"
             );
         }
-        for window in WINDOWS {
+        for &window in windows {
             // none: everything stays, nothing is archived.
             let cell = cells.entry((window, Strategy::None)).or_default();
             cell.reductions.push(0.0);
@@ -569,7 +585,7 @@ fn main() {
                 );
             }
             for strategy in [Strategy::Mask, Strategy::Layered, Strategy::Extractive] {
-                let run = engine_run(&runtime, &trajectory, &cassette, strategy, Some(window));
+                let run = engine_run(runtime, &trajectory, &cassette, strategy, Some(window));
                 let text = haystack(&run.messages);
                 let at_need: HashMap<usize, bool> = run.record.at_need.iter().copied().collect();
                 let mut cell = cells.remove(&(window, strategy)).unwrap_or_default();
@@ -583,7 +599,7 @@ fn main() {
                         fact.kind,
                         fact.is_in(&text),
                         at_need.get(&index).copied().unwrap_or(false),
-                        recallable(&runtime, &run, fact),
+                        recallable(runtime, &run, fact),
                     );
                 }
                 for (kind, _) in &run.compactions {
@@ -599,24 +615,17 @@ fn main() {
             }
         }
     }
+    Measured { cells, sizes }
+}
 
-    println!("Compaction fact retention");
-    println!(
-        "{} seeded trajectories ({} turns each; uncompacted: {} tokens on average, {:.0}% of them in tool outputs; {} needed facts in all, {} per kind)\n",
-        SEEDS.len(),
-        shape.turns,
-        sizes.iter().map(|s| s.1).sum::<u64>() / sizes.len() as u64,
-        100.0 * sizes.iter().map(|s| s.3).sum::<u64>() as f64
-            / sizes.iter().map(|s| s.1).sum::<u64>() as f64,
-        sizes.iter().map(|s| s.2).sum::<usize>(),
-        sizes.iter().map(|s| s.2).sum::<usize>() / Kind::ALL.len(),
-    );
+/// The main table: one row per window and strategy.
+fn print_table(cells: &BTreeMap<(u64, Strategy), Cell>, windows: &[u64], strategies: &[Strategy]) {
     println!(
         "| window | strategy | token reduction | largest request / window | facts in context (end) | in context when needed | recallable | in context or recallable | masks / summaries / offloads | prompt reuse |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for window in WINDOWS {
-        for strategy in Strategy::ALL {
+    for &window in windows {
+        for &strategy in strategies {
             let Some(cell) = cells.get(&(window, strategy)) else {
                 continue;
             };
@@ -647,12 +656,19 @@ fn main() {
             );
         }
     }
-    println!("\nFacts in context at the end, by kind (in context or recallable in brackets)\n");
+}
+
+/// Facts in context at the end, by kind.
+fn print_by_kind(
+    cells: &BTreeMap<(u64, Strategy), Cell>,
+    windows: &[u64],
+    strategies: &[Strategy],
+) {
     let kinds: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
     println!("| window | strategy | {} |", kinds.join(" | "));
     println!("|---|---|{}", "---|".repeat(kinds.len()));
-    for window in WINDOWS {
-        for strategy in Strategy::ALL {
+    for &window in windows {
+        for &strategy in strategies {
             let Some(cell) = cells.get(&(window, strategy)) else {
                 continue;
             };
@@ -671,4 +687,47 @@ fn main() {
             );
         }
     }
+}
+
+/// The line under a table's title: the trajectories' size.
+fn print_sizes(shape: Shape, sizes: &[(u64, u64, usize, u64)]) {
+    println!(
+        "{} seeded trajectories ({} turns each; uncompacted: {} tokens on average, {:.0}% of them in tool outputs; {} needed facts in all, {} per kind)\n",
+        SEEDS.len(),
+        shape.turns,
+        sizes.iter().map(|s| s.1).sum::<u64>() / sizes.len() as u64,
+        100.0 * sizes.iter().map(|s| s.3).sum::<u64>() as f64
+            / sizes.iter().map(|s| s.1).sum::<u64>() as f64,
+        sizes.iter().map(|s| s.2).sum::<usize>(),
+        sizes.iter().map(|s| s.2).sum::<usize>() / Kind::ALL.len(),
+    );
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let shape = Shape::default();
+    let Measured { cells, sizes } = measure(&runtime, shape, &WINDOWS);
+    println!("Compaction fact retention");
+    print_sizes(shape, &sizes);
+    print_table(&cells, &WINDOWS, &Strategy::ALL);
+    println!("\nFacts in context at the end, by kind (in context or recallable in brackets)\n");
+    print_by_kind(&cells, &WINDOWS, &Strategy::ALL);
+
+    // The same seeds with noise shaped like real tool output: how far the table above
+    // carries over (docs/benchmarks.md, "How far this carries over").
+    let shape = Shape {
+        noise: Noise::Realistic,
+        ..Shape::default()
+    };
+    let Measured { cells, sizes } = measure(&runtime, shape, &REALISTIC_WINDOWS);
+    println!("\nCompaction fact retention with realistic noise");
+    print_sizes(shape, &sizes);
+    print_table(&cells, &REALISTIC_WINDOWS, &REALISTIC_STRATEGIES);
+    println!(
+        "\nRealistic noise: facts in context at the end, by kind (in context or recallable in brackets)\n"
+    );
+    print_by_kind(&cells, &REALISTIC_WINDOWS, &REALISTIC_STRATEGIES);
 }

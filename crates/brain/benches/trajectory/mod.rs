@@ -96,6 +96,24 @@ pub struct Trajectory {
     pub facts: Vec<Fact>,
 }
 
+/// What the tool outputs around the planted facts look like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Noise {
+    /// The generator's original noise, behind the main retention table: build and test logs
+    /// whose only errors and failures are planted ones, configuration files drawing from 14
+    /// keys, doc rules that never name a path or a `code` span. A digest that keeps errors,
+    /// named rules and one line per key has an easy time with it.
+    Synthetic,
+    /// Noise shaped like real tool output, to see how far the synthetic figures carry over:
+    /// half of the builds and test runs fail with several unrelated errors or failing tests,
+    /// each with its location (a planted one comes with 1 to 5 others); configuration files
+    /// hold 40 to 80 distinct keys; half of the doc lines are rules naming a path or a
+    /// `code` span; source and search results include error handling, panics and comments
+    /// with "must" or "never", and searches list files under `tests/` and `benches/` too.
+    /// Planted facts are the same as with [`Noise::Synthetic`].
+    Realistic,
+}
+
 /// Size of a trajectory.
 #[derive(Debug, Clone, Copy)]
 pub struct Shape {
@@ -105,6 +123,7 @@ pub struct Shape {
     pub output_scale: f64,
     /// Share of facts the assistant restates in its next message.
     pub restate_share: f64,
+    pub noise: Noise,
 }
 
 impl Default for Shape {
@@ -114,6 +133,7 @@ impl Default for Shape {
             facts_per_kind: 5,
             output_scale: 1.0,
             restate_share: 0.3,
+            noise: Noise::Synthetic,
         }
     }
 }
@@ -494,6 +514,104 @@ const ERRORS: [(&str, &str); 6] = [
     ),
 ];
 
+// Vocabulary of realistic noise (`Noise::Realistic`), also kept apart from the `FACT_*`
+// pools.
+const NOISE_ERRORS: [(&str, &str, &str); 10] = [
+    ("E0308", "mismatched types", "expected `u32`, found `i64`"),
+    (
+        "E0382",
+        "borrow of moved value",
+        "value borrowed here after move",
+    ),
+    (
+        "E0599",
+        "no method named `get_mut` found for reference",
+        "method not found",
+    ),
+    (
+        "E0425",
+        "cannot find value `conn` in this scope",
+        "not found in this scope",
+    ),
+    (
+        "E0277",
+        "the `?` operator can only be used in a function that returns `Result`",
+        "cannot use the `?` operator",
+    ),
+    (
+        "E0061",
+        "this method takes 2 arguments but 1 argument was supplied",
+        "an argument is missing",
+    ),
+    (
+        "E0433",
+        "failed to resolve: use of undeclared type `Utc`",
+        "use of undeclared type",
+    ),
+    (
+        "E0502",
+        "cannot borrow `self.items` as mutable because it is also borrowed as immutable",
+        "mutable borrow occurs here",
+    ),
+    (
+        "E0106",
+        "missing lifetime specifier",
+        "expected named lifetime parameter",
+    ),
+    (
+        "E0560",
+        "struct `Config` has no field named `timeout`",
+        "unknown field",
+    ),
+];
+const CONFIG_PREFIXES: [&str; 18] = [
+    "http",
+    "grpc",
+    "db",
+    "cache",
+    "queue",
+    "worker",
+    "auth",
+    "export",
+    "metrics",
+    "log",
+    "tls",
+    "smtp",
+    "s3",
+    "redis",
+    "search",
+    "scheduler",
+    "session",
+    "upload",
+];
+const CONFIG_SUFFIXES: [&str; 18] = [
+    "enabled",
+    "port",
+    "host",
+    "timeout_ms",
+    "max_connections",
+    "retries",
+    "backoff_ms",
+    "batch_size",
+    "buffer_kb",
+    "interval_s",
+    "path",
+    "level",
+    "ttl_s",
+    "region",
+    "endpoint",
+    "pool_size",
+    "queue_depth",
+    "sample_rate",
+];
+const TEST_SUFFIXES: [&str; 5] = [
+    "works",
+    "rejects_empty",
+    "round_trips",
+    "is_stable",
+    "handles_errors",
+];
+
 /// What a turn does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
@@ -513,6 +631,7 @@ struct Gen {
     decisions: Vec<(&'static str, &'static str, &'static str, &'static str)>,
     used_numbers: Vec<u32>,
     scale: f64,
+    noise: Noise,
 }
 
 impl Gen {
@@ -528,6 +647,33 @@ impl Gen {
         } else {
             let sub = self.pick(&MODULES);
             format!("crates/{krate}/src/{module}/{sub}.rs")
+        }
+    }
+
+    /// A path as real searches list them: sources, but also tests and benchmarks.
+    fn realistic_path(&mut self) -> String {
+        let krate = self.pick(&CRATES);
+        let module = self.pick(&MODULES);
+        match self.rng.u32(..6) {
+            0 => format!("crates/{krate}/tests/{module}.rs"),
+            1 => format!("crates/{krate}/benches/{module}.rs"),
+            2 | 3 => format!("crates/{krate}/src/{module}.rs"),
+            _ => {
+                let sub = self.pick(&MODULES);
+                format!("crates/{krate}/src/{module}/{sub}.rs")
+            }
+        }
+    }
+
+    /// A number of noise errors or failing tests in a log: with realistic noise, half of
+    /// the logs without a planted failure fail with 2 to 6, and a planted one comes with 1 to
+    /// 5 others. None with synthetic noise.
+    fn noise_failures(&mut self, planted: bool) -> usize {
+        match self.noise {
+            Noise::Synthetic => 0,
+            Noise::Realistic if planted => self.rng.usize(1..=5),
+            Noise::Realistic if self.rng.bool() => self.rng.usize(2..=6),
+            Noise::Realistic => 0,
         }
     }
 
@@ -570,6 +716,10 @@ impl Gen {
     }
 
     fn code_line(&mut self) -> String {
+        // Real code handles failures, and says what must hold: a fifth of the lines.
+        if self.noise == Noise::Realistic && self.rng.u32(..5) == 0 {
+            return self.failure_code_line();
+        }
         let ident = self.pick(&IDENTS);
         let ty = self.pick(&TYPES);
         let verb = self.pick(&VERBS);
@@ -590,6 +740,69 @@ impl Gen {
                 self.rng.u32(..100)
             ),
         }
+    }
+
+    /// A line of source code with words a digest looks for: a failure, a panic, a rule.
+    fn failure_code_line(&mut self) -> String {
+        let ident = self.pick(&IDENTS);
+        let verb = self.pick(&VERBS);
+        let module = self.pick(&MODULES);
+        match self.rng.u32(..7) {
+            0 => format!(
+                "        .map_err(|e| Error::Io(format!(\"failed to {verb} {ident}: {{e}}\")))?;"
+            ),
+            1 => format!("        tracing::warn!(%{ident}, \"cannot {verb} {ident}, retrying\");"),
+            2 => {
+                format!("    // `{ident}` must never be negative here: `{verb}_{ident}` checks it.")
+            }
+            3 => format!("        None => panic!(\"{ident} not found in {module}\"),"),
+            4 => format!("        assert!({ident} < limit, \"{ident} must be below the limit\");"),
+            5 => format!("    /// Returns an error if the {ident} cannot be read."),
+            _ => format!("        .expect(\"{ident} is always set by {verb}_{ident}\")"),
+        }
+    }
+
+    /// An unrelated compiler error with its location, as rustc prints it.
+    fn noise_error(&mut self) -> String {
+        let (code, message, label) = self.pick(&NOISE_ERRORS);
+        let path = self.realistic_path();
+        let line = self.rng.u32(1..999);
+        let col = self.rng.u32(1..80);
+        let code_line = self.code_line();
+        format!(
+            "error[{code}]: {message}\n  --> {path}:{line}:{col}\n   |\n{line} | {}\n   |     ^^^^ {label}",
+            code_line.trim_start()
+        )
+    }
+
+    /// An unrelated failing test: its `FAILED` line and its output, with the location.
+    fn noise_test_failure(&mut self) -> String {
+        let module = self.pick(&MODULES);
+        let test = format!(
+            "{module}::tests::{}_{}_{}",
+            self.pick(&VERBS),
+            self.pick(&IDENTS),
+            self.pick(&TEST_SUFFIXES)
+        );
+        let path = self.realistic_path();
+        let line = self.rng.u32(1..999);
+        let col = self.rng.u32(1..80);
+        let detail = if self.rng.bool() {
+            let left = self.rng.u32(..999);
+            format!(
+                "assertion `left == right` failed\n  left: {left}\n right: {}",
+                self.rng.u32(..999)
+            )
+        } else {
+            format!(
+                "called `Result::unwrap()` on an `Err` value: {}(\"{}\")",
+                self.pick(&["NotFound", "Timeout", "Invalid", "Conflict"]),
+                self.pick(&IDENTS)
+            )
+        };
+        format!(
+            "test {test} ... FAILED\n\nfailures:\n\n---- {test} stdout ----\nthread '{test}' panicked at {path}:{line}:{col}:\n{detail}"
+        )
     }
 
     fn warning(&mut self) -> String {
@@ -617,6 +830,18 @@ impl Gen {
         &mut self,
         chars: usize,
         planted: Option<String>,
+        line: impl FnMut(&mut Self) -> String,
+    ) -> String {
+        self.fill_among(chars, Vec::new(), planted, line)
+    }
+
+    /// Fills lines up to `chars`, then puts each of `extra` and then `planted` at a random
+    /// place among them.
+    fn fill_among(
+        &mut self,
+        chars: usize,
+        extra: Vec<String>,
+        planted: Option<String>,
         mut line: impl FnMut(&mut Self) -> String,
     ) -> String {
         let mut lines = Vec::new();
@@ -626,6 +851,10 @@ impl Gen {
             len += next.len() + 1;
             lines.push(next);
         }
+        for extra in extra {
+            let at = self.rng.usize(..=lines.len());
+            lines.insert(at, extra);
+        }
         if let Some(planted) = planted {
             let at = self.rng.usize(..=lines.len());
             lines.insert(at, planted);
@@ -633,9 +862,13 @@ impl Gen {
         lines.join("\n")
     }
 
-    fn build_log(&mut self, krate: &str, chars: usize, error: Option<String>) -> String {
-        let failed = error.is_some();
-        let mut out = self.fill(chars, error, |g| {
+    /// A build log, and whether the build failed.
+    fn build_log(&mut self, krate: &str, chars: usize, error: Option<String>) -> (String, bool) {
+        let others = self.noise_failures(error.is_some());
+        let errors: Vec<String> = (0..others).map(|_| self.noise_error()).collect();
+        let count = errors.len() + usize::from(error.is_some());
+        let failed = count > 0;
+        let mut out = self.fill_among(chars, errors, error, |g| {
             if g.rng.u32(..4) == 0 {
                 g.warning()
             } else {
@@ -648,7 +881,13 @@ impl Gen {
                 )
             }
         });
-        if failed {
+        if count > 1 {
+            let _ = write!(
+                out,
+                "\nerror: could not compile `{krate}` (lib) due to {count} previous errors; {} warnings emitted",
+                self.rng.u32(1..20)
+            );
+        } else if failed {
             let _ = write!(
                 out,
                 "\nerror: could not compile `{krate}` (lib) due to 1 previous error; {} warnings emitted",
@@ -662,45 +901,47 @@ impl Gen {
                 self.rng.u32(..100)
             );
         }
-        out
+        (out, failed)
     }
 
-    fn test_log(&mut self, krate: &str, chars: usize, failure: Option<String>) -> String {
-        let failed = failure.is_some();
+    /// A test run's log, and whether it failed.
+    fn test_log(&mut self, krate: &str, chars: usize, failure: Option<String>) -> (String, bool) {
+        let others = self.noise_failures(failure.is_some());
+        let failures: Vec<String> = (0..others).map(|_| self.noise_test_failure()).collect();
+        let count = failures.len() + usize::from(failure.is_some());
+        let failed = count > 0;
         let mut passed = 0;
-        let body = self.fill(chars, failure, |g| {
+        let body = self.fill_among(chars, failures, failure, |g| {
             passed += 1;
             format!(
                 "test {}::tests::{}_{}_{} ... ok",
                 g.pick(&MODULES),
                 g.pick(&VERBS),
                 g.pick(&IDENTS),
-                g.pick(&[
-                    "works",
-                    "rejects_empty",
-                    "round_trips",
-                    "is_stable",
-                    "handles_errors"
-                ])
+                g.pick(&TEST_SUFFIXES)
             )
         });
-        let total = passed + usize::from(failed);
+        let total = passed + count;
         let result = if failed {
-            format!("test result: FAILED. {passed} passed; 1 failed; 0 ignored; 0 measured")
+            format!("test result: FAILED. {passed} passed; {count} failed; 0 ignored; 0 measured")
         } else {
             format!("test result: ok. {passed} passed; 0 failed; 0 ignored; 0 measured")
         };
-        format!(
+        let log = format!(
             "     Running unittests src/lib.rs (target/debug/deps/{krate}-{:x})\n\nrunning {total} tests\n{body}\n\n{result}; finished in {}.{:02}s",
             self.rng.u32(..0xffff),
             self.rng.u32(..30),
             self.rng.u32(..100)
-        )
+        );
+        (log, failed)
     }
 
     fn grep_output(&mut self, chars: usize, planted: Option<String>) -> String {
         self.fill(chars, planted, |g| {
-            let path = g.noise_path();
+            let path = match g.noise {
+                Noise::Synthetic => g.noise_path(),
+                Noise::Realistic => g.realistic_path(),
+            };
             let line = g.rng.u32(1..999);
             let code = g.code_line();
             format!("{path}:{line}:{}", code.trim_start())
@@ -712,6 +953,9 @@ impl Gen {
     }
 
     fn config(&mut self, chars: usize, planted: Option<String>) -> String {
+        if self.noise == Noise::Realistic {
+            return self.realistic_config(planted);
+        }
         let mut section = 0;
         self.fill(chars, planted, |g| {
             section += 1;
@@ -728,8 +972,83 @@ impl Gen {
         })
     }
 
+    /// A configuration file of 40 to 80 distinct keys in sections of 4 to 10, whatever the
+    /// output size drawn: real configuration files are long lists of distinct settings.
+    fn realistic_config(&mut self, planted: Option<String>) -> String {
+        let mut keys: Vec<String> = CONFIG_PREFIXES
+            .iter()
+            .flat_map(|prefix| {
+                CONFIG_SUFFIXES
+                    .iter()
+                    .map(move |suffix| format!("{prefix}_{suffix}"))
+            })
+            .chain(CONFIG_KEYS.iter().map(|key| (*key).to_owned()))
+            .filter(|key| !FACT_KEYS.iter().any(|fact| key.contains(fact)))
+            .collect();
+        self.rng.shuffle(&mut keys);
+        keys.truncate(self.rng.usize(40..=80));
+        let mut lines = Vec::new();
+        let mut until_section = 0;
+        for key in keys {
+            if until_section == 0 {
+                lines.push(format!("\n[{}]", self.pick(&MODULES)));
+                until_section = self.rng.usize(4..=10);
+            }
+            until_section -= 1;
+            lines.push(match self.rng.u32(..4) {
+                0 => format!("{key} = {}", self.rng.u32(..999)),
+                1 => format!("{key} = \"{}\"", self.pick(&IDENTS)),
+                2 => format!("{key} = \"/var/lib/{}\"", self.pick(&CRATES)),
+                _ => format!("{key} = {}", self.rng.bool()),
+            });
+        }
+        if let Some(planted) = planted {
+            // After the first section header, as a setting.
+            let at = self.rng.usize(1..=lines.len());
+            lines.insert(at, planted);
+        }
+        lines.join("\n")
+    }
+
+    /// A rule as project docs state them, naming a path or a `code` span.
+    fn named_rule(&mut self) -> String {
+        let krate = self.pick(&CRATES);
+        let module = self.pick(&MODULES);
+        let ident = self.pick(&IDENTS);
+        let ty = self.pick(&TYPES);
+        let verb = self.pick(&VERBS);
+        match self.rng.u32(..8) {
+            0 => format!(
+                "Do not edit `crates/{krate}/src/{module}.rs` by hand: it is generated by `cargo xtask codegen`."
+            ),
+            1 => format!(
+                "Handlers must return `Result<{ty}, ApiError>`; never call `unwrap()` in crates/{krate}/src/{module}.rs."
+            ),
+            2 => format!(
+                "Always go through `{ty}Repository` in crates/{krate}/src/repo.rs, never raw SQL."
+            ),
+            3 => format!("`{verb}_{ident}` must be idempotent: the scheduler may call it twice."),
+            4 => format!(
+                "Never log `{ident}` values; use the redaction helper in crates/{krate}/src/{module}.rs."
+            ),
+            5 => format!(
+                "New settings in config/{krate}.toml require a default and a line in docs/config.md."
+            ),
+            6 => format!(
+                "Tests that touch `{ty}` must use the fixtures in crates/{krate}/tests/fixtures/."
+            ),
+            _ => format!(
+                "The `{module}` module of `{krate}` must not depend on `{}`: keep it behind a trait.",
+                self.pick(&CRATES)
+            ),
+        }
+    }
+
     fn docs(&mut self, chars: usize, planted: Option<String>) -> String {
         self.fill(chars, planted, |g| {
+            if g.noise == Noise::Realistic && g.rng.bool() {
+                return g.named_rule();
+            }
             if g.rng.u32(..6) == 0 {
                 format!(
                     "\n## {}",
@@ -963,6 +1282,7 @@ pub fn generate(seed: u64, shape: Shape) -> Trajectory {
         decisions,
         used_numbers: Vec::new(),
         scale: shape.output_scale,
+        noise: shape.noise,
     };
     let n = shape.turns;
     // Plant turns: distinct, leaving room for the reference after them.
@@ -1015,8 +1335,7 @@ pub fn generate(seed: u64, shape: Shape) -> Trajectory {
         let call_id = format!("t{t}");
         let (tool, arguments, output, is_error, intro) = match action {
             Action::Build => {
-                let failed = line.is_some();
-                let output = g.build_log(krate, chars, line);
+                let (output, failed) = g.build_log(krate, chars, line);
                 (
                     "shell",
                     serde_json::json!({"command": format!("cargo build -p {krate}")}),
@@ -1026,9 +1345,8 @@ pub fn generate(seed: u64, shape: Shape) -> Trajectory {
                 )
             }
             Action::Test => {
-                let failed = line.is_some();
                 let module = g.pick(&MODULES);
-                let output = g.test_log(krate, chars, line);
+                let (output, failed) = g.test_log(krate, chars, line);
                 (
                     "shell",
                     serde_json::json!({"command": format!("cargo test -p {krate} {module}")}),
