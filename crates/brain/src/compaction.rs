@@ -769,21 +769,44 @@ impl Items {
 /// `error`), and rules (ranked `rule`). Most lines match nothing, so one pattern runs once
 /// over the whole output, where the regex's prefilter skips the bulk, rather than several
 /// patterns line by line.
+///
+/// Failure words count only where tools print them, as a label: at the start of a line
+/// (`error[E0308]: …`, `FAILED tests/…`, `panic: …`), after a timestamp or a program's
+/// `name: ` prefix (`ls: cannot access …`, `test result: FAILED.`), after the `path:line:`
+/// of a compiler diagnostic (`src/x.c:4:2: error: …`), in `thread '…' panicked at`, or as
+/// a verdict in capitals standing alone (`test x ... FAILED`, `[ERROR] …`). Inside code
+/// (`panic!(…)`, `Err("failed to load row")`), which files read and search results are
+/// full of, they are words, not errors. A `path:line:` line that is not a diagnostic is a search hit: it
+/// is what the search found (see [`found`]), never an error or a rule, whatever the
+/// matched source says. Of the lines after an error, those giving a location or a value
+/// are kept, not the source snippet a compiler quotes (`41 |     let n = …`, `|  ^^^`),
+/// which costs as much as the error and says less than its location.
 fn notable_lines(content: &str, error: u8, rule: u8) -> BTreeMap<usize, (u8, &str)> {
     let mut picked: BTreeMap<usize, (u8, &str)> = BTreeMap::new();
     let mut last_error = None;
     for found in TOOL_LINE.find_iter(content) {
         let (start, end) = line_bounds(content, found.start());
-        let line = content[start..end].trim();
+        let hit = search_hit(&content[start..end]);
         if !TOOL_ERROR.is_match(found.as_str()) {
-            picked.entry(start).or_insert((rule, line));
+            if hit.is_none() {
+                picked
+                    .entry(start)
+                    .or_insert((rule, content[start..end].trim()));
+            }
             continue;
         }
-        if last_error == Some(start) || counts_none(content, found.start()) {
+        if last_error == Some(start)
+            || counts_none(content, found.start())
+            || !is_label(content, start, found.start(), found.end(), hit)
+        {
             continue;
         }
         last_error = Some(start);
+        let line = content[start..end].trim();
         picked.insert(start, (error, line));
+        // A header that ends in `:` (`panicked at src/x.rs:88:5:`) continues on the next
+        // line: the message.
+        let mut introduces = line.ends_with(':');
         let mut at = end + 1;
         let mut context = 0;
         while context < 3 && at < content.len() {
@@ -791,14 +814,119 @@ fn notable_lines(content: &str, error: u8, rule: u8) -> BTreeMap<usize, (u8, &st
             let line = content[start..end].trim();
             if !line.is_empty() {
                 context += 1;
-                if !line.starts_with(ARCHIVED) && (PATH.is_match(line) || NUMBER.is_match(line)) {
+                if !line.starts_with(ARCHIVED)
+                    && !is_snippet(line)
+                    && (introduces || PATH.is_match(line) || NUMBER.is_match(line))
+                {
                     picked.insert(start, (error, line));
                 }
+                introduces = false;
             }
             at = end + 1;
         }
     }
     picked
+}
+
+/// The length of the `path:line:` (or `path:line:column:`) that starts `line`, as `rg -n`,
+/// `grep -n` and compilers print it: a file name (with an extension) or a path, a colon
+/// and a line number.
+fn search_hit(line: &str) -> Option<usize> {
+    let indent = line.len() - line.trim_start().len();
+    let bytes = &line.as_bytes()[indent..];
+    let word = bytes
+        .iter()
+        .position(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'/')))
+        .unwrap_or(bytes.len());
+    let name = &bytes[..word];
+    let file_name = name.rsplit(|&b| b == b'/').next().unwrap_or_default();
+    let has_extension = file_name
+        .iter()
+        .rposition(|&b| b == b'.')
+        .is_some_and(|dot| dot > 0 && file_name.get(dot + 1).is_some_and(u8::is_ascii_alphabetic));
+    if !(has_extension || name.contains(&b'/')) {
+        return None;
+    }
+    let mut at = word;
+    // `:line:` and an optional `column:`.
+    for required in [true, false] {
+        let digits = bytes[at..].strip_prefix(b":").map_or(0, |rest| {
+            rest.iter().take_while(|b| b.is_ascii_digit()).count()
+        });
+        if digits == 0 || bytes.get(at + 1 + digits) != Some(&b':') {
+            if required {
+                return None;
+            }
+            break;
+        }
+        at += 1 + digits;
+    }
+    Some(indent + at + 1)
+}
+
+/// Whether the failure word at `at..end`, on the line starting at `line_start` (a search
+/// hit whose `path:line:` is `hit` bytes long, if it is one), stands where tools print their
+/// labels (see [`notable_lines`]).
+fn is_label(content: &str, line_start: usize, at: usize, end: usize, hit: Option<usize>) -> bool {
+    let word = &content[at..end];
+    let before = &content[line_start..at];
+    if let Some(hit) = hit {
+        // Only a compiler's diagnostic: `src/x.c:4:2: error: …`, `… fatal error: …`.
+        let Some(label) = before.get(hit..) else {
+            return false; // In the path itself.
+        };
+        let label = label.trim();
+        return word.to_ascii_lowercase().starts_with("error") && matches!(label, "" | "fatal");
+    }
+    // `ValueError:`, `TypeError:`: the label is the whole word.
+    let head = before
+        .trim_end_matches(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        .trim();
+    let uppercase = word.bytes().any(|b| b.is_ascii_uppercase())
+        && !word.bytes().any(|b| b.is_ascii_lowercase());
+    let rest = &content[end..];
+    let line_rest = &rest[..memchr::memchr(b'\n', rest.as_bytes()).unwrap_or(rest.len())];
+    // A timestamp (`2026-05-01T12:00:00Z`, `[12:00:01]`), not a comment's `//`.
+    let timestamp = head.bytes().any(|b| b.is_ascii_digit())
+        && head
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b" \t-:.,/+TZ[]".contains(&b));
+    let label_head = head.is_empty()
+        || head == "["
+        || timestamp
+        || (head.trim_end().ends_with(':')
+            && head.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && !head.contains(['"', '(', ')', '{', '}', '=', ';', '<', '>', '`']));
+    let placed = label_head
+        || (head.starts_with("thread '") && word.eq_ignore_ascii_case("panicked"))
+        || (uppercase && (before.is_empty() || before.ends_with([' ', '\t', '['])));
+    // The `error:` label is matched with its colon; a bare word must end as a word does.
+    placed && (word.contains(':') || ends_word(line_rest))
+}
+
+/// Whether what follows a failure word leaves it a word of a message (`failed to connect`,
+/// `panic: …`, the end of the line) rather than a name in code (`panic!(…)`, `failed += 1`).
+fn ends_word(rest: &str) -> bool {
+    let rest = rest.trim_end();
+    let Some(next) = rest.chars().next() else {
+        return true;
+    };
+    match next {
+        ':' | ']' => true,
+        '.' => rest[1..].starts_with(char::is_whitespace) || rest.len() == 1,
+        ' ' | '\t' => rest.trim_start().starts_with(|c: char| {
+            c.is_alphanumeric() || matches!(c, '(' | '\'' | '"' | '`' | '[')
+        }),
+        _ => false,
+    }
+}
+
+/// Whether a line is a source snippet quoted under a compiler diagnostic: `41 |     let …`,
+/// `   |      ^^^^ expected …`, `   |`.
+fn is_snippet(line: &str) -> bool {
+    line.trim_start_matches(|c: char| c.is_ascii_digit())
+        .trim_start()
+        .starts_with('|')
 }
 
 /// Whether the failure word at `at` is counted zero times (`40 passed; 0 failed`): a
@@ -1277,15 +1405,14 @@ mod tests {
         let build = "   Compiling serde v1.0.1\nwarning: unused variable: `row`\n  --> src/ledger.rs:12:5\n   |\n\
             error[E0308]: mismatched types\n  --> src/x.rs:41:9\n   |\n41 |     let n: u32 = row.get(\"n\")?;\n   |\n\
             error: could not compile `billing` (lib) due to 1 previous error\n[exit code: 101]";
-        // The error with its location and the offending line, the summary line, the status;
-        // not the warning's location.
+        // The error with its location (not the quoted source line), the summary line, the
+        // status; not the warning's location.
         check_digest(
             build,
             300,
             &[
                 "error[E0308]: mismatched types",
                 "--> src/x.rs:41:9",
-                "41 |     let n: u32 = row.get(\"n\")?;",
                 "error: could not compile `billing` (lib) due to 1 previous error",
                 "[exit code: 101]",
             ],
@@ -1345,6 +1472,108 @@ mod tests {
         }
         // No budget, no digest.
         check_digest(build, 0, &[]);
+    }
+
+    /// Each line of `content` that [`notable_lines`] picks, with "error" or "rule".
+    fn check_notable(content: &str, expected: &[(&str, &str)]) {
+        let got: Vec<(&str, &str)> = notable_lines(content, 0, 1)
+            .into_values()
+            .map(|(rank, line)| (if rank == 0 { "error" } else { "rule" }, line))
+            .collect();
+        assert_eq!(got, expected, "{content}");
+    }
+
+    #[test]
+    fn failure_words_count_only_where_tools_print_labels() {
+        // Labels as tools print them: at the start of a line, after a timestamp or a
+        // program's `name: `, after a diagnostic's `path:line:col:`, in `thread '…'
+        // panicked at`, and verdicts in capitals.
+        for line in [
+            "error[E0308]: mismatched types",
+            "  error: could not compile `billing`",
+            "src/db/schema.rs:42: error[E0308]: mismatched types",
+            "src/x.c:4:2: fatal error: x.h: No such file or directory",
+            "thread 'main' panicked at src/main.rs:3:5",
+            "test ledger::tests::exact ... FAILED",
+            "FAILED tests/test_rows.py::test_load - AssertionError",
+            "test result: FAILED. 1 passed; 1 failed; 0 ignored",
+            "2026-05-01T12:00:00Z ERROR api: request failed",
+            "[ERROR] Failed to execute goal",
+            "ValueError: bad row",
+            "panic: runtime error: index out of range",
+            "ls: cannot access 'x': No such file or directory",
+            "Traceback (most recent call last):",
+        ] {
+            check_notable(line, &[("error", line.trim())]);
+        }
+        // The same words in code, in a file read or in a search hit, and a search hit's
+        // rule: nothing (the search hits are paths found, see `found`).
+        for line in [
+            "        return Err(\"failed to load row\".into());",
+            "    panic!(\"corrupt page {id}\");",
+            "        failed += 1;",
+            "    if self.failed.len() > 3 {",
+            "    if level == ERROR {",
+            "    except ValueError:",
+            "    // failed requests are retried once",
+            "src/db/load.rs:41:        return Err(\"failed to load row\".into());",
+            "src/db/page.rs:88:    panic!(\"corrupt page\");",
+            "crates/api/src/rate.rs:7:    // the rate must never be negative",
+            "README.md:3:Builds that failed are never retried.",
+            "   |             ^^^^ not found in this scope",
+            "test result: ok. 40 passed; 0 failed; 0 ignored",
+        ] {
+            check_notable(line, &[]);
+        }
+        // A rule outside a search hit stays one.
+        check_notable(
+            "Never edit migrations/0036_fx.sql; add a new one.",
+            &[("rule", "Never edit migrations/0036_fx.sql; add a new one.")],
+        );
+    }
+
+    #[test]
+    fn error_digests_keep_locations_not_source_snippets() {
+        // Two rustc errors: each header with its location; the quoted source lines and
+        // their markers are left out, so both fit where one fitted with its snippet.
+        let build = "error[E0308]: mismatched types\n  --> src/x.rs:41:9\n   |\n\
+            41 |     let n: u32 = row.get(\"n\")?;\n   |                  ^^^^^^^^^^^^ expected `u32`, found `i64`\n\n\
+            error[E0425]: cannot find value `rate` in this scope\n  --> src/fx.rs:7:13\n   |\n\
+            7  |     let r = rate * 2;\n   |             ^^^^ not found in this scope\n";
+        check_digest(
+            build,
+            300,
+            &[
+                "error[E0308]: mismatched types",
+                "--> src/x.rs:41:9",
+                "error[E0425]: cannot find value `rate` in this scope",
+                "--> src/fx.rs:7:13",
+            ],
+        );
+        // A failing test: where it panicked, the message after the header's colon, the
+        // values.
+        check_digest(
+            "thread 'fx::tests::rounds' panicked at src/fx.rs:120:9:\ncalled `Option::unwrap()` on a `None` value\n",
+            300,
+            &[
+                "thread 'fx::tests::rounds' panicked at src/fx.rs:120:9:",
+                "called `Option::unwrap()` on a `None` value",
+            ],
+        );
+        // Search hits whose source lines hold failure words and rules are the paths found,
+        // each file once.
+        check_digest(
+            "src/db/load.rs:41:        return Err(\"failed to load row\".into());\n\
+             src/db/load.rs:88:    panic!(\"corrupt page\");\n\
+             crates/api/src/rate.rs:7:    // the rate must never be negative\n\
+             tests/load.rs:12:fn load_fails() {",
+            300,
+            &[
+                "src/db/load.rs:41",
+                "crates/api/src/rate.rs:7",
+                "tests/load.rs:12",
+            ],
+        );
     }
 
     #[test]
