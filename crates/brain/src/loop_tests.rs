@@ -50,10 +50,25 @@ impl Outcome {
 async fn run(cassette: &str, config: EngineConfig, tools: EchoTools) -> Outcome {
     let sink = Arc::new(MemorySink::default());
     let tools = Arc::new(tools);
+    let result = run_on(cassette, config, Arc::clone(&tools) as _, Arc::clone(&sink)).await;
+    Outcome {
+        result,
+        sink,
+        tools,
+    }
+}
+
+/// Runs the task "do it" with `tools`, recording into `sink`.
+async fn run_on(
+    cassette: &str,
+    config: EngineConfig,
+    tools: Arc<dyn nerve_core::ToolExecutor>,
+    sink: Arc<MemorySink>,
+) -> ExecutionResult {
     let engine = AgentEngine::new(
         Arc::new(ScriptedProvider::parse("test", cassette).unwrap()),
-        Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
-        Arc::clone(&sink) as Arc<dyn EventSink>,
+        tools,
+        sink as Arc<dyn EventSink>,
         config,
     );
     let task = Task {
@@ -63,15 +78,10 @@ async fn run(cassette: &str, config: EngineConfig, tools: EchoTools) -> Outcome 
         status: TaskStatus::Created,
         workspace: "/w".into(),
     };
-    let result = engine
+    engine
         .run(ExecutionId::new(), task, CancellationToken::new())
         .await
-        .unwrap();
-    Outcome {
-        result,
-        sink,
-        tools,
-    }
+        .unwrap()
 }
 
 fn tool(command: &str) -> String {
@@ -668,29 +678,13 @@ async fn a_turn_is_two_commits_and_a_call_runs_only_once_its_intent_is_durable()
         inner: EchoTools::default(),
         seen: std::sync::Mutex::default(),
     });
-    let engine = AgentEngine::new(
-        Arc::new(
-            ScriptedProvider::parse(
-                "test",
-                &lines(&[tool("ls"), tool("pwd"), tool("date"), text("done")]),
-            )
-            .unwrap(),
-        ),
-        Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
-        Arc::clone(&sink) as Arc<dyn EventSink>,
+    let result = run_on(
+        &lines(&[tool("ls"), tool("pwd"), tool("date"), text("done")]),
         EngineConfig::default(),
-    );
-    let task = Task {
-        id: TaskId::new(),
-        description: "do it".into(),
-        metadata: serde_json::Value::Null,
-        status: TaskStatus::Created,
-        workspace: "/w".into(),
-    };
-    let result = engine
-        .run(ExecutionId::new(), task, CancellationToken::new())
-        .await
-        .unwrap();
+        Arc::clone(&tools) as _,
+        Arc::clone(&sink),
+    )
+    .await;
     assert_eq!(result.termination_reason, TerminationReason::Completed);
 
     let seen = tools.seen.lock().unwrap().clone();
