@@ -140,12 +140,10 @@ pub(crate) fn encode_checkpoint_after(
         snapshot_sha256: sha256.clone(),
         snapshot_bytes: snapshot.len() as u64,
     });
+    events.push(encode_event(&event, redactor)?);
     Ok(Write {
         execution_id,
-        events: {
-            events.push(encode_event(&event, redactor)?);
-            events
-        },
+        events,
         checkpoint: Some(EncodedCheckpoint {
             turn,
             snapshot,

@@ -25,7 +25,8 @@ use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock};
 use crate::chain::ChainError;
 use crate::encode::{
-    Write, Written, encode_blocks, encode_checkpoint, encode_checkpoint_after, encode_event,
+    EncodedEvent, Write, Written, encode_blocks, encode_checkpoint, encode_checkpoint_after,
+    encode_event,
 };
 use crate::event_store::EventStore;
 use crate::replay::Replay;
@@ -113,6 +114,14 @@ impl SqliteSink {
             Ok((Err(message), _)) => Err(SessionError::Write(message)),
             Err(_) => Err(SessionError::WriterGone),
         }
+    }
+
+    /// Encodes and redacts `events` on the caller's thread, as the log stores them.
+    fn encode_all(&self, events: &[Event]) -> Result<Vec<EncodedEvent>, SessionError> {
+        events
+            .iter()
+            .map(|e| encode_event(e, &self.redactor).map_err(SessionError::Encode))
+            .collect()
     }
 
     /// Runs a read on the read-only connection, off the async threads.
@@ -343,11 +352,7 @@ impl EventSink for SqliteSink {
         checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
         let sink_error = |e: SessionError| SinkError(e.to_string());
-        let encoded = events
-            .iter()
-            .map(|e| encode_event(e, &self.redactor))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| sink_error(SessionError::Encode(e)))?;
+        let encoded = self.encode_all(&events).map_err(sink_error)?;
         let write = match &checkpoint {
             Some(snapshot) => encode_checkpoint_after(
                 execution.to_string(),
@@ -372,10 +377,7 @@ impl EventStore for SqliteSink {
         execution: ExecutionId,
         events: Vec<Event>,
     ) -> Result<Vec<u64>, SessionError> {
-        let encoded = events
-            .iter()
-            .map(|e| encode_event(e, &self.redactor))
-            .collect::<Result<Vec<_>, _>>()?;
+        let encoded = self.encode_all(&events)?;
         Ok(self
             .submit(Write::events(execution.to_string(), encoded))
             .await?
