@@ -58,10 +58,7 @@ impl ContextArchive for MemoryArchive {
             let lower = text.to_lowercase();
             if !words.is_empty() && words.iter().all(|w| lower.contains(w.as_str())) {
                 let at = lower.find(words[0].as_str()).unwrap_or(0);
-                let start = (0..=at.saturating_sub(80))
-                    .rev()
-                    .find(|&i| text.is_char_boundary(i))
-                    .unwrap_or(0);
+                let start = nerve_core::text::clip(&text, at.saturating_sub(80)).len();
                 let snippet: String = text[start..].chars().take(200).collect();
                 hits.push(RecallHit {
                     id: *id,

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::LazyLock;
 
+use nerve_core::text::clip;
 use nerve_core::{BlockId, Complexity, Message, MessagePart, MessageRole, ToolResult};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
@@ -471,18 +472,6 @@ fn found(line: &str) -> Option<(&str, &str)> {
 
 fn digest_cost(line: &str) -> usize {
     line.len().min(DIGEST_LINE_CHARS) + 1
-}
-
-/// `line` cut to at most `max` bytes, at a character boundary.
-fn clip(line: &str, max: usize) -> &str {
-    if line.len() <= max {
-        return line;
-    }
-    let cut = (0..=max)
-        .rev()
-        .find(|&i| line.is_char_boundary(i))
-        .unwrap_or(0);
-    &line[..cut]
 }
 
 /// Whether a rule names what it is about: a path or a `code` span, rather than general

@@ -650,10 +650,7 @@ fn to_u32(n: usize) -> u32 {
 
 fn cap(text: &mut String, max: usize) {
     if text.len() > max {
-        let cut = (0..=max)
-            .rev()
-            .find(|&i| text.is_char_boundary(i))
-            .unwrap_or(0);
+        let cut = nerve_core::text::clip(text, max).len();
         text.truncate(cut);
         text.push_str("\n[... truncated ...]");
     }

@@ -131,10 +131,7 @@ pub(crate) fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
         for e in &events {
             let mut payload = e.payload.clone();
             if payload.len() > 160 {
-                let cut = (0..=157)
-                    .rev()
-                    .find(|&i| payload.is_char_boundary(i))
-                    .unwrap_or(0);
+                let cut = nerve_core::text::clip(&payload, 157).len();
                 payload.truncate(cut);
                 payload.push_str("...");
             }

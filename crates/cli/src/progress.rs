@@ -106,10 +106,7 @@ impl<S> ProgressSink<S> {
 
 fn shorten(mut text: String, max: usize) -> String {
     if text.len() > max {
-        let cut = (0..=max.saturating_sub(3))
-            .rev()
-            .find(|&i| text.is_char_boundary(i))
-            .unwrap_or(0);
+        let cut = nerve_core::text::clip(&text, max.saturating_sub(3)).len();
         text.truncate(cut);
         text.push_str("...");
     }

@@ -12,6 +12,7 @@ pub mod message;
 pub mod ports;
 pub mod redact;
 pub mod task;
+pub mod text;
 pub mod usage;
 
 pub use credentials::{

@@ -217,11 +217,7 @@ fn excerpt(text: &str) -> String {
     if text.len() <= MAX {
         return text.to_owned();
     }
-    let mut end = MAX;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &text[..end])
+    format!("{}...", nerve_core::text::clip(text, MAX))
 }
 
 #[cfg(test)]
