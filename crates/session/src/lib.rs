@@ -10,6 +10,7 @@ mod event_store;
 mod replay;
 mod schema;
 mod store;
+mod wal;
 mod writer;
 
 pub use archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};

@@ -28,6 +28,7 @@ use crate::schema::{
     SCHEMA_VERSION, V2, V3, derived_executions, execution_columns, migrate, user_version,
     with_last_event,
 };
+use crate::wal::WalRoom;
 
 /// Chain heads cached by a writing connection beyond this many are forgotten (they are
 /// re-read from the log on the next append), so a long-lived process stays small.
@@ -202,6 +203,8 @@ pub struct Store {
     heads: HashMap<String, Head>,
     /// A write failed since the last commit: load heads from the events, not the index.
     verify_heads: bool,
+    /// Zeroed space kept ahead of the WAL's frames (writing connections only).
+    wal: WalRoom,
 }
 
 const INSERT_EVENT: &str =
@@ -250,12 +253,14 @@ impl Store {
                 supported: SCHEMA_VERSION,
             });
         }
+        let wal = WalRoom::new(conn.path().unwrap_or(&shown));
         Ok(Self {
             conn,
             path: shown,
             schema: SCHEMA_VERSION,
             heads: HashMap::new(),
             verify_heads: false,
+            wal,
         })
     }
 
@@ -276,12 +281,14 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(err)?;
         let schema = user_version(&conn).map_err(err)?;
+        let wal = WalRoom::new(&shown);
         Ok(Self {
             conn,
             path: shown,
             schema,
             heads: HashMap::new(),
             verify_heads: false,
+            wal,
         })
     }
 
@@ -390,6 +397,7 @@ impl Store {
             path,
             heads,
             verify_heads,
+            wal,
             ..
         } = self;
         let err = |source| SessionError::Sqlite {
@@ -401,6 +409,10 @@ impl Store {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(err)?;
+        // Under the write lock, as the room must be made.
+        if let Err(error) = wal.ensure() {
+            tracing::debug!(%error, "cannot make room in the event log's WAL; commits grow it");
+        }
         let mut touched: HashMap<&str, Head> = HashMap::new();
         let mut out = Vec::with_capacity(writes.len());
         {
