@@ -18,14 +18,6 @@ pub(crate) struct EncodedEvent {
     pub(crate) index: IndexUpdate,
 }
 
-/// A checkpoint row, stored under the sequence number of its `checkpoint` event.
-#[derive(Debug, Clone)]
-pub(crate) struct EncodedCheckpoint {
-    pub(crate) turn: u32,
-    pub(crate) snapshot: String,
-    pub(crate) sha256: String,
-}
-
 /// An archive block row.
 #[derive(Debug, Clone)]
 pub(crate) struct EncodedBlock {
@@ -36,14 +28,14 @@ pub(crate) struct EncodedBlock {
 }
 
 /// One unit of the writer's work. Everything in it commits together, with everything else
-/// in its batch: a checkpoint row never exists without its event, nor blocks without the
-/// compaction event that archived them.
+/// in its batch: blocks never exist without the compaction event that archived them.
 #[derive(Debug, Clone)]
 pub(crate) struct Write {
     pub(crate) execution_id: String,
     pub(crate) events: Vec<EncodedEvent>,
-    /// Stored under the sequence number of the last event of `events`.
-    pub(crate) checkpoint: Option<EncodedCheckpoint>,
+    /// A checkpoint's redacted snapshot, stored in the row of the last event of `events`:
+    /// the `checkpoint` event, whose payload records the snapshot's SHA-256.
+    pub(crate) snapshot: Option<String>,
     /// Stored with `created_seq` = the execution's head after `events`.
     pub(crate) blocks: Vec<EncodedBlock>,
 }
@@ -88,14 +80,14 @@ impl Write {
         Self {
             execution_id,
             events,
-            checkpoint: None,
+            snapshot: None,
             blocks: Vec::new(),
         }
     }
 
     /// How many rows this write adds to the log, for batch sizing.
     pub(crate) fn weight(&self) -> usize {
-        self.events.len() + self.blocks.len() + usize::from(self.checkpoint.is_some())
+        self.events.len() + self.blocks.len()
     }
 }
 
@@ -134,21 +126,16 @@ pub(crate) fn encode_checkpoint_after(
     redactor: &Redactor,
 ) -> Result<Write, serde_json::Error> {
     let snapshot = redacted_json(snapshot, redactor)?;
-    let sha256 = sha256_hex(&snapshot);
     let event = Event::Checkpoint(Checkpoint {
         turn,
-        snapshot_sha256: sha256.clone(),
+        snapshot_sha256: sha256_hex(&snapshot),
         snapshot_bytes: snapshot.len() as u64,
     });
     events.push(encode_event(&event, redactor)?);
     Ok(Write {
         execution_id,
         events,
-        checkpoint: Some(EncodedCheckpoint {
-            turn,
-            snapshot,
-            sha256,
-        }),
+        snapshot: Some(snapshot),
         blocks: Vec::new(),
     })
 }
@@ -186,7 +173,7 @@ pub(crate) fn encode_blocks(
     Ok(Write {
         execution_id,
         events,
-        checkpoint: None,
+        snapshot: None,
         blocks,
     })
 }

@@ -1,6 +1,6 @@
-//! The SQLite store: opening and migrating the database, committing writes (events with
-//! their checkpoint and archive rows, and the executions index) in one transaction, and
-//! reading an execution back, verifying its chain, listing executions.
+//! The SQLite store: opening and migrating the database, committing writes (events, a
+//! checkpoint's snapshot in its event's row, archive rows, the executions index) in one
+//! transaction, and reading an execution back, verifying its chain, listing executions.
 //!
 //! Reads never see a torn write: every read method runs one statement, or one read
 //! transaction when it needs several, so it sees one committed snapshot of the WAL.
@@ -25,7 +25,7 @@ use crate::encode::{
 };
 use crate::replay::{Replay, Replayer, replay};
 use crate::schema::{
-    SCHEMA_VERSION, V2, V3, derived_executions, execution_columns, migrate, user_version,
+    SCHEMA_VERSION, V2, V3, V4, derived_executions, execution_columns, migrate, user_version,
     with_last_event,
 };
 use crate::wal::WalRoom;
@@ -207,9 +207,9 @@ pub struct Store {
     wal: WalRoom,
 }
 
-const INSERT_EVENT: &str =
-    "INSERT INTO events (execution_id, seq, ts, kind, version, payload, prev_hash, hash)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+const INSERT_EVENT: &str = "INSERT INTO events
+     (execution_id, seq, ts, kind, version, payload, prev_hash, hash, snapshot)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 const SELECT_EVENTS: &str = "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash
      FROM events WHERE execution_id = ?1 AND seq > ?2 ORDER BY seq";
 
@@ -431,7 +431,8 @@ impl Store {
                     }
                 };
                 let mut seqs = Vec::with_capacity(write.events.len());
-                for event in &write.events {
+                let last = write.events.len().saturating_sub(1);
+                for (i, event) in write.events.iter().enumerate() {
                     // The index row changes with the first event and the few kinds it
                     // summarises; the last event's time and number are read from the log.
                     head.dirty |= head.seq == 0 || event.index != IndexUpdate::Nothing;
@@ -445,6 +446,8 @@ impl Store {
                         event.version,
                         &event.payload,
                     );
+                    // A checkpoint's snapshot goes in its event's row: the write's last.
+                    let snapshot = write.snapshot.as_deref().filter(|_| i == last);
                     insert_event
                         .execute(params![
                             id,
@@ -454,30 +457,14 @@ impl Store {
                             event.version,
                             event.payload,
                             head.hash,
-                            hash
+                            hash,
+                            snapshot
                         ])
                         .map_err(err)?;
                     head.seq = seq;
                     head.hash = hash;
                     head.row.apply(&event.index);
                     seqs.push(seq);
-                }
-                if let Some(checkpoint) = &write.checkpoint {
-                    tx.prepare_cached(
-                        "INSERT INTO checkpoints (execution_id, seq, turn, ts, snapshot, sha256)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    )
-                    .and_then(|mut stmt| {
-                        stmt.execute(params![
-                            id,
-                            to_i64(head.seq),
-                            checkpoint.turn,
-                            ts,
-                            checkpoint.snapshot,
-                            checkpoint.sha256
-                        ])
-                    })
-                    .map_err(err)?;
                 }
                 for block in &write.blocks {
                     tx.prepare_cached(
@@ -686,28 +673,31 @@ impl Store {
             return Ok(None);
         }
         let id = execution.to_string();
+        let sql = if self.schema >= V4 {
+            // Walks the execution's keys back from its last event: a turn or so.
+            "SELECT seq, ts, snapshot, NULL, kind, payload FROM events
+             WHERE execution_id = ?1 AND snapshot IS NOT NULL ORDER BY seq DESC LIMIT 1"
+        } else {
+            // Older logs keep snapshots in a table of their own, their SHA-256 beside them.
+            "SELECT c.seq, c.ts, c.snapshot, c.sha256, e.kind, e.payload
+             FROM checkpoints c LEFT JOIN events e ON e.execution_id = c.execution_id AND e.seq = c.seq
+             WHERE c.execution_id = ?1 ORDER BY c.seq DESC LIMIT 1"
+        };
         let row = self
             .conn
-            .query_row(
-                "SELECT c.seq, c.turn, c.ts, c.snapshot, c.sha256, e.kind, e.payload
-                 FROM checkpoints c LEFT JOIN events e ON e.execution_id = c.execution_id AND e.seq = c.seq
-                 WHERE c.execution_id = ?1 ORDER BY c.seq DESC LIMIT 1",
-                [&id],
-                |row| {
-                    Ok((
-                        row.get::<_, i64>(0)?,
-                        row.get::<_, u32>(1)?,
-                        row.get::<_, String>(2)?,
-                        row.get::<_, String>(3)?,
-                        row.get::<_, String>(4)?,
-                        row.get::<_, Option<String>>(5)?,
-                        row.get::<_, Option<String>>(6)?,
-                    ))
-                },
-            )
+            .query_row(sql, [&id], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, Option<String>>(4)?,
+                    row.get::<_, Option<String>>(5)?,
+                ))
+            })
             .optional()
             .map_err(|e| self.sql_err(e))?;
-        let Some((seq, turn, ts, snapshot, sha256, kind, payload)) = row else {
+        let Some((seq, ts, snapshot, beside, kind, payload)) = row else {
             return Ok(None);
         };
         let seq = to_u64(seq);
@@ -717,10 +707,11 @@ impl Store {
             kind.as_deref(),
             payload.and_then(|p| serde_json::from_str::<Event>(&p).ok()),
         ) {
-            (Some("checkpoint"), Some(Event::Checkpoint(event))) => event.snapshot_sha256,
+            (Some("checkpoint"), Some(Event::Checkpoint(event))) => event,
             _ => return Err(corrupt("its checkpoint event is missing")),
         };
-        if sha256_hex(&snapshot) != sha256 || sha256 != recorded {
+        let sha256 = sha256_hex(&snapshot);
+        if sha256 != recorded.snapshot_sha256 || beside.is_some_and(|beside| beside != sha256) {
             return Err(corrupt(
                 "the snapshot does not match the hash its checkpoint event recorded",
             ));
@@ -729,7 +720,7 @@ impl Store {
             .map_err(|e| corrupt(&format!("snapshot is not JSON: {e}")))?;
         Ok(Some(StoredCheckpoint {
             seq,
-            turn,
+            turn: recorded.turn,
             ts,
             snapshot,
         }))

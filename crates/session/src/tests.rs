@@ -905,7 +905,7 @@ async fn update_and_delete_are_refused_and_tampering_is_detected() {
     .await
     .unwrap();
     let conn = rusqlite::Connection::open(&path).unwrap();
-    for table in ["events", "checkpoints", "archive_blocks"] {
+    for table in ["events", "archive_blocks"] {
         let update = conn
             .execute(&format!("UPDATE {table} SET ts = 'x'"), [])
             .unwrap_err();
@@ -950,11 +950,13 @@ async fn update_and_delete_are_refused_and_tampering_is_detected() {
         GapKind::SequenceGap
     );
 
-    // A checkpoint's snapshot is tied to the chain by the hash in its event.
-    conn.execute_batch("DROP TRIGGER checkpoints_no_update")
-        .unwrap();
-    conn.execute("UPDATE checkpoints SET snapshot = '{\"turn\":99}'", [])
-        .unwrap();
+    // A checkpoint's snapshot is tied to the chain by the hash in its event (the snapshot
+    // column itself is outside the chain).
+    conn.execute(
+        "UPDATE events SET snapshot = '{\"turn\":99}' WHERE snapshot IS NOT NULL",
+        [],
+    )
+    .unwrap();
     let corrupt = store.latest_checkpoint(&id).unwrap_err();
     assert!(
         corrupt.to_string().contains("does not match the hash"),
@@ -1264,6 +1266,108 @@ fn a_version_1_database_is_read_and_migrated_with_its_index() {
         Store::open_read_only(&path).unwrap().executions().unwrap(),
         derived
     );
+}
+
+#[test]
+fn a_version_3_database_moves_its_snapshots_into_their_events_intact() {
+    let (_dir, path) = temp_db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    for sql in &schema::MIGRATIONS[..3] {
+        conn.execute_batch(sql).unwrap();
+    }
+    conn.pragma_update(None, "user_version", 3).unwrap();
+    let id = ExecutionId::new();
+    let snapshots = [r#"{"turn":1}"#, r#"{"turn":2,"k":"v"}"#];
+    let checkpoint = |turn: u32, snapshot: &str| {
+        Event::Checkpoint(nerve_core::event::Checkpoint {
+            turn,
+            snapshot_sha256: encode::sha256_hex(snapshot),
+            snapshot_bytes: snapshot.len() as u64,
+        })
+    };
+    let events = [
+        started(),
+        turn(1),
+        checkpoint(1, snapshots[0]),
+        turn(2),
+        checkpoint(2, snapshots[1]),
+        turn(3),
+    ];
+    let mut prev = GENESIS_HASH.to_owned();
+    for (i, event) in events.iter().enumerate() {
+        let payload = serde_json::to_string(event).unwrap();
+        let seq = i as u64 + 1;
+        let ts = "2025-01-01T00:00:00.000000Z";
+        let kind = event.kind().as_str();
+        let hash = chain::event_hash(&prev, &id.to_string(), seq, ts, kind, 1, &payload);
+        conn.execute(
+            "INSERT INTO events VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7)",
+            rusqlite::params![id.to_string(), seq as i64, ts, kind, payload, prev, hash],
+        )
+        .unwrap();
+        if let Event::Checkpoint(c) = event {
+            let snapshot = snapshots[c.turn as usize - 1];
+            conn.execute(
+                "INSERT INTO checkpoints VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                rusqlite::params![
+                    id.to_string(),
+                    seq as i64,
+                    c.turn,
+                    ts,
+                    snapshot,
+                    c.snapshot_sha256
+                ],
+            )
+            .unwrap();
+        }
+        prev = hash;
+    }
+    drop(conn);
+
+    let old = Store::open_read_only(&path).unwrap();
+    let (before, checkpoint_before) = (
+        old.events(&id).unwrap(),
+        old.latest_checkpoint(&id).unwrap().unwrap(),
+    );
+    assert_eq!((checkpoint_before.seq, checkpoint_before.turn), (5, 2));
+    drop(old);
+
+    let mut migrated = Store::open(&path).unwrap();
+    assert_eq!(
+        migrated.events(&id).unwrap(),
+        before,
+        "every event keeps its bytes"
+    );
+    assert_eq!(migrated.verify(&id).unwrap(), Ok(6));
+    assert_eq!(
+        migrated.latest_checkpoint(&id).unwrap(),
+        Some(checkpoint_before)
+    );
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let stored: Vec<(i64, String)> = raw
+        .prepare("SELECT seq, snapshot FROM events WHERE snapshot IS NOT NULL ORDER BY seq")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        stored,
+        [(3, snapshots[0].to_owned()), (5, snapshots[1].to_owned())]
+    );
+    let update = raw
+        .execute("UPDATE events SET snapshot = NULL", [])
+        .unwrap_err();
+    assert!(update.to_string().contains("append-only"), "{update}");
+
+    // New checkpoints go in their events' rows too.
+    let seq = migrated
+        .write_checkpoint(&id, 3, &serde_json::json!({"turn": 3}), &Redactor::new())
+        .unwrap();
+    let latest = migrated.latest_checkpoint(&id).unwrap().unwrap();
+    assert_eq!((latest.seq, latest.turn), (seq, 3));
+    assert_eq!(migrated.verify(&id).unwrap(), Ok(7));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
