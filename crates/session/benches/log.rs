@@ -402,7 +402,8 @@ fn fresh_connection() -> (rusqlite::Connection, tempfile::TempDir) {
 
 /// The anchor: the same rows as `group_commit` with as many appenders, in the order it
 /// appends them (each execution's first event, then each one's second, ...), inserted in
-/// one transaction through one prepared statement; returns how long it took.
+/// one transaction through one prepared statement, after each execution's key; returns
+/// how long it took.
 fn one_transaction(
     conn: &mut rusqlite::Connection,
     rows: &[StoredEvent],
@@ -414,12 +415,21 @@ fn one_transaction(
     let start = Instant::now();
     let tx = ok(conn.transaction());
     {
+        let mut key = ok(tx.prepare("INSERT INTO execution_keys (execution_id) VALUES (?1)"));
+        let keys: Vec<i64> = ids
+            .iter()
+            .map(|id| {
+                ok(key.execute([id]));
+                tx.last_insert_rowid()
+            })
+            .collect();
         let mut insert = ok(tx.prepare(
-            "INSERT INTO events (execution_id, seq, ts, kind, version, payload, prev_hash, hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT INTO events (execution_id, seq, ts, kind, version, payload, prev_hash, hash,
+                                 execution)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         ));
         for row in rows {
-            for id in &ids {
+            for (id, key) in ids.iter().zip(&keys) {
                 ok(insert.execute(rusqlite::params![
                     id,
                     row.seq as i64,
@@ -428,7 +438,8 @@ fn one_transaction(
                     row.version,
                     row.payload,
                     row.prev_hash,
-                    row.hash
+                    row.hash,
+                    key
                 ]));
             }
         }
@@ -441,8 +452,9 @@ fn one_transaction(
 /// (text as borrowed, UTF-8 checked strings), nothing decoded.
 fn raw_scan(conn: &rusqlite::Connection, id: &str) -> usize {
     let mut stmt = ok(conn.prepare_cached(
-        "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash
-         FROM events WHERE execution_id = ?1 AND seq > ?2 ORDER BY seq",
+        "SELECT e.execution_id, e.seq, e.ts, e.kind, e.version, e.payload, e.prev_hash, e.hash
+         FROM execution_keys k JOIN events e ON e.execution = k.key
+         WHERE k.execution_id = ?1 AND e.seq > ?2 ORDER BY e.seq",
     ));
     let mut rows = ok(stmt.query(rusqlite::params![id, 0]));
     let (mut count, mut bytes) = (0usize, 0usize);

@@ -74,7 +74,17 @@ macro_rules! with_last_event {
     };
 }
 
-pub(crate) use {derived_executions, execution_columns, with_last_event};
+/// [`with_last_event`] for logs keyed by `execution_keys` (version 4 on).
+macro_rules! with_last_keyed_event {
+    () => {
+        "SELECT x.*, l.ts, l.seq FROM executions x
+           JOIN execution_keys k ON k.execution_id = x.execution_id
+           JOIN events l ON l.execution = k.key
+            AND l.seq = (SELECT MAX(m.seq) FROM events m WHERE m.execution = k.key)"
+    };
+}
+
+pub(crate) use {derived_executions, execution_columns, with_last_event, with_last_keyed_event};
 
 /// Each entry migrates from version `index` to `index + 1`.
 pub(crate) const MIGRATIONS: &[&str] = &[
@@ -166,21 +176,50 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r"
     ALTER TABLE archive_blocks ADD COLUMN note TEXT NOT NULL DEFAULT '';
     ",
-    // 4: a checkpoint's snapshot moves into the row of its `checkpoint` event. Its own table
-    // cost every checkpointing commit a leaf of rows and one of keys (and, as both grew, a
-    // new page and the database header) for a few hundred bytes. The snapshot is outside
-    // the hash chain as before: the event's payload records its SHA-256. Existing snapshots
-    // move over; only the column is written, so every hashed field keeps its bytes.
+    // 4: events keyed by a small integer per execution, and a checkpoint's snapshot in the
+    // row of its `checkpoint` event. Both cut what a commit writes. The key (execution id,
+    // seq) repeated the 36-character id in every index entry, so few fitted a page: with
+    // many executions appending, a commit rewrote a key page per execution, and a lone
+    // one split its key page every few appends. The checkpoints table cost every
+    // checkpointing commit a row page, a key page and, as both grew, new pages and the
+    // database header, for a few hundred bytes. The events are copied with every column's
+    // bytes and their order (rowid) unchanged, so the chain verifies as before; the
+    // snapshot stays outside it, checked against the SHA-256 its event records.
     r"
-    ALTER TABLE events ADD COLUMN snapshot TEXT;
-    DROP TRIGGER events_no_update;
-    UPDATE events SET snapshot = (
-        SELECT c.snapshot FROM checkpoints c
-         WHERE c.execution_id = events.execution_id AND c.seq = events.seq)
-     WHERE kind = 'checkpoint';
+    CREATE TABLE execution_keys (
+        key          INTEGER PRIMARY KEY,
+        execution_id TEXT NOT NULL UNIQUE
+    ) STRICT;
+    INSERT INTO execution_keys (execution_id)
+        SELECT execution_id FROM events GROUP BY execution_id ORDER BY MIN(rowid);
+    CREATE TABLE events_keyed (
+        execution_id TEXT NOT NULL,
+        seq          INTEGER NOT NULL CHECK (seq >= 1),
+        ts           TEXT NOT NULL,
+        kind         TEXT NOT NULL,
+        version      INTEGER NOT NULL,
+        payload      TEXT NOT NULL,
+        prev_hash    TEXT NOT NULL,
+        hash         TEXT NOT NULL,
+        execution    INTEGER NOT NULL,
+        snapshot     TEXT,
+        PRIMARY KEY (execution, seq)
+    ) STRICT;
+    INSERT INTO events_keyed (rowid, execution_id, seq, ts, kind, version, payload, prev_hash,
+                              hash, execution, snapshot)
+        SELECT e.rowid, e.execution_id, e.seq, e.ts, e.kind, e.version, e.payload, e.prev_hash,
+               e.hash, k.key,
+               (SELECT c.snapshot FROM checkpoints c
+                 WHERE c.execution_id = e.execution_id AND c.seq = e.seq AND e.kind = 'checkpoint')
+          FROM events e JOIN execution_keys k ON k.execution_id = e.execution_id
+         ORDER BY e.rowid;
+    DROP TABLE events;
+    DROP TABLE checkpoints;
+    ALTER TABLE events_keyed RENAME TO events;
     CREATE TRIGGER events_no_update BEFORE UPDATE ON events
     BEGIN SELECT RAISE(ABORT, 'events are append-only: UPDATE refused'); END;
-    DROP TABLE checkpoints;
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+    BEGIN SELECT RAISE(ABORT, 'events are append-only: DELETE refused'); END;
     ",
 ];
 
@@ -190,7 +229,8 @@ pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 pub(crate) const V2: i64 = 2;
 /// The first version with a note per archive block.
 pub(crate) const V3: i64 = 3;
-/// The first version with snapshots in their checkpoint events' rows.
+/// The first version with events keyed by `execution_keys` and snapshots in their
+/// checkpoint events' rows.
 pub(crate) const V4: i64 = 4;
 
 /// Brings `conn` to [`SCHEMA_VERSION`]. Returns the version found before migrating, so the

@@ -26,7 +26,7 @@ use crate::encode::{
 use crate::replay::{Replay, Replayer, replay};
 use crate::schema::{
     SCHEMA_VERSION, V2, V3, V4, derived_executions, execution_columns, migrate, user_version,
-    with_last_event,
+    with_last_event, with_last_keyed_event,
 };
 use crate::wal::WalRoom;
 
@@ -182,6 +182,8 @@ pub struct ResumePoint {
 /// What a writing connection remembers about an execution between transactions.
 #[derive(Debug, Clone)]
 struct Head {
+    /// The execution's key in `execution_keys`, which the events' primary key is made of.
+    key: i64,
     seq: u64,
     hash: String,
     row: ExecutionSummary,
@@ -201,16 +203,21 @@ pub struct Store {
     /// long as no other process appends to the same execution; if one does, the insert hits
     /// the primary key, the transaction rolls back and the entry is dropped.
     heads: HashMap<String, Head>,
-    /// A write failed since the last commit: load heads from the events, not the index.
-    verify_heads: bool,
     /// Zeroed space kept ahead of the WAL's frames (writing connections only).
     wal: WalRoom,
 }
 
 const INSERT_EVENT: &str = "INSERT INTO events
-     (execution_id, seq, ts, kind, version, payload, prev_hash, hash, snapshot)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
-const SELECT_EVENTS: &str = "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash
+     (execution_id, seq, ts, kind, version, payload, prev_hash, hash, execution, snapshot)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+/// An execution's events after a sequence number, in order, through its key.
+const SELECT_EVENTS: &str =
+    "SELECT e.execution_id, e.seq, e.ts, e.kind, e.version, e.payload, e.prev_hash, e.hash
+     FROM execution_keys k JOIN events e ON e.execution = k.key
+     WHERE k.execution_id = ?1 AND e.seq > ?2 ORDER BY e.seq";
+/// [`SELECT_EVENTS`] for logs written before version 4, keyed by the execution id itself.
+const SELECT_EVENTS_BY_ID: &str =
+    "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash
      FROM events WHERE execution_id = ?1 AND seq > ?2 ORDER BY seq";
 
 impl Store {
@@ -259,7 +266,6 @@ impl Store {
             path: shown,
             schema: SCHEMA_VERSION,
             heads: HashMap::new(),
-            verify_heads: false,
             wal,
         })
     }
@@ -287,7 +293,6 @@ impl Store {
             path: shown,
             schema,
             heads: HashMap::new(),
-            verify_heads: false,
             wal,
         })
     }
@@ -383,11 +388,7 @@ impl Store {
     /// Commits `writes` in one transaction and returns what each produced. On error nothing
     /// was written, and the cached heads of the executions involved are dropped.
     pub(crate) fn apply(&mut self, writes: &[&Write]) -> Result<Vec<Written>, SessionError> {
-        let result = self.commit(writes);
-        if result.is_err() {
-            self.verify_heads = true;
-        }
-        result
+        self.commit(writes)
     }
 
     fn commit(&mut self, writes: &[&Write]) -> Result<Vec<Written>, SessionError> {
@@ -396,7 +397,6 @@ impl Store {
             conn,
             path,
             heads,
-            verify_heads,
             wal,
             ..
         } = self;
@@ -425,7 +425,7 @@ impl Store {
                         // Taken out of the cache: it goes back only if the commit succeeds.
                         let head = match heads.remove(id) {
                             Some(head) => head,
-                            None => load_head(&tx, id, &ts, *verify_heads).map_err(err)?,
+                            None => load_head(&tx, id, &ts).map_err(err)?,
                         };
                         entry.insert(head)
                     }
@@ -458,6 +458,7 @@ impl Store {
                             event.payload,
                             head.hash,
                             hash,
+                            head.key,
                             snapshot
                         ])
                         .map_err(err)?;
@@ -525,7 +526,6 @@ impl Store {
             }
         }
         tx.commit().map_err(err)?;
-        *verify_heads = false;
         if heads.len() + touched.len() > MAX_CACHED_HEADS {
             heads.clear();
         }
@@ -571,7 +571,13 @@ impl Store {
         execution: &ExecutionId,
         after: u64,
     ) -> Result<Vec<StoredEvent>, SessionError> {
-        read_events(&self.conn, &execution.to_string(), after).map_err(|e| self.sql_err(e))
+        read_events(
+            &self.conn,
+            self.select_events(),
+            &execution.to_string(),
+            after,
+        )
+        .map_err(|e| self.sql_err(e))
     }
 
     /// Replays `execution` straight from the database rows: the same result as
@@ -582,7 +588,7 @@ impl Store {
         let id = execution.to_string();
         let mut stmt = self
             .conn
-            .prepare_cached(SELECT_EVENTS)
+            .prepare_cached(self.select_events())
             .map_err(|e| self.sql_err(e))?;
         let mut rows = stmt.query(params![id, 0]).map_err(|e| self.sql_err(e))?;
         let mut chain = ChainCheck::default();
@@ -612,7 +618,7 @@ impl Store {
         let mut check = ChainCheck::default();
         let mut stmt = self
             .conn
-            .prepare_cached(SELECT_EVENTS)
+            .prepare_cached(self.select_events())
             .map_err(|e| self.sql_err(e))?;
         let mut rows = stmt.query(params![id, 0]).map_err(|e| self.sql_err(e))?;
         let mut any = false;
@@ -626,9 +632,23 @@ impl Store {
         Ok(check.finish().map_err(|(error, _)| error))
     }
 
+    /// The query of an execution's events for this database's version.
+    fn select_events(&self) -> &'static str {
+        if self.schema >= V4 {
+            SELECT_EVENTS
+        } else {
+            SELECT_EVENTS_BY_ID
+        }
+    }
+
     /// All executions, newest first, from the executions index.
     pub fn executions(&self) -> Result<Vec<ExecutionSummary>, SessionError> {
-        let sql = if self.schema >= V2 {
+        let sql = if self.schema >= V4 {
+            concat!(
+                with_last_keyed_event!(),
+                " ORDER BY x.started_at DESC, x.execution_id DESC"
+            )
+        } else if self.schema >= V2 {
             concat!(
                 with_last_event!("executions"),
                 " ORDER BY x.started_at DESC, x.execution_id DESC"
@@ -647,7 +667,9 @@ impl Store {
 
     /// One execution's line of the index.
     pub fn execution(&self, execution: &ExecutionId) -> Result<ExecutionSummary, SessionError> {
-        let sql = if self.schema >= V2 {
+        let sql = if self.schema >= V4 {
+            concat!(with_last_keyed_event!(), " WHERE x.execution_id = ?1")
+        } else if self.schema >= V2 {
             concat!(with_last_event!("executions"), " WHERE x.execution_id = ?1")
         } else {
             concat!(
@@ -675,8 +697,9 @@ impl Store {
         let id = execution.to_string();
         let sql = if self.schema >= V4 {
             // Walks the execution's keys back from its last event: a turn or so.
-            "SELECT seq, ts, snapshot, NULL, kind, payload FROM events
-             WHERE execution_id = ?1 AND snapshot IS NOT NULL ORDER BY seq DESC LIMIT 1"
+            "SELECT e.seq, e.ts, e.snapshot, NULL, e.kind, e.payload
+             FROM execution_keys k JOIN events e ON e.execution = k.key
+             WHERE k.execution_id = ?1 AND e.snapshot IS NOT NULL ORDER BY e.seq DESC LIMIT 1"
         } else {
             // Older logs keep snapshots in a table of their own, their SHA-256 beside them.
             "SELECT c.seq, c.ts, c.snapshot, c.sha256, e.kind, e.payload
@@ -954,10 +977,11 @@ impl<'scope> Decoder<'scope> {
 
 fn read_events(
     conn: &Connection,
+    sql: &str,
     execution: &str,
     after: u64,
 ) -> rusqlite::Result<Vec<StoredEvent>> {
-    let mut stmt = conn.prepare_cached(SELECT_EVENTS)?;
+    let mut stmt = conn.prepare_cached(sql)?;
     let rows = stmt.query_map(params![execution, to_i64(after)], |row| {
         Ok(StoredEvent {
             execution_id: row.get(0)?,
@@ -1013,11 +1037,10 @@ fn summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
     })
 }
 
-/// The chain head and index row of `execution` as committed. The index row is written in
-/// the transaction of an execution's first event, so without a row there are no events
-/// and the head is the genesis: one lookup instead of two for a new execution. After a
-/// failed write (`verify`), the events are asked as well, whatever the index says.
-fn load_head(conn: &Connection, execution: &str, ts: &str, verify: bool) -> rusqlite::Result<Head> {
+/// The chain head, key and index row of `execution` as committed. An execution gets its
+/// key in the transaction of its first event; without one it has no events, and the key is
+/// made here (it goes away with the transaction if that fails).
+fn load_head(conn: &Connection, execution: &str, ts: &str) -> rusqlite::Result<Head> {
     let row = conn
         .prepare_cached(concat!(
             "SELECT ",
@@ -1026,20 +1049,32 @@ fn load_head(conn: &Connection, execution: &str, ts: &str, verify: bool) -> rusq
         ))?
         .query_row([execution], summary)
         .optional()?;
-    let head = if row.is_some() || verify {
-        conn.prepare_cached(
-            "SELECT seq, hash FROM events WHERE execution_id = ?1 ORDER BY seq DESC LIMIT 1",
-        )?
-        .query_row([execution], |row| {
-            Ok((to_u64(row.get(0)?), row.get::<_, String>(1)?))
-        })
-        .optional()?
-    } else {
-        None
+    let key = conn
+        .prepare_cached("SELECT key FROM execution_keys WHERE execution_id = ?1")?
+        .query_row([execution], |row| row.get::<_, i64>(0))
+        .optional()?;
+    let (key, head) = match key {
+        Some(key) => {
+            let head = conn
+                .prepare_cached(
+                    "SELECT seq, hash FROM events WHERE execution = ?1 ORDER BY seq DESC LIMIT 1",
+                )?
+                .query_row([key], |row| {
+                    Ok((to_u64(row.get(0)?), row.get::<_, String>(1)?))
+                })
+                .optional()?;
+            (key, head)
+        }
+        None => {
+            conn.prepare_cached("INSERT INTO execution_keys (execution_id) VALUES (?1)")?
+                .execute([execution])?;
+            (conn.last_insert_rowid(), None)
+        }
     };
     let (seq, hash) = head.unwrap_or_else(|| (0, GENESIS_HASH.to_owned()));
     let row = row.unwrap_or_else(|| ExecutionSummary::new(execution, ts));
     Ok(Head {
+        key,
         seq,
         hash,
         row,

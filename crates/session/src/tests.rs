@@ -1269,7 +1269,7 @@ fn a_version_1_database_is_read_and_migrated_with_its_index() {
 }
 
 #[test]
-fn a_version_3_database_moves_its_snapshots_into_their_events_intact() {
+fn a_version_3_database_is_rebuilt_keyed_with_its_snapshots_and_every_event_intact() {
     let (_dir, path) = temp_db();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let conn = rusqlite::Connection::open(&path).unwrap();
@@ -1294,18 +1294,27 @@ fn a_version_3_database_moves_its_snapshots_into_their_events_intact() {
         checkpoint(2, snapshots[1]),
         turn(3),
     ];
-    let mut prev = GENESIS_HASH.to_owned();
-    for (i, event) in events.iter().enumerate() {
+    // Another execution's events interleaved with these ones.
+    let other = ExecutionId::new();
+    let other_events = [started(), context(), turn(1), turn(2), turn(3), turn(4)];
+    let (mut prev, mut other_prev) = (GENESIS_HASH.to_owned(), GENESIS_HASH.to_owned());
+    let insert = |id: &ExecutionId, seq: u64, event: &Event, prev: &str| {
         let payload = serde_json::to_string(event).unwrap();
-        let seq = i as u64 + 1;
         let ts = "2025-01-01T00:00:00.000000Z";
         let kind = event.kind().as_str();
-        let hash = chain::event_hash(&prev, &id.to_string(), seq, ts, kind, 1, &payload);
+        let hash = chain::event_hash(prev, &id.to_string(), seq, ts, kind, 1, &payload);
         conn.execute(
             "INSERT INTO events VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7)",
             rusqlite::params![id.to_string(), seq as i64, ts, kind, payload, prev, hash],
         )
         .unwrap();
+        hash
+    };
+    for (i, (event, other_event)) in events.iter().zip(&other_events).enumerate() {
+        let seq = i as u64 + 1;
+        other_prev = insert(&other, seq, other_event, &other_prev);
+        let hash = insert(&id, seq, event, &prev);
+        let ts = "2025-01-01T00:00:00.000000Z";
         if let Event::Checkpoint(c) = event {
             let snapshot = snapshots[c.turn as usize - 1];
             conn.execute(
@@ -1326,9 +1335,11 @@ fn a_version_3_database_moves_its_snapshots_into_their_events_intact() {
     drop(conn);
 
     let old = Store::open_read_only(&path).unwrap();
-    let (before, checkpoint_before) = (
+    let (before, other_before, checkpoint_before, listed_before) = (
         old.events(&id).unwrap(),
+        old.events(&other).unwrap(),
         old.latest_checkpoint(&id).unwrap().unwrap(),
+        old.executions().unwrap(),
     );
     assert_eq!((checkpoint_before.seq, checkpoint_before.turn), (5, 2));
     drop(old);
@@ -1339,11 +1350,14 @@ fn a_version_3_database_moves_its_snapshots_into_their_events_intact() {
         before,
         "every event keeps its bytes"
     );
+    assert_eq!(migrated.events(&other).unwrap(), other_before);
     assert_eq!(migrated.verify(&id).unwrap(), Ok(6));
+    assert_eq!(migrated.verify(&other).unwrap(), Ok(6));
     assert_eq!(
         migrated.latest_checkpoint(&id).unwrap(),
         Some(checkpoint_before)
     );
+    assert_eq!(migrated.executions().unwrap(), listed_before);
     let raw = rusqlite::Connection::open(&path).unwrap();
     let stored: Vec<(i64, String)> = raw
         .prepare("SELECT seq, snapshot FROM events WHERE snapshot IS NOT NULL ORDER BY seq")
@@ -1360,6 +1374,8 @@ fn a_version_3_database_moves_its_snapshots_into_their_events_intact() {
         .execute("UPDATE events SET snapshot = NULL", [])
         .unwrap_err();
     assert!(update.to_string().contains("append-only"), "{update}");
+    let delete = raw.execute("DELETE FROM events", []).unwrap_err();
+    assert!(delete.to_string().contains("append-only"), "{delete}");
 
     // New checkpoints go in their events' rows too.
     let seq = migrated
@@ -1368,6 +1384,13 @@ fn a_version_3_database_moves_its_snapshots_into_their_events_intact() {
     let latest = migrated.latest_checkpoint(&id).unwrap().unwrap();
     assert_eq!((latest.seq, latest.turn), (seq, 3));
     assert_eq!(migrated.verify(&id).unwrap(), Ok(7));
+    assert_eq!(
+        migrated
+            .append(&other, &[turn(5)], &Redactor::new())
+            .unwrap(),
+        [7]
+    );
+    assert_eq!(migrated.verify(&other).unwrap(), Ok(7));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
