@@ -75,6 +75,29 @@ pub(crate) enum IndexUpdate {
     Resumed,
 }
 
+/// When an event's change to the executions row must reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowWrite {
+    /// It changes nothing there.
+    Never,
+    /// With a later commit: readers add the turns after the row's `as_of` from the log.
+    Soon,
+    /// In the event's own commit.
+    Now,
+}
+
+impl IndexUpdate {
+    pub(crate) fn row_write(&self) -> RowWrite {
+        match self {
+            Self::Nothing => RowWrite::Never,
+            Self::Turn { .. } => RowWrite::Soon,
+            Self::Started { .. } | Self::Status(_) | Self::Finish { .. } | Self::Resumed => {
+                RowWrite::Now
+            }
+        }
+    }
+}
+
 impl Write {
     pub(crate) fn events(execution_id: String, events: Vec<EncodedEvent>) -> Self {
         Self {

@@ -74,17 +74,53 @@ macro_rules! with_last_event {
     };
 }
 
-/// [`with_last_event`] for logs keyed by `execution_keys` (version 4 on).
+/// [`with_last_event`] for logs keyed by `execution_keys` (version 4 on), where an index
+/// row holds the turns up to its `as_of` and the turns after it are added from the log.
 macro_rules! with_last_keyed_event {
     () => {
-        "SELECT x.*, l.ts, l.seq FROM executions x
-           JOIN execution_keys k ON k.execution_id = x.execution_id
-           JOIN events l ON l.execution = k.key
-            AND l.seq = (SELECT MAX(m.seq) FROM events m WHERE m.execution = k.key)"
+        concat!(
+            "SELECT x.execution_id, x.started_at, x.task, x.loop_type, x.model, x.task_status,
+                x.termination_reason, x.error,
+                MAX(x.total_turns, COALESCE(",
+            $crate::schema::turns_after_row!("MAX(json_extract(t.payload, '$.turn'))"),
+            ", 0)),
+                x.input_tokens + ",
+            $crate::schema::turns_after_row!(
+                "COALESCE(SUM(json_extract(t.payload, '$.usage.input_tokens')), 0)"
+            ),
+            ",
+                x.output_tokens + ",
+            $crate::schema::turns_after_row!(
+                "COALESCE(SUM(json_extract(t.payload, '$.usage.output_tokens')), 0)"
+            ),
+            ",
+                x.cost_micro_usd + ",
+            $crate::schema::turns_after_row!("COALESCE(SUM(json_extract(t.payload, '$.cost')), 0)"),
+            ",
+                x.resumes, l.ts, l.seq
+             FROM executions x
+             JOIN execution_keys k ON k.execution_id = x.execution_id
+             JOIN events l ON l.execution = k.key
+              AND l.seq = (SELECT MAX(m.seq) FROM events m WHERE m.execution = k.key)"
+        )
     };
 }
 
-pub(crate) use {derived_executions, execution_columns, with_last_event, with_last_keyed_event};
+/// `$aggregate` over the `turn_completed` events (`t`) after the index row's `as_of`.
+macro_rules! turns_after_row {
+    ($aggregate:literal) => {
+        concat!(
+            "(SELECT ",
+            $aggregate,
+            " FROM events t WHERE t.execution = k.key AND t.seq > x.as_of
+                AND t.kind = 'turn_completed')"
+        )
+    };
+}
+
+pub(crate) use {
+    derived_executions, execution_columns, turns_after_row, with_last_event, with_last_keyed_event,
+};
 
 /// Each entry migrates from version `index` to `index + 1`.
 pub(crate) const MIGRATIONS: &[&str] = &[
@@ -182,7 +218,9 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     // many executions appending, a commit rewrote a key page per execution, and a lone
     // one split its key page every few appends. The checkpoints table cost every
     // checkpointing commit a row page, a key page and, as both grew, new pages and the
-    // database header, for a few hundred bytes. The events are copied with every column's
+    // database header, for a few hundred bytes. The executions row summarises the events
+    // up to `as_of`: a turn's totals are written with a later commit, and readers add the
+    // turns after `as_of` from the log. The events are copied with every column's
     // bytes and their order (rowid) unchanged, so the chain verifies as before; the
     // snapshot stays outside it, checked against the SHA-256 its event records.
     r"
@@ -220,6 +258,10 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     BEGIN SELECT RAISE(ABORT, 'events are append-only: UPDATE refused'); END;
     CREATE TRIGGER events_no_delete BEFORE DELETE ON events
     BEGIN SELECT RAISE(ABORT, 'events are append-only: DELETE refused'); END;
+    ALTER TABLE executions ADD COLUMN as_of INTEGER NOT NULL DEFAULT 0;
+    UPDATE executions SET as_of = COALESCE(
+        (SELECT MAX(e.seq) FROM execution_keys k JOIN events e ON e.execution = k.key
+          WHERE k.execution_id = executions.execution_id), 0);
     ",
 ];
 

@@ -21,7 +21,8 @@ use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
 use crate::chain::{ChainCheck, ChainError, Fields, GENESIS_HASH, event_hash};
 use crate::encode::{
-    IndexUpdate, Write, Written, encode_blocks, encode_checkpoint, encode_event, sha256_hex,
+    IndexUpdate, RowWrite, Write, Written, encode_blocks, encode_checkpoint, encode_event,
+    sha256_hex,
 };
 use crate::replay::{Replay, Replayer, replay};
 use crate::schema::{
@@ -33,6 +34,11 @@ use crate::wal::WalRoom;
 /// Chain heads cached by a writing connection beyond this many are forgotten (they are
 /// re-read from the log on the next append), so a long-lived process stays small.
 const MAX_CACHED_HEADS: usize = 4096;
+/// The most events an execution's index row on disk may lag behind its log by turns alone.
+/// Readers add those turns from the events, so the row is not rewritten in every turn's
+/// commit (one page in four or five); a run of eight events a turn rewrites it every
+/// eighth turn.
+const ROW_LAG: u64 = 64;
 /// The writing connection's page cache, in KiB (negative: SQLite's unit for KiB).
 const WRITER_CACHE_KIB: i64 = -16_384;
 
@@ -186,9 +192,14 @@ struct Head {
     key: i64,
     seq: u64,
     hash: String,
+    /// The index row as of `seq`.
     row: ExecutionSummary,
-    /// The row changed in this transaction and must be written back.
+    /// The last event the row on disk summarises.
+    as_of: u64,
+    /// The row changed in a way that must be written with this transaction.
     dirty: bool,
+    /// The row holds turns that the row on disk does not (readers add them from the log).
+    behind: bool,
 }
 
 /// A connection to the event log. Readers and the writer each hold their own; WAL mode lets
@@ -433,9 +444,15 @@ impl Store {
                 let mut seqs = Vec::with_capacity(write.events.len());
                 let last = write.events.len().saturating_sub(1);
                 for (i, event) in write.events.iter().enumerate() {
-                    // The index row changes with the first event and the few kinds it
-                    // summarises; the last event's time and number are read from the log.
-                    head.dirty |= head.seq == 0 || event.index != IndexUpdate::Nothing;
+                    // The index row is written with the first event and the few kinds it
+                    // summarises, and a turn's totals every `ROW_LAG` events at most; the
+                    // last event's time and number are read from the log.
+                    match event.index.row_write() {
+                        RowWrite::Never => {}
+                        RowWrite::Soon => head.behind = true,
+                        RowWrite::Now => head.dirty = true,
+                    }
+                    head.dirty |= head.seq == 0;
                     let seq = head.seq + 1;
                     let hash = event_hash(
                         &head.hash,
@@ -494,8 +511,8 @@ impl Store {
                 .prepare_cached(concat!(
                     "INSERT INTO executions (",
                     execution_columns!(),
-                    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
-                     ON CONFLICT (execution_id) DO UPDATE SET
+                    ", as_of) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+                     ON CONFLICT (execution_id) DO UPDATE SET as_of = excluded.as_of,
                        task = excluded.task, loop_type = excluded.loop_type, model = excluded.model,
                        task_status = excluded.task_status, termination_reason = excluded.termination_reason,
                        error = excluded.error, total_turns = excluded.total_turns,
@@ -503,7 +520,10 @@ impl Store {
                        cost_micro_usd = excluded.cost_micro_usd, resumes = excluded.resumes"
                 ))
                 .map_err(err)?;
-            for head in touched.values_mut().filter(|head| head.dirty) {
+            let due = |head: &Head| {
+                head.dirty || (head.behind && head.seq >= head.as_of.saturating_add(ROW_LAG))
+            };
+            for head in touched.values_mut().filter(|head| due(head)) {
                 let row = &head.row;
                 upsert
                     .execute(params![
@@ -519,10 +539,11 @@ impl Store {
                         to_i64(row.input_tokens),
                         to_i64(row.output_tokens),
                         to_i64(row.cost_micro_usd),
-                        row.resumes
+                        row.resumes,
+                        to_i64(head.seq)
                     ])
                     .map_err(err)?;
-                head.dirty = false;
+                (head.as_of, head.dirty, head.behind) = (head.seq, false, false);
             }
         }
         tx.commit().map_err(err)?;
@@ -1039,20 +1060,25 @@ fn summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
 
 /// The chain head, key and index row of `execution` as committed. An execution gets its
 /// key in the transaction of its first event; without one it has no events, and the key is
-/// made here (it goes away with the transaction if that fails).
+/// made here (it goes away with the transaction if that fails). The row is brought up to
+/// the head with the turns logged after its `as_of`.
 fn load_head(conn: &Connection, execution: &str, ts: &str) -> rusqlite::Result<Head> {
     let row = conn
         .prepare_cached(concat!(
             "SELECT ",
             execution_columns!(),
-            ", '', 0 FROM executions WHERE execution_id = ?1"
+            ", '', 0, as_of FROM executions WHERE execution_id = ?1"
         ))?
-        .query_row([execution], summary)
+        .query_row([execution], |row| Ok((summary(row)?, to_u64(row.get(15)?))))
         .optional()?;
     let key = conn
         .prepare_cached("SELECT key FROM execution_keys WHERE execution_id = ?1")?
         .query_row([execution], |row| row.get::<_, i64>(0))
         .optional()?;
+    // A missing row is written with the next commit, whatever it holds.
+    let missing = row.is_none();
+    let (mut row, as_of) = row.unwrap_or_else(|| (ExecutionSummary::new(execution, ts), 0));
+    let mut behind = false;
     let (key, head) = match key {
         Some(key) => {
             let head = conn
@@ -1063,6 +1089,24 @@ fn load_head(conn: &Connection, execution: &str, ts: &str) -> rusqlite::Result<H
                     Ok((to_u64(row.get(0)?), row.get::<_, String>(1)?))
                 })
                 .optional()?;
+            let mut turns = conn.prepare_cached(
+                "SELECT payload FROM events
+                 WHERE execution = ?1 AND seq > ?2 AND kind = 'turn_completed' ORDER BY seq",
+            )?;
+            let mut turns = turns.query(params![key, to_i64(as_of)])?;
+            while let Some(turn) = turns.next()? {
+                // As the readers' sums do, a payload that does not decode counts for nothing.
+                if let Ok(Event::TurnCompleted(turn)) =
+                    serde_json::from_str(turn.get_ref(0)?.as_str()?)
+                {
+                    row.apply(&IndexUpdate::Turn {
+                        turn: turn.turn,
+                        usage: turn.usage,
+                        cost: turn.cost,
+                    });
+                    behind = true;
+                }
+            }
             (key, head)
         }
         None => {
@@ -1072,13 +1116,14 @@ fn load_head(conn: &Connection, execution: &str, ts: &str) -> rusqlite::Result<H
         }
     };
     let (seq, hash) = head.unwrap_or_else(|| (0, GENESIS_HASH.to_owned()));
-    let row = row.unwrap_or_else(|| ExecutionSummary::new(execution, ts));
     Ok(Head {
         key,
         seq,
         hash,
         row,
-        dirty: false,
+        as_of,
+        dirty: missing,
+        behind,
     })
 }
 

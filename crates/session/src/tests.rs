@@ -1208,6 +1208,67 @@ fn the_executions_index_follows_the_log() {
 }
 
 #[test]
+fn the_index_row_lags_by_turns_only_and_reads_add_them_from_the_log() {
+    let (_dir, path) = temp_db();
+    let redactor = Redactor::new();
+    let id = ExecutionId::new();
+    let as_of = |path: &std::path::Path| -> i64 {
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row("SELECT as_of FROM executions", [], |row| row.get(0))
+            .unwrap()
+    };
+    let mut store = Store::open(&path).unwrap();
+    store
+        .append(&id, &[started(), context()], &redactor)
+        .unwrap();
+    let mut seq = 2;
+    for n in 1..=40 {
+        // A turn as the engine records it: a model call, two messages, the turn record.
+        let events = [
+            model_called(n),
+            message(2 * n, Message::user("q")),
+            message(2 * n + 1, Message::user("a")),
+            turn(n),
+        ];
+        seq += store.append(&id, &events, &redactor).unwrap().len() as u64;
+        let summary = store.execution(&id).unwrap();
+        assert_eq!(
+            (
+                summary.total_turns,
+                summary.input_tokens,
+                summary.output_tokens,
+                summary.cost_micro_usd,
+                summary.events
+            ),
+            (
+                n,
+                100 * u64::from(n),
+                10 * u64::from(n),
+                5 * u64::from(n),
+                seq
+            ),
+            "after turn {n}"
+        );
+        if n == 20 {
+            // A new writer (another process, or this one after a crash) picks up the
+            // turns the row on disk does not hold yet.
+            assert!(as_of(&path) < seq as i64, "the row lags: {}", as_of(&path));
+            store = Store::open(&path).unwrap();
+        }
+    }
+    assert!(as_of(&path) >= seq as i64 - 64);
+    store
+        .append(&id, &[finish(TerminationReason::Completed)], &redactor)
+        .unwrap();
+    assert_eq!(as_of(&path), seq as i64 + 1, "a finish is written at once");
+    assert_eq!(
+        store.executions().unwrap()[0],
+        store.execution(&id).unwrap()
+    );
+}
+
+#[test]
 fn a_version_1_database_is_read_and_migrated_with_its_index() {
     let (_dir, path) = temp_db();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
