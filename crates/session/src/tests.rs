@@ -1208,6 +1208,32 @@ fn the_executions_index_follows_the_log() {
 }
 
 #[test]
+fn a_crash_leaves_a_wal_with_zeroed_room_that_recovers_every_commit() {
+    let (_dir, path) = temp_db();
+    let redactor = Redactor::new();
+    let id = ExecutionId::new();
+    let mut store = Store::open(&path).unwrap();
+    for n in 1..=30 {
+        store.append(&id, &[turn(n)], &redactor).unwrap();
+    }
+    let wal = std::path::PathBuf::from(format!("{}-wal", path.display()));
+    assert!(
+        std::fs::metadata(&wal).unwrap().len() >= 256 << 10,
+        "room was made"
+    );
+    // A copy of the files as a crash leaves them: nothing checkpointed, the WAL holding
+    // the commits and the zeroes after them.
+    let crashed = tempfile::tempdir().unwrap();
+    let copy = crashed.path().join("nerve.db");
+    std::fs::copy(&path, &copy).unwrap();
+    std::fs::copy(&wal, crashed.path().join("nerve.db-wal")).unwrap();
+    let recovered = Store::open(&copy).unwrap();
+    assert_eq!(recovered.verify(&id).unwrap(), Ok(30));
+    assert_eq!(recovered.execution(&id).unwrap().total_turns, 30);
+    drop(store);
+}
+
+#[test]
 fn the_index_row_lags_by_turns_only_and_reads_add_them_from_the_log() {
     let (_dir, path) = temp_db();
     let redactor = Redactor::new();

@@ -21,9 +21,12 @@ use std::io;
 use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
 
-/// Zeroes written past the end of the WAL's frames at a time: some 400 commits of a single
-/// append (two or three 4 KiB pages each) before the next extension.
+/// The most zeroes written past the end of the WAL's frames at a time: some 400 commits of
+/// a single append (two or three 4 KiB pages each) before the next extension.
 const ROOM: u64 = 4 << 20;
+/// The least: a short-lived process (one `nerve approve`) should not write megabytes of
+/// zeroes it never uses, so the room doubles with the WAL from here up to [`ROOM`].
+const MIN_ROOM: u64 = 256 << 10;
 /// The zero buffer written repeatedly to make the room.
 const BLOCK: usize = 64 << 10;
 
@@ -63,8 +66,9 @@ impl WalRoom {
         }
         let file = OpenOptions::new().write(true).open(&self.path)?;
         let zeros = vec![0u8; BLOCK];
+        let end = size + size.clamp(MIN_ROOM, ROOM);
         let mut at = size;
-        while at < size + ROOM {
+        while at < end {
             file.write_all_at(&zeros, at)?;
             at += BLOCK as u64;
         }
