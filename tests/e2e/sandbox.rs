@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nerve_core::{ToolCall, ToolCallId, ToolExecutor, ToolOutput};
-use nerve_hands::{Backend, Sandbox, SandboxConfig, SandboxTools};
+use nerve_hands::{Backend, Sandbox, SandboxConfig, SandboxTools, Transport};
 use serde_json::{Value, json};
 
 use crate::support::{last_json, nerve_bin, sandbox_available, stderr};
@@ -125,6 +125,29 @@ impl Fixture {
         );
     }
 
+    /// What the host's control directory (the source of the container's
+    /// `/run/nerve-control`) holds now.
+    async fn control_dir_entries(&self) -> Vec<String> {
+        let inspected = self
+            .sandbox
+            .docker()
+            .inspect_container(self.sandbox.container_id(), None)
+            .await
+            .unwrap();
+        let mounts = inspected.mounts.unwrap_or_default();
+        let source = mounts
+            .iter()
+            .find(|m| m.destination.as_deref() == Some("/run/nerve-control"))
+            .and_then(|m| m.source.clone());
+        let Some(source) = source else {
+            panic!("the control directory is not mounted: {mounts:?}");
+        };
+        std::fs::read_dir(source)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
     /// Removes the sandbox and checks that the engine no longer knows the container.
     async fn finish(mut self) {
         self.sandbox.remove().await.unwrap();
@@ -180,87 +203,111 @@ fn every_tool_works_through_the_executor() {
     if !sandbox_available() {
         return;
     }
-    runtime().block_on(async {
-        let fx = Fixture::start().await;
-        assert_eq!(fx.sandbox.backend().await, Backend::Executor);
-        assert_eq!(
-            fx.sandbox.ping().await.unwrap(),
-            nerve_hands::protocol::VERSION
-        );
+    // The control socket by default, and the attach stream it falls back to.
+    for transport in [Transport::Socket, Transport::Attach] {
+        runtime().block_on(every_tool_works(transport));
+    }
+}
 
-        let written = fx
-            .call(
-                "write_file",
-                json!({"path": "src/lib.rs", "content": "fn a() {}\nfn b() {}\nfn a2() {}\n"}),
-            )
-            .await;
-        assert_eq!(written, ToolOutput::ok("created src/lib.rs (31 bytes)"));
-        assert_eq!(
-            std::fs::read_to_string(fx.workspace().join("src/lib.rs")).unwrap(),
-            "fn a() {}\nfn b() {}\nfn a2() {}\n",
-            "written on the host's workspace"
-        );
-        let read = fx
-            .call("read_file", json!({"path": "src/lib.rs", "offset": 1, "limit": 1}))
-            .await;
-        assert_eq!(
-            read,
-            ToolOutput::ok(
-                "fn b() {}\n[lines 2-2 of src/lib.rs shown; more follow: read_file with offset=2]"
-            )
-        );
-        fx.refused(
-            "edit_file",
-            json!({"path": "src/lib.rs", "old_text": "fn a", "new_text": "fn z"}),
-            "matches 2 times",
+async fn every_tool_works(transport: Transport) {
+    let fx = Fixture::start_with(|c| c.transport = transport).await;
+    assert_eq!(fx.sandbox.backend().await, Backend::Executor);
+    assert_eq!(fx.sandbox.transport().await, Some(transport));
+    assert_eq!(
+        fx.sandbox.ping().await.unwrap(),
+        nerve_hands::protocol::VERSION
+    );
+
+    let written = fx
+        .call(
+            "write_file",
+            json!({"path": "src/lib.rs", "content": "fn a() {}\nfn b() {}\nfn a2() {}\n"}),
         )
         .await;
-        fx.refused(
-            "edit_file",
-            json!({"path": "src/lib.rs", "old_text": "fn q", "new_text": "fn z"}),
-            "not found",
+    assert_eq!(written, ToolOutput::ok("created src/lib.rs (31 bytes)"));
+    assert_eq!(
+        std::fs::read_to_string(fx.workspace().join("src/lib.rs")).unwrap(),
+        "fn a() {}\nfn b() {}\nfn a2() {}\n",
+        "written on the host's workspace"
+    );
+    let read = fx
+        .call(
+            "read_file",
+            json!({"path": "src/lib.rs", "offset": 1, "limit": 1}),
         )
         .await;
-        let edited = fx
+    assert_eq!(
+        read,
+        ToolOutput::ok(
+            "fn b() {}\n[lines 2-2 of src/lib.rs shown; more follow: read_file with offset=2]"
+        )
+    );
+    fx.refused(
+        "edit_file",
+        json!({"path": "src/lib.rs", "old_text": "fn a", "new_text": "fn z"}),
+        "matches 2 times",
+    )
+    .await;
+    fx.refused(
+        "edit_file",
+        json!({"path": "src/lib.rs", "old_text": "fn q", "new_text": "fn z"}),
+        "not found",
+    )
+    .await;
+    let edited = fx
             .call(
                 "edit_file",
                 json!({"path": "src/lib.rs", "old_text": "fn a", "new_text": "fn z", "replace_all": true}),
             )
             .await;
-        assert_eq!(edited, ToolOutput::ok("edited src/lib.rs: 2 replacements"));
-        let listed = fx.call("list_dir", json!({})).await;
-        assert!(!listed.is_error, "{listed:?}");
-        for line in ["src/", "sub/", "rel_link@ (symlink)"] {
-            assert!(listed.content.lines().any(|l| l == line), "{line} in {listed:?}");
-        }
-        let found = fx
-            .call("grep", json!({"pattern": r"fn z\d?", "glob": "*.rs"}))
-            .await;
-        assert_eq!(
-            found,
-            ToolOutput::ok("src/lib.rs:1:fn z() {}\nsrc/lib.rs:3:fn z2() {}")
+    assert_eq!(edited, ToolOutput::ok("edited src/lib.rs: 2 replacements"));
+    let listed = fx.call("list_dir", json!({})).await;
+    assert!(!listed.is_error, "{listed:?}");
+    for line in ["src/", "sub/", "rel_link@ (symlink)"] {
+        assert!(
+            listed.content.lines().any(|l| l == line),
+            "{line} in {listed:?}"
         );
-        let shell = fx
-            .call("shell", json!({"command": "pwd; echo oops >&2; exit 3", "workdir": "src"}))
-            .await;
-        assert_eq!(
-            shell,
-            ToolOutput::error("/workspace/src\n[stderr]\noops\n[exit code: 3]")
-        );
+    }
+    let found = fx
+        .call("grep", json!({"pattern": r"fn z\d?", "glob": "*.rs"}))
+        .await;
+    assert_eq!(
+        found,
+        ToolOutput::ok("src/lib.rs:1:fn z() {}\nsrc/lib.rs:3:fn z2() {}")
+    );
+    let shell = fx
+        .call(
+            "shell",
+            json!({"command": "pwd; echo oops >&2; exit 3", "workdir": "src"}),
+        )
+        .await;
+    assert_eq!(
+        shell,
+        ToolOutput::error("/workspace/src\n[stderr]\noops\n[exit code: 3]")
+    );
 
-        // Bad calls are results naming the problem, never a crash.
-        fx.refused("launch_missiles", json!({}), "unknown tool `launch_missiles`")
-            .await;
-        fx.refused("shell", json!({"cmd": "ls"}), "unknown field `cmd`")
-            .await;
-        fx.refused("read_file", json!({}), "missing field `path`").await;
-        fx.refused("grep", json!({"pattern": "("}), "grep:").await;
-        fx.refused("shell", json!({"command": "ls", "timeout_secs": 0}), "at least 1")
-            .await;
-        fx.refused("read_file", json!({"path": "nope.txt"}), "nope.txt")
-            .await;
-        fx.finish().await;
-    });
+    // Bad calls are results naming the problem, never a crash.
+    fx.refused(
+        "launch_missiles",
+        json!({}),
+        "unknown tool `launch_missiles`",
+    )
+    .await;
+    fx.refused("shell", json!({"cmd": "ls"}), "unknown field `cmd`")
+        .await;
+    fx.refused("read_file", json!({}), "missing field `path`")
+        .await;
+    fx.refused("grep", json!({"pattern": "("}), "grep:").await;
+    fx.refused(
+        "shell",
+        json!({"command": "ls", "timeout_secs": 0}),
+        "at least 1",
+    )
+    .await;
+    fx.refused("read_file", json!({"path": "nope.txt"}), "nope.txt")
+        .await;
+    fx.finish().await;
 }
 
 #[test]
@@ -276,6 +323,9 @@ fn a_dead_executor_is_restarted_and_a_missing_one_falls_back() {
         assert!(lost.content.contains("executor stopped"), "{lost:?}");
         assert_eq!(fx.shell("echo back").await.content, "back\n[exit code: 0]");
         assert_eq!(fx.sandbox.backend().await, Backend::Executor);
+        // The restart made a new control socket, and it is gone again.
+        assert_eq!(fx.sandbox.transport().await, Some(Transport::Socket));
+        assert_eq!(fx.control_dir_entries().await, Vec::<String>::new());
         fx.finish().await;
 
         // No binary, a missing file, a dynamic binary: per-call exec and host-side files.
@@ -721,6 +771,77 @@ fn no_outbound_connection_leaves_the_sandbox() {
         assert_eq!(interfaces.content, "lo\n[exit code: 0]");
         fx.finish().await;
     });
+}
+
+#[test]
+fn no_command_can_reach_or_impersonate_the_executor() {
+    if !sandbox_available() {
+        return;
+    }
+    for transport in [Transport::Socket, Transport::Attach] {
+        runtime().block_on(out_of_reach(transport));
+    }
+}
+
+/// A command (whose parent is the executor, running as the same uid) looks for the
+/// executor's line to the host in every place it could be, and finds none.
+async fn out_of_reach(transport: Transport) {
+    let fx = Fixture::start_with(|c| c.transport = transport).await;
+    assert_eq!(fx.sandbox.transport().await, Some(transport));
+    let parent = fx.shell("tr '\\0' ' ' < /proc/$PPID/cmdline").await;
+    assert!(
+        parent
+            .content
+            .starts_with("/opt/nerve/nerve-executor --root /workspace"),
+        "the command's parent is the executor: {parent:?}"
+    );
+    if transport == Transport::Socket {
+        // The socket was removed before the first request, on the host and so inside.
+        assert_eq!(fx.control_dir_entries().await, Vec::<String>::new());
+        let listed = fx.shell("ls -A /run/nerve-control").await;
+        assert_eq!(listed, ToolOutput::ok("[exit code: 0]"));
+        let planted = fx
+            .shell("touch /run/nerve-control/executor.sock 2>&1; mkdir /run/nerve-control/d")
+            .await;
+        assert!(planted.is_error, "the directory is read-only: {planted:?}");
+    }
+    // No unix socket anywhere in the container's filesystem.
+    let sockets = fx
+        .shell("find / -path /proc -prune -o -path /sys -prune -o -type s -print")
+        .await;
+    assert_eq!(sockets.content, "[exit code: 0]", "{sockets:?}");
+    // Nothing inherited: the command's descriptors are its pipes and /dev/null.
+    let inherited = fx.shell("ls -l /proc/self/fd/ /proc/$$/fd/").await;
+    assert!(!inherited.is_error, "{inherited:?}");
+    assert!(!inherited.content.contains("socket:"), "{inherited:?}");
+    // The executor is not dumpable: its descriptors cannot be resolved, opened or written
+    // to through /proc, nor its memory read (ptrace and pidfd_getfd take the same check).
+    // Their numbers can be listed by uid 0, the owner of a non-dumpable process's /proc
+    // entries: names only.
+    for command in [
+        "readlink -v /proc/$PPID/fd/1",
+        "readlink -v /proc/$PPID/fd/3",
+        "cat /proc/$PPID/fd/3 </dev/null",
+        "echo '{\"id\":2,\"ok\":true,\"version\":\"forged\"}' > /proc/$PPID/fd/1",
+        "echo '{\"id\":2,\"ok\":true,\"version\":\"forged\"}' > /proc/$PPID/fd/3",
+        "head -c 1 /proc/$PPID/mem",
+        "cat /proc/$PPID/environ",
+    ] {
+        let output = fx.shell(command).await;
+        assert!(output.is_error, "{command}: {output:?}");
+        assert!(!output.content.contains("socket:"), "{command}: {output:?}");
+    }
+    // A forged answer on the command's own stdout is only the command's output, and the
+    // executor still answers for itself.
+    let forged = fx
+        .shell("echo '{\"id\":99,\"ok\":true,\"version\":\"forged\"}'")
+        .await;
+    assert!(forged.content.contains("forged"), "{forged:?}");
+    assert_eq!(
+        fx.sandbox.ping().await.unwrap(),
+        nerve_hands::protocol::VERSION
+    );
+    fx.finish().await;
 }
 
 /// The containers Nerve created for the process `pid`, by their owner label.

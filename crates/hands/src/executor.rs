@@ -202,11 +202,15 @@ impl Pending {
         let accepted = tokio::time::timeout(START_LIMIT, async {
             tokio::select! {
                 accepted = listener.accept() => accepted,
-                () = drain.ended() => Err("it exited before connecting".to_owned()),
+                () = drain.ended() => Err("the executor exited before connecting".to_owned()),
             }
         })
         .await
-        .unwrap_or_else(|_| Err(format!("it did not connect within {START_LIMIT:?}")));
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "the executor did not connect within {START_LIMIT:?}"
+            ))
+        });
         match accepted {
             Ok(stream) => {
                 let (read, write) = stream.into_split();
@@ -217,7 +221,7 @@ impl Pending {
                     Some(drain),
                 ))
             }
-            Err(reason) => Err(with_stderr(&format!("the executor {reason}"), &tail)),
+            Err(reason) => Err(with_stderr(&reason, &tail)),
         }
     }
 }
@@ -420,6 +424,8 @@ fn excerpt(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use tokio::net::UnixStream;
+
     use super::*;
 
     #[test]
@@ -429,5 +435,86 @@ mod tests {
         let cut = excerpt(&long);
         assert!(cut.ends_with("..."));
         assert_eq!(cut.len(), 200 + 3);
+    }
+
+    /// A stderr stream that says `words` and ends, as an executor's does when it exits.
+    fn last_words(words: &str) -> Attached {
+        let message = bytes::Bytes::from(words.to_owned());
+        Box::pin(futures_util::stream::iter([Ok(LogOutput::StdErr {
+            message,
+        })]))
+    }
+
+    /// A connection over the control socket to a fake executor (the other end), whose
+    /// stderr says `words`.
+    fn over_a_socket(words: &str) -> (Connection, tokio::io::BufStream<UnixStream>) {
+        let (host, fake) = UnixStream::pair().unwrap();
+        let (read, write) = host.into_split();
+        let tail = StderrTail::default();
+        let drain = StderrDrain::spawn(last_words(words), tail.clone());
+        let connection = Connection::new(Box::pin(write), Output::Socket(read), tail, Some(drain));
+        (connection, tokio::io::BufStream::new(fake))
+    }
+
+    async fn answer(fake: &mut tokio::io::BufStream<UnixStream>, line: &str) {
+        use tokio::io::AsyncBufReadExt;
+        let mut request = String::new();
+        fake.read_line(&mut request).await.unwrap();
+        fake.write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        fake.flush().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_answer_to_a_cancelled_call_is_skipped() {
+        let (mut connection, mut fake) = over_a_socket("");
+        let limit = Duration::from_millis(50);
+        let cancelled = connection.call::<Pong>(Op::Ping, limit).await;
+        assert!(matches!(cancelled, Err(ConnectionError::TimedOut(_))));
+        assert!(!connection.is_poisoned(), "the request went out whole");
+        answer(&mut fake, r#"{"id":1,"ok":true,"version":"late"}"#).await;
+        let fake_task = tokio::spawn(async move {
+            answer(&mut fake, r#"{"id":2,"ok":true,"version":"current"}"#).await;
+            fake
+        });
+        let pong = connection.call::<Pong>(Op::Ping, START_LIMIT).await;
+        assert_eq!(pong.unwrap().unwrap().version, "current");
+        drop(fake_task.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_closed_socket_is_explained_by_the_executors_stderr() {
+        let (mut connection, fake) = over_a_socket("nerve-executor: boom\n");
+        drop(fake);
+        let gone = connection.call::<Pong>(Op::Ping, START_LIMIT).await;
+        let Err(ConnectionError::Gone(why)) = gone else {
+            panic!("{gone:?}");
+        };
+        assert!(why.ends_with("; it said: nerve-executor: boom"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn an_executor_that_exits_before_connecting_is_not_waited_for() {
+        let user = {
+            let file = tempfile::NamedTempFile::new().unwrap();
+            let meta = std::fs::metadata(file.path()).unwrap();
+            format!("{}:{}", std::os::unix::fs::MetadataExt::uid(&meta), 0)
+        };
+        let control = crate::control::ControlDir::create(&user).unwrap();
+        let tail = StderrTail::default();
+        let pending = Pending(Prepared::Socket {
+            listener: control.listen().unwrap(),
+            drain: StderrDrain::spawn(last_words("cannot open the workspace root"), tail.clone()),
+            tail,
+        });
+        let refused = tokio::time::timeout(Duration::from_secs(5), pending.connect())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(
+            refused,
+            "the executor exited before connecting; it said: cannot open the workspace root"
+        );
     }
 }
