@@ -968,12 +968,14 @@ fn the_container_of_a_killed_run_is_reaped_at_the_next_start() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
+    let control = control_dir_of(&container);
     child.kill().unwrap(); // SIGKILL: no chance to clean up.
     child.wait().unwrap();
     assert!(
         container_exists(&container),
         "the orphan should still exist"
     );
+    assert!(control.is_dir(), "{}", control.display());
 
     let quick = cassette(dir.path(), "quick.jsonl", &[json!({"text": "done"})]);
     let next = nerve_run(dir.path(), &quick).output().unwrap();
@@ -982,4 +984,21 @@ fn the_container_of_a_killed_run_is_reaped_at_the_next_start() {
         !container_exists(&container),
         "the next start did not reap the killed run's container"
     );
+    assert!(
+        !control.exists(),
+        "the next start did not remove the killed run's control directory"
+    );
+}
+
+/// The host directory mounted at `/run/nerve-control` in `container`.
+fn control_dir_of(container: &str) -> PathBuf {
+    let format =
+        r#"{{range .Mounts}}{{if eq .Destination "/run/nerve-control"}}{{.Source}}{{end}}{{end}}"#;
+    let output = Command::new("docker")
+        .args(["inspect", "--format", format, container])
+        .output()
+        .unwrap();
+    let source = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    assert!(!source.is_empty(), "{container} has no control directory");
+    PathBuf::from(source)
 }

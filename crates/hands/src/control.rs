@@ -20,6 +20,8 @@ use tokio::net::UnixStream;
 
 /// Where the control directory is mounted (read-only) inside the container.
 pub(crate) const CONTAINER_CONTROL_DIR: &str = "/run/nerve-control";
+/// How the host directory's name starts (the reaper removes those of dead processes).
+pub(crate) const CONTROL_DIR_PREFIX: &str = "nerve-control-";
 /// The socket's name in that directory.
 const SOCKET_NAME: &str = "executor.sock";
 
@@ -57,7 +59,7 @@ impl ControlDir {
         let owner = numeric_user(user)
             .ok_or_else(|| format!("the sandbox's user {user:?} is not numeric"))?;
         let dir = tempfile::Builder::new()
-            .prefix("nerve-control-")
+            .prefix(CONTROL_DIR_PREFIX)
             .tempdir()
             .map_err(|e| format!("cannot create the control directory: {e}"))?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))

@@ -40,7 +40,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
 use crate::HandsError;
-use crate::control::{CONTAINER_CONTROL_DIR, ControlDir, hand_over, numeric_user};
+use crate::control::{
+    CONTAINER_CONTROL_DIR, CONTROL_DIR_PREFIX, ControlDir, hand_over, numeric_user,
+};
 use crate::executor::{Connection, Pending, Transport};
 use crate::locate::{CONTAINER_EXECUTOR_PATH, unusable_reason};
 use crate::percall;
@@ -763,8 +765,9 @@ fn path_str(path: &Path) -> Result<&str, HandsError> {
 }
 
 /// Removes Nerve containers whose owning process is gone (killed, crashed), and returns how
-/// many it removed. Containers of live processes are left alone, stopped ones included: a
-/// sandbox's container stops whenever its executor dies, until the next call restarts it.
+/// many it removed, with the control directories they leave on the host. Containers of live
+/// processes are left alone, stopped ones included: a sandbox's container stops whenever its
+/// executor dies, until the next call restarts it.
 pub async fn reap_orphans(docker: &Docker) -> Result<usize, HandsError> {
     let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
     let options = ListContainersOptionsBuilder::default()
@@ -787,7 +790,16 @@ pub async fn reap_orphans(docker: &Docker) -> Result<usize, HandsError> {
                 .v(true)
                 .build();
             match docker.remove_container(&id, Some(options)).await {
-                Ok(()) => removed += 1,
+                Ok(()) => {
+                    removed += 1;
+                    let mounts = container.mounts.iter().flatten();
+                    if let Some(dir) = mounts
+                        .filter(|m| m.destination.as_deref() == Some(CONTAINER_CONTROL_DIR))
+                        .find_map(|m| m.source.as_deref())
+                    {
+                        remove_control_dir(Path::new(dir));
+                    }
+                }
                 Err(bollard::errors::Error::DockerResponseServerError {
                     status_code: 404 | 409,
                     ..
@@ -797,6 +809,17 @@ pub async fn reap_orphans(docker: &Docker) -> Result<usize, HandsError> {
         }
     }
     Ok(removed)
+}
+
+/// Removes the control directory of a dead process's sandbox: only an empty directory that
+/// is one of ours (its socket was removed once the executor connected).
+fn remove_control_dir(dir: &Path) {
+    let ours = dir
+        .file_name()
+        .is_some_and(|name| name.to_string_lossy().starts_with(CONTROL_DIR_PREFIX));
+    if ours && std::fs::remove_dir(dir).is_ok() {
+        tracing::debug!(dir = %dir.display(), "removed a dead sandbox's control directory");
+    }
 }
 
 /// Identifies a process across pid reuse: boot id, pid and the process's start time.
