@@ -44,6 +44,13 @@ impl Fixture {
         Self::start_with(|_| {}).await
     }
 
+    /// A sandbox whose executor talks over `transport`.
+    async fn over(transport: Transport) -> Self {
+        let fx = Self::start_with(|c| c.transport = transport).await;
+        assert_eq!(fx.sandbox.transport().await, Some(transport));
+        fx
+    }
+
     async fn start_with(tweak: impl FnOnce(&mut SandboxConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let workspace = dir.path().join("workspace");
@@ -198,21 +205,25 @@ async fn eventually(fx: &Fixture, command: &str, expected: &str) {
     }
 }
 
-#[test]
-fn every_tool_works_through_the_executor() {
+/// Runs `case` over each transport: the control socket (the default), and the attach stream
+/// it falls back to.
+fn on_each_transport<F: std::future::Future<Output = ()>>(case: impl Fn(Transport) -> F) {
     if !sandbox_available() {
         return;
     }
-    // The control socket by default, and the attach stream it falls back to.
     for transport in [Transport::Socket, Transport::Attach] {
-        runtime().block_on(every_tool_works(transport));
+        runtime().block_on(case(transport));
     }
 }
 
+#[test]
+fn every_tool_works_through_the_executor() {
+    on_each_transport(every_tool_works);
+}
+
 async fn every_tool_works(transport: Transport) {
-    let fx = Fixture::start_with(|c| c.transport = transport).await;
+    let fx = Fixture::over(transport).await;
     assert_eq!(fx.sandbox.backend().await, Backend::Executor);
-    assert_eq!(fx.sandbox.transport().await, Some(transport));
     assert_eq!(
         fx.sandbox.ping().await.unwrap(),
         nerve_hands::protocol::VERSION
@@ -775,19 +786,13 @@ fn no_outbound_connection_leaves_the_sandbox() {
 
 #[test]
 fn no_command_can_reach_or_impersonate_the_executor() {
-    if !sandbox_available() {
-        return;
-    }
-    for transport in [Transport::Socket, Transport::Attach] {
-        runtime().block_on(out_of_reach(transport));
-    }
+    on_each_transport(out_of_reach);
 }
 
 /// A command (whose parent is the executor, running as the same uid) looks for the
 /// executor's line to the host in every place it could be, and finds none.
 async fn out_of_reach(transport: Transport) {
-    let fx = Fixture::start_with(|c| c.transport = transport).await;
-    assert_eq!(fx.sandbox.transport().await, Some(transport));
+    let fx = Fixture::over(transport).await;
     let parent = fx.shell("tr '\\0' ' ' < /proc/$PPID/cmdline").await;
     assert!(
         parent

@@ -110,24 +110,23 @@ async fn round_trips(docker: &Docker, workspace: &std::path::Path) {
     let mut per_call = Vec::new();
     for round in 0..WARMUP + ROUND_TRIPS {
         let keep = round >= WARMUP;
-        for (tools, shell, read) in [
-            (&tools, &mut shell, &mut read),
-            (&attached_tools, &mut attached_shell, &mut attached_read),
+        for (tools, call, expected, samples) in [
+            (&tools, &shell_call, "ok\n[exit code: 0]", &mut shell),
+            (&tools, &read_call, "hello\n", &mut read),
+            (
+                &attached_tools,
+                &shell_call,
+                "ok\n[exit code: 0]",
+                &mut attached_shell,
+            ),
+            (&attached_tools, &read_call, "hello\n", &mut attached_read),
         ] {
             let t = Instant::now();
-            let out = tools.execute(&shell_call).await.unwrap();
+            let out = tools.execute(call).await.unwrap();
             let elapsed = t.elapsed();
-            assert_eq!(out.content, "ok\n[exit code: 0]");
+            assert_eq!(out.content, expected);
             if keep {
-                shell.push(elapsed);
-            }
-
-            let t = Instant::now();
-            let out = tools.execute(&read_call).await.unwrap();
-            let elapsed = t.elapsed();
-            assert_eq!(out.content, "hello\n");
-            if keep {
-                read.push(elapsed);
+                samples.push(elapsed);
             }
         }
 
