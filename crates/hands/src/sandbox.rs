@@ -6,9 +6,9 @@
 //! container's main process under the engine's init, connected to the host for the
 //! container's life through the control socket (`control.rs`, a private host directory
 //! mounted read-only at `/run/nerve-control`), or, when that socket cannot be used, through
-//! the engine's attach stream to its stdin and stdout. When the executor exits (killed by a command, by the
-//! OOM killer), the container stops with it and the next call starts it again, a few times at
-//! most. When it cannot run at all (no binary on the host, a dynamic build, an image it
+//! the engine's attach stream to its stdin and stdout. When the executor exits (killed by a
+//! command, by the OOM killer), the container stops with it and the next call starts it
+//! again, with a new socket, a few times at most. When it cannot run at all (no binary on the host, a dynamic build, an image it
 //! cannot run in), the sandbox says so in a warning and falls back for good to an idle
 //! container: commands through per-call `docker exec` (`percall.rs`), file operations on the
 //! host through the executor library's own confinement (`openat2` with `RESOLVE_BENEATH`),
