@@ -8,7 +8,9 @@
 //!   the executor exited before it connected.
 //! - the attach stream: the host attaches to the executor's stdin, stdout and stderr
 //!   through the engine, which relays every line through dockerd and containerd-shim. The
-//!   fallback when the socket cannot be handed to the sandbox's user or reached by it.
+//!   fallback when the socket cannot be handed to the sandbox's user or reached by it. The
+//!   engine's init holds the same stdin and stdout, and any command can reach them through
+//!   `/proc/1/fd`: on this transport a command can forge answers (docs/security.md).
 //!
 //! Either way the executor starts with the container: attaching or connecting costs no
 //! `docker exec`, which on the engines we run takes a third as long as creating and
@@ -55,7 +57,8 @@ pub enum Transport {
     Socket,
     /// The engine's attach stream to the executor's stdin and stdout: the fallback when the
     /// socket cannot be handed to the sandbox's user (a user name, a host process without
-    /// root serving another uid) or the executor cannot reach it (a user namespace).
+    /// root serving another uid) or the executor cannot reach it (a user namespace). Commands
+    /// can forge answers on it, through the engine's init, which shares those streams.
     Attach,
 }
 

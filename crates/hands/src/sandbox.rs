@@ -574,7 +574,7 @@ impl Sandbox {
 fn warn_attach(reason: &str) {
     tracing::warn!(
         %reason,
-        "the sandbox executor cannot use its control socket; talking to it through the engine's attach stream (slower)"
+        "the sandbox executor cannot use its control socket; talking to it through the engine's attach stream (slower, and commands can forge its answers)"
     );
 }
 
