@@ -299,12 +299,12 @@ impl Sandbox {
         binds: Vec<String>,
         channel: &mut Channel,
     ) -> Result<Result<(), String>, HandsError> {
-        let transports = match config.transport {
-            Transport::Socket => [Some(Transport::Socket), Some(Transport::Attach)],
-            Transport::Attach => [Some(Transport::Attach), None],
+        let transports: &[Transport] = match config.transport {
+            Transport::Socket => &[Transport::Socket, Transport::Attach],
+            Transport::Attach => &[Transport::Attach],
         };
         let mut failure = String::new();
-        for transport in transports.into_iter().flatten() {
+        for &transport in transports {
             let mut binds = binds.clone();
             self.control = None;
             match transport {
