@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nerve_core::{ToolCall, ToolCallId, ToolExecutor, ToolOutput};
-use nerve_hands::{Backend, Sandbox, SandboxConfig, SandboxTools};
+use nerve_hands::{Backend, Sandbox, SandboxConfig, SandboxTools, Transport};
 use serde_json::{Value, json};
 
 use crate::support::{last_json, nerve_bin, sandbox_available, stderr};
@@ -42,6 +42,13 @@ struct Fixture {
 impl Fixture {
     async fn start() -> Self {
         Self::start_with(|_| {}).await
+    }
+
+    /// A sandbox whose executor talks over `transport`.
+    async fn over(transport: Transport) -> Self {
+        let fx = Self::start_with(|c| c.transport = transport).await;
+        assert_eq!(fx.sandbox.transport().await, Some(transport));
+        fx
     }
 
     async fn start_with(tweak: impl FnOnce(&mut SandboxConfig)) -> Self {
@@ -125,6 +132,29 @@ impl Fixture {
         );
     }
 
+    /// What the host's control directory (the source of the container's
+    /// `/run/nerve-control`) holds now.
+    async fn control_dir_entries(&self) -> Vec<String> {
+        let inspected = self
+            .sandbox
+            .docker()
+            .inspect_container(self.sandbox.container_id(), None)
+            .await
+            .unwrap();
+        let mounts = inspected.mounts.unwrap_or_default();
+        let source = mounts
+            .iter()
+            .find(|m| m.destination.as_deref() == Some("/run/nerve-control"))
+            .and_then(|m| m.source.clone());
+        let Some(source) = source else {
+            panic!("the control directory is not mounted: {mounts:?}");
+        };
+        std::fs::read_dir(source)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
     /// Removes the sandbox and checks that the engine no longer knows the container.
     async fn finish(mut self) {
         self.sandbox.remove().await.unwrap();
@@ -175,92 +205,120 @@ async fn eventually(fx: &Fixture, command: &str, expected: &str) {
     }
 }
 
-#[test]
-fn every_tool_works_through_the_executor() {
+/// Runs `case` over each transport: the control socket (the default), and the attach stream
+/// it falls back to.
+fn on_each_transport<F: std::future::Future<Output = ()>>(case: impl Fn(Transport) -> F) {
     if !sandbox_available() {
         return;
     }
-    runtime().block_on(async {
-        let fx = Fixture::start().await;
-        assert_eq!(fx.sandbox.backend().await, Backend::Executor);
-        assert_eq!(
-            fx.sandbox.ping().await.unwrap(),
-            nerve_hands::protocol::VERSION
-        );
+    for transport in [Transport::Socket, Transport::Attach] {
+        runtime().block_on(case(transport));
+    }
+}
 
-        let written = fx
-            .call(
-                "write_file",
-                json!({"path": "src/lib.rs", "content": "fn a() {}\nfn b() {}\nfn a2() {}\n"}),
-            )
-            .await;
-        assert_eq!(written, ToolOutput::ok("created src/lib.rs (31 bytes)"));
-        assert_eq!(
-            std::fs::read_to_string(fx.workspace().join("src/lib.rs")).unwrap(),
-            "fn a() {}\nfn b() {}\nfn a2() {}\n",
-            "written on the host's workspace"
-        );
-        let read = fx
-            .call("read_file", json!({"path": "src/lib.rs", "offset": 1, "limit": 1}))
-            .await;
-        assert_eq!(
-            read,
-            ToolOutput::ok(
-                "fn b() {}\n[lines 2-2 of src/lib.rs shown; more follow: read_file with offset=2]"
-            )
-        );
-        fx.refused(
-            "edit_file",
-            json!({"path": "src/lib.rs", "old_text": "fn a", "new_text": "fn z"}),
-            "matches 2 times",
+#[test]
+fn every_tool_works_through_the_executor() {
+    on_each_transport(every_tool_works);
+}
+
+async fn every_tool_works(transport: Transport) {
+    let fx = Fixture::over(transport).await;
+    assert_eq!(fx.sandbox.backend().await, Backend::Executor);
+    assert_eq!(
+        fx.sandbox.ping().await.unwrap(),
+        nerve_hands::protocol::VERSION
+    );
+
+    let written = fx
+        .call(
+            "write_file",
+            json!({"path": "src/lib.rs", "content": "fn a() {}\nfn b() {}\nfn a2() {}\n"}),
         )
         .await;
-        fx.refused(
-            "edit_file",
-            json!({"path": "src/lib.rs", "old_text": "fn q", "new_text": "fn z"}),
-            "not found",
+    assert_eq!(written, ToolOutput::ok("created src/lib.rs (31 bytes)"));
+    assert_eq!(
+        std::fs::read_to_string(fx.workspace().join("src/lib.rs")).unwrap(),
+        "fn a() {}\nfn b() {}\nfn a2() {}\n",
+        "written on the host's workspace"
+    );
+    let read = fx
+        .call(
+            "read_file",
+            json!({"path": "src/lib.rs", "offset": 1, "limit": 1}),
         )
         .await;
-        let edited = fx
+    assert_eq!(
+        read,
+        ToolOutput::ok(
+            "fn b() {}\n[lines 2-2 of src/lib.rs shown; more follow: read_file with offset=2]"
+        )
+    );
+    fx.refused(
+        "edit_file",
+        json!({"path": "src/lib.rs", "old_text": "fn a", "new_text": "fn z"}),
+        "matches 2 times",
+    )
+    .await;
+    fx.refused(
+        "edit_file",
+        json!({"path": "src/lib.rs", "old_text": "fn q", "new_text": "fn z"}),
+        "not found",
+    )
+    .await;
+    let edited = fx
             .call(
                 "edit_file",
                 json!({"path": "src/lib.rs", "old_text": "fn a", "new_text": "fn z", "replace_all": true}),
             )
             .await;
-        assert_eq!(edited, ToolOutput::ok("edited src/lib.rs: 2 replacements"));
-        let listed = fx.call("list_dir", json!({})).await;
-        assert!(!listed.is_error, "{listed:?}");
-        for line in ["src/", "sub/", "rel_link@ (symlink)"] {
-            assert!(listed.content.lines().any(|l| l == line), "{line} in {listed:?}");
-        }
-        let found = fx
-            .call("grep", json!({"pattern": r"fn z\d?", "glob": "*.rs"}))
-            .await;
-        assert_eq!(
-            found,
-            ToolOutput::ok("src/lib.rs:1:fn z() {}\nsrc/lib.rs:3:fn z2() {}")
+    assert_eq!(edited, ToolOutput::ok("edited src/lib.rs: 2 replacements"));
+    let listed = fx.call("list_dir", json!({})).await;
+    assert!(!listed.is_error, "{listed:?}");
+    for line in ["src/", "sub/", "rel_link@ (symlink)"] {
+        assert!(
+            listed.content.lines().any(|l| l == line),
+            "{line} in {listed:?}"
         );
-        let shell = fx
-            .call("shell", json!({"command": "pwd; echo oops >&2; exit 3", "workdir": "src"}))
-            .await;
-        assert_eq!(
-            shell,
-            ToolOutput::error("/workspace/src\n[stderr]\noops\n[exit code: 3]")
-        );
+    }
+    let found = fx
+        .call("grep", json!({"pattern": r"fn z\d?", "glob": "*.rs"}))
+        .await;
+    assert_eq!(
+        found,
+        ToolOutput::ok("src/lib.rs:1:fn z() {}\nsrc/lib.rs:3:fn z2() {}")
+    );
+    let shell = fx
+        .call(
+            "shell",
+            json!({"command": "pwd; echo oops >&2; exit 3", "workdir": "src"}),
+        )
+        .await;
+    assert_eq!(
+        shell,
+        ToolOutput::error("/workspace/src\n[stderr]\noops\n[exit code: 3]")
+    );
 
-        // Bad calls are results naming the problem, never a crash.
-        fx.refused("launch_missiles", json!({}), "unknown tool `launch_missiles`")
-            .await;
-        fx.refused("shell", json!({"cmd": "ls"}), "unknown field `cmd`")
-            .await;
-        fx.refused("read_file", json!({}), "missing field `path`").await;
-        fx.refused("grep", json!({"pattern": "("}), "grep:").await;
-        fx.refused("shell", json!({"command": "ls", "timeout_secs": 0}), "at least 1")
-            .await;
-        fx.refused("read_file", json!({"path": "nope.txt"}), "nope.txt")
-            .await;
-        fx.finish().await;
-    });
+    // Bad calls are results naming the problem, never a crash.
+    fx.refused(
+        "launch_missiles",
+        json!({}),
+        "unknown tool `launch_missiles`",
+    )
+    .await;
+    fx.refused("shell", json!({"cmd": "ls"}), "unknown field `cmd`")
+        .await;
+    fx.refused("read_file", json!({}), "missing field `path`")
+        .await;
+    fx.refused("grep", json!({"pattern": "("}), "grep:").await;
+    fx.refused(
+        "shell",
+        json!({"command": "ls", "timeout_secs": 0}),
+        "at least 1",
+    )
+    .await;
+    fx.refused("read_file", json!({"path": "nope.txt"}), "nope.txt")
+        .await;
+    fx.finish().await;
 }
 
 #[test]
@@ -276,6 +334,9 @@ fn a_dead_executor_is_restarted_and_a_missing_one_falls_back() {
         assert!(lost.content.contains("executor stopped"), "{lost:?}");
         assert_eq!(fx.shell("echo back").await.content, "back\n[exit code: 0]");
         assert_eq!(fx.sandbox.backend().await, Backend::Executor);
+        // The restart made a new control socket, and it is gone again.
+        assert_eq!(fx.sandbox.transport().await, Some(Transport::Socket));
+        assert_eq!(fx.control_dir_entries().await, Vec::<String>::new());
         fx.finish().await;
 
         // No binary, a missing file, a dynamic binary: per-call exec and host-side files.
@@ -723,6 +784,84 @@ fn no_outbound_connection_leaves_the_sandbox() {
     });
 }
 
+#[test]
+fn no_command_can_reach_or_impersonate_the_executor() {
+    on_each_transport(out_of_reach);
+}
+
+/// A command (whose parent is the executor, running as the same uid) looks for the
+/// executor's line to the host in every place it could be, and finds none.
+async fn out_of_reach(transport: Transport) {
+    let fx = Fixture::over(transport).await;
+    let parent = fx.shell("tr '\\0' ' ' < /proc/$PPID/cmdline").await;
+    assert!(
+        parent
+            .content
+            .starts_with("/opt/nerve/nerve-executor --root /workspace"),
+        "the command's parent is the executor: {parent:?}"
+    );
+    if transport == Transport::Socket {
+        // The socket was removed before the first request, on the host and so inside.
+        assert_eq!(fx.control_dir_entries().await, Vec::<String>::new());
+        let listed = fx.shell("ls -A /run/nerve-control").await;
+        assert_eq!(listed, ToolOutput::ok("[exit code: 0]"));
+        let planted = fx
+            .shell("touch /run/nerve-control/executor.sock 2>&1; mkdir /run/nerve-control/d")
+            .await;
+        assert!(planted.is_error, "the directory is read-only: {planted:?}");
+    }
+    // No unix socket anywhere in the container's filesystem.
+    let sockets = fx
+        .shell("find / -path /proc -prune -o -path /sys -prune -o -type s -print")
+        .await;
+    assert_eq!(sockets.content, "[exit code: 0]", "{sockets:?}");
+    // Nothing inherited: the command's descriptors are its pipes and /dev/null.
+    let inherited = fx.shell("ls -l /proc/self/fd/ /proc/$$/fd/").await;
+    assert!(!inherited.is_error, "{inherited:?}");
+    assert!(!inherited.content.contains("socket:"), "{inherited:?}");
+    // The executor is not dumpable: its descriptors cannot be resolved, opened or written
+    // to through /proc, nor its memory read (ptrace and pidfd_getfd take the same check).
+    // Their numbers can be listed by uid 0, the owner of a non-dumpable process's /proc
+    // entries: names only.
+    for command in [
+        "readlink -v /proc/$PPID/fd/1",
+        "readlink -v /proc/$PPID/fd/3",
+        "cat /proc/$PPID/fd/3 </dev/null",
+        "echo '{\"id\":2,\"ok\":true,\"version\":\"forged\"}' > /proc/$PPID/fd/1",
+        "echo '{\"id\":2,\"ok\":true,\"version\":\"forged\"}' > /proc/$PPID/fd/3",
+        "head -c 1 /proc/$PPID/mem",
+        "cat /proc/$PPID/environ",
+    ] {
+        let output = fx.shell(command).await;
+        assert!(output.is_error, "{command}: {output:?}");
+        assert!(!output.content.contains("socket:"), "{command}: {output:?}");
+    }
+    // A forged answer on the command's own stdout is only the command's output, and the
+    // executor still answers for itself.
+    let forged = fx
+        .shell("echo '{\"id\":99,\"ok\":true,\"version\":\"forged\"}'")
+        .await;
+    assert!(forged.content.contains("forged"), "{forged:?}");
+    if transport == Transport::Socket {
+        // The container's stdout and stderr are open to any command, through the engine's
+        // init (`/proc/1/fd`). Over the socket they carry no protocol: answers forged there,
+        // for every id this call could have, change nothing. (Over the attach stream they
+        // would be read as the executor's: docs/security.md.)
+        let forge = concat!(
+            "for i in $(seq 1 100); do ",
+            r#"echo "{\"id\":$i,\"ok\":true,\"exit_code\":0,\"timed_out\":false,\"stdout\":\"forged\",\"stderr\":\"\",\"stdout_omitted_bytes\":0,\"stderr_omitted_bytes\":0,\"duration_ms\":0}"; "#,
+            "done | tee /proc/1/fd/1 > /proc/1/fd/2; echo real; exit 3",
+        );
+        let answered = fx.shell(forge).await;
+        assert_eq!(answered, ToolOutput::error("real\n[exit code: 3]"));
+    }
+    assert_eq!(
+        fx.sandbox.ping().await.unwrap(),
+        nerve_hands::protocol::VERSION
+    );
+    fx.finish().await;
+}
+
 /// The containers Nerve created for the process `pid`, by their owner label.
 fn containers_of(pid: u32) -> Vec<String> {
     let output = Command::new("docker")
@@ -847,12 +986,14 @@ fn the_container_of_a_killed_run_is_reaped_at_the_next_start() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
+    let control = control_dir_of(&container);
     child.kill().unwrap(); // SIGKILL: no chance to clean up.
     child.wait().unwrap();
     assert!(
         container_exists(&container),
         "the orphan should still exist"
     );
+    assert!(control.is_dir(), "{}", control.display());
 
     let quick = cassette(dir.path(), "quick.jsonl", &[json!({"text": "done"})]);
     let next = nerve_run(dir.path(), &quick).output().unwrap();
@@ -861,4 +1002,21 @@ fn the_container_of_a_killed_run_is_reaped_at_the_next_start() {
         !container_exists(&container),
         "the next start did not reap the killed run's container"
     );
+    assert!(
+        !control.exists(),
+        "the next start did not remove the killed run's control directory"
+    );
+}
+
+/// The host directory mounted at `/run/nerve-control` in `container`.
+fn control_dir_of(container: &str) -> PathBuf {
+    let format =
+        r#"{{range .Mounts}}{{if eq .Destination "/run/nerve-control"}}{{.Source}}{{end}}{{end}}"#;
+    let output = Command::new("docker")
+        .args(["inspect", "--format", format, container])
+        .output()
+        .unwrap();
+    let source = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    assert!(!source.is_empty(), "{container} has no control directory");
+    PathBuf::from(source)
 }

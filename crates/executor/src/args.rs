@@ -1,6 +1,6 @@
 //! Command-line parsing for the `nerve-executor` binary, into a [`Config`] before anything runs.
 //!
-//! Hand-written rather than with clap: four flags do not justify the size in a static binary
+//! Hand-written rather than with clap: a handful of flags do not justify the size in a static binary
 //! that is copied into every sandbox image.
 
 use std::ffi::OsString;
@@ -14,15 +14,17 @@ pub const ROOT_ENV: &str = "NERVE_EXECUTOR_ROOT";
 
 /// The usage text printed by `--help`.
 pub const USAGE: &str = "\
-nerve-executor: serves Nerve's executor protocol (JSON lines) on stdin and stdout.
+nerve-executor: serves Nerve's executor protocol (JSON lines) on stdin and stdout, or on a
+unix socket the host listens on.
 
 Usage: nerve-executor [--root DIR] [--shell PATH] [--max-file-bytes N] [--max-output-bytes N]
-                      [--proxy-socket PATH [--proxy-listen ADDR]]
+                      [--control-socket PATH] [--proxy-socket PATH [--proxy-listen ADDR]]
 
   --root DIR              workspace root (default: $NERVE_EXECUTOR_ROOT, else /workspace)
   --shell PATH            shell that runs commands as `PATH -c command` (default: /bin/sh)
   --max-file-bytes N      largest file write_file/edit_file accept (default: 16 MiB)
   --max-output-bytes N    cap on exec's max_output_bytes per stream (default: 16 MiB)
+  --control-socket PATH   serve on a connection to this unix socket instead of stdin/stdout
   --proxy-socket PATH     relay TCP connections on the loopback to the auth proxy's unix socket
   --proxy-listen ADDR     where the relay listens (default: 127.0.0.1:3128)
   --version, --help";
@@ -30,8 +32,8 @@ Usage: nerve-executor [--root DIR] [--shell PATH] [--max-file-bytes N] [--max-ou
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invocation {
-    /// Serve with this configuration.
-    Serve(Config),
+    /// Serve with this configuration (boxed: it is most of the enum's size).
+    Serve(Box<Config>),
     /// Print [`USAGE`] and exit.
     Help,
     /// Print the version and exit.
@@ -74,6 +76,7 @@ pub fn parse_args(
             "--shell" => config.shell = PathBuf::from(value()?),
             "--max-file-bytes" => config.limits.max_file_bytes = number(&flag, value()?)?,
             "--max-output-bytes" => config.limits.max_output_bytes = number(&flag, value()?)?,
+            "--control-socket" => config.control_socket = Some(PathBuf::from(value()?)),
             "--proxy-socket" => proxy_socket = Some(PathBuf::from(value()?)),
             "--proxy-listen" => proxy_listen = Some(value()?.to_string_lossy().into_owned()),
             _ => return Err(format!("unknown argument: {arg} (try --help)")),
@@ -90,7 +93,7 @@ pub fn parse_args(
         (None, Some(_)) => return Err("--proxy-listen needs --proxy-socket".to_owned()),
         (None, None) => None,
     };
-    Ok(Invocation::Serve(config))
+    Ok(Invocation::Serve(Box::new(config)))
 }
 
 fn number(flag: &str, value: OsString) -> Result<u64, String> {
@@ -113,12 +116,12 @@ mod tests {
     }
 
     fn serve(root: &str, shell: &str, limits: Limits) -> Invocation {
-        Invocation::Serve(Config {
+        Invocation::Serve(Box::new(Config {
             root: root.into(),
             shell: shell.into(),
             limits,
             ..Config::default()
-        })
+        }))
     }
 
     #[test]
@@ -165,21 +168,21 @@ mod tests {
         check(
             &["--proxy-socket", "/run/nerve/proxy.sock"],
             None,
-            Ok(Invocation::Serve(Config {
+            Ok(Invocation::Serve(Box::new(Config {
                 relay: Some(RelayConfig::new(
                     "/run/nerve/proxy.sock",
                     "127.0.0.1:3128".parse().unwrap(),
                 )),
                 ..Config::default()
-            })),
+            }))),
         );
         check(
             &["--proxy-socket=/s", "--proxy-listen", "127.0.0.1:9"],
             None,
-            Ok(Invocation::Serve(Config {
+            Ok(Invocation::Serve(Box::new(Config {
                 relay: Some(RelayConfig::new("/s", "127.0.0.1:9".parse().unwrap())),
                 ..Config::default()
-            })),
+            }))),
         );
         check(
             &["--proxy-listen", "127.0.0.1:9"],
@@ -190,6 +193,19 @@ mod tests {
             &["--proxy-socket", "/s", "--proxy-listen", "localhost:9"],
             None,
             Err("--proxy-listen needs an IP address and port, not \"localhost:9\""),
+        );
+        check(
+            &["--control-socket", "/run/nerve-control/executor.sock"],
+            None,
+            Ok(Invocation::Serve(Box::new(Config {
+                control_socket: Some("/run/nerve-control/executor.sock".into()),
+                ..Config::default()
+            }))),
+        );
+        check(
+            &["--control-socket"],
+            None,
+            Err("--control-socket needs a value"),
         );
         check(&["--root", "/r", "--help"], None, Ok(Invocation::Help));
         check(&["-V"], None, Ok(Invocation::Version));

@@ -1,9 +1,10 @@
 //! Nerve's in-sandbox executor: the protocol types (shared with the host in `nerve-hands`) and
 //! the request handlers behind the `nerve-executor` binary.
 //!
-//! The binary runs inside the container as one long-lived attached `docker exec` and speaks
-//! JSON Lines on stdin and stdout: one [`Request`] per line in, one [`Response`] per line out,
-//! in order. It runs shell commands in their own process groups with deadlines and bounded
+//! The binary runs inside the container as its main process and speaks JSON Lines with the
+//! host, on a connection to the host's control socket (`--control-socket`, see
+//! [`Executor::serve_socket`]) or on stdin and stdout: one [`Request`] per line in, one
+//! [`Response`] per line out, in order. It runs shell commands in their own process groups with deadlines and bounded
 //! output ([`ExecRequest`]), and file operations confined to the workspace root, refusing `..`,
 //! absolute paths elsewhere and symlinks that leave it ([`Workspace`]). End of input ends it.
 //! With `--proxy-socket` it also relays TCP connections on the container's loopback to the

@@ -4,9 +4,14 @@
 //! next request rather than racing it; the host bounds that with `timeout_ms`. No line can stop
 //! the loop: malformed input gets an error response with whatever id could be salvaged. Only
 //! end of input or a failed write (the host went away) ends it.
+//!
+//! The requests come either on stdin and stdout or, with a control socket
+//! ([`Config::control_socket`]), on one unix stream connected to the host: the same lines,
+//! without the engine between the two ends.
 
-use std::io::{self, BufRead, Write};
-use std::path::PathBuf;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 
 use crate::confine::{CONTAINER_ROOT, Workspace};
 use crate::error::Error;
@@ -71,6 +76,9 @@ pub struct Config {
     /// The relay to the auth proxy, started by the binary before it serves; `None` when
     /// the sandbox has no proxy.
     pub relay: Option<crate::relay::RelayConfig>,
+    /// The host's unix socket to serve on instead of stdin and stdout; `None` serves on
+    /// those.
+    pub control_socket: Option<PathBuf>,
 }
 
 impl Config {
@@ -82,6 +90,7 @@ impl Config {
             limits: Limits::default(),
             reap_orphans: true,
             relay: None,
+            control_socket: None,
         }
     }
 }
@@ -104,6 +113,11 @@ impl Executor {
     pub fn new(config: Config) -> io::Result<Self> {
         let workspace = Workspace::open(&config.root)?;
         Ok(Self { config, workspace })
+    }
+
+    /// What it was configured with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// The confined view of the root that file ops go through.
@@ -138,6 +152,22 @@ impl Executor {
             output.write_all(text.as_bytes())?;
             output.flush()?;
         }
+    }
+
+    /// Connects to the host's socket at `path` and serves on that stream until the host closes
+    /// it. The descriptor is close-on-exec (the standard library opens every socket so), so
+    /// no command the executor starts holds the host's end of the channel.
+    pub fn serve_socket(&self, path: &Path) -> io::Result<()> {
+        let stream = UnixStream::connect(path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot connect to the control socket {}: {e}",
+                    path.display()
+                ),
+            )
+        })?;
+        self.serve(BufReader::new(&stream), &stream)
     }
 
     /// Handles one request line (without or with its newline).
@@ -250,6 +280,61 @@ mod tests {
                 r#"{"id":5,"ok":false,"error":"path escapes the workspace: ../"}"#,
                 r#"{"id":6,"ok":true,"content":"two\n","lines":1,"size":8}"#,
             ],
+        );
+    }
+
+    #[test]
+    fn serves_a_control_socket_and_commands_do_not_inherit_it() {
+        use std::io::Read;
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let config = Config {
+            reap_orphans: false,
+            ..Config::new(tmp.path())
+        };
+        let executor = Executor::new(config).unwrap();
+        let server = std::thread::spawn(move || executor.serve_socket(&socket));
+        let (mut stream, _) = listener.accept().unwrap();
+        stream
+            .write_all(
+                concat!(
+                    r#"{"id":1,"op":"ping"}"#,
+                    "\n",
+                    r#"{"id":2,"op":"exec","command":"ls -l /proc/self/fd/","timeout_ms":10000,"max_output_bytes":10000}"#,
+                    "\n",
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answers = String::new();
+        stream.read_to_string(&mut answers).unwrap();
+        server.join().unwrap().unwrap();
+        let lines: Vec<&str> = answers.lines().collect();
+        assert_eq!(
+            lines[0],
+            format!(r#"{{"id":1,"ok":true,"version":"{VERSION}"}}"#)
+        );
+        let listing: ExecOutput = crate::decode_response(lines[1]).unwrap().result.unwrap();
+        assert_eq!(listing.exit_code, Some(0), "{listing:?}");
+        assert!(listing.stdout.contains("pipe:"), "{}", listing.stdout);
+        assert!(!listing.stdout.contains("socket:"), "{}", listing.stdout);
+        assert_eq!(lines.len(), 2);
+    }
+
+    #[test]
+    fn a_missing_control_socket_is_an_error_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let executor = Executor::new(Config::new(tmp.path())).unwrap();
+        let error = executor
+            .serve_socket(&tmp.path().join("absent.sock"))
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot connect to the control socket"),
+            "{error}"
         );
     }
 

@@ -2,12 +2,13 @@
 //! against anchors measured in the same run, on the same machine, in the same container.
 //!
 //! - Round trip of a cheap tool (`shell` running `echo ok`, and `read_file`) through the
-//!   persistent executor, against a bare `docker exec -i` pipe to `/bin/sh` in the same
-//!   container (one attached exec reading commands from stdin and echoing a marker), and
-//!   against per-call `docker exec` (the fallback path). Samples are interleaved so that
+//!   persistent executor, over its control socket and over the engine's attach stream (two
+//!   sandboxes side by side), against a bare `docker exec -i` pipe to `/bin/sh` in the
+//!   first container (one attached exec reading commands from stdin and echoing a marker),
+//!   and against per-call `docker exec` (the fallback path). Samples are interleaved so that
 //!   noise from the shared machine hits every contender alike.
-//! - Cold start: `Sandbox::start` (create, attach to the executor, start, its first ping)
-//!   against the raw Engine API create + start of the same image with the same host config
+//! - Cold start: `Sandbox::start` (create, bind the control socket or attach, start, the
+//!   executor's first ping), over either transport, against the raw Engine API create + start of the same image with the same host config
 //!   (an idle `sleep` as the main process).
 //!
 //! A custom harness (`harness = false`) rather than divan: the targets are p50 and p99 ratios
@@ -27,7 +28,9 @@ use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use futures_util::StreamExt;
 use nerve_core::{ExecutionId, ToolCall, ToolCallId, ToolExecutor};
 use nerve_hands::protocol::ExecRequest;
-use nerve_hands::{Backend, CONTAINER_EXECUTOR_PATH, Sandbox, SandboxConfig, SandboxTools};
+use nerve_hands::{
+    Backend, CONTAINER_EXECUTOR_PATH, Sandbox, SandboxConfig, SandboxTools, Transport,
+};
 use tokio::io::AsyncWriteExt;
 
 const ROUND_TRIPS: usize = 400;
@@ -62,11 +65,23 @@ fn main() {
     });
 }
 
-async fn round_trips(docker: &Docker, workspace: &std::path::Path) {
-    let config = SandboxConfig::new(nerve_hands::DEFAULT_IMAGE, workspace, ExecutionId::new());
-    let sandbox = Arc::new(Sandbox::start(docker.clone(), &config).await.unwrap());
+/// A sandbox whose executor talks over `transport`.
+async fn start(docker: &Docker, workspace: &std::path::Path, transport: Transport) -> Sandbox {
+    let config = SandboxConfig {
+        transport,
+        ..SandboxConfig::new(nerve_hands::DEFAULT_IMAGE, workspace, ExecutionId::new())
+    };
+    let sandbox = Sandbox::start(docker.clone(), &config).await.unwrap();
     assert_eq!(sandbox.backend().await, Backend::Executor);
+    assert_eq!(sandbox.transport().await, Some(transport));
+    sandbox
+}
+
+async fn round_trips(docker: &Docker, workspace: &std::path::Path) {
+    let sandbox = Arc::new(start(docker, workspace, Transport::Socket).await);
     let tools = SandboxTools::new(Arc::clone(&sandbox));
+    let attached = Arc::new(start(docker, workspace, Transport::Attach).await);
+    let attached_tools = SandboxTools::new(Arc::clone(&attached));
     let mut pipe = ShellPipe::open(docker, sandbox.container_id()).await;
     let shell_call = ToolCall {
         id: ToolCallId("bench".to_owned()),
@@ -88,25 +103,31 @@ async fn round_trips(docker: &Docker, workspace: &std::path::Path) {
 
     let mut shell = Vec::new();
     let mut read = Vec::new();
+    let mut attached_shell = Vec::new();
+    let mut attached_read = Vec::new();
     let mut bare = Vec::new();
     let mut bare_child = Vec::new();
     let mut per_call = Vec::new();
     for round in 0..WARMUP + ROUND_TRIPS {
         let keep = round >= WARMUP;
-        let t = Instant::now();
-        let out = tools.execute(&shell_call).await.unwrap();
-        let elapsed = t.elapsed();
-        assert_eq!(out.content, "ok\n[exit code: 0]");
-        if keep {
-            shell.push(elapsed);
-        }
-
-        let t = Instant::now();
-        let out = tools.execute(&read_call).await.unwrap();
-        let elapsed = t.elapsed();
-        assert_eq!(out.content, "hello\n");
-        if keep {
-            read.push(elapsed);
+        for (tools, call, expected, samples) in [
+            (&tools, &shell_call, "ok\n[exit code: 0]", &mut shell),
+            (&tools, &read_call, "hello\n", &mut read),
+            (
+                &attached_tools,
+                &shell_call,
+                "ok\n[exit code: 0]",
+                &mut attached_shell,
+            ),
+            (&attached_tools, &read_call, "hello\n", &mut attached_read),
+        ] {
+            let t = Instant::now();
+            let out = tools.execute(call).await.unwrap();
+            let elapsed = t.elapsed();
+            assert_eq!(out.content, expected);
+            if keep {
+                samples.push(elapsed);
+            }
         }
 
         let t = Instant::now();
@@ -134,6 +155,7 @@ async fn round_trips(docker: &Docker, workspace: &std::path::Path) {
         }
     }
     sandbox.remove().await.unwrap();
+    attached.remove().await.unwrap();
 
     let bare_stats = Stats::of(&mut bare);
     println!(
@@ -150,8 +172,19 @@ async fn round_trips(docker: &Docker, workspace: &std::path::Path) {
             "bare pipe, `sh -c 'echo ok'` child per command",
             &mut bare_child,
         ),
-        ("executor: `shell` tool, `echo ok`", &mut shell),
-        ("executor: `read_file` tool", &mut read),
+        (
+            "executor, control socket: `shell` tool, `echo ok`",
+            &mut shell,
+        ),
+        ("executor, control socket: `read_file` tool", &mut read),
+        (
+            "executor, attach stream: `shell` tool, `echo ok`",
+            &mut attached_shell,
+        ),
+        (
+            "executor, attach stream: `read_file` tool",
+            &mut attached_read,
+        ),
         ("per-call `docker exec`, `echo ok`", &mut per_call),
     ] {
         Stats::of(samples).row(name, &bare_stats);
@@ -161,14 +194,18 @@ async fn round_trips(docker: &Docker, workspace: &std::path::Path) {
 async fn cold_starts(docker: &Docker, workspace: &std::path::Path) {
     let executor = nerve_hands::locate_executor().unwrap();
     let mut ours = Vec::new();
+    let mut attached = Vec::new();
     let mut raw = Vec::new();
     for _ in 0..COLD_STARTS + 2 {
-        let config = SandboxConfig::new(nerve_hands::DEFAULT_IMAGE, workspace, ExecutionId::new());
-        let t = Instant::now();
-        let sandbox = Sandbox::start(docker.clone(), &config).await.unwrap();
-        ours.push(t.elapsed());
-        assert_eq!(sandbox.backend().await, Backend::Executor);
-        sandbox.remove().await.unwrap();
+        for (transport, samples) in [
+            (Transport::Socket, &mut ours),
+            (Transport::Attach, &mut attached),
+        ] {
+            let t = Instant::now();
+            let sandbox = start(docker, workspace, transport).await;
+            samples.push(t.elapsed());
+            sandbox.remove().await.unwrap();
+        }
 
         let body = raw_body(workspace, &executor);
         let t = Instant::now();
@@ -192,6 +229,7 @@ async fn cold_starts(docker: &Docker, workspace: &std::path::Path) {
     }
     // The first two of each warm the engine's caches.
     let mut ours = ours.split_off(2);
+    let mut attached = attached.split_off(2);
     let mut raw = raw.split_off(2);
     let raw_stats = Stats::of(&mut raw);
     println!("\n## cold start ({COLD_STARTS} samples each, alternated)\n");
@@ -199,7 +237,11 @@ async fn cold_starts(docker: &Docker, workspace: &std::path::Path) {
     println!("|---|---|---|---|---|");
     raw_stats.row("raw Engine API create + start (anchor)", &raw_stats);
     Stats::of(&mut ours).row(
-        "`Sandbox::start`: create + attach + start + first executor ping",
+        "`Sandbox::start`, control socket: create + bind + attach stderr + start + accept + first ping",
+        &raw_stats,
+    );
+    Stats::of(&mut attached).row(
+        "`Sandbox::start`, attach stream: create + attach + start + first ping",
         &raw_stats,
     );
 }

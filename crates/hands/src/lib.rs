@@ -3,11 +3,13 @@
 //! reaches the tools through [`nerve_core::ToolExecutor`].
 //!
 //! Architecture: [`Sandbox`] owns one container and the persistent in-container executor
-//! (`nerve-executor`, bind-mounted, spoken to in JSON lines); [`SandboxTools`] turns the
+//! (`nerve-executor`, bind-mounted, spoken to in JSON lines over a unix socket it connects
+//! to at start, see [`Transport`]); [`SandboxTools`] turns the
 //! model's tool calls into executor requests and the answers into model-facing text.
 //! [`proxy`] is the credential-injecting auth proxy on the host: the sandbox's only way to
 //! the network, through a unix socket mounted into the container.
 
+mod control;
 mod executor;
 mod image;
 mod locate;
@@ -16,6 +18,7 @@ pub mod proxy;
 mod sandbox;
 mod tools;
 
+pub use executor::Transport;
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
 pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};
 pub use proxy::{Proxy, ProxyClient, ProxyConfig, ProxyListener, ProxyMount, ProxyRule};

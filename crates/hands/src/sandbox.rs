@@ -3,10 +3,12 @@
 //!
 //! Tool calls go through the persistent executor (`executor.rs`): the static
 //! `nerve-executor`, bind-mounted read-only at `/opt/nerve/nerve-executor`, runs as the
-//! container's main process under the engine's init, and the host stays attached to its stdin
-//! and stdout for the container's life. When the executor exits (killed by a command, by the
-//! OOM killer), the container stops with it and the next call starts it again, a few times at
-//! most. When it cannot run at all (no binary on the host, a dynamic build, an image it
+//! container's main process under the engine's init, connected to the host for the
+//! container's life through the control socket (`control.rs`, a private host directory
+//! mounted read-only at `/run/nerve-control`), or, when that socket cannot be used, through
+//! the engine's attach stream to its stdin and stdout. When the executor exits (killed by a
+//! command, by the OOM killer), the container stops with it and the next call starts it
+//! again, with a new socket, a few times at most. When it cannot run at all (no binary on the host, a dynamic build, an image it
 //! cannot run in), the sandbox says so in a warning and falls back for good to an idle
 //! container: commands through per-call `docker exec` (`percall.rs`), file operations on the
 //! host through the executor library's own confinement (`openat2` with `RESOLVE_BENEATH`),
@@ -38,7 +40,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
 use crate::HandsError;
-use crate::executor::Connection;
+use crate::control::{
+    CONTAINER_CONTROL_DIR, CONTROL_DIR_PREFIX, ControlDir, hand_over, numeric_user,
+};
+use crate::executor::{Connection, Pending, Transport};
 use crate::locate::{CONTAINER_EXECUTOR_PATH, unusable_reason};
 use crate::percall;
 use crate::proxy::{CONTAINER_PROXY_DIR, ProxyMount, RELAY_LISTEN};
@@ -63,8 +68,8 @@ const MAX_EXECUTOR_STARTS: u32 = 5;
 /// What the container runs as its main process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum MainProcess {
-    /// The executor, attached to by the host.
-    Executor,
+    /// The executor, talking to the host over this transport.
+    Executor(Transport),
     /// Nothing (`sleep`): the per-call fallback runs each command in its own exec.
     Idle,
 }
@@ -99,6 +104,10 @@ pub struct SandboxConfig {
     /// The auth proxy to reach from inside, if any; without one the sandbox has no network
     /// at all.
     pub proxy: Option<ProxyMount>,
+    /// How the host talks to the executor. With [`Transport::Socket`] (the default) a start
+    /// whose socket cannot be used falls back to [`Transport::Attach`], with a warning;
+    /// benchmarks and tests ask for the attach stream directly.
+    pub transport: Transport,
 }
 
 impl SandboxConfig {
@@ -121,6 +130,7 @@ impl SandboxConfig {
             max_open_files: 4096,
             env: Vec::new(),
             proxy: None,
+            transport: Transport::Socket,
         }
     }
 }
@@ -160,6 +170,9 @@ pub struct Sandbox {
     env: Vec<String>,
     /// The workspace on the host, for the host-side file fallback.
     workspace: PathBuf,
+    /// The control socket's directory, mounted into the container, when the executor talks
+    /// through it; `None` for the attach stream and the per-call fallback.
+    control: Option<ControlDir>,
     channel: Mutex<Channel>,
 }
 
@@ -240,6 +253,7 @@ impl Sandbox {
             user,
             env,
             workspace,
+            control: None,
             channel: Mutex::new(Channel::default()),
         };
         let mut channel = Channel::default();
@@ -250,23 +264,10 @@ impl Sandbox {
                     "{}:{CONTAINER_EXECUTOR_PATH}:ro",
                     path_str(&binary)?
                 ));
-                let body = container_body(
-                    config,
-                    binds,
-                    &sandbox.user,
-                    &sandbox.env,
-                    MainProcess::Executor,
-                );
-                sandbox.id = create(&sandbox.docker, config, body).await?;
-                match sandbox.boot(&mut channel).await {
-                    Ok(()) => None,
-                    Err(reason) => {
-                        // The image cannot run the executor: replace the container with an
-                        // idle one for the fallback.
-                        sandbox.remove().await?;
-                        Some(reason)
-                    }
-                }
+                sandbox
+                    .start_executor(config, binds, &mut channel)
+                    .await?
+                    .err()
             }
             Err(reason) => Some(reason),
         };
@@ -289,6 +290,60 @@ impl Sandbox {
         Ok(sandbox)
     }
 
+    /// Creates the container with the executor as its main process and boots it, over the
+    /// control socket first unless the config asks for the attach stream. `Ok(Err(reason))`:
+    /// the executor cannot serve over either, and no container is left.
+    async fn start_executor(
+        &mut self,
+        config: &SandboxConfig,
+        binds: Vec<String>,
+        channel: &mut Channel,
+    ) -> Result<Result<(), String>, HandsError> {
+        let transports: &[Transport] = match config.transport {
+            Transport::Socket => &[Transport::Socket, Transport::Attach],
+            Transport::Attach => &[Transport::Attach],
+        };
+        let mut failure = String::new();
+        for &transport in transports {
+            let mut binds = binds.clone();
+            self.control = None;
+            match transport {
+                Transport::Socket => match ControlDir::create(&self.user) {
+                    Ok(control) => {
+                        binds.push(format!(
+                            "{}:{CONTAINER_CONTROL_DIR}:ro",
+                            path_str(control.host_dir())?
+                        ));
+                        self.control = Some(control);
+                    }
+                    Err(reason) => {
+                        warn_attach(&reason);
+                        continue;
+                    }
+                },
+                Transport::Attach => {}
+            }
+            let main = MainProcess::Executor(transport);
+            let body = container_body(config, binds, &self.user, &self.env, main);
+            self.id = create(&self.docker, config, body).await?;
+            match self.boot(channel).await {
+                Ok(()) => return Ok(Ok(())),
+                Err(reason) => {
+                    // Replace the container: with one talking through the attach stream, or
+                    // with an idle one for the per-call fallback.
+                    self.remove().await?;
+                    channel.starts = 0;
+                    if transport == Transport::Socket {
+                        warn_attach(&reason);
+                    }
+                    failure = reason;
+                }
+            }
+        }
+        self.control = None;
+        Ok(Err(failure))
+    }
+
     pub fn container_id(&self) -> &str {
         &self.id
     }
@@ -303,6 +358,17 @@ impl Sandbox {
             Backend::PerCallExec
         } else {
             Backend::Executor
+        }
+    }
+
+    /// How tool calls reach the executor; `None` on the per-call fallback.
+    pub async fn transport(&self) -> Option<Transport> {
+        if self.channel.lock().await.fallback.is_some() {
+            None
+        } else if self.control.is_some() {
+            Some(Transport::Socket)
+        } else {
+            Some(Transport::Attach)
         }
     }
 
@@ -404,7 +470,7 @@ impl Sandbox {
         }
     }
 
-    /// Starts (or restarts) the container with its executor, attached, and waits for its
+    /// Starts (or restarts) the container with its executor, connected, and waits for its
     /// first answer. The error says why it cannot serve.
     async fn boot(&self, channel: &mut Channel) -> Result<(), String> {
         channel.starts += 1;
@@ -419,11 +485,17 @@ impl Sandbox {
                 Err(e) => return Err(format!("cannot stop the container: {e}")),
             }
         }
-        let mut connection = Connection::attach(&self.docker, &self.id).await?;
+        // A fresh socket per start, bound while nothing runs in the container.
+        let listener = match &self.control {
+            Some(control) => Some(control.listen()?),
+            None => None,
+        };
+        let pending = Pending::prepare(&self.docker, &self.id, listener).await?;
         self.docker
             .start_container(&self.id, None)
             .await
             .map_err(|e| format!("cannot start the container: {e}"))?;
+        let mut connection = pending.connect().await?;
         connection.handshake().await?;
         channel.connection = Some(connection);
         Ok(())
@@ -463,8 +535,8 @@ impl Sandbox {
             return match connection.call::<T>(op, limit).await {
                 Ok(result) => Ok(result),
                 Err(error) => {
-                    // Dropping the attach stream closes the executor's stdin: once it is
-                    // done with what it was doing, it kills what it still runs and exits.
+                    // Dropping the connection closes the executor's input: once it is done
+                    // with what it was doing, it kills what it still runs and exits.
                     // The next call restarts the container, stopping it first if need be.
                     channel.connection = None;
                     tracing::warn!(container = %self.id, %error, "lost the sandbox executor; it restarts at the next call");
@@ -497,6 +569,13 @@ impl Sandbox {
             T::deserialize(value).map_err(|e| format!("unexpected answer from the fallback: {e}"))
         }))
     }
+}
+
+fn warn_attach(reason: &str) {
+    tracing::warn!(
+        %reason,
+        "the sandbox executor cannot use its control socket; talking to it through the engine's attach stream (slower, and commands can forge its answers)"
+    );
 }
 
 fn fall_back(channel: &mut Channel, reason: String) {
@@ -576,13 +655,25 @@ fn container_body(
         }),
         ..Default::default()
     };
-    let (cmd, stdin) = match main {
-        MainProcess::Executor => {
+    // The host attaches to the executor's stderr either way, to its stdin and stdout only
+    // without the control socket.
+    let (cmd, stdin, stderr) = match main {
+        MainProcess::Executor(transport) => {
             let mut cmd = vec![
                 CONTAINER_EXECUTOR_PATH.to_owned(),
                 "--root".to_owned(),
                 "/workspace".to_owned(),
             ];
+            let stdin = match transport {
+                Transport::Socket => {
+                    cmd.extend([
+                        "--control-socket".to_owned(),
+                        ControlDir::container_socket(),
+                    ]);
+                    false
+                }
+                Transport::Attach => true,
+            };
             if config.proxy.is_some() {
                 cmd.extend([
                     "--proxy-socket".to_owned(),
@@ -591,10 +682,11 @@ fn container_body(
                     RELAY_LISTEN.to_owned(),
                 ]);
             }
-            (cmd, true)
+            (cmd, stdin, true)
         }
         MainProcess::Idle => (
             vec!["/bin/sleep".to_owned(), "2147483647".to_owned()],
+            false,
             false,
         ),
     };
@@ -607,7 +699,7 @@ fn container_body(
         stdin_once: Some(stdin),
         attach_stdin: Some(stdin),
         attach_stdout: Some(stdin),
-        attach_stderr: Some(stdin),
+        attach_stderr: Some(stderr),
         user: Some(user.to_owned()),
         working_dir: Some("/workspace".to_owned()),
         env: Some(env.to_vec()),
@@ -634,20 +726,12 @@ fn proxy_env() -> Vec<String> {
 /// that uid; this takes root, and without it the sandbox cannot reach the proxy (said in a
 /// warning).
 fn share_proxy_dir(proxy: &ProxyMount, user: &str) {
-    let mut ids = user.split(':').map(str::parse::<u32>);
-    let (Some(Ok(uid)), gid) = (ids.next(), ids.next()) else {
+    let Some(owner) = numeric_user(user) else {
         return;
     };
-    let gid = gid.and_then(Result::ok);
-    let Ok(meta) = std::fs::metadata(&proxy.host_dir) else {
-        return;
-    };
-    if meta.uid() == uid {
-        return;
-    }
     for path in [proxy.host_dir.clone(), proxy.host_socket()] {
-        if let Err(error) = std::os::unix::fs::chown(&path, Some(uid), gid) {
-            tracing::warn!(%error, path = %path.display(), uid, "cannot give the proxy socket to the sandbox's user; the sandbox cannot reach the proxy");
+        if let Err(error) = hand_over(&path, owner) {
+            tracing::warn!(%error, path = %path.display(), uid = owner.0, "cannot give the proxy socket to the sandbox's user; the sandbox cannot reach the proxy");
         }
     }
 }
@@ -681,8 +765,9 @@ fn path_str(path: &Path) -> Result<&str, HandsError> {
 }
 
 /// Removes Nerve containers whose owning process is gone (killed, crashed), and returns how
-/// many it removed. Containers of live processes are left alone, stopped ones included: a
-/// sandbox's container stops whenever its executor dies, until the next call restarts it.
+/// many it removed, with the control directories they leave on the host. Containers of live
+/// processes are left alone, stopped ones included: a sandbox's container stops whenever its
+/// executor dies, until the next call restarts it.
 pub async fn reap_orphans(docker: &Docker) -> Result<usize, HandsError> {
     let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
     let options = ListContainersOptionsBuilder::default()
@@ -705,7 +790,16 @@ pub async fn reap_orphans(docker: &Docker) -> Result<usize, HandsError> {
                 .v(true)
                 .build();
             match docker.remove_container(&id, Some(options)).await {
-                Ok(()) => removed += 1,
+                Ok(()) => {
+                    removed += 1;
+                    let mounts = container.mounts.iter().flatten();
+                    if let Some(dir) = mounts
+                        .filter(|m| m.destination.as_deref() == Some(CONTAINER_CONTROL_DIR))
+                        .find_map(|m| m.source.as_deref())
+                    {
+                        remove_control_dir(Path::new(dir));
+                    }
+                }
                 Err(bollard::errors::Error::DockerResponseServerError {
                     status_code: 404 | 409,
                     ..
@@ -715,6 +809,17 @@ pub async fn reap_orphans(docker: &Docker) -> Result<usize, HandsError> {
         }
     }
     Ok(removed)
+}
+
+/// Removes the control directory of a dead process's sandbox: only an empty directory that
+/// is one of ours (its socket was removed once the executor connected).
+fn remove_control_dir(dir: &Path) {
+    let ours = dir
+        .file_name()
+        .is_some_and(|name| name.to_string_lossy().starts_with(CONTROL_DIR_PREFIX));
+    if ours && std::fs::remove_dir(dir).is_ok() {
+        tracing::debug!(dir = %dir.display(), "removed a dead sandbox's control directory");
+    }
 }
 
 /// Identifies a process across pid reuse: boot id, pid and the process's start time.
@@ -761,7 +866,7 @@ mod tests {
             vec!["/w:/workspace:rw".to_owned()],
             "1:1",
             &[],
-            MainProcess::Executor,
+            MainProcess::Executor(Transport::Socket),
         );
         let host = body.host_config.unwrap();
         assert_eq!(host.network_mode.as_deref(), Some("none"));
@@ -781,9 +886,34 @@ mod tests {
         assert_eq!(host.binds, Some(vec!["/w:/workspace:rw".to_owned()]));
         assert_eq!(body.network_disabled, Some(true));
         assert_eq!(body.labels.unwrap()[LABEL_MANAGED], "true");
-        assert_eq!(body.cmd.unwrap()[0], CONTAINER_EXECUTOR_PATH);
-        assert_eq!(body.open_stdin, Some(true));
+        assert_eq!(
+            body.cmd.unwrap(),
+            [
+                CONTAINER_EXECUTOR_PATH,
+                "--root",
+                "/workspace",
+                "--control-socket",
+                "/run/nerve-control/executor.sock"
+            ]
+        );
+        assert_eq!(body.open_stdin, Some(false), "nothing is written to stdin");
+        assert_eq!(body.attach_stderr, Some(true), "stderr explains failures");
         assert_eq!(host.log_config.unwrap().typ.as_deref(), Some("none"));
+    }
+
+    #[test]
+    fn through_the_attach_stream_the_executor_reads_stdin() {
+        let config = SandboxConfig::new("img", "/w", ExecutionId::new());
+        let main = MainProcess::Executor(Transport::Attach);
+        let body = container_body(&config, Vec::new(), "1:1", &[], main);
+        assert_eq!(
+            body.cmd.unwrap(),
+            [CONTAINER_EXECUTOR_PATH, "--root", "/workspace"]
+        );
+        assert_eq!(
+            (body.open_stdin, body.attach_stdout, body.attach_stderr),
+            (Some(true), Some(true), Some(true))
+        );
     }
 
     #[test]
@@ -794,7 +924,8 @@ mod tests {
             }),
             ..SandboxConfig::new("img", "/w", ExecutionId::new())
         };
-        let body = container_body(&config, Vec::new(), "1:1", &[], MainProcess::Executor);
+        let main = MainProcess::Executor(Transport::Attach);
+        let body = container_body(&config, Vec::new(), "1:1", &[], main);
         assert_eq!(
             body.cmd.unwrap()[3..],
             [

@@ -1,8 +1,9 @@
-//! `nerve-executor`: serves the executor protocol on stdin/stdout inside the sandbox.
+//! `nerve-executor`: serves the executor protocol inside the sandbox, on stdin/stdout or on the
+//! host's control socket (`--control-socket`).
 //!
 //! Exit codes: 0 when the input ended or the host closed the output (a broken pipe is how the
-//! host says goodbye), 1 when the workspace root cannot be opened or I/O fails, 2 for a bad
-//! command line. Diagnostics go to stderr as one line.
+//! host says goodbye), 1 when the workspace root cannot be opened, the control socket cannot
+//! be reached or I/O fails, 2 for a bad command line. Diagnostics go to stderr as one line.
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -12,7 +13,7 @@ use nerve_executor::{Executor, Invocation, ROOT_ENV, USAGE, VERSION};
 fn main() -> ExitCode {
     let config =
         match nerve_executor::parse_args(std::env::args_os().skip(1), std::env::var_os(ROOT_ENV)) {
-            Ok(Invocation::Serve(config)) => config,
+            Ok(Invocation::Serve(config)) => *config,
             Ok(Invocation::Help) => return say(&mut io::stdout(), USAGE, ExitCode::SUCCESS),
             Ok(Invocation::Version) => {
                 return say(
@@ -38,6 +39,17 @@ fn main() -> ExitCode {
             "nerve-executor: warning: cannot become a child subreaper: {e}"
         );
     }
+    // Not dumpable: the commands we run share our uid, and without this they could open our
+    // descriptors through /proc/<pid>/fd, take them with pidfd_getfd or ptrace us, and so
+    // answer the host in our name. Commands become dumpable again when they exec.
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        let _ = writeln!(
+            io::stderr(),
+            "nerve-executor: warning: cannot make the executor non-dumpable: {e}"
+        );
+    }
     // The relay first: a command may use the network from its first request on. A relay
     // that cannot start costs the network, not the tools.
     if let Some(relay) = config.relay.clone()
@@ -60,7 +72,11 @@ fn main() -> ExitCode {
             return say(&mut io::stderr(), &message, ExitCode::FAILURE);
         }
     };
-    let result = executor.serve(io::stdin().lock(), io::stdout().lock());
+    let control = executor.config().control_socket.clone();
+    let result = match control {
+        Some(path) => executor.serve_socket(&path),
+        None => executor.serve(io::stdin().lock(), io::stdout().lock()),
+    };
     nerve_executor::kill_remaining_children();
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,237 @@
+//! The control socket: the executor's direct line to the host. The engine's attach stream
+//! carries every byte through dockerd and containerd-shim, several process hops each way;
+//! a unix socket between the two processes carries it through the kernel alone.
+//!
+//! The host listens, the executor connects. Before the container starts, the host binds the
+//! socket in a private directory of its own (mode 0700, handed to the sandbox's user as the
+//! proxy's is), which the container gets read-only at [`CONTAINER_CONTROL_DIR`]. It accepts
+//! exactly one connection, then closes the listener and removes the socket file, all before
+//! its first request. Nothing but the executor can have connected: the container was just
+//! started (or restarted from stopped, which killed everything in it), and no command runs
+//! before the first request. Afterwards there is nothing left to connect to, and the
+//! executor's end of the stream is close-on-exec, so no command inherits it. The peer's uid
+//! (`SO_PEERCRED`) must be the sandbox's: a process of another host user cannot take the
+//! executor's place even in the moment before it connects.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use tokio::net::UnixStream;
+
+/// Where the control directory is mounted (read-only) inside the container.
+pub(crate) const CONTAINER_CONTROL_DIR: &str = "/run/nerve-control";
+/// How the host directory's name starts (the reaper removes those of dead processes).
+pub(crate) const CONTROL_DIR_PREFIX: &str = "nerve-control-";
+/// The socket's name in that directory.
+const SOCKET_NAME: &str = "executor.sock";
+
+/// The numeric `uid` and optional `gid` of a `uid:gid` user string; `None` for a user
+/// name, which the host cannot map without the image's passwd file.
+pub(crate) fn numeric_user(user: &str) -> Option<(u32, Option<u32>)> {
+    let mut ids = user.split(':');
+    let uid = ids.next()?.parse().ok()?;
+    let gid = ids.next().and_then(|gid| gid.parse().ok());
+    Some((uid, gid))
+}
+
+/// Makes `path` belong to `uid` (and `gid`) unless it already belongs to `uid`. Takes root
+/// when `uid` is not ours.
+pub(crate) fn hand_over(path: &Path, (uid, gid): (u32, Option<u32>)) -> std::io::Result<()> {
+    if std::fs::metadata(path)?.uid() == uid {
+        return Ok(());
+    }
+    std::os::unix::fs::chown(path, Some(uid), gid)
+}
+
+/// The host directory of one sandbox's control socket, removed when dropped. It lives as
+/// long as the container: every (re)start binds a new socket in it.
+#[derive(Debug)]
+pub(crate) struct ControlDir {
+    dir: tempfile::TempDir,
+    owner: (u32, Option<u32>),
+}
+
+impl ControlDir {
+    /// Creates the directory (mode 0700) for a sandbox whose commands run as `user`. The
+    /// error says why the socket cannot be used (a user name, no right to hand the
+    /// directory over); the sandbox then talks through the attach stream.
+    pub(crate) fn create(user: &str) -> Result<Self, String> {
+        let owner = numeric_user(user)
+            .ok_or_else(|| format!("the sandbox's user {user:?} is not numeric"))?;
+        let dir = tempfile::Builder::new()
+            .prefix(CONTROL_DIR_PREFIX)
+            .tempdir()
+            .map_err(|e| format!("cannot create the control directory: {e}"))?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .and_then(|()| hand_over(dir.path(), owner))
+            .map_err(|e| {
+                format!(
+                    "cannot give {} to uid {}: {e}",
+                    dir.path().display(),
+                    owner.0
+                )
+            })?;
+        Ok(Self { dir, owner })
+    }
+
+    pub(crate) fn host_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The socket's path inside the container, for the executor's `--control-socket`.
+    pub(crate) fn container_socket() -> String {
+        format!("{CONTAINER_CONTROL_DIR}/{SOCKET_NAME}")
+    }
+
+    /// Binds a fresh socket (mode 0600, the sandbox user's), replacing one a failed start
+    /// left behind. Must run on a tokio runtime.
+    pub(crate) fn listen(&self) -> Result<ControlListener, String> {
+        let path = self.dir.path().join(SOCKET_NAME);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("cannot remove {}: {e}", path.display()));
+            }
+            Ok(()) | Err(_) => {}
+        }
+        let shown = path.display().to_string();
+        let fail = |e: std::io::Error| format!("cannot listen on {shown}: {e}");
+        let bound = std::os::unix::net::UnixListener::bind(&path).map_err(fail)?;
+        // From here on, dropping `listener` removes the file.
+        let mut listener = ControlListener {
+            path,
+            listener: None,
+            uid: self.owner.0,
+        };
+        std::fs::set_permissions(&listener.path, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| hand_over(&listener.path, self.owner))
+            .and_then(|()| bound.set_nonblocking(true))
+            .and_then(|()| tokio::net::UnixListener::from_std(bound))
+            .map(|bound| listener.listener = Some(bound))
+            .map_err(fail)?;
+        Ok(listener)
+    }
+}
+
+/// A bound control socket waiting for the executor. Dropping it (accepted, timed out,
+/// cancelled) closes it and removes its file.
+#[derive(Debug)]
+pub(crate) struct ControlListener {
+    path: PathBuf,
+    listener: Option<tokio::net::UnixListener>,
+    /// The uid the executor must run as.
+    uid: u32,
+}
+
+impl ControlListener {
+    /// Accepts the one connection the executor makes and closes the socket. The error says
+    /// why no executor is on the line.
+    pub(crate) async fn accept(self) -> Result<UnixStream, String> {
+        let Some(listener) = &self.listener else {
+            return Err("the control socket is not listening".to_owned());
+        };
+        let (stream, _) = listener
+            .accept()
+            .await
+            .map_err(|e| format!("cannot accept the executor's connection: {e}"))?;
+        let uid = self.uid;
+        drop(self);
+        let peer = stream
+            .peer_cred()
+            .map_err(|e| format!("cannot identify the control socket's peer: {e}"))?;
+        check_peer(peer.uid(), uid, peer.pid())?;
+        Ok(stream)
+    }
+}
+
+/// The peer must run as the sandbox's user (in the host's terms: with a user namespace
+/// remapping uids, the socket could not have been handed over either).
+fn check_peer(peer: u32, expected: u32, pid: Option<i32>) -> Result<(), String> {
+    if peer == expected {
+        return Ok(());
+    }
+    let pid = pid.map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+    Err(format!(
+        "refused a control connection from uid {peer}{pid}: the executor runs as uid {expected}"
+    ))
+}
+
+impl Drop for ControlListener {
+    fn drop(&mut self) {
+        self.listener = None;
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_are_numeric_or_unknown() {
+        assert_eq!(numeric_user("1000:100"), Some((1000, Some(100))));
+        assert_eq!(numeric_user("0"), Some((0, None)));
+        assert_eq!(numeric_user("nobody"), None);
+        assert_eq!(numeric_user("1000:staff"), Some((1000, None)));
+    }
+
+    #[test]
+    fn only_the_sandbox_user_may_be_the_peer() {
+        assert_eq!(check_peer(1000, 1000, Some(7)), Ok(()));
+        assert_eq!(
+            check_peer(0, 1000, Some(7)),
+            Err(
+                "refused a control connection from uid 0 (pid 7): the executor runs as uid 1000"
+                    .to_owned()
+            )
+        );
+    }
+
+    /// The uid of this process, as the owner of a file it creates.
+    fn own_user() -> String {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let meta = std::fs::metadata(file.path()).unwrap();
+        format!("{}:{}", meta.uid(), meta.gid())
+    }
+
+    #[tokio::test]
+    async fn one_connection_is_accepted_then_the_socket_is_gone() {
+        let control = ControlDir::create(&own_user()).unwrap();
+        let mode = std::fs::metadata(control.host_dir()).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let socket = control.host_dir().join(SOCKET_NAME);
+        let listener = control.listen().unwrap();
+        assert_eq!(std::fs::metadata(&socket).unwrap().mode() & 0o777, 0o600);
+        let connecting = UnixStream::connect(&socket);
+        let (accepted, client) = tokio::join!(listener.accept(), connecting);
+        let (accepted, _client) = (accepted.unwrap(), client.unwrap());
+        assert!(accepted.peer_cred().is_ok());
+        assert!(!socket.exists(), "the socket file is removed once accepted");
+        assert!(UnixStream::connect(&socket).await.is_err());
+        // A restart binds a fresh socket in the same directory.
+        let again = control.listen().unwrap();
+        assert!(socket.exists());
+        drop(again);
+        assert!(
+            !socket.exists(),
+            "an unused listener removes its socket too"
+        );
+        let dir = control.host_dir().to_path_buf();
+        drop(control);
+        assert!(!dir.exists());
+    }
+
+    #[tokio::test]
+    async fn a_peer_of_another_uid_is_refused() {
+        let control = ControlDir::create(&own_user()).unwrap();
+        let mut listener = control.listen().unwrap();
+        listener.uid = listener.uid.wrapping_add(1);
+        let socket = control.host_dir().join(SOCKET_NAME);
+        let (accepted, _client) = tokio::join!(listener.accept(), UnixStream::connect(&socket));
+        let refused = accepted.unwrap_err();
+        assert!(
+            refused.starts_with("refused a control connection from uid"),
+            "{refused}"
+        );
+        assert!(!socket.exists());
+    }
+}
