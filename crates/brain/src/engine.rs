@@ -252,6 +252,7 @@ impl AgentEngine {
             compaction: CompactionState::default(),
             protect_from: None,
             pending: std::sync::Mutex::default(),
+            in_flight: std::sync::Mutex::default(),
         }
     }
 

@@ -671,6 +671,57 @@ impl nerve_core::ToolExecutor for Watching {
 }
 
 #[tokio::test]
+async fn a_turn_boundary_commit_that_fails_stops_the_run_before_the_next_tool() {
+    // Commits: the start, turn 1's intent, then turn 1's end, which runs behind the next
+    // model call and fails.
+    let sink = Arc::new(MemorySink {
+        fail_commit: Some(2),
+        ..MemorySink::default()
+    });
+    let tools = Arc::new(EchoTools::default());
+    let result = run_on(
+        &lines(&[tool("ls"), tool("pwd"), text("done")]),
+        EngineConfig::default(),
+        Arc::clone(&tools) as _,
+        Arc::clone(&sink),
+    )
+    .await;
+    assert_eq!(result.termination_reason, TerminationReason::Error);
+    assert!(
+        result
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("disk full"),
+        "{:?}",
+        result.error
+    );
+    let ran: Vec<String> = tools
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|call| call.arguments["command"].to_string())
+        .collect();
+    assert_eq!(
+        ran,
+        [r#""ls""#],
+        "a tool ran after a commit before it failed"
+    );
+    // The second call's intent went with the failed commit: it never ran, and the log does
+    // not announce it. The first call's outcome is lost, so the log shows it in doubt.
+    let kinds = sink.kinds();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "tool_call_started").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert!(!kinds.contains(&"tool_call_finished"), "{kinds:?}");
+    assert!(!kinds.contains(&"turn_completed"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"finish"));
+}
+
+#[tokio::test]
 async fn a_turn_is_two_commits_and_a_call_runs_only_once_its_intent_is_durable() {
     let sink = Arc::new(MemorySink::default());
     let tools = Arc::new(Watching {

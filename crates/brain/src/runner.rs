@@ -92,6 +92,19 @@ pub(crate) struct Run {
     pub(crate) protect_from: Option<usize>,
     /// Events recorded but not yet committed; see [`Run::record`].
     pub(crate) pending: Mutex<Vec<Event>>,
+    /// The turn boundary's commit, on its way to disk while the next model call runs; see
+    /// [`Run::commit_behind`].
+    pub(crate) in_flight: Mutex<Option<InFlight>>,
+}
+
+/// A commit started by [`Run::commit_behind`] and not yet waited for.
+pub(crate) type InFlight = tokio::task::JoinHandle<Result<Option<u64>, SinkError>>;
+
+/// A commit's result once its task has ended; a task that panicked failed its commit.
+fn joined(
+    ended: Result<Result<Option<u64>, SinkError>, tokio::task::JoinError>,
+) -> Result<Option<u64>, SinkError> {
+    ended.unwrap_or_else(|error| Err(SinkError(format!("a commit did not finish: {error}"))))
 }
 
 /// The guards of compaction, reset on resume.
@@ -110,12 +123,14 @@ pub(crate) struct CompactionState {
 impl Run {
     /// Records `event` as the execution's next. Events are committed in batches, each one
     /// durable before whatever may follow it matters: [`Run::flush`] runs before a tool is
-    /// called (its intent is durable before any side effect), before a wait (a retry's
-    /// sleep, a person's approval, a model call), once the run has started and at every
-    /// turn boundary ([`Run::checkpoint`]), and with the finish event. A crash in between loses only
-    /// events that changed nothing outside the process: the log stays a consistent prefix.
-    /// One commit per step instead of per event is what keeps a turn cheap (see
-    /// docs/benchmarks.md, "End to end").
+    /// called (its intent is durable before any side effect), before a retry's sleep or a
+    /// person's approval, once the run has started, and with the finish event. At a turn
+    /// boundary ([`Run::checkpoint`]) and before a model call the commit starts without
+    /// being waited for ([`Run::commit_behind`]): it reaches the disk while the model
+    /// answers, and the next flush waits for it. A crash in between loses only events that
+    /// changed nothing outside the process: the log stays a consistent prefix. One commit
+    /// per step instead of per event, and the turn's end committed during the next model
+    /// call, is what keeps a turn cheap (see docs/benchmarks.md, "End to end").
     pub(crate) async fn record(&self, event: Event) -> Result<(), SinkError> {
         self.pending
             .lock()
@@ -124,16 +139,63 @@ impl Run {
         Ok(())
     }
 
-    /// Commits the events recorded so far, with `checkpoint` after them when given.
+    /// Commits the events recorded so far, with `checkpoint` after them when given, once
+    /// every earlier commit is durable: when this returns, everything recorded is.
+    /// When an earlier commit failed, the events recorded since are dropped with it: they
+    /// may announce a tool call that will now never run.
     async fn commit(&self, checkpoint: Option<Snapshot>) -> Result<Option<u64>, SinkError> {
-        let events =
-            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        let events = self.take_pending();
+        self.settle().await?;
         if events.is_empty() && checkpoint.is_none() {
             return Ok(None);
         }
         self.sink
             .commit(self.execution_id, events, checkpoint)
             .await
+    }
+
+    /// Starts committing the events recorded so far (with `checkpoint` after them) without
+    /// waiting for the disk: the commit runs while the loop goes on to its next model call,
+    /// and the next [`Run::commit`] (before a tool runs, before any other wait, with the
+    /// finish) waits for it first. Commits stay in order: each one waits for the one
+    /// before it. Only for what comes before a model call, which changes nothing outside
+    /// the process: a tool's intent and everything up to an approval or the finish are
+    /// still durable before they matter. A failed commit fails the next `commit`.
+    fn commit_behind(&self, checkpoint: Option<Snapshot>) {
+        let events = self.take_pending();
+        if events.is_empty() && checkpoint.is_none() {
+            return;
+        }
+        let mut slot = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let before = slot.take();
+        let sink = Arc::clone(&self.sink);
+        let execution = self.execution_id;
+        *slot = Some(tokio::spawn(async move {
+            if let Some(before) = before {
+                joined(before.await)?;
+            }
+            sink.commit(execution, events, checkpoint).await
+        }));
+    }
+
+    /// Waits for the commit [`Run::commit_behind`] started, if any.
+    async fn settle(&self) -> Result<(), SinkError> {
+        let in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match in_flight {
+            Some(handle) => joined(handle.await).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    fn take_pending(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Makes every event recorded so far durable.
@@ -160,7 +222,8 @@ impl Run {
         let every = self.config.checkpoint_every;
         let turn = self.ctx.turn_count();
         if every == 0 || !turn.is_multiple_of(every) {
-            return Ok(self.flush().await?);
+            self.commit_behind(None);
+            return Ok(());
         }
         let snapshot = serde_json::json!({
             "turn": turn,
@@ -182,9 +245,9 @@ impl Run {
             turn,
             state: snapshot,
         };
-        if self.commit(Some(snapshot)).await?.is_some() {
-            self.ctx.checkpoints += 1;
-        }
+        // Counted now: a commit that fails fails the run at its next commit.
+        self.commit_behind(Some(snapshot));
+        self.ctx.checkpoints += 1;
         Ok(())
     }
 
@@ -347,9 +410,10 @@ impl Run {
             if self.cancel.is_cancelled() {
                 return Err(Stop::shutdown().into());
             }
-            // What led to this call (a compaction, a reminder) is durable before the wait;
-            // after a turn boundary there is nothing left to commit.
-            self.flush().await?;
+            // What led to this call (a compaction, a reminder) goes to disk during the wait,
+            // behind the turn boundary's commit if that is still running; whatever the
+            // answer leads to waits for both (see `Run::commit_behind`).
+            self.commit_behind(None);
             let request = ModelRequest {
                 messages: messages.unwrap_or(&self.ctx.messages),
                 tools,

@@ -13,6 +13,8 @@ use nerve_core::{
 pub(crate) struct MemorySink {
     pub(crate) events: Mutex<Vec<Event>>,
     pub(crate) commits: Mutex<Vec<Vec<&'static str>>>,
+    /// The commit (counted from 0) that fails, as a full disk would.
+    pub(crate) fail_commit: Option<usize>,
 }
 
 impl MemorySink {
@@ -44,6 +46,10 @@ impl EventSink for MemorySink {
         events: Vec<Event>,
         _checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
+        if self.fail_commit == Some(self.commits.lock().unwrap().len()) {
+            self.commits.lock().unwrap().push(Vec::new());
+            return Err(SinkError("disk full".into()));
+        }
         let kinds = events.iter().map(|e| e.kind().as_str()).collect();
         for event in events {
             self.append(execution, event).await?;
