@@ -57,11 +57,6 @@ impl Provider for Recording {
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
-        // The turn boundary's commit runs behind the model call (`Run::commit_behind`): let
-        // it reach the sink first, so that a compaction shows up before the call it preceded.
-        for _ in 0..4 {
-            tokio::task::yield_now().await;
-        }
         if request.purpose == CallPurpose::Agent {
             let body = self.wire.request_body(&request, true);
             let sent = Sent {

@@ -1,7 +1,10 @@
 //! The state of a running execution and the operations every loop shares: recording
 //! events, appending messages, the turn-boundary guardrails, and model calls with retries.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use nerve_core::event::{CallPurpose, MessageAppended, ModelCalled, Retry, TaskTransition};
@@ -97,15 +100,9 @@ pub(crate) struct Run {
     pub(crate) in_flight: Mutex<Option<InFlight>>,
 }
 
-/// A commit started by [`Run::commit_behind`] and not yet waited for.
-pub(crate) type InFlight = tokio::task::JoinHandle<Result<Option<u64>, SinkError>>;
-
-/// A commit's result once its task has ended; a task that panicked failed its commit.
-fn joined(
-    ended: Result<Result<Option<u64>, SinkError>, tokio::task::JoinError>,
-) -> Result<Option<u64>, SinkError> {
-    ended.unwrap_or_else(|error| Err(SinkError(format!("a commit did not finish: {error}"))))
-}
+/// A commit issued and not yet waited for: a sink's future, polled once so that its batch
+/// has taken its place in the execution's order (see [`EventSink::commit`]).
+pub(crate) type InFlight = Pin<Box<dyn Future<Output = Result<Option<u64>, SinkError>> + Send>>;
 
 /// The guards of compaction, reset on resume.
 #[derive(Debug, Clone, Default)]
@@ -139,63 +136,68 @@ impl Run {
         Ok(())
     }
 
-    /// Commits the events recorded so far, with `checkpoint` after them when given, once
-    /// every earlier commit is durable: when this returns, everything recorded is.
-    /// When an earlier commit failed, the events recorded since are dropped with it: they
-    /// may announce a tool call that will now never run.
+    /// Commits the events recorded so far, with `checkpoint` after them when given, and
+    /// waits until they and every commit issued before them are durable. The batch is
+    /// queued before the earlier commit is waited for, so that a group-committing sink may
+    /// write both in one transaction. When an earlier commit failed, this one fails with
+    /// its error; a tool call whose intent was queued with it then never runs.
     async fn commit(&self, checkpoint: Option<Snapshot>) -> Result<Option<u64>, SinkError> {
-        let events = self.take_pending();
-        self.settle().await?;
-        if events.is_empty() && checkpoint.is_none() {
-            return Ok(None);
-        }
-        self.sink
-            .commit(self.execution_id, events, checkpoint)
-            .await
-    }
-
-    /// Starts committing the events recorded so far (with `checkpoint` after them) without
-    /// waiting for the disk: the commit runs while the loop goes on to its next model call,
-    /// and the next [`Run::commit`] (before a tool runs, before any other wait, with the
-    /// finish) waits for it first. Commits stay in order: each one waits for the one
-    /// before it. Only for what comes before a model call, which changes nothing outside
-    /// the process: a tool's intent and everything up to an approval or the finish are
-    /// still durable before they matter. A failed commit fails the next `commit`.
-    fn commit_behind(&self, checkpoint: Option<Snapshot>) {
-        let events = self.take_pending();
-        if events.is_empty() && checkpoint.is_none() {
-            return;
-        }
-        let mut slot = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let before = slot.take();
-        let sink = Arc::clone(&self.sink);
-        let execution = self.execution_id;
-        *slot = Some(tokio::spawn(async move {
-            if let Some(before) = before {
-                joined(before.await)?;
-            }
-            sink.commit(execution, events, checkpoint).await
-        }));
-    }
-
-    /// Waits for the commit [`Run::commit_behind`] started, if any.
-    async fn settle(&self) -> Result<(), SinkError> {
-        let in_flight = self
+        let before = self
             .in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        match in_flight {
-            Some(handle) => joined(handle.await).map(|_| ()),
-            None => Ok(()),
+        let next = self.issue(checkpoint).await;
+        if let Some(before) = before {
+            before.await?;
+        }
+        match next {
+            Some(next) => next.await,
+            None => Ok(None),
         }
     }
 
-    fn take_pending(&self) -> Vec<Event> {
-        std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner))
+    /// Issues a commit of the events recorded so far (with `checkpoint` after them) without
+    /// waiting for the disk: it is written while the loop goes on to its next model call,
+    /// and the next [`Run::commit`] (before a tool runs, before any other wait, with the
+    /// finish) waits for it. Only for what comes before a model call, which changes nothing
+    /// outside the process: a tool's intent and everything up to an approval or the finish
+    /// are still durable before they matter.
+    async fn commit_behind(&self, checkpoint: Option<Snapshot>) {
+        let Some(next) = self.issue(checkpoint).await else {
+            return;
+        };
+        let mut slot = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *slot = Some(match slot.take() {
+            // Behind one still in flight (a compaction before a model call): both in order.
+            Some(before) => Box::pin(async move {
+                before.await?;
+                next.await
+            }),
+            None => next,
+        });
+    }
+
+    /// Hands the recorded events to the sink and polls its commit once, which queues the
+    /// batch behind every batch issued before; `None` when there is nothing to commit.
+    async fn issue(&self, checkpoint: Option<Snapshot>) -> Option<InFlight> {
+        let events =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        if events.is_empty() && checkpoint.is_none() {
+            return None;
+        }
+        let sink = Arc::clone(&self.sink);
+        let execution = self.execution_id;
+        let mut commit: InFlight =
+            Box::pin(async move { sink.commit(execution, events, checkpoint).await });
+        let polled = std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await;
+        Some(match polled {
+            Poll::Ready(done) => Box::pin(std::future::ready(done)),
+            Poll::Pending => commit,
+        })
     }
 
     /// Makes every event recorded so far durable.
@@ -222,7 +224,7 @@ impl Run {
         let every = self.config.checkpoint_every;
         let turn = self.ctx.turn_count();
         if every == 0 || !turn.is_multiple_of(every) {
-            self.commit_behind(None);
+            self.commit_behind(None).await;
             return Ok(());
         }
         let snapshot = serde_json::json!({
@@ -246,7 +248,7 @@ impl Run {
             state: snapshot,
         };
         // Counted now: a commit that fails fails the run at its next commit.
-        self.commit_behind(Some(snapshot));
+        self.commit_behind(Some(snapshot)).await;
         self.ctx.checkpoints += 1;
         Ok(())
     }
@@ -413,7 +415,7 @@ impl Run {
             // What led to this call (a compaction, a reminder) goes to disk during the wait,
             // behind the turn boundary's commit if that is still running; whatever the
             // answer leads to waits for both (see `Run::commit_behind`).
-            self.commit_behind(None);
+            self.commit_behind(None).await;
             let request = ModelRequest {
                 messages: messages.unwrap_or(&self.ctx.messages),
                 tools,

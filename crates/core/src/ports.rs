@@ -37,6 +37,14 @@ pub trait EventSink: Send + Sync {
     /// durable, with the checkpoint's sequence number when one was stored. Engines batch
     /// a turn's events this way, committing before anything with a side effect runs. The
     /// default appends one by one.
+    ///
+    /// Order: a batch takes its place in the execution's order when its future is first
+    /// polled, not when it is awaited. The engine relies on it: it polls a commit once,
+    /// goes on, and may issue the next commit before awaiting the first, so a sink must not
+    /// let a later-issued batch overtake an earlier one (a queue filled at the first poll,
+    /// as the SQLite writer's, or a commit done within the first poll, both do). The
+    /// default keeps this only for sinks whose `append` completes when first polled;
+    /// others override `commit`.
     async fn commit(
         &self,
         execution: ExecutionId,
