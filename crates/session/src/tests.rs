@@ -758,6 +758,56 @@ async fn append_all_is_atomic_and_ordered() {
     assert_eq!(sink.events(id).await.unwrap().len(), 3);
 }
 
+/// The port's order contract: a batch takes its place when its commit is first polled. The
+/// engine issues a turn's end, then the next intent, and only then awaits the first.
+#[tokio::test]
+async fn commits_keep_the_order_of_their_first_poll_not_of_their_awaits() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
+
+    let (_dir, path) = temp_db();
+    let sink = Arc::new(SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap());
+    let id = ExecutionId::new();
+    let mut issued = Vec::new();
+    for batch in [
+        vec![started(), context()],
+        vec![model_called(1)],
+        vec![turn(1)],
+    ] {
+        let port = Arc::clone(&sink);
+        let mut commit: Pin<Box<dyn Future<Output = _> + Send>> =
+            Box::pin(async move { port.commit(id, batch, None).await });
+        // One poll queues the batch; it is awaited only later (a commit that finished within
+        // the poll, if the thread was preempted that long, is kept as its result).
+        match std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await {
+            Poll::Pending => issued.push(commit),
+            Poll::Ready(done) => issued.push(Box::pin(std::future::ready(done))),
+        }
+    }
+    // Awaited last to first.
+    while let Some(commit) = issued.pop() {
+        assert_eq!(commit.await.unwrap(), None);
+    }
+    let kinds: Vec<String> = sink
+        .events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "started",
+            "context_created",
+            "model_called",
+            "turn_completed"
+        ]
+    );
+    assert_eq!(sink.verify(id).await.unwrap(), Ok(4));
+}
+
 #[tokio::test]
 async fn a_commit_stores_its_events_and_then_its_checkpoint_in_one_write() {
     let (_dir, path) = temp_db();
