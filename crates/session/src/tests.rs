@@ -758,6 +758,12 @@ async fn append_all_is_atomic_and_ordered() {
     assert_eq!(sink.events(id).await.unwrap().len(), 3);
 }
 
+/// The kinds of `id`'s stored events, in order.
+async fn stored_kinds(sink: &SqliteSink, id: ExecutionId) -> Vec<String> {
+    let events = sink.events(id).await.unwrap();
+    events.into_iter().map(|e| e.kind).collect()
+}
+
 /// The port's order contract: a batch takes its place when its commit is first polled. The
 /// engine issues a turn's end, then the next intent, and only then awaits the first.
 #[tokio::test]
@@ -789,13 +795,7 @@ async fn commits_keep_the_order_of_their_first_poll_not_of_their_awaits() {
     while let Some(commit) = issued.pop() {
         assert_eq!(commit.await.unwrap(), None);
     }
-    let kinds: Vec<String> = sink
-        .events(id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
+    let kinds = stored_kinds(&sink, id).await;
     assert_eq!(
         kinds,
         [
@@ -834,13 +834,7 @@ async fn a_commit_stores_its_events_and_then_its_checkpoint_in_one_write() {
         Some(5),
         "the checkpoint event follows the commit's events"
     );
-    let kinds: Vec<String> = sink
-        .events(id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
+    let kinds = stored_kinds(&sink, id).await;
     assert_eq!(
         kinds,
         [
