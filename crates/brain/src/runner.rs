@@ -95,8 +95,8 @@ pub(crate) struct Run {
     pub(crate) protect_from: Option<usize>,
     /// Events recorded but not yet committed; see [`Run::record`].
     pub(crate) pending: Mutex<Vec<Event>>,
-    /// The turn boundary's commit, on its way to disk while the next model call runs; see
-    /// [`Run::commit_behind`].
+    /// The commits issued and not yet waited for, chained in order (the turn boundary's,
+    /// on its way to disk while the next model call runs); see [`Run::commit_behind`].
     pub(crate) in_flight: Mutex<Option<InFlight>>,
 }
 
@@ -136,30 +136,9 @@ impl Run {
         Ok(())
     }
 
-    /// Commits the events recorded so far, with `checkpoint` after them when given, and
-    /// waits until they and every commit issued before them are durable. The batch is
-    /// queued before the earlier commit is waited for, so that a group-committing sink may
-    /// write both in one transaction. When an earlier commit failed, this one fails with
-    /// its error; a tool call whose intent was queued with it then never runs.
-    async fn commit(&self, checkpoint: Option<Snapshot>) -> Result<Option<u64>, SinkError> {
-        let before = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let next = self.issue(checkpoint).await;
-        if let Some(before) = before {
-            before.await?;
-        }
-        match next {
-            Some(next) => next.await,
-            None => Ok(None),
-        }
-    }
-
     /// Issues a commit of the events recorded so far (with `checkpoint` after them) without
     /// waiting for the disk: it is written while the loop goes on to its next model call,
-    /// and the next [`Run::commit`] (before a tool runs, before any other wait, with the
+    /// and the next [`Run::flush`] (before a tool runs, before any other wait, with the
     /// finish) waits for it. Only for what comes before a model call, which changes nothing
     /// outside the process: a tool's intent and everything up to an approval or the finish
     /// are still durable before they matter.
@@ -172,7 +151,7 @@ impl Run {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         *slot = Some(match slot.take() {
-            // Behind one still in flight (a compaction before a model call): both in order.
+            // Behind those still in flight: waited for in order.
             Some(before) => Box::pin(async move {
                 before.await?;
                 next.await
@@ -200,9 +179,22 @@ impl Run {
         })
     }
 
-    /// Makes every event recorded so far durable.
+    /// Makes every event recorded so far durable: issues their commit, then waits for it
+    /// and every commit issued before it. The batch is queued before the earlier commits
+    /// are waited for, so that a group-committing sink may write them in one transaction.
+    /// When an earlier commit failed, this fails with its error; a tool call whose intent
+    /// was queued behind it then never runs.
     pub(crate) async fn flush(&self) -> Result<(), SinkError> {
-        self.commit(None).await.map(|_| ())
+        self.commit_behind(None).await;
+        let in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match in_flight {
+            Some(commits) => commits.await.map(|_| ()),
+            None => Ok(()),
+        }
     }
 
     pub(crate) async fn push_message(&mut self, message: Message) -> Result<(), SinkError> {
