@@ -29,7 +29,7 @@ use crate::schema::{
     SCHEMA_VERSION, V2, V3, V4, derived_executions, execution_columns, migrate, user_version,
     with_last_event, with_last_keyed_event,
 };
-use crate::wal::WalRoom;
+use crate::wal::{WalFlush, WalRoom};
 
 /// Chain heads cached by a writing connection beyond this many are forgotten (they are
 /// re-read from the log on the next append), so a long-lived process stays small.
@@ -565,6 +565,29 @@ impl Store {
         self.conn
             .pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(|e| self.sql_err(e))
+    }
+
+    /// Leaves the WAL's flush to the caller, who must not report a write committed before
+    /// a [`WalFlush::flush`] that began after the commit has returned. Commits then write
+    /// their frames and return; a thread of the caller's can flush one batch while this
+    /// connection commits the next. A crash of the process loses nothing written (the
+    /// frames are in the kernel's cache); a power loss loses at most what was never
+    /// reported durable, and SQLite's WAL stays consistent with `synchronous=NORMAL`
+    /// (recovery stops at the first frame whose checksum fails). `None`, and nothing
+    /// changed, when the log is not in WAL mode.
+    pub(crate) fn defer_flush(&self) -> Result<Option<WalFlush>, SessionError> {
+        let err = |e| self.sql_err(e);
+        let mode: String = self
+            .conn
+            .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+            .map_err(err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Ok(None);
+        }
+        self.conn
+            .pragma_update(None, "synchronous", "NORMAL")
+            .map_err(err)?;
+        Ok(Some(WalFlush::new(self.conn.path().unwrap_or(&self.path))))
     }
 
     /// Copies what it can of the WAL into the database without waiting for readers or the

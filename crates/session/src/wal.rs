@@ -94,6 +94,45 @@ impl WalRoom {
     }
 }
 
+/// Makes the WAL's written frames durable with `fdatasync`, for a writer whose connection
+/// commits with `synchronous=NORMAL` (frames written, not flushed) and which tells nobody
+/// that a write committed before a flush that began after it has returned. Each thread that
+/// flushes holds its own (see [`WalFlush::another`]); any descriptor of the file flushes
+/// every frame written to it.
+#[derive(Debug)]
+pub(crate) struct WalFlush {
+    path: PathBuf,
+    file: Option<File>,
+}
+
+impl WalFlush {
+    /// The WAL of the database at `database`.
+    pub(crate) fn new(database: &str) -> Self {
+        Self {
+            path: PathBuf::from(format!("{database}-wal")),
+            file: None,
+        }
+    }
+
+    /// Another handle on the same file, for another thread.
+    pub(crate) fn another(&self) -> Self {
+        Self {
+            path: self.path.clone(),
+            file: None,
+        }
+    }
+
+    /// Flushes every frame written so far. After a commit the WAL exists, so a missing file
+    /// is an error here: the frames it held are not known to be durable.
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => self.file.insert(File::open(&self.path)?),
+        };
+        file.sync_data()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,13 @@
 //! The single writer: one thread owns the write connection and commits whatever writes
 //! have queued up in one transaction (group commit). Each call returns after the
-//! transaction holding it has committed, so an append is durable when it returns; many
-//! executions appending at once share one fsync per batch.
+//! transaction holding it has committed and the WAL has been flushed to disk past it, so an
+//! append is durable when it returns; many executions appending at once share one flush per
+//! batch.
+//!
+//! The connection commits without flushing (`synchronous=NORMAL`) and the writer flushes
+//! the WAL before it replies: itself when nothing else is queued (no hop to another
+//! thread), or through a flusher thread when more writes wait, so that one batch's
+//! `fdatasync` and the next batch's inserts overlap instead of taking turns.
 //!
 //! Callers encode and redact on their own threads; the writer only assigns sequence
 //! numbers, hashes and inserts. Reads go to a separate read-only connection, so a slow
@@ -31,6 +37,7 @@ use crate::encode::{
 use crate::event_store::EventStore;
 use crate::replay::Replay;
 use crate::store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint, StoredEvent};
+use crate::wal::WalFlush;
 
 /// The most rows committed in one transaction. Large enough that a burst of appends from
 /// many executions shares few fsyncs; small enough that one transaction stays short.
@@ -195,6 +202,11 @@ impl Queue {
         self.arrived.notify_one();
     }
 
+    /// Nothing is queued.
+    fn is_idle(&self) -> bool {
+        self.lock().jobs.is_empty()
+    }
+
     /// The next batch: waits for a first job, then, when the last batch had `company`
     /// jobs, for up to that many while they keep coming (no pause longer than
     /// `ARRIVAL_GAP`) until `patience` has passed since the first arrived. `None` once
@@ -268,13 +280,191 @@ fn run_checkpointer(store: &Store, poked: &mpsc::Receiver<()>) {
     }
 }
 
+/// A write the writer has committed, and what its caller is to be told.
+type Outcome = (Job, Result<Written, String>);
+
+/// Tells each caller how its write went.
+fn reply(outcomes: Vec<Outcome>) {
+    for (job, result) in outcomes {
+        let _ = job.reply.send((result, job.write));
+    }
+}
+
+/// Flushes the WAL, then tells the callers of `outcomes`; if the flush fails, every write
+/// among them that committed is reported failed instead (it may not be on disk), and the
+/// error is returned.
+fn flush_and_reply(wal: &mut WalFlush, mut outcomes: Vec<Outcome>) -> Result<(), String> {
+    let flushed = if outcomes.iter().any(|(_, result)| result.is_ok()) {
+        wal.flush()
+            .map_err(|e| format!("the event log could not be flushed to disk: {e}"))
+    } else {
+        Ok(())
+    };
+    if let Err(message) = &flushed {
+        for (_, result) in &mut outcomes {
+            if result.is_ok() {
+                *result = Err(message.clone());
+            }
+        }
+    }
+    reply(outcomes);
+    flushed
+}
+
+/// Writes committed with their frames not yet flushed, handed by the writer to the flusher
+/// thread, which flushes them while the writer commits the next batch.
+#[derive(Debug, Default)]
+struct Unflushed {
+    state: Mutex<Handed>,
+    handed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Handed {
+    outcomes: Vec<Outcome>,
+    /// The writer is done: flush what is left, then stop.
+    closed: bool,
+    /// A flush failed. Nothing committed since is known to be durable, and a later flush
+    /// that succeeds proves nothing (the kernel may have dropped the pages that failed), so
+    /// every write from then on is reported failed.
+    failed: Option<String>,
+}
+
+impl Unflushed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Handed> {
+        // Every update is one push, one take or one flag: a panic cannot tear it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn hand_off(&self, outcomes: Vec<Outcome>) {
+        self.lock().outcomes.extend(outcomes);
+        self.handed.notify_one();
+    }
+
+    /// What was handed off and not yet taken by the flusher.
+    fn take(&self) -> Vec<Outcome> {
+        std::mem::take(&mut self.lock().outcomes)
+    }
+
+    fn failed(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    fn fail(&self, message: String) {
+        tracing::error!(%message, "event log flush failed; the writer stops");
+        self.lock().failed.get_or_insert(message);
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.handed.notify_one();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+}
+
+/// Flushes what the writer hands off, until the writer is done and nothing is left.
+fn run_flusher(unflushed: &Unflushed, mut wal: WalFlush) {
+    loop {
+        let (outcomes, failed) = {
+            let mut handed = unflushed.lock();
+            while handed.outcomes.is_empty() && !handed.closed {
+                handed = unflushed
+                    .handed
+                    .wait(handed)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if handed.outcomes.is_empty() {
+                return;
+            }
+            (std::mem::take(&mut handed.outcomes), handed.failed.clone())
+        };
+        match failed {
+            Some(message) => reply(
+                outcomes
+                    .into_iter()
+                    .map(|(job, _)| (job, Err(message.clone())))
+                    .collect(),
+            ),
+            None => {
+                if let Err(message) = flush_and_reply(&mut wal, outcomes) {
+                    unflushed.fail(message);
+                }
+            }
+        }
+    }
+}
+
+/// Commits `jobs` in one transaction; when that fails, each on its own.
+fn commit(store: &mut Store, jobs: Vec<Job>) -> Vec<Outcome> {
+    let writes: Vec<&Write> = jobs.iter().map(|job| &job.write).collect();
+    match store.apply(&writes) {
+        Ok(written) => jobs.into_iter().zip(written.into_iter().map(Ok)).collect(),
+        Err(error) => {
+            // One bad write must not fail every execution that shared its batch: retry
+            // each on its own (the failed transaction wrote nothing, and the heads it
+            // touched were dropped from the cache, so they are re-read).
+            tracing::warn!(%error, writes = jobs.len(), "event log batch failed; retrying writes one by one");
+            jobs.into_iter()
+                .map(|job| {
+                    let result = store.apply_one(&job.write).map_err(|e| e.to_string());
+                    if let Err(message) = &result {
+                        tracing::error!(%message, "event log write failed");
+                    }
+                    (job, result)
+                })
+                .collect()
+        }
+    }
+}
+
 fn run_writer(mut store: Store, queue: &Queue, checkpoint: &mpsc::SyncSender<()>) {
+    // The connection commits without flushing, and the writer flushes before it replies:
+    // itself when nothing else is queued, else through the flusher thread, so that one
+    // batch's flush and the next batch's inserts overlap.
+    let wal = match store.defer_flush() {
+        Ok(wal) => wal,
+        Err(error) => {
+            tracing::warn!(%error, "event log: SQLite flushes each commit itself");
+            None
+        }
+    };
+    let unflushed = Unflushed::default();
+    thread::scope(|scope| {
+        if let Some(wal) = &wal {
+            let flusher = wal.another();
+            let unflushed = &unflushed;
+            if let Err(error) = thread::Builder::new()
+                .name("nerve-log-flush".into())
+                .spawn_scoped(scope, move || run_flusher(unflushed, flusher))
+            {
+                // Without the thread, the writer flushes every batch itself.
+                tracing::warn!(%error, "event log: no flusher thread");
+                unflushed.close();
+            }
+        }
+        write_batches(&mut store, queue, checkpoint, wal, &unflushed);
+        // What was handed off is flushed before the flusher stops, and before this thread
+        // ends (the scope waits for it).
+        unflushed.close();
+    });
+}
+
+fn write_batches(
+    store: &mut Store,
+    queue: &Queue,
+    checkpoint: &mpsc::SyncSender<()>,
+    mut wal: Option<WalFlush>,
+    unflushed: &Unflushed,
+) {
     // How the previous batch went: with company, the next one waits a moment for it.
     let (mut last_jobs, mut last_commit) = (0usize, Duration::ZERO);
     // Rows committed since the checkpointer was last asked to run.
     let mut unchecked = 0usize;
     // Group commit proper. Appenders woken by the last commit are still producing their
-    // next event; committing the moment the first arrives would pay a whole fsync for a
+    // next event; committing the moment the first arrives would pay a whole flush for a
     // handful of them. So when the last batch had company, wait for as many again while
     // they keep coming, for at most half as long as the last commit took. A lone appender
     // never waits.
@@ -282,38 +472,40 @@ fn run_writer(mut store: Store, queue: &Queue, checkpoint: &mpsc::SyncSender<()>
         if last_jobs > 1 { last_jobs } else { 0 },
         (last_commit / 2).min(MAX_GATHER),
     ) {
+        if let Some(message) = unflushed.failed() {
+            reply(
+                jobs.into_iter()
+                    .map(|job| (job, Err(message.clone())))
+                    .collect(),
+            );
+            return;
+        }
         let weight: usize = jobs.iter().map(|job| job.write.weight()).sum();
         last_jobs = jobs.len();
         let committing_since = Instant::now();
-        let writes: Vec<&Write> = jobs.iter().map(|job| &job.write).collect();
-        let outcome = store.apply(&writes);
-        last_commit = committing_since.elapsed();
+        let outcomes = commit(store, jobs);
         unchecked += weight;
         if unchecked >= CHECKPOINT_EVERY_ROWS {
             // Full: it is still busy with the previous request, which will cover this one.
             let _ = checkpoint.try_send(());
             unchecked = 0;
         }
-        match outcome {
-            Ok(written) => {
-                for (job, written) in jobs.into_iter().zip(written) {
-                    let _ = job.reply.send((Ok(written), job.write));
+        match wal.as_mut() {
+            // SQLite flushed the commit itself.
+            None => reply(outcomes),
+            // Nothing to overlap the flush with (or no flusher): flush here, sparing the
+            // hop to another thread, for this batch and whatever the flusher has not taken.
+            Some(wal) if queue.is_idle() || unflushed.is_closed() => {
+                let mut all = unflushed.take();
+                all.extend(outcomes);
+                if let Err(message) = flush_and_reply(wal, all) {
+                    unflushed.fail(message);
+                    return;
                 }
             }
-            Err(error) => {
-                // One bad write must not fail every execution that shared its batch: retry
-                // each on its own (the failed transaction wrote nothing, and the heads it
-                // touched were dropped from the cache, so they are re-read).
-                tracing::warn!(%error, writes = jobs.len(), "event log batch failed; retrying writes one by one");
-                for job in jobs {
-                    let result = store.apply_one(&job.write).map_err(|e| e.to_string());
-                    if let Err(message) = &result {
-                        tracing::error!(%message, "event log write failed");
-                    }
-                    let _ = job.reply.send((result, job.write));
-                }
-            }
+            Some(_) => unflushed.hand_off(outcomes),
         }
+        last_commit = committing_since.elapsed();
     }
 }
 
@@ -519,5 +711,111 @@ impl ContextArchive for SqliteSink {
                 snippet: hit.snippet,
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nerve_core::TaskStatus;
+    use nerve_core::event::TaskTransition;
+
+    use super::*;
+
+    /// Where a job's caller hears of it.
+    type Answer = oneshot::Receiver<(Result<Written, String>, Write)>;
+
+    /// A write with one event, its job, and where the job's caller hears of it.
+    fn job() -> (Job, Answer) {
+        let event = Event::TaskTransition(TaskTransition {
+            from: TaskStatus::Assigned,
+            to: TaskStatus::InProgress,
+        });
+        let encoded = encode_event(&event, &Redactor::new()).unwrap();
+        let (reply, answer) = oneshot::channel();
+        let write = Write::events(ExecutionId::new().to_string(), vec![encoded]);
+        (Job { write, reply }, answer)
+    }
+
+    fn committed() -> Result<Written, String> {
+        Ok(Written {
+            seqs: vec![1],
+            head: 1,
+        })
+    }
+
+    fn heard(
+        answer: oneshot::Receiver<(Result<Written, String>, Write)>,
+    ) -> Result<Written, String> {
+        answer.blocking_recv().unwrap().0
+    }
+
+    /// A WAL that exists, so its flush succeeds.
+    fn wal() -> (tempfile::TempDir, WalFlush) {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("log.db");
+        std::fs::write(dir.path().join("log.db-wal"), b"frames").unwrap();
+        let wal = WalFlush::new(database.to_str().unwrap());
+        (dir, wal)
+    }
+
+    #[test]
+    fn committed_writes_are_reported_after_the_flush() {
+        let (_dir, mut wal) = wal();
+        let ((first, first_hears), (second, second_hears)) = (job(), job());
+        let outcomes = vec![(first, committed()), (second, Err("refused".to_owned()))];
+        flush_and_reply(&mut wal, outcomes).unwrap();
+        assert_eq!(heard(first_hears), committed());
+        assert_eq!(heard(second_hears), Err("refused".to_owned()));
+    }
+
+    #[test]
+    fn a_failed_flush_reports_every_committed_write_failed() {
+        // The WAL is not there: the flush fails, so the commit is not known to be on disk.
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = WalFlush::new(dir.path().join("log.db").to_str().unwrap());
+        let ((first, first_hears), (second, second_hears)) = (job(), job());
+        let outcomes = vec![(first, committed()), (second, Err("refused".to_owned()))];
+        let message = flush_and_reply(&mut wal, outcomes).unwrap_err();
+        assert!(
+            message.starts_with("the event log could not be flushed to disk"),
+            "{message}"
+        );
+        assert_eq!(heard(first_hears), Err(message));
+        assert_eq!(heard(second_hears), Err("refused".to_owned()));
+    }
+
+    #[test]
+    fn after_a_failed_flush_no_later_write_is_reported_durable() {
+        let (_dir, wal) = wal();
+        let unflushed = Unflushed::default();
+        unflushed.fail("the event log could not be flushed to disk: EIO".to_owned());
+        let (late, late_hears) = job();
+        unflushed.hand_off(vec![(late, committed())]);
+        unflushed.close();
+        // It would flush successfully now, and must not take that as proof.
+        run_flusher(&unflushed, wal);
+        assert_eq!(
+            heard(late_hears),
+            Err("the event log could not be flushed to disk: EIO".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_flusher_reports_what_it_was_handed_and_stops_when_closed() {
+        let (_dir, wal) = wal();
+        let unflushed = Unflushed::default();
+        let answers: Vec<_> = (0..3)
+            .map(|_| {
+                let (job, answer) = job();
+                unflushed.hand_off(vec![(job, committed())]);
+                answer
+            })
+            .collect();
+        unflushed.close();
+        run_flusher(&unflushed, wal);
+        for answer in answers {
+            assert_eq!(heard(answer), committed());
+        }
+        assert!(unflushed.take().is_empty());
     }
 }
