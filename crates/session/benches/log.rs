@@ -7,9 +7,11 @@
 //!   `fdatasync` it, over allocated blocks or growing the file); in the paired report
 //!   only, a turn's 4-event `EventSink::commit` vs one `fdatasync`ed write of the same
 //!   4 records;
-//! - `batch::group_commit` (10,240 appends from 50 or 1,024 concurrent appenders through
-//!   one sink) vs `batch::one_transaction` (the same rows, in the same order, inserted in
-//!   one transaction);
+//! - `batch::batched` (one execution appending 10,240 events through the batch API, 1,024
+//!   a call), `batch::burst` (10,240 appends from 1,024 executions, all in flight at once)
+//!   and `batch::group_commit` (the same from 50 or 1,024 concurrent appenders, each awaiting
+//!   its appends) through one sink, vs `batch::one_transaction` (the same rows, in the same
+//!   order, inserted in one transaction);
 //! - `replay::store_replay` (replay of a 100,000-event execution from the database) vs
 //!   `replay::raw_scan` (an ordered `SELECT` of the same rows, every column read).
 //!
@@ -38,7 +40,7 @@ use nerve_core::{
     Event, EventSink, ExecutionId, LoopType, Message, MessagePart, MessageRole, MicroUsd, Redactor,
     TaskId, TaskStatus, TokenUsage, ToolCall, ToolResult,
 };
-use nerve_session::{SqliteSink, Store, StoredEvent};
+use nerve_session::{EventStore as _, SqliteSink, Store, StoredEvent};
 
 fn main() {
     // `cargo bench -p nerve-session -- paired [append|batch|replay]...`: the paired
@@ -381,6 +383,22 @@ fn burst(rt: &tokio::runtime::Runtime, sink: &Arc<SqliteSink>, events: &[Event])
     start.elapsed()
 }
 
+/// Events per call of [`batched`].
+const CHUNK: usize = 1024;
+
+/// One execution appending 10,240 events through the batch API, `CHUNK` events a call,
+/// each call awaited (one transaction each); returns how long they took.
+fn batched(rt: &tokio::runtime::Runtime, sink: &Arc<SqliteSink>, events: &[Event]) -> Duration {
+    let start = Instant::now();
+    rt.block_on(async {
+        let id = ExecutionId::new();
+        for chunk in events.chunks(CHUNK) {
+            ok(sink.append_all(id, chunk.to_vec()).await);
+        }
+    });
+    start.elapsed()
+}
+
 /// The rows one execution appends in the batch benchmark (`BATCH / appenders` of them),
 /// already encoded and hashed.
 fn batch_rows(appenders: usize) -> Vec<StoredEvent> {
@@ -521,7 +539,16 @@ mod batch {
             .bench_local_values(|fresh| (super::burst(&rt, &fresh.0, &events), fresh));
     }
 
-    #[divan::bench(args = [50, 1024], sample_count = 10, sample_size = 1)]
+    #[divan::bench(sample_count = 10, sample_size = 1)]
+    fn batched(bencher: Bencher) {
+        let rt = runtime();
+        let events = run_events(BATCH);
+        bencher
+            .with_inputs(fresh_sink)
+            .bench_local_values(|fresh| (super::batched(&rt, &fresh.0, &events), fresh));
+    }
+
+    #[divan::bench(args = [1, 50, 1024], sample_count = 10, sample_size = 1)]
     fn one_transaction(bencher: Bencher, appenders: usize) {
         let rows = batch_rows(appenders);
         bencher
@@ -700,12 +727,14 @@ mod paired {
     fn batch() {
         const ROUNDS: usize = 7;
         let rt = runtime();
-        let events = run_events(BATCH / 50);
-        // (label, appenders awaiting their appends, or 0 for all appends in flight at once)
+        let events = run_events(BATCH);
+        // (label, appenders awaiting their appends, 0 for all appends in flight at once,
+        // or 1 for one execution appending through the batch API)
         for (label, appenders) in [
+            ("one execution, 1,024 events a call (append_all)", 1),
+            ("all 10,240 appends in flight at once", 0),
             ("1,024 executions, each awaiting its appends", 1024),
             ("50 executions, each awaiting its appends", 50),
-            ("all 10,240 appends in flight at once", 0),
         ] {
             // The burst appends what 1,024 executions do.
             let executions = if appenders == 0 { 1024 } else { appenders };
@@ -716,10 +745,10 @@ mod paired {
                 for k in 0..2 {
                     if (round + k) % 2 == 0 {
                         let sink = fresh_sink();
-                        commit = if appenders == 0 {
-                            burst(&rt, &sink.0, &events)
-                        } else {
-                            group_commit(&rt, &sink.0, &events, appenders)
+                        commit = match appenders {
+                            0 => burst(&rt, &sink.0, &events),
+                            1 => batched(&rt, &sink.0, &events),
+                            _ => group_commit(&rt, &sink.0, &events, appenders),
                         };
                     } else {
                         anchor = one_transaction(&mut fresh_connection().0, &rows, executions);
