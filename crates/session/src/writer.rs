@@ -445,11 +445,20 @@ fn run_writer(mut store: Store, queue: &Queue, checkpoint: &mpsc::SyncSender<()>
                 unflushed.close();
             }
         }
+        // However the writer ends, even by a panic, the flusher flushes what it was handed
+        // and stops, and this thread ends after it (the scope waits for it).
+        let _done = Done(&unflushed);
         write_batches(&mut store, queue, checkpoint, wal, &unflushed);
-        // What was handed off is flushed before the flusher stops, and before this thread
-        // ends (the scope waits for it).
-        unflushed.close();
     });
+}
+
+/// Closes the hand-off when dropped.
+struct Done<'a>(&'a Unflushed);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 fn write_batches(
