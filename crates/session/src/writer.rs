@@ -290,27 +290,6 @@ fn reply(outcomes: Vec<Outcome>) {
     }
 }
 
-/// Flushes the WAL, then tells the callers of `outcomes`; if the flush fails, every write
-/// among them that committed is reported failed instead (it may not be on disk), and the
-/// error is returned.
-fn flush_and_reply(wal: &mut WalFlush, mut outcomes: Vec<Outcome>) -> Result<(), String> {
-    let flushed = if outcomes.iter().any(|(_, result)| result.is_ok()) {
-        wal.flush()
-            .map_err(|e| format!("the event log could not be flushed to disk: {e}"))
-    } else {
-        Ok(())
-    };
-    if let Err(message) = &flushed {
-        for (_, result) in &mut outcomes {
-            if result.is_ok() {
-                *result = Err(message.clone());
-            }
-        }
-    }
-    reply(outcomes);
-    flushed
-}
-
 /// Writes committed with their frames not yet flushed, handed by the writer to the flusher
 /// thread, which flushes them while the writer commits the next batch.
 #[derive(Debug, Default)]
@@ -350,9 +329,44 @@ impl Unflushed {
         self.lock().failed.clone()
     }
 
-    fn fail(&self, message: String) {
-        tracing::error!(%message, "event log flush failed; the writer stops");
-        self.lock().failed.get_or_insert(message);
+    fn fail(&self, message: &str) {
+        let mut handed = self.lock();
+        if handed.failed.is_none() {
+            tracing::error!(%message, "event log flush failed; the writer stops");
+            handed.failed = Some(message.to_owned());
+        }
+    }
+
+    /// Flushes the WAL, then tells the callers of `outcomes`. A write that committed is
+    /// reported committed only if no flush, this one or the other thread's, has failed by
+    /// the time this one returns: the frames a failed flush lost may precede this one's,
+    /// and recovery stops at the first missing frame. Otherwise every such write is
+    /// reported failed, and the failure is returned (and kept).
+    fn flush_and_reply(
+        &self,
+        wal: &mut WalFlush,
+        mut outcomes: Vec<Outcome>,
+    ) -> Result<(), String> {
+        let failed = || self.failed().map_or(Ok(()), Err);
+        let flushed = failed().and_then(|()| {
+            if outcomes.iter().any(|(_, result)| result.is_ok()) {
+                wal.flush()
+                    .map_err(|e| format!("the event log could not be flushed to disk: {e}"))
+                    .and_then(|()| failed())
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(message) = &flushed {
+            self.fail(message);
+            for (_, result) in &mut outcomes {
+                if result.is_ok() {
+                    *result = Err(message.clone());
+                }
+            }
+        }
+        reply(outcomes);
+        flushed
     }
 
     fn close(&self) {
@@ -368,7 +382,7 @@ impl Unflushed {
 /// Flushes what the writer hands off, until the writer is done and nothing is left.
 fn run_flusher(unflushed: &Unflushed, mut wal: WalFlush) {
     loop {
-        let (outcomes, failed) = {
+        let outcomes = {
             let mut handed = unflushed.lock();
             while handed.outcomes.is_empty() && !handed.closed {
                 handed = unflushed
@@ -379,21 +393,10 @@ fn run_flusher(unflushed: &Unflushed, mut wal: WalFlush) {
             if handed.outcomes.is_empty() {
                 return;
             }
-            (std::mem::take(&mut handed.outcomes), handed.failed.clone())
+            std::mem::take(&mut handed.outcomes)
         };
-        match failed {
-            Some(message) => reply(
-                outcomes
-                    .into_iter()
-                    .map(|(job, _)| (job, Err(message.clone())))
-                    .collect(),
-            ),
-            None => {
-                if let Err(message) = flush_and_reply(&mut wal, outcomes) {
-                    unflushed.fail(message);
-                }
-            }
-        }
+        // A failure is kept in `unflushed`, where the writer finds it and stops.
+        let _ = unflushed.flush_and_reply(&mut wal, outcomes);
     }
 }
 
@@ -507,8 +510,7 @@ fn write_batches(
             Some(wal) if queue.is_idle() || unflushed.is_closed() => {
                 let mut all = unflushed.take();
                 all.extend(outcomes);
-                if let Err(message) = flush_and_reply(wal, all) {
-                    unflushed.fail(message);
+                if unflushed.flush_and_reply(wal, all).is_err() {
                     return;
                 }
             }
@@ -772,7 +774,9 @@ mod tests {
         let (_dir, mut wal) = wal();
         let ((first, first_hears), (second, second_hears)) = (job(), job());
         let outcomes = vec![(first, committed()), (second, Err("refused".to_owned()))];
-        flush_and_reply(&mut wal, outcomes).unwrap();
+        Unflushed::default()
+            .flush_and_reply(&mut wal, outcomes)
+            .unwrap();
         assert_eq!(heard(first_hears), committed());
         assert_eq!(heard(second_hears), Err("refused".to_owned()));
     }
@@ -784,20 +788,35 @@ mod tests {
         let mut wal = WalFlush::new(dir.path().join("log.db").to_str().unwrap());
         let ((first, first_hears), (second, second_hears)) = (job(), job());
         let outcomes = vec![(first, committed()), (second, Err("refused".to_owned()))];
-        let message = flush_and_reply(&mut wal, outcomes).unwrap_err();
+        let unflushed = Unflushed::default();
+        let message = unflushed.flush_and_reply(&mut wal, outcomes).unwrap_err();
         assert!(
             message.starts_with("the event log could not be flushed to disk"),
             "{message}"
         );
-        assert_eq!(heard(first_hears), Err(message));
+        assert_eq!(heard(first_hears), Err(message.clone()));
         assert_eq!(heard(second_hears), Err("refused".to_owned()));
+        // Kept: the writer stops, and no later flush is believed.
+        assert_eq!(unflushed.failed(), Some(message));
+    }
+
+    #[test]
+    fn a_flush_on_one_thread_proves_nothing_once_the_other_failed() {
+        let (_dir, mut wal) = wal();
+        let unflushed = Unflushed::default();
+        unflushed.fail("the event log could not be flushed to disk: EIO");
+        let (job, hears) = job();
+        let message = unflushed
+            .flush_and_reply(&mut wal, vec![(job, committed())])
+            .unwrap_err();
+        assert_eq!(heard(hears), Err(message));
     }
 
     #[test]
     fn after_a_failed_flush_no_later_write_is_reported_durable() {
         let (_dir, wal) = wal();
         let unflushed = Unflushed::default();
-        unflushed.fail("the event log could not be flushed to disk: EIO".to_owned());
+        unflushed.fail("the event log could not be flushed to disk: EIO");
         let (late, late_hears) = job();
         unflushed.hand_off(vec![(late, committed())]);
         unflushed.close();
