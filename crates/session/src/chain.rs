@@ -131,6 +131,22 @@ pub(crate) fn event_hash(
     }
 }
 
+/// Whether `event`'s stored hash is the SHA-256 of its fields, chained to its stored
+/// `prev_hash`: the half of verification that needs no other event.
+pub(crate) fn content_matches(event: &Fields<'_>) -> bool {
+    let recomputed = digest(
+        event.prev_hash,
+        event.execution_id,
+        event.seq,
+        event.ts,
+        event.kind,
+        event.version,
+        event.payload,
+    );
+    let mut hex_hash = [0u8; 64];
+    hex::encode_to_slice(recomputed, &mut hex_hash).is_ok() && event.hash.as_bytes() == hex_hash
+}
+
 /// Verifies a chain one event at a time, without keeping the events: the store streams
 /// rows through it, replay feeds it slices. Remembers the first break only.
 #[derive(Debug, Clone)]
@@ -155,36 +171,49 @@ impl Default for ChainCheck {
 
 impl ChainCheck {
     pub(crate) fn push(&mut self, event: &Fields<'_>) {
+        if self.push_link(event) && !content_matches(event) {
+            self.first_break = Some((event.seq, Break::Content));
+        }
+    }
+
+    /// The sequence and link checks of [`ChainCheck::push`], without recomputing the hash:
+    /// another thread may check the content ([`content_matches`]) and report what it found
+    /// with [`ChainCheck::content_break`]. True when `event` still belongs to the verified
+    /// chain, so that its content must be checked.
+    pub(crate) fn push_link(&mut self, event: &Fields<'_>) -> bool {
         if self.first_break.is_some() {
-            return;
+            return false;
         }
         let expected = self.next_seq;
         self.next_seq += 1;
         if event.seq != expected {
             self.first_break = Some((expected, Break::Missing { found: event.seq }));
-            return;
+            return false;
         }
         if event.prev_hash.as_bytes() != self.prev {
             self.first_break = Some((event.seq, Break::Link));
-            return;
+            return false;
         }
-        // The link matched, so `prev_hash` is the previous event's (hex, ASCII) hash.
-        let recomputed = digest(
-            event.prev_hash,
-            event.execution_id,
-            event.seq,
-            event.ts,
-            event.kind,
-            event.version,
-            event.payload,
-        );
-        let mut hex_hash = [0u8; 64];
-        let encoded = hex::encode_to_slice(recomputed, &mut hex_hash);
-        if encoded.is_err() || event.hash.as_bytes() != hex_hash {
-            self.first_break = Some((event.seq, Break::Content));
-            return;
+        // The next event links to this one's stored hash. When the content does not match
+        // it, that break comes first, whoever finds it.
+        match <[u8; 64]>::try_from(event.hash.as_bytes()) {
+            Ok(hash) => self.prev = hash,
+            Err(_) => {
+                // Not a hex SHA-256: no content can match it.
+                self.first_break = Some((event.seq, Break::Content));
+                return false;
+            }
         }
-        self.prev = hex_hash;
+        true
+    }
+
+    /// Folds in the first event, by sequence number, whose content did not match its hash,
+    /// as checked apart from [`ChainCheck::push_link`]. An earlier break, or a missing
+    /// event or a broken link at the same number, is the one reported.
+    pub(crate) fn content_break(&mut self, seq: u64) {
+        if !matches!(self.first_break, Some((at, _)) if at <= seq) {
+            self.first_break = Some((seq, Break::Content));
+        }
     }
 
     /// The number of events verified, or the first break.

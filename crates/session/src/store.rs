@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::mpsc;
 use std::thread::{Scope, ScopedJoinHandle};
@@ -19,7 +20,7 @@ use serde::Serialize;
 
 use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
-use crate::chain::{ChainCheck, ChainError, Fields, GENESIS_HASH, event_hash};
+use crate::chain::{ChainCheck, ChainError, Fields, GENESIS_HASH, content_matches, event_hash};
 use crate::encode::{
     IndexUpdate, RowWrite, Write, Written, encode_blocks, encode_checkpoint, encode_event,
     sha256_hex,
@@ -626,8 +627,11 @@ impl Store {
 
     /// Replays `execution` straight from the database rows: the same result as
     /// [`crate::replay`] over [`Store::events`], in less time. This thread reads the rows
-    /// and verifies the chain on SQLite's own buffers; a second thread decodes and rebuilds
-    /// the execution from copies of the payloads, in batches.
+    /// and checks the chain's sequence and links on SQLite's own buffers; a second thread
+    /// decodes and rebuilds the execution from copies of the payloads, in batches. The
+    /// content hashes are split between the two: this thread recomputes those of even
+    /// batches, the decoding thread those of odd ones (from copies of their fields), and the
+    /// earliest mismatch either finds is the break reported.
     pub fn replay(&self, execution: &ExecutionId) -> Result<Replay, SessionError> {
         let id = execution.to_string();
         let mut stmt = self
@@ -638,16 +642,30 @@ impl Store {
         let mut chain = ChainCheck::default();
         let replayer = std::thread::scope(|scope| {
             let mut decoder = Decoder::start(scope, &id);
+            // The first event, by sequence number, whose content this thread found not to
+            // match its hash.
+            let mut content_break = None;
             let mut read = || -> Result<(), SessionError> {
                 while let Some(row) = rows.next().map_err(|e| self.sql_err(e))? {
                     let fields = fields(row).map_err(|e| self.sql_err(e))?;
-                    chain.push(&fields);
-                    decoder.push(&fields);
+                    let in_chain = chain.push_link(&fields);
+                    // Every other batch's hashes are checked on the decoding thread, so
+                    // that the two threads share the hashing.
+                    if decoder.push(&fields, in_chain) == Hashing::Here
+                        && in_chain
+                        && content_break.is_none()
+                        && !content_matches(&fields)
+                    {
+                        content_break = Some(fields.seq);
+                    }
                 }
                 Ok(())
             };
             let outcome = read();
-            let replayer = decoder.finish();
+            let (replayer, theirs) = decoder.finish();
+            if let Some(seq) = content_break.into_iter().chain(theirs).min() {
+                chain.content_break(seq);
+            }
             outcome.map(|()| replayer)
         })?;
         if replayer.is_empty() {
@@ -928,15 +946,76 @@ enum Decoder<'scope> {
         /// Batches the decoder is done with, to be filled again: allocating on one thread
         /// and freeing on the other costs more than the decoding.
         spent: mpsc::Receiver<DecodeBatch>,
-        thread: ScopedJoinHandle<'scope, Replayer>,
+        /// Batches sent so far: the odd ones carry their hashes to check.
+        sent: usize,
+        thread: ScopedJoinHandle<'scope, (Replayer, Option<u64>)>,
     },
 }
 
-/// Payloads copied out of SQLite's buffers, end to end in one string.
+/// Where an event's content hash is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hashing {
+    /// On the reading thread.
+    Here,
+    /// On the decoding thread.
+    There,
+}
+
+/// Payloads copied out of SQLite's buffers, end to end in one string, and in every other
+/// batch the other fields of the events whose hashes the decoding thread checks.
 #[derive(Default)]
 struct DecodeBatch {
     text: String,
-    rows: Vec<(u64, Option<EventKind>, u32, std::ops::Range<usize>)>,
+    rows: Vec<(u64, Option<EventKind>, u32, Range<usize>)>,
+    hashed: Vec<HashedRow>,
+}
+
+/// An event whose content hash the decoding thread checks: its fields as ranges of the
+/// batch's text (the payload's is the row's).
+struct HashedRow {
+    row: usize,
+    execution_id: Range<usize>,
+    ts: Range<usize>,
+    kind: Range<usize>,
+    prev_hash: Range<usize>,
+    hash: Range<usize>,
+}
+
+impl DecodeBatch {
+    fn put(&mut self, text: &str) -> Range<usize> {
+        let start = self.text.len();
+        self.text.push_str(text);
+        start..self.text.len()
+    }
+
+    fn str(&self, range: &Range<usize>) -> &str {
+        self.text.get(range.clone()).unwrap_or_default()
+    }
+
+    /// The first event of this batch, by sequence number, whose content does not match its
+    /// hash.
+    fn content_break(&self) -> Option<u64> {
+        self.hashed.iter().find_map(|hashed| {
+            let (seq, _, version, payload) = self.rows.get(hashed.row)?;
+            let fields = Fields {
+                execution_id: self.str(&hashed.execution_id),
+                seq: *seq,
+                ts: self.str(&hashed.ts),
+                kind: self.str(&hashed.kind),
+                version: *version,
+                payload: self.str(payload),
+                prev_hash: self.str(&hashed.prev_hash),
+                hash: self.str(&hashed.hash),
+            };
+            (!content_matches(&fields)).then_some(*seq)
+        })
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.rows.clear();
+        self.hashed.clear();
+    }
 }
 
 /// Payloads handed to the decoding thread at a time.
@@ -950,59 +1029,83 @@ impl<'scope> Decoder<'scope> {
         let spawned = std::thread::Builder::new()
             .name("nerve-replay-decode".into())
             .spawn_scoped(scope, move || {
+                // Batches arrive in order, so the first break found is the earliest.
+                let mut content_break = None;
                 for mut batch in inbox {
-                    for (seq, kind, version, range) in batch.rows.drain(..) {
-                        replayer.push(
-                            seq,
-                            kind,
-                            version,
-                            batch.text.get(range).unwrap_or_default(),
-                        );
+                    if content_break.is_none() {
+                        content_break = batch.content_break();
                     }
-                    batch.text.clear();
+                    for (seq, kind, version, range) in &batch.rows {
+                        replayer.push(*seq, *kind, *version, batch.str(range));
+                    }
+                    batch.clear();
                     // Full: the reader has enough spare batches; this one is freed here.
                     let _ = recycle.try_send(batch);
                 }
-                replayer
+                (replayer, content_break)
             });
         match spawned {
             Ok(thread) => Self::There {
                 batch: DecodeBatch::default(),
                 batches,
                 spent,
+                sent: 0,
                 thread,
             },
             Err(_) => Self::Here(Box::new(Replayer::new(execution_id))),
         }
     }
 
-    fn push(&mut self, fields: &Fields<'_>) {
+    /// Hands over `fields` for decoding, and, in a batch whose hashes the decoding thread
+    /// checks, for checking when `in_chain`. Says where its hash is to be checked.
+    fn push(&mut self, fields: &Fields<'_>, in_chain: bool) -> Hashing {
         let kind = EventKind::from_wire(fields.kind);
         match self {
-            Self::Here(replayer) => replayer.push(fields.seq, kind, fields.version, fields.payload),
+            Self::Here(replayer) => {
+                replayer.push(fields.seq, kind, fields.version, fields.payload);
+                Hashing::Here
+            }
             Self::There {
                 batch,
                 batches,
                 spent,
+                sent,
                 ..
             } => {
-                let start = batch.text.len();
-                batch.text.push_str(fields.payload);
-                batch
-                    .rows
-                    .push((fields.seq, kind, fields.version, start..batch.text.len()));
+                let payload = batch.put(fields.payload);
+                let hashing = if *sent % 2 == 1 {
+                    if in_chain {
+                        let hashed = HashedRow {
+                            row: batch.rows.len(),
+                            execution_id: batch.put(fields.execution_id),
+                            ts: batch.put(fields.ts),
+                            kind: batch.put(fields.kind),
+                            prev_hash: batch.put(fields.prev_hash),
+                            hash: batch.put(fields.hash),
+                        };
+                        batch.hashed.push(hashed);
+                    }
+                    Hashing::There
+                } else {
+                    Hashing::Here
+                };
+                batch.rows.push((fields.seq, kind, fields.version, payload));
                 if batch.rows.len() == DECODE_BATCH {
                     let next = spent.try_recv().unwrap_or_default();
                     // A send fails only when the decoder panicked; `finish` re-raises that.
                     let _ = batches.send(std::mem::replace(batch, next));
+                    *sent += 1;
                 }
+                hashing
             }
         }
     }
 
-    fn finish(self) -> Replayer {
+    /// The rebuilt execution, and the first event whose content the decoding thread found
+    /// not to match its hash.
+    fn finish(self) -> (Replayer, Option<u64>) {
         match self {
-            Self::Here(replayer) => *replayer,
+            Self::Here(replayer) => (*replayer, None),
             Self::There {
                 batch,
                 batches,

@@ -1641,6 +1641,42 @@ fn a_long_log_replays_the_same_on_two_threads() {
         (streamed.score, streamed.events),
         (100, events.len() as u64)
     );
+    drop(store);
+
+    // Broken chains: the two threads share the hash checks by batch of 512 events, and
+    // the earliest break is reported, wherever it was found. Each step adds an earlier one:
+    // in a batch the reading thread checks, in one the decoding thread checks, a broken
+    // link, and a reading-thread break before a decoding-thread one.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("DROP TRIGGER events_no_update").unwrap();
+    let reader = Store::open_read_only(&path).unwrap();
+    for (seq, column, first_broken) in [
+        (1500, "payload", 1500),
+        (800, "payload", 800),
+        (700, "prev_hash", 700),
+        (300, "ts", 300),
+    ] {
+        let sql = format!("UPDATE events SET {column} = {column} || 'x' WHERE seq = ?1");
+        assert_eq!(conn.execute(&sql, [seq]).unwrap(), 1);
+        let streamed = reader.replay(&id).unwrap();
+        assert_eq!(
+            streamed,
+            replay(&id.to_string(), &reader.events(&id).unwrap()),
+            "broken at {seq}"
+        );
+        let broken = streamed
+            .gaps
+            .iter()
+            .find(|gap| gap.kind == GapKind::BrokenChain)
+            .unwrap();
+        assert!(
+            broken
+                .detail
+                .starts_with(&format!("hash chain broken at sequence {first_broken}:")),
+            "{}",
+            broken.detail
+        );
+    }
 }
 
 #[tokio::test]
