@@ -36,8 +36,8 @@ pub(crate) struct Fields<'a> {
     pub(crate) hash: &'a str,
 }
 
-/// The SHA-256 of one event, chained to `prev_hash`. Every field is length-prefixed so
-/// that no two different events can frame to the same bytes.
+/// The SHA-256 of one event, chained to `prev_hash`, as 64 ASCII hex digits. Every field
+/// is length-prefixed so that no two different events can frame to the same bytes.
 fn digest(
     prev_hash: &str,
     execution_id: &str,
@@ -46,7 +46,7 @@ fn digest(
     kind: &str,
     version: u32,
     payload: &str,
-) -> [u8; 32] {
+) -> [u8; 64] {
     let mut frame = Frame::default();
     for field in [prev_hash.as_bytes(), execution_id.as_bytes()] {
         frame.put(&(field.len() as u64).to_le_bytes());
@@ -61,9 +61,10 @@ fn digest(
     frame.put(&(payload.len() as u64).to_le_bytes());
     let mut ctx = frame.finish();
     ctx.update(payload.as_bytes());
-    let mut out = [0u8; 32];
-    out.copy_from_slice(ctx.finish().as_ref());
-    out
+    let mut hex_hash = [b'0'; 64];
+    // 32 bytes always fill exactly 64 hex digits: this cannot fail.
+    let _ = hex::encode_to_slice(ctx.finish().as_ref(), &mut hex_hash);
+    hex_hash
 }
 
 /// The fields before the payload, gathered into one buffer before they are hashed: `ring`
@@ -122,13 +123,8 @@ pub(crate) fn event_hash(
     version: u32,
     payload: &str,
 ) -> String {
-    let hash = digest(prev_hash, execution_id, seq, ts, kind, version, payload);
-    let mut hex_hash = [0u8; 64];
-    // 32 bytes always fit in 64 hex digits, which are ASCII.
-    match hex::encode_to_slice(hash, &mut hex_hash) {
-        Ok(()) => String::from_utf8_lossy(&hex_hash).into_owned(),
-        Err(_) => hex::encode(hash),
-    }
+    let hex_hash = digest(prev_hash, execution_id, seq, ts, kind, version, payload);
+    String::from_utf8_lossy(&hex_hash).into_owned()
 }
 
 /// Whether `event`'s stored hash is the SHA-256 of its fields, chained to its stored
@@ -143,8 +139,7 @@ pub(crate) fn content_matches(event: &Fields<'_>) -> bool {
         event.version,
         event.payload,
     );
-    let mut hex_hash = [0u8; 64];
-    hex::encode_to_slice(recomputed, &mut hex_hash).is_ok() && event.hash.as_bytes() == hex_hash
+    event.hash.as_bytes() == recomputed
 }
 
 /// Verifies a chain one event at a time, without keeping the events: the store streams

@@ -41,25 +41,51 @@ const MIN_ROOM: u64 = 256 << 10;
 /// The zero buffer written repeatedly to make the room.
 const BLOCK: usize = 64 << 10;
 
-/// The WAL file of one writing connection, and how far it was extended.
+/// The WAL of a database, opened on first use and kept open.
 #[derive(Debug)]
-pub(crate) struct WalRoom {
+struct WalFile {
     path: PathBuf,
-    /// The file's size after the last extension: as long as it stays there, SQLite's
-    /// frames are being written into the zeros.
-    extended_to: u64,
-    /// The WAL, once it exists (SQLite creates it when a connection first reads in WAL
-    /// mode).
     file: Option<File>,
 }
 
-impl WalRoom {
+impl WalFile {
     /// The WAL of the database at `database` (SQLite names it after the database file).
-    pub(crate) fn new(database: &str) -> Self {
+    fn new(database: &str) -> Self {
         Self {
             path: PathBuf::from(format!("{database}-wal")),
-            extended_to: 0,
             file: None,
+        }
+    }
+
+    /// The open file; `None` while it does not exist (SQLite creates it when a connection
+    /// first reads in WAL mode).
+    fn get(&mut self) -> io::Result<Option<&mut File>> {
+        if self.file.is_none() {
+            match OpenOptions::new().write(true).open(&self.path) {
+                Ok(file) => self.file = Some(file),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(self.file.as_mut())
+    }
+}
+
+/// The WAL file of one writing connection, and how far it was extended.
+#[derive(Debug)]
+pub(crate) struct WalRoom {
+    wal: WalFile,
+    /// The file's size after the last extension: as long as it stays there, SQLite's
+    /// frames are being written into the zeros.
+    extended_to: u64,
+}
+
+impl WalRoom {
+    /// The WAL of the database at `database`.
+    pub(crate) fn new(database: &str) -> Self {
+        Self {
+            wal: WalFile::new(database),
+            extended_to: 0,
         }
     }
 
@@ -67,14 +93,9 @@ impl WalRoom {
     /// created or truncated since the last look). Call only while holding the write lock
     /// (inside an immediate transaction). An error costs only speed: the commit goes on.
     pub(crate) fn ensure(&mut self) -> io::Result<()> {
-        let file = match &mut self.file {
-            Some(file) => file,
-            None => match OpenOptions::new().write(true).open(&self.path) {
-                Ok(file) => self.file.insert(file),
-                // Until SQLite creates the WAL there is nothing to extend.
-                Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
-                Err(error) => return Err(error),
-            },
+        // Until SQLite creates the WAL there is nothing to extend.
+        let Some(file) = self.wal.get()? else {
+            return Ok(());
         };
         let size = file.seek(SeekFrom::End(0))?;
         if size == self.extended_to {
@@ -101,35 +122,37 @@ impl WalRoom {
 /// every frame written to it.
 #[derive(Debug)]
 pub(crate) struct WalFlush {
-    path: PathBuf,
-    file: Option<File>,
+    wal: WalFile,
 }
 
 impl WalFlush {
     /// The WAL of the database at `database`.
     pub(crate) fn new(database: &str) -> Self {
         Self {
-            path: PathBuf::from(format!("{database}-wal")),
-            file: None,
+            wal: WalFile::new(database),
         }
     }
 
     /// Another handle on the same file, for another thread.
     pub(crate) fn another(&self) -> Self {
         Self {
-            path: self.path.clone(),
-            file: None,
+            wal: WalFile {
+                path: self.wal.path.clone(),
+                file: None,
+            },
         }
     }
 
     /// Flushes every frame written so far. After a commit the WAL exists, so a missing file
     /// is an error here: the frames it held are not known to be durable.
     pub(crate) fn flush(&mut self) -> io::Result<()> {
-        let file = match &mut self.file {
-            Some(file) => file,
-            None => self.file.insert(File::open(&self.path)?),
-        };
-        file.sync_data()
+        match self.wal.get()? {
+            Some(file) => file.sync_data(),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} is missing", self.wal.path.display()),
+            )),
+        }
     }
 }
 
