@@ -14,5 +14,6 @@ mod json;
 mod loops;
 mod parked;
 mod proxy;
+mod resume;
 mod sandbox;
 mod support;

@@ -27,7 +27,7 @@ pub use ports::{
     ToolError, ToolExecutor, ToolOutput,
 };
 pub use redact::Redactor;
-pub use task::{TaskStatus, TransitionError};
+pub use task::{MAX_RESUMES, TaskStatus, TransitionError, may_resume};
 pub use usage::{MicroUsd, TokenUsage, TurnRecord};
 
 #[cfg(test)]

@@ -948,6 +948,12 @@ async fn update_and_delete_are_refused_and_tampering_is_detected() {
     )
     .await
     .unwrap();
+    let intact = Store::open_read_only(&path).unwrap();
+    assert_eq!(
+        intact.verified_events(&id).unwrap(),
+        intact.events(&id).unwrap()
+    );
+    drop(intact);
     let conn = rusqlite::Connection::open(&path).unwrap();
     for table in ["events", "archive_blocks"] {
         let update = conn
@@ -976,6 +982,16 @@ async fn update_and_delete_are_refused_and_tampering_is_detected() {
     let broken = store.verify(&id).unwrap().unwrap_err();
     assert_eq!(broken.seq, 4, "{broken}");
     assert!(broken.reason.contains("content"), "{broken}");
+    // What a resume reads refuses the log, naming the same sequence; an intact chain of
+    // the same events would have been handed over.
+    match store.verified_events(&id) {
+        Err(SessionError::BrokenChain(refused)) => assert_eq!(refused, broken),
+        other => panic!("a tampered log was handed to a resume: {other:?}"),
+    }
+    assert_eq!(
+        crate::verify_events(&store.events(&id).unwrap()).unwrap_err(),
+        broken
+    );
     let replayed = replay(&id.to_string(), &store.events(&id).unwrap());
     assert_eq!(replayed.gaps[0].kind, GapKind::BrokenChain);
     assert!(
