@@ -560,7 +560,9 @@ fn background_jobs_and_zombies_do_not_outlive_their_command() {
         let zombies = "grep -l '^State:.Z' /proc/[0-9]*/status 2>/dev/null | wc -l";
         let made = fx
             .shell(&format!(
-                "for i in $(seq 20); do sh -c 'sleep 0 & exec sleep 30' & done; sleep 2; {zombies}"
+                // Waits (up to 60 s) for the first zombie rather than a fixed 2 s.
+                "for i in $(seq 20); do sh -c 'sleep 0 & exec sleep 30' & done; \
+                 n=0; until [ $({zombies}) -gt 0 ] || [ $n -ge 600 ]; do sleep 0.1; n=$((n+1)); done; {zombies}"
             ))
             .await;
         let during: usize = made.content.lines().next().unwrap().trim().parse().unwrap();
