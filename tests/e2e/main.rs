@@ -7,6 +7,7 @@
 
 mod bad_input;
 mod compaction;
+mod contracts;
 mod crash;
 mod demo;
 mod interrupt;
