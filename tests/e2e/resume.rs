@@ -210,6 +210,11 @@ fn a_tampered_log_is_reported_by_verify_and_refused_by_resume() {
         String::from_utf8_lossy(&refused.stdout)
     );
     assert_eq!(read_log(&db).len(), before, "a refused resume appended");
+    // Nor is a decision appended to it.
+    let approve = nerve(&db, &["approve", &id, "--deny"]);
+    assert_eq!(approve.status.code(), Some(2), "{}", stderr(&approve));
+    assert!(stderr(&approve).contains(&broken), "{}", stderr(&approve));
+    assert_eq!(read_log(&db).len(), before, "a refused approve appended");
     assert_eq!(
         containers_of(&id),
         Vec::<String>::new(),
