@@ -84,11 +84,6 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
             replay.resumes.len()
         )));
     }
-    if !may_resume(task_status, attempt) {
-        return Err(Failure::usage(format!(
-            "execution {execution} left its task {task_status}, which a resume cannot take up again"
-        )));
-    }
     if !replay.pending_approvals.is_empty() {
         return Err(Failure::usage(format!(
             "execution {execution} waits for approval of {}: decide with `nerve approve {execution}` (or --deny) first",
@@ -103,6 +98,11 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
     if replay.messages.is_empty() {
         return Err(Failure::usage(format!(
             "execution {execution} recorded no conversation; nothing to resume"
+        )));
+    }
+    if !may_resume(task_status, attempt) {
+        return Err(Failure::usage(format!(
+            "execution {execution} left its task {task_status}, which a resume cannot take up again"
         )));
     }
     // Decisions by a human, and usage of the turn that began but never completed.
