@@ -118,6 +118,45 @@ fn an_execution_that_ended_with_an_error_resumes_and_completes() {
 }
 
 #[test]
+fn an_execution_stopped_by_a_provider_outage_resumes_after_it() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Every attempt of the second call fails (5 in all, the first included): the outage
+    // outlasts the retries and the run ends `error`; the provider is back for the resume.
+    let mut lines = vec![write("one.txt", "one\n")];
+    lines.extend(std::iter::repeat_n(
+        json!({"error": "server_error", "retry_after_ms": 1}),
+        5,
+    ));
+    lines.push(write("two.txt", "two\n"));
+    lines.push(json!({"text": "Both notes are written."}));
+    let (workspace, db, provider) = setup(dir.path(), &lines);
+    let failed = run(&db, &workspace, &provider, 1);
+    assert_eq!(failed["termination_reason"], "error", "{failed}");
+    assert!(
+        failed["error"].as_str().unwrap().contains("server_error"),
+        "{failed}"
+    );
+    let id = failed["execution_id"].as_str().unwrap().to_owned();
+    let events = events_json(&db, &id);
+    assert_eq!(events.iter().filter(|e| e["kind"] == "retry").count(), 4);
+
+    let resumed = resume(&db, &id, 0);
+    assert_eq!(resumed["termination_reason"], "completed", "{resumed}");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("two.txt")).unwrap(),
+        "two\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("one.txt")).unwrap(),
+        "one\n"
+    );
+    verify(&db, &id);
+}
+
+#[test]
 fn a_failing_execution_is_resumed_at_most_three_times() {
     if !docker_available() {
         return;
