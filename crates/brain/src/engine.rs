@@ -382,7 +382,9 @@ impl AgentEngine {
                 usage: TokenUsage::default(),
                 cost: MicroUsd::ZERO,
                 tool_calls: Vec::new(),
-                finish: String::new(),
+                // The log holds the real records; a turn before the resume point did not
+                // end the run, so it asked for tools (or was re-prompted after one).
+                finish: nerve_core::FinishReason::ToolCalls,
                 duration_ms: 0,
             })
             .collect();
@@ -442,7 +444,7 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
                 run,
                 number,
                 state.pending_turn_usage,
-                "tool_calls",
+                nerve_core::FinishReason::ToolCalls,
                 &calls,
                 Instant::now(),
             )
@@ -491,7 +493,7 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
         run,
         number,
         state.pending_turn_usage,
-        "tool_calls",
+        nerve_core::FinishReason::ToolCalls,
         &calls,
         started,
     )

@@ -61,7 +61,7 @@ pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
         run,
         number,
         response.usage,
-        response.finish.as_str(),
+        response.finish,
         &calls,
         started,
     )
@@ -74,7 +74,7 @@ pub(crate) async fn complete_turn(
     run: &mut Run,
     number: u32,
     usage: nerve_core::TokenUsage,
-    finish: &str,
+    finish: FinishReason,
     calls: &[ToolCall],
     started: Instant,
 ) -> Result<(), Stop> {
@@ -83,7 +83,7 @@ pub(crate) async fn complete_turn(
         usage,
         cost: run.config.pricing.cost(usage),
         tool_calls: calls.to_vec(),
-        finish: finish.to_owned(),
+        finish,
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
     };
     run.record(Event::TurnCompleted(TurnCompleted {
@@ -91,7 +91,7 @@ pub(crate) async fn complete_turn(
         usage: record.usage,
         cost: record.cost,
         tool_calls: calls.iter().map(|c| c.name.clone()).collect(),
-        finish: record.finish.clone(),
+        finish: record.finish,
         duration_ms: record.duration_ms,
     }))
     .await?;

@@ -48,7 +48,7 @@ impl EventSink for MemorySink {
     ) -> Result<Option<u64>, SinkError> {
         if self.fail_commit == Some(self.commits.lock().unwrap().len()) {
             self.commits.lock().unwrap().push(Vec::new());
-            return Err(SinkError("disk full".into()));
+            return Err(SinkError::Write("disk full".into()));
         }
         let kinds = events.iter().map(|e| e.kind().as_str()).collect();
         for event in events {

@@ -280,7 +280,7 @@ mod tests {
             usage: TokenUsage::new(1200, 40),
             cost: MicroUsd(1500),
             tool_calls: vec!["shell".into()],
-            finish: "tool_calls".into(),
+            finish: nerve_core::FinishReason::ToolCalls,
             duration_ms: 5,
         });
         assert_eq!(

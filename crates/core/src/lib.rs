@@ -28,7 +28,7 @@ pub use ports::{
 };
 pub use redact::Redactor;
 pub use task::{TaskStatus, TransitionError};
-pub use usage::{MicroUsd, TokenUsage, TurnRecord};
+pub use usage::{FinishReason, MicroUsd, TokenUsage, TurnRecord};
 
 #[cfg(test)]
 mod wire_tests;

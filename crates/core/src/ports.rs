@@ -8,11 +8,41 @@ use crate::event::Event;
 use crate::id::ExecutionId;
 use crate::message::ToolCall;
 
-/// The event log failed to record an event. Fatal for the execution: a run that cannot
-/// be recorded cannot be explained or resumed, so it stops.
-#[derive(Debug, thiserror::Error)]
-#[error("event log: {0}")]
-pub struct SinkError(pub String);
+/// The event log (or the archive beside it) failed. Fatal for the execution: a run that
+/// cannot be recorded cannot be explained or resumed, so it stops. The kinds say what went
+/// wrong, for callers that treat them apart (a resume may retry on a log that is back, never
+/// on one that cannot encode); every kind displays as `event log: <message>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    /// The write failed (I/O, a full disk, a refused transaction); nothing of the batch
+    /// was written. Returned by every write. Retrying the same write may help once the cause
+    /// is fixed; the execution stops either way.
+    #[error("event log: {0}")]
+    Write(String),
+    /// The log is gone (its writer stopped, the connection was lost, a lock poisoned).
+    /// Returned by writes and reads alike. Not retryable within this process.
+    #[error("event log: {0}")]
+    Unavailable(String),
+    /// An event, snapshot or block could not be encoded: a bug, never retryable.
+    #[error("event log: {0}")]
+    Encode(String),
+    /// A stored record does not hold together (an archive block that does not decode, a
+    /// snapshot that does not match its hash). Returned by reads. Not retryable.
+    #[error("event log: {0}")]
+    Corrupt(String),
+}
+
+impl SinkError {
+    /// The message, without the `event log:` prefix.
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Write(message)
+            | Self::Unavailable(message)
+            | Self::Encode(message)
+            | Self::Corrupt(message) => message,
+        }
+    }
+}
 
 /// Where an execution's events go. An append returns once the event is durable.
 #[async_trait]

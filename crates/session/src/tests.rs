@@ -53,7 +53,7 @@ fn turn(n: u32) -> Event {
         usage: TokenUsage::new(100, 10),
         cost: MicroUsd(5),
         tool_calls: vec![],
-        finish: "stop".into(),
+        finish: nerve_core::FinishReason::Stop,
         duration_ms: 1,
     })
 }

@@ -528,16 +528,16 @@ fn write_batches(
 impl EventSink for SqliteSink {
     async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
         let event = encode_event(&event, &self.redactor)
-            .map_err(|e| SinkError(SessionError::Encode(e).to_string()))?;
+            .map_err(|e| SinkError::from(SessionError::Encode(e)))?;
         let written = self
             .submit(Write::events(execution.to_string(), vec![event]))
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
+            .map_err(SinkError::from)?;
         written
             .seqs
             .first()
             .copied()
-            .ok_or_else(|| SinkError("the writer returned no sequence number".into()))
+            .ok_or_else(|| SinkError::Write("the writer returned no sequence number".into()))
     }
 
     async fn checkpoint(
@@ -549,7 +549,7 @@ impl EventSink for SqliteSink {
         EventStore::write_checkpoint(self, execution, turn, snapshot)
             .await
             .map(Some)
-            .map_err(|e| SinkError(e.to_string()))
+            .map_err(SinkError::from)
     }
 
     async fn commit(
@@ -558,7 +558,7 @@ impl EventSink for SqliteSink {
         events: Vec<Event>,
         checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
-        let sink_error = |e: SessionError| SinkError(e.to_string());
+        let sink_error = SinkError::from;
         let encoded = self.encode_all(&events).map_err(sink_error)?;
         let write = match &checkpoint {
             Some(snapshot) => encode_checkpoint_after(
@@ -689,7 +689,7 @@ impl ContextArchive for SqliteSink {
         self.put_blocks(execution, vec![block])
             .await
             .map(|_| ())
-            .map_err(|e| SinkError(e.to_string()))
+            .map_err(SinkError::from)
     }
 
     async fn fetch(
@@ -700,7 +700,7 @@ impl ContextArchive for SqliteSink {
         let block = self
             .archive_block(execution, id)
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
+            .map_err(SinkError::from)?;
         Ok(block.map(|block| ArchivedBlock {
             id: block.block_id,
             messages: block.messages,
@@ -717,7 +717,7 @@ impl ContextArchive for SqliteSink {
         let hits = self
             .search_archive(execution, query.to_owned(), limit)
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
+            .map_err(SinkError::from)?;
         Ok(hits
             .into_iter()
             .map(|hit| RecallHit {
