@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nerve_core::event::{ProxyVerdict, StagnationAction};
-use nerve_core::{Event, EventSink, ExecutionId, MicroUsd, SinkError, Snapshot, TokenUsage};
+use nerve_core::{
+    Enqueued, Event, EventSink, ExecutionId, MicroUsd, SinkError, Snapshot, TokenUsage,
+};
 
 use crate::output;
 
@@ -264,6 +266,18 @@ impl<S: EventSink> EventSink for ProgressSink<S> {
             self.observe(event);
         }
         self.inner.commit(execution, events, checkpoint).await
+    }
+
+    fn enqueue(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Enqueued {
+        for event in &events {
+            self.observe(event);
+        }
+        self.inner.enqueue(execution, events, checkpoint)
     }
 }
 

@@ -23,8 +23,8 @@ pub use execution::{Complexity, ExecutionStatus, LoopType, TerminationReason};
 pub use id::{BlockId, ExecutionId, TaskId, ToolCallId};
 pub use message::{Message, MessagePart, MessageRole, ToolCall, ToolResult};
 pub use ports::{
-    ArchivedBlock, ContextArchive, EventSink, RecallHit, SinkError, Snapshot, ToolDefinition,
-    ToolError, ToolExecutor, ToolOutput,
+    ArchivedBlock, ContextArchive, Enqueued, EventSink, PendingCommit, RecallHit, SinkError,
+    Snapshot, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
 };
 pub use redact::Redactor;
 pub use task::{TaskStatus, TransitionError};
