@@ -24,11 +24,11 @@ use crate::plan::{self, PlanMode};
 use crate::prompt::PromptProfile;
 use crate::provider::Provider;
 use crate::react;
-use crate::runner::{Guards, Progress, Run};
+use crate::runner::{Guards, Hands, Progress, Run};
 use crate::stagnation::StagnationDetector;
 use crate::stop::Stop;
 use crate::tokens::{TokenCounter, counter_for_model};
-use crate::turn::{self, Hands, Interrupted};
+use crate::turn::{self, Interrupted};
 
 pub use crate::config::{EngineConfig, Pricing};
 

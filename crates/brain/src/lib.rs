@@ -39,6 +39,8 @@ mod compaction_tests;
 #[cfg(test)]
 mod loop_tests;
 #[cfg(test)]
+mod module_graph;
+#[cfg(test)]
 mod prefix_tests;
 #[cfg(test)]
 mod testing;

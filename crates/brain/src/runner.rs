@@ -7,7 +7,8 @@
 //! - [`Journal`]: batches events, issues commits, knows the head of the commit chain;
 //! - [`Window`]: the conversation, its token counts, the compaction state;
 //! - [`ModelCaller`]: model calls with retries, budget checks and charges;
-//! - [`Hands`] (in `turn`): tool calls through the approval gate.
+//! - [`Hands`]: the tools and who approves their calls; `turn` runs the calls through the
+//!   approval gate.
 //!
 //! Compaction borrows the window, the journal and the caller for one operation
 //! ([`Run::compactor`]); nothing else changes the conversation besides appending to it.
@@ -18,10 +19,11 @@ use std::time::Instant;
 use nerve_core::event::{CallPurpose, TaskTransition};
 use nerve_core::{
     ContextArchive, Event, ExecutionId, LoopType, Message, Snapshot, TaskId, TaskStatus,
-    TerminationReason, ToolDefinition, TurnRecord,
+    TerminationReason, ToolDefinition, ToolExecutor, TurnRecord,
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::Approver;
 use crate::caller::{CallError, ModelCaller};
 use crate::compactor::Compactor;
 use crate::config::EngineConfig;
@@ -29,7 +31,6 @@ use crate::journal::Journal;
 use crate::provider::ModelResponse;
 use crate::stagnation::StagnationDetector;
 use crate::stop::Stop;
-use crate::turn::Hands;
 use crate::window::Window;
 
 /// Counters of the one-shot and bounded guardrails.
@@ -59,6 +60,16 @@ impl Progress {
     pub(crate) fn turn_count(&self) -> u32 {
         u32::try_from(self.turns.len()).unwrap_or(u32::MAX)
     }
+}
+
+/// The tools of an execution and who approves their calls.
+pub(crate) struct Hands {
+    pub(crate) tools: Arc<dyn ToolExecutor>,
+    /// Who answers `ask` rules; `Unattended` parks instead.
+    pub(crate) approver: Arc<dyn Approver>,
+    /// Offered every turn: the sandbox's tools and the context tools. Shared, not copied:
+    /// the definitions hold JSON schemas.
+    pub(crate) definitions: Arc<[ToolDefinition]>,
 }
 
 /// Everything a loop needs while it runs.

@@ -10,7 +10,6 @@
 //! - A tool runs only after its `tool_call_started` is durable; a refused or in-doubt call
 //!   still gets a result the model sees, recorded like any other.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use nerve_core::event::{
@@ -19,23 +18,13 @@ use nerve_core::event::{
 };
 use nerve_core::{
     Event, FinishReason, Message, MessagePart, MessageRole, TerminationReason, TokenUsage,
-    ToolCall, ToolCallId, ToolDefinition, ToolExecutor, ToolResult, TurnRecord,
+    ToolCall, ToolCallId, ToolResult, TurnRecord,
 };
 
-use crate::approval::{Approval, Approver, PolicyAction};
+use crate::approval::{Approval, PolicyAction};
 use crate::compactor::{context_tool, run_context_tool};
 use crate::runner::Run;
 use crate::stop::Stop;
-
-/// The tools of an execution and who approves their calls.
-pub(crate) struct Hands {
-    pub(crate) tools: Arc<dyn ToolExecutor>,
-    /// Who answers `ask` rules; `Unattended` parks instead.
-    pub(crate) approver: Arc<dyn Approver>,
-    /// Offered every turn: the sandbox's tools and the context tools. Shared, not copied:
-    /// the definitions hold JSON schemas.
-    pub(crate) definitions: Arc<[ToolDefinition]>,
-}
 
 /// Runs `calls` in order through the approval gate. Returns the results; parks (as `Err`)
 /// when a call waits for a human.
