@@ -52,7 +52,7 @@ struct MemorySink {
 impl EventSink for MemorySink {
     async fn append(&self, _execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
         if self.fail {
-            return Err(SinkError("disk full".to_owned()));
+            return Err(SinkError::Write("disk full".to_owned()));
         }
         let Event::ProxyDecision(decision) = event else {
             panic!("the proxy emitted something else: {event:?}");

@@ -77,5 +77,21 @@ pub enum SessionError {
     ReaderGone,
 }
 
+/// The engine's port speaks [`nerve_core::SinkError`]; the message stays this error's text.
+impl From<SessionError> for nerve_core::SinkError {
+    fn from(error: SessionError) -> Self {
+        let message = error.to_string();
+        match error {
+            SessionError::WriterGone | SessionError::ReaderGone => Self::Unavailable(message),
+            SessionError::Encode(_) => Self::Encode(message),
+            SessionError::Corrupt(_) => Self::Corrupt(message),
+            SessionError::Sqlite { .. }
+            | SessionError::SchemaTooNew { .. }
+            | SessionError::UnknownExecution(_)
+            | SessionError::Write(_) => Self::Write(message),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
