@@ -84,7 +84,7 @@ impl From<SessionError> for nerve_core::SinkError {
         match error {
             SessionError::WriterGone | SessionError::ReaderGone => Self::Unavailable(message),
             SessionError::Encode(_) => Self::Encode(message),
-            SessionError::Corrupt(_) => Self::Corrupt(message),
+            SessionError::Corrupt(_) | SessionError::BrokenChain(_) => Self::Corrupt(message),
             SessionError::Sqlite { .. }
             | SessionError::SchemaTooNew { .. }
             | SessionError::UnknownExecution(_)
