@@ -80,6 +80,15 @@ impl Scrubber {
         Some(out)
     }
 
+    /// `text` with every secret replaced (a text of the proxy's own that may quote
+    /// something an upstream said).
+    pub(crate) fn scrub_text(&self, text: &str) -> String {
+        match self.scrub(text.as_bytes()) {
+            Some(scrubbed) => String::from_utf8_lossy(&scrubbed).into_owned(),
+            None => text.to_owned(),
+        }
+    }
+
     /// A scrubber for one body.
     pub(crate) fn stream(&self) -> StreamScrubber {
         StreamScrubber {
