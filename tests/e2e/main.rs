@@ -14,5 +14,6 @@ mod json;
 mod loops;
 mod parked;
 mod proxy;
+mod reaper;
 mod sandbox;
 mod support;
