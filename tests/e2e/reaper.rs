@@ -69,9 +69,15 @@ fn stat(pid: u32) -> (String, String) {
     (rest[0].to_owned(), rest[19].to_owned())
 }
 
-fn label(machine: &str, boot: &str, pid_ns: &str, pid: u32, start: &str) -> String {
-    format!("machine={machine};boot={boot};pidns={pid_ns};pid={pid};start={start}")
+/// The two owner labels, `org.nerve.owner` and `org.nerve.owner.host`.
+fn label(machine: &str, boot: &str, pid_ns: &str, pid: u32, start: &str) -> Owner {
+    (
+        Some(format!("{boot}:{pid}:{start}")),
+        Some(format!("machine={machine};pidns={pid_ns}")),
+    )
 }
+
+type Owner = (Option<String>, Option<String>);
 
 /// Waits until `pid` (a child killed or exited, not yet waited for) is a zombie.
 fn wait_for_zombie(pid: u32) -> String {
@@ -110,14 +116,17 @@ async fn names_of(docker: &bollard::Docker, execution: &str) -> BTreeSet<String>
 }
 
 /// Creates (without starting) a Nerve-labelled container of `execution` named `name`,
-/// owned as `owner` says (`None`: no owner label).
-async fn fake_sandbox(docker: &bollard::Docker, execution: &str, name: &str, owner: Option<&str>) {
+/// owned as `owner` says (`None`: no such label).
+async fn fake_sandbox(docker: &bollard::Docker, execution: &str, name: &str, owner: &Owner) {
     let mut labels = HashMap::from([
         ("org.nerve.managed".to_owned(), "true".to_owned()),
         ("org.nerve.execution".to_owned(), execution.to_owned()),
     ]);
-    if let Some(owner) = owner {
-        labels.insert("org.nerve.owner".to_owned(), owner.to_owned());
+    if let Some(process) = &owner.0 {
+        labels.insert("org.nerve.owner".to_owned(), process.clone());
+    }
+    if let Some(host) = &owner.1 {
+        labels.insert("org.nerve.owner.host".to_owned(), host.clone());
     }
     let body = ContainerCreateBody {
         image: Some(nerve_hands::DEFAULT_IMAGE.to_owned()),
@@ -154,47 +163,51 @@ fn the_reaper_removes_only_containers_whose_owner_is_provably_dead() {
         boot,
         pid_ns,
     } = &here;
-    let cases: Vec<(&str, Option<String>, bool)> = vec![
-        (
-            "dead",
-            Some(label(machine, boot, pid_ns, ended_pid, "1")),
-            true,
-        ),
+    let cases: Vec<(&str, Owner, bool)> = vec![
+        ("dead", label(machine, boot, pid_ns, ended_pid, "1"), true),
         (
             "zombie",
-            Some(label(machine, boot, pid_ns, zombie.id(), &zombie_start)),
+            label(machine, boot, pid_ns, zombie.id(), &zombie_start),
             true,
         ),
-        (
-            "live",
-            Some(label(machine, boot, pid_ns, me, &my_start)),
-            false,
-        ),
+        ("live", label(machine, boot, pid_ns, me, &my_start), false),
         (
             "other-host",
-            Some(label("0ther", boot, pid_ns, ended_pid, "1")),
+            label("0ther", boot, pid_ns, ended_pid, "1"),
             false,
         ),
         (
             "other-boot",
-            Some(label(machine, "another-boot", pid_ns, ended_pid, "1")),
+            label(machine, "another-boot", pid_ns, ended_pid, "1"),
             false,
         ),
         (
             "other-pidns",
-            Some(label(machine, boot, "1", ended_pid, "1")),
+            label(machine, boot, "1", ended_pid, "1"),
             false,
         ),
-        ("empty", Some(String::new()), false),
-        ("unlabelled", None, false),
-        // The format of older versions, with a pid that is gone.
-        ("legacy", Some(format!("{boot}:{ended_pid}:1")), false),
+        ("empty", (Some(String::new()), Some(String::new())), false),
+        ("unlabelled", (None, None), false),
+        // What older versions wrote: no host label, so no proof.
+        (
+            "legacy",
+            (Some(format!("{boot}:{ended_pid}:1")), None),
+            false,
+        ),
+        (
+            "unreadable",
+            (
+                Some(format!("{boot}:{ended_pid}")),
+                label(machine, boot, pid_ns, ended_pid, "1").1,
+            ),
+            false,
+        ),
     ];
     let name = |case: &str| format!("nerve-test-reap-{short}-{case}");
     runtime().block_on(async {
         let docker = nerve_hands::connect_docker().await.unwrap();
         for (case, owner, _) in &cases {
-            fake_sandbox(&docker, &execution, &name(case), owner.as_deref()).await;
+            fake_sandbox(&docker, &execution, &name(case), owner).await;
         }
         // What every `nerve run` does at start, over the whole engine.
         nerve_hands::reap_orphans(&docker).await.unwrap();
@@ -221,7 +234,8 @@ fn the_reaper_removes_only_containers_whose_owner_is_provably_dead() {
         ("other-pidns", "another PID namespace"),
         ("empty", "no owner label"),
         ("unlabelled", "no owner label"),
-        ("legacy", "cannot be read"),
+        ("legacy", "no owner host label"),
+        ("unreadable", "cannot be read"),
     ] {
         let line = text
             .lines()
@@ -230,13 +244,13 @@ fn the_reaper_removes_only_containers_whose_owner_is_provably_dead() {
         assert!(line.contains(reason), "{line}");
     }
     assert!(
-        text.ends_with("0 removed, 7 kept (`nerve reap --all` removes those too)\n"),
+        text.ends_with("0 removed, 8 kept (`nerve reap --all` removes those too)\n"),
         "{text}"
     );
     let all = nerve(&db, &["reap", "--all", &execution]);
     assert_eq!(all.status.code(), Some(0), "{}", stderr(&all));
     assert!(
-        String::from_utf8_lossy(&all.stdout).ends_with("7 removed, 0 kept\n"),
+        String::from_utf8_lossy(&all.stdout).ends_with("8 removed, 0 kept\n"),
         "{}",
         String::from_utf8_lossy(&all.stdout)
     );
@@ -351,7 +365,7 @@ fn a_start_finding_its_name_held_takes_it_over_only_from_a_dead_owner() {
         for (owner, refusal) in cases {
             let execution = ExecutionId::new();
             let name = format!("nerve-{execution}");
-            fake_sandbox(&docker, &execution.to_string(), &name, Some(&owner)).await;
+            fake_sandbox(&docker, &execution.to_string(), &name, &owner).await;
             let config = nerve_hands::SandboxConfig::new(
                 nerve_hands::DEFAULT_IMAGE,
                 workspace.path(),
@@ -369,11 +383,11 @@ fn a_start_finding_its_name_held_takes_it_over_only_from_a_dead_owner() {
                     assert!(!text.contains("409"), "{text}");
                 }
                 (Ok(_), Some(refusal)) => panic!("started over a container that {refusal}"),
-                (Err(error), _) => panic!("{owner}: {error}"),
+                (Err(error), _) => panic!("{owner:?}: {error}"),
             }
             let left = names_of(&docker, &execution.to_string()).await;
             let expected: BTreeSet<String> = refusal.map(|_| name.clone()).into_iter().collect();
-            assert_eq!(left, expected, "{owner}");
+            assert_eq!(left, expected, "{owner:?}");
             // Clean up our own fake.
             nerve_hands::reap(
                 &docker,

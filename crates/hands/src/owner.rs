@@ -3,21 +3,24 @@
 //!
 //! A process id means something only in one PID namespace of one boot of one kernel, and
 //! Docker engines are shared across all three (CI jobs in containers, hosts on one remote
-//! engine). So the label names the host (its machine id), the kernel's boot (its boot id, a
-//! random UUID per boot), the PID namespace (the inode of `/proc/self/ns/pid`), and the
-//! process (its pid and start time, which tell it from a later process with the same pid):
-//! `machine=<id>;boot=<uuid>;pidns=<inode>;pid=<pid>;start=<ticks>`.
+//! engine). So two labels say who owns a container:
 //!
-//! The owner is dead when those name our own host, boot and PID namespace and the process
-//! is gone, a zombie, or another process with the same pid. Anything else (another host,
-//! boot or namespace, a label missing, empty or unreadable, as those of older versions) is
-//! unknown, and unknown is never dead. The boot id and the namespace are what make the proof
-//! sound: a namespace's inode may be reused once it is gone, but then so are all its
-//! processes, and a new process with the same pid and the same start tick is not possible.
-//! The machine id names the host for a person reading the label; where it cannot be read it
-//! is written as `unknown`.
+//! - `org.nerve.owner`: `<boot id>:<pid>:<start time>`, the kernel's boot (a random UUID per
+//!   boot), the process, and its start time in clock ticks, which tells it from a later
+//!   process with the same pid. The format older versions wrote, kept so that their reapers,
+//!   which may share the engine, still see our live owners as alive.
+//! - `org.nerve.owner.host`: `machine=<id>;pidns=<inode>`, the host (its machine id, or
+//!   `unknown` where none can be read) and the PID namespace (the inode of
+//!   `/proc/self/ns/pid`).
+//!
+//! The owner is dead when both labels name our own host, boot and PID namespace and the
+//! process is gone, a zombie, or another process with the same pid. Anything else (another
+//! host, boot or namespace, a label missing, empty or unreadable, as older versions' lack
+//! the host label) is unknown, and unknown is never dead. The boot id and the namespace are
+//! what make the proof sound: a namespace's inode may be reused once it is gone, but then so
+//! are all its processes, and a new process with the same pid and the same start tick is not
+//! possible. The machine id names the host for a person reading the label.
 
-use std::fmt;
 use std::sync::LazyLock;
 
 /// Where this process runs: host, boot and PID namespace, read once.
@@ -80,40 +83,52 @@ impl Owner {
         Some(Self { place, pid, start })
     }
 
-    /// Reads a label written by [`Owner::to_string`].
-    pub(crate) fn parse(label: &str) -> Result<Self, String> {
-        let mut fields = [None::<&str>; 5];
-        const NAMES: [&str; 5] = ["machine", "boot", "pidns", "pid", "start"];
-        for part in label.split(';') {
-            let (name, value) = part
-                .split_once('=')
-                .ok_or_else(|| format!("`{part}` is not name=value"))?;
-            let index = NAMES
-                .iter()
-                .position(|n| *n == name)
-                .ok_or_else(|| format!("unknown field `{name}`"))?;
-            if fields[index].replace(value).is_some() {
-                return Err(format!("`{name}` appears twice"));
+    /// The value of `org.nerve.owner`: `<boot>:<pid>:<start>`.
+    pub(crate) fn process_label(&self) -> String {
+        format!("{}:{}:{}", self.place.boot, self.pid, self.start)
+    }
+
+    /// The value of `org.nerve.owner.host`: `machine=<id>;pidns=<inode>`.
+    pub(crate) fn host_label(&self) -> String {
+        format!("machine={};pidns={}", self.place.machine, self.place.pid_ns)
+    }
+
+    /// Reads the two labels written from [`Owner::process_label`] and [`Owner::host_label`].
+    pub(crate) fn parse(process: &str, host: &str) -> Result<Self, String> {
+        let mut parts = process.split(':');
+        let (Some(boot), Some(pid), Some(start), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(format!("`{process}` is not <boot>:<pid>:<start>"));
+        };
+        let mut machine = None;
+        let mut pid_ns = None;
+        for part in host.split(';') {
+            let (slot, value) = match part.split_once('=') {
+                Some(("machine", value)) => (&mut machine, value),
+                Some(("pidns", value)) => (&mut pid_ns, value),
+                Some(_) | None => return Err(format!("`{part}` is not machine= or pidns=")),
+            };
+            if slot.replace(value).is_some() {
+                return Err(format!("`{part}` appears twice"));
             }
         }
-        let field = |index: usize| -> Result<&str, String> {
-            fields[index]
+        let field = |value: Option<&str>, name: &str| -> Result<String, String> {
+            value
                 .filter(|value| is_field(value))
-                .ok_or_else(|| format!("no valid `{}`", NAMES[index]))
-        };
-        let number = |index: usize| -> Result<u64, String> {
-            field(index)?
-                .parse()
-                .map_err(|_| format!("`{}` is not a number", NAMES[index]))
+                .map(str::to_owned)
+                .ok_or_else(|| format!("no valid {name}"))
         };
         Ok(Self {
             place: Place {
-                machine: field(0)?.to_owned(),
-                boot: field(1)?.to_owned(),
-                pid_ns: field(2)?.to_owned(),
+                machine: field(machine, "machine id")?,
+                boot: field(Some(boot), "boot id")?,
+                pid_ns: field(pid_ns, "PID namespace")?,
             },
-            pid: u32::try_from(number(3)?).map_err(|_| "`pid` is out of range".to_owned())?,
-            start: number(4)?,
+            pid: pid.parse().map_err(|_| format!("`{pid}` is not a pid"))?,
+            start: start
+                .parse()
+                .map_err(|_| format!("`{start}` is not a start time"))?,
         })
     }
 
@@ -146,16 +161,6 @@ impl Owner {
     }
 }
 
-impl fmt::Display for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "machine={};boot={};pidns={};pid={};start={}",
-            self.place.machine, self.place.boot, self.place.pid_ns, self.pid, self.start
-        )
-    }
-}
-
 /// What can be said of a container's owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Liveness {
@@ -167,15 +172,25 @@ pub(crate) enum Liveness {
     Unknown(String),
 }
 
-/// What an owner label (absent, empty or unreadable ones included) says of its owner.
-pub(crate) fn label_liveness(label: Option<&str>) -> Liveness {
-    match label.map(str::trim) {
-        None | Some("") => Liveness::Unknown("it has no owner label".to_owned()),
-        Some(label) => match Owner::parse(label) {
+/// What the two owner labels (absent, empty or unreadable ones included) say of the owner.
+pub(crate) fn label_liveness(process: Option<&str>, host: Option<&str>) -> Liveness {
+    match (present(process), present(host)) {
+        (None, _) => Liveness::Unknown("it has no owner label".to_owned()),
+        (Some(_), None) => Liveness::Unknown(
+            "it has no owner host label (an older version's, or not Nerve's)".to_owned(),
+        ),
+        (Some(process), Some(host)) => match Owner::parse(process, host) {
             Ok(owner) => owner.liveness(),
-            Err(problem) => Liveness::Unknown(format!("its owner label cannot be read: {problem}")),
+            Err(problem) => {
+                Liveness::Unknown(format!("its owner labels cannot be read: {problem}"))
+            }
         },
     }
+}
+
+/// A label with something in it.
+fn present(label: Option<&str>) -> Option<&str> {
+    label.map(str::trim).filter(|label| !label.is_empty())
 }
 
 struct ProcState {
@@ -230,13 +245,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn this_process_is_alive_and_its_label_reads_back() {
+    fn this_process_is_alive_and_its_labels_read_back() {
         let me = Owner::current().unwrap();
-        let label = me.to_string();
-        assert_eq!(Owner::parse(&label), Ok(me.clone()));
+        let (process, host) = (me.process_label(), me.host_label());
+        assert_eq!(Owner::parse(&process, &host), Ok(me.clone()));
         assert_eq!(me.liveness(), Liveness::Alive);
-        assert_eq!(label_liveness(Some(&label)), Liveness::Alive);
-        assert!(label.starts_with("machine="), "{label}");
+        assert_eq!(label_liveness(Some(&process), Some(&host)), Liveness::Alive);
+        assert!(host.starts_with("machine="), "{host}");
+        assert_eq!(process.split(':').count(), 3, "{process}");
     }
 
     #[test]
@@ -289,20 +305,27 @@ mod tests {
         ] {
             assert!(matches!(moved(change), Liveness::Unknown(_)));
         }
-        for label in [
-            None,
-            Some(""),
-            Some("  "),
-            // The format of older versions: `<boot id>:<pid>:<start>`.
-            Some("4f0c-boot:12:345"),
-            Some("machine=;boot=b;pidns=1;pid=2;start=3"),
-            Some("machine=m;boot=b;pidns=1;pid=x;start=3"),
-            Some("machine=m;boot=b;pidns=1;pid=2"),
-            Some("machine=m;boot=b;pidns=1;pid=2;start=3;pid=4"),
+        let (process, host) = (me.process_label(), me.host_label());
+        let dead = format!("{}:999999999:1", me.place.boot);
+        assert_eq!(label_liveness(Some(&dead), Some(&host)), Liveness::Dead);
+        for (process, host) in [
+            (None, Some(host.as_str())),
+            (Some(""), Some(host.as_str())),
+            (Some("  "), Some(host.as_str())),
+            // Older versions wrote no host label.
+            (Some(dead.as_str()), None),
+            (Some(dead.as_str()), Some("")),
+            (Some(process.as_str()), Some("machine=;pidns=1")),
+            (Some(process.as_str()), Some("machine=m")),
+            (Some(process.as_str()), Some("machine=m;pidns=1;pidns=2")),
+            (Some(process.as_str()), Some("machine=m;pid=1")),
+            (Some("boot:x:3"), Some(host.as_str())),
+            (Some("boot:1"), Some(host.as_str())),
+            (Some("boot:1:2:3"), Some(host.as_str())),
         ] {
             assert!(
-                matches!(label_liveness(label), Liveness::Unknown(_)),
-                "{label:?}"
+                matches!(label_liveness(process, host), Liveness::Unknown(_)),
+                "{process:?} {host:?}"
             );
         }
     }

@@ -52,9 +52,11 @@ use crate::proxy::{CONTAINER_PROXY_DIR, ProxyMount, RELAY_LISTEN};
 /// Label on every container Nerve creates; the reaper looks for it.
 pub(crate) const LABEL_MANAGED: &str = "org.nerve.managed";
 const LABEL_EXECUTION: &str = "org.nerve.execution";
-/// The process that owns the container, with its host, boot and PID namespace (see
-/// `owner.rs`); the reaper removes a container only when this proves the owner dead.
+/// `<boot id>:<pid>:<start time>` of the process that owns the container.
 const LABEL_OWNER: &str = "org.nerve.owner";
+/// `machine=<id>;pidns=<inode>`: where that process runs. With [`LABEL_OWNER`] it lets the
+/// reaper prove the owner dead (see `owner.rs`).
+const LABEL_OWNER_HOST: &str = "org.nerve.owner.host";
 
 /// Beyond a command's own timeout, how long the host waits for the executor's answer: the
 /// executor may take up to 7 s after the deadline (5 s for a killed shell to exit, 2 s to
@@ -658,7 +660,8 @@ async fn clear_name(docker: &Docker, execution: ExecutionId, name: &str) -> Resu
         )));
     }
     let owner = labels.get(LABEL_OWNER).map(String::as_str);
-    match label_liveness(owner) {
+    let host = labels.get(LABEL_OWNER_HOST).map(String::as_str);
+    match label_liveness(owner, host) {
         Liveness::Dead => {
             tracing::info!(
                 container = name,
@@ -673,7 +676,8 @@ async fn clear_name(docker: &Docker, execution: ExecutionId, name: &str) -> Resu
         Liveness::Alive => Err(HandsError::SandboxInUse(format!(
             "execution {execution} already has a sandbox ({name}) whose owner, process {}, is still running; stop that run first",
             owner
-                .and_then(|o| Owner::parse(o).ok())
+                .zip(host)
+                .and_then(|(o, h)| Owner::parse(o, h).ok())
                 .map_or(0, |o| o.pid)
         ))),
         Liveness::Unknown(reason) => Err(HandsError::SandboxInUse(format!(
@@ -708,12 +712,17 @@ fn container_body(
     env: &[String],
     main: MainProcess,
 ) -> ContainerCreateBody {
+    let owner = Owner::current();
     let labels = HashMap::from([
         (LABEL_MANAGED.to_owned(), "true".to_owned()),
         (LABEL_EXECUTION.to_owned(), config.execution_id.to_string()),
         (
             LABEL_OWNER.to_owned(),
-            Owner::current().map(|o| o.to_string()).unwrap_or_default(),
+            owner.as_ref().map(Owner::process_label).unwrap_or_default(),
+        ),
+        (
+            LABEL_OWNER_HOST.to_owned(),
+            owner.as_ref().map(Owner::host_label).unwrap_or_default(),
         ),
     ]);
     let ulimit = |name: &str, value: i64| ResourcesUlimits {
@@ -918,13 +927,15 @@ pub async fn reap(
                 || id.clone(),
                 |name| name.trim_start_matches('/').to_owned(),
             );
-        let owner = container
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(LABEL_OWNER))
-            .map(String::as_str);
+        let label = |name: &str| {
+            container
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(name))
+                .map(String::as_str)
+        };
         if scope == ReapScope::Orphans {
-            match label_liveness(owner) {
+            match label_liveness(label(LABEL_OWNER), label(LABEL_OWNER_HOST)) {
                 Liveness::Dead => {}
                 Liveness::Alive => {
                     report.kept.push((shown, "its owner is running".to_owned()));
