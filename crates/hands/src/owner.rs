@@ -142,7 +142,7 @@ impl Owner {
         }
         if self.place.boot != here.boot {
             return Liveness::Unknown(format!(
-                "its owner ran in another boot ({}) of this host",
+                "its owner ran under another boot id ({})",
                 self.place.boot
             ));
         }
