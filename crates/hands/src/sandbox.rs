@@ -668,6 +668,9 @@ async fn clear_name(docker: &Docker, execution: ExecutionId, name: &str) -> Resu
                 "removing the sandbox of a dead earlier attempt of this execution"
             );
             remove_container(docker, name).await?;
+            // Another reaper may be removing it at the same time (our removal then answers
+            // 409 at once): the name is free only once the container is gone.
+            wait_gone(docker, name).await?;
             if let Some(dir) = control_dir {
                 remove_control_dir(Path::new(&dir));
             }
@@ -683,6 +686,34 @@ async fn clear_name(docker: &Docker, execution: ExecutionId, name: &str) -> Resu
         Liveness::Unknown(reason) => Err(HandsError::SandboxInUse(format!(
             "execution {execution} already has a sandbox ({name}) whose owner cannot be proven dead ({reason}); if no run of it is alive, remove it with `nerve reap --all {execution}`"
         ))),
+    }
+}
+
+/// How long a removal of a dead attempt's container may take before the start gives up.
+const REMOVAL_LIMIT: Duration = Duration::from_secs(60);
+
+/// Waits until the engine no longer knows the container `name`.
+async fn wait_gone(docker: &Docker, name: &str) -> Result<(), HandsError> {
+    let deadline = tokio::time::Instant::now() + REMOVAL_LIMIT;
+    loop {
+        match docker
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+        {
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Ok(()),
+            Ok(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(_) => {
+                return Err(HandsError::SandboxInUse(format!(
+                    "the container {name} of a dead earlier attempt was still there {}s after its removal",
+                    REMOVAL_LIMIT.as_secs()
+                )));
+            }
+            Err(other) => return Err(other.into()),
+        }
     }
 }
 
