@@ -241,7 +241,7 @@ fn redact_strings(value: &mut serde_json::Value, redactor: &Redactor) {
     }
 }
 
-fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
+pub(crate) fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
     match event {
         Event::Started(started) => IndexUpdate::Started {
             task: redactor.redact(&started.task).into_owned(),
