@@ -16,3 +16,4 @@ mod parked;
 mod proxy;
 mod sandbox;
 mod support;
+mod transfer;

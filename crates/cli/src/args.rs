@@ -13,8 +13,9 @@ use crate::Failure;
     about = "Run an LLM agent in a hardened sandbox, with a log you can replay and resume."
 )]
 pub(crate) struct Cli {
-    /// The SQLite event log (default: $XDG_STATE_HOME/nerve/nerve.db).
-    #[arg(long, global = true, env = "NERVE_DB", value_name = "PATH")]
+    /// The event log: a SQLite file (default: $XDG_STATE_HOME/nerve/nerve.db), or a
+    /// PostgreSQL server as postgres://user@host:port/dbname.
+    #[arg(long, global = true, env = "NERVE_DB", value_name = "PATH|URL")]
     pub(crate) db: Option<PathBuf>,
     /// A TOML configuration file.
     #[arg(long, global = true, env = "NERVE_CONFIG", value_name = "PATH")]
@@ -78,6 +79,13 @@ pub(crate) enum Command {
         provider: Option<String>,
         #[arg(long)]
         json: bool,
+    },
+    /// Write an execution's log (events, hashes, snapshots, archive) as JSON Lines to stdout.
+    Export { id: String },
+    /// Load an exported execution into this log; it verifies as it did where it came from.
+    Import {
+        /// A file written by `nerve export` (`-` for stdin).
+        file: PathBuf,
     },
     /// Decide the pending approvals of a parked execution.
     Approve {
