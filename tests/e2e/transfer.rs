@@ -216,6 +216,11 @@ fn a_run_writes_its_log_to_postgres_when_db_is_a_url() {
         .unwrap();
     assert!(listed.status.success(), "{}", stderr(&listed));
     assert!(stdout(&listed).contains(&id));
+    let with_status = |status: &str| json_out(&pg, &["list", "--status", status, "--json"]);
+    assert_eq!(with_status("completed")[0]["execution_id"], id.as_str());
+    for other in ["running", "failed", "queued", "max_turns"] {
+        assert_eq!(with_status(other), json!([]), "--status {other}");
+    }
     // Resuming from PostgreSQL is not built yet: said plainly, nothing created on disk.
     let refused = nerve(Path::new(&pg), &["resume", &id]);
     assert_eq!(refused.status.code(), Some(2));

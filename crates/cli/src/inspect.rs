@@ -8,6 +8,7 @@ use nerve_core::ExecutionId;
 use nerve_session::{Replay, StoredEvent};
 
 use crate::Failure;
+use crate::args::StatusArg;
 use crate::log::{Reader, reader};
 use crate::output;
 
@@ -82,12 +83,15 @@ pub(crate) async fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failur
     Ok(0)
 }
 
-pub(crate) async fn list(db: &Path, json: bool) -> Result<u8, Failure> {
-    let executions = reader(db)
+pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Result<u8, Failure> {
+    let mut executions = reader(db)
         .await?
         .executions()
         .await
         .map_err(Failure::usage)?;
+    if let Some(status) = status {
+        executions.retain(|e| status.selects(e.termination_reason.as_deref()));
+    }
     if json {
         output::json(&serde_json::json!(executions));
     } else {

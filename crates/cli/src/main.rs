@@ -87,7 +87,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
         Command::Replay { id, json } => inspect::replay(&db, &id, json).await,
-        Command::List { json } => inspect::list(&db, json).await,
+        Command::List { json, status } => inspect::list(&db, json, status).await,
         Command::Show { id, json } => inspect::show(&db, &id, json).await,
         Command::Events { id, json } => inspect::events(&db, &id, json).await,
         Command::Verify { id } => inspect::verify(&db, &id).await,
