@@ -723,39 +723,66 @@ async fn update_heads<C: GenericClient>(
     client.execute(UPDATE_HEADS, &params).await.map(|_| ())
 }
 
-/// Locks `execution`'s head row, creating it when the execution is new.
-async fn lock_head<C: GenericClient>(
+/// Locks the head rows of `ids` (sorted, distinct) in one statement, in id order, creating
+/// those of new executions. Another process creating one at the same moment wins its
+/// insert; the next select then waits for that process's lock.
+async fn lock_heads<'a, C: GenericClient>(
     client: &C,
-    execution: &str,
+    ids: &[&'a str],
     ts: &str,
-) -> Result<Head, tokio_postgres::Error> {
+) -> Result<BTreeMap<&'a str, Head>, tokio_postgres::Error> {
     let select = format!(
-        "SELECT {SUMMARY_COLUMNS}, head_hash FROM executions WHERE execution_id = $1 FOR UPDATE"
+        "SELECT {SUMMARY_COLUMNS}, head_hash FROM executions
+         WHERE execution_id = ANY($1) ORDER BY execution_id FOR UPDATE"
     );
+    let mut heads = BTreeMap::new();
     loop {
-        if let Some(row) = client.query_opt(&select, &[&execution]).await? {
+        let wanted: Vec<&str> = ids
+            .iter()
+            .copied()
+            .filter(|id| !heads.contains_key(id))
+            .collect();
+        for row in client.query(&select, &[&wanted]).await? {
             let row_summary = summary(&row)?;
-            return Ok(Head {
+            let head = Head {
                 seq: row_summary.events,
                 hash: row.try_get(15)?,
                 row: row_summary,
-            });
+            };
+            if let Some(id) = wanted.iter().find(|id| **id == head.row.execution_id) {
+                heads.insert(*id, head);
+            }
         }
-        // New: made here, locked by this transaction until it ends. Another process making
-        // it at the same moment wins the insert; the select then waits for its lock.
+        let missing: Vec<&str> = wanted
+            .into_iter()
+            .filter(|id| !heads.contains_key(id))
+            .collect();
+        if missing.is_empty() {
+            return Ok(heads);
+        }
         let made = client
-            .execute(
+            .query(
                 "INSERT INTO executions (execution_id, started_at, updated_at, head_hash)
-                 VALUES ($1, $2, $2, $3) ON CONFLICT (execution_id) DO NOTHING",
-                &[&execution, &ts, &GENESIS_HASH],
+                 SELECT id, $2, $2, $3 FROM UNNEST($1::text[]) AS id ORDER BY id
+                 ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id",
+                &[&missing, &ts, &GENESIS_HASH],
             )
             .await?;
-        if made == 1 {
-            return Ok(Head {
-                seq: 0,
-                hash: GENESIS_HASH.to_owned(),
-                row: ExecutionSummary::new(execution, ts),
-            });
+        for row in made {
+            let made: String = row.try_get(0)?;
+            if let Some(id) = missing.iter().find(|id| **id == made) {
+                heads.insert(
+                    *id,
+                    Head {
+                        seq: 0,
+                        hash: GENESIS_HASH.to_owned(),
+                        row: ExecutionSummary::new(id, ts),
+                    },
+                );
+            }
+        }
+        if heads.len() == ids.len() {
+            return Ok(heads);
         }
     }
 }
@@ -768,13 +795,10 @@ async fn commit(
     let ts = now_rfc3339();
     let tx = client.transaction().await?;
     // Locked in id order, so two writers locking overlapping sets never deadlock.
-    let mut heads: BTreeMap<&str, Head> = BTreeMap::new();
-    for write in writes {
-        heads.insert(write.execution_id.as_str(), Head::placeholder());
-    }
-    for (id, head) in &mut heads {
-        *head = lock_head(&tx, id, &ts).await?;
-    }
+    let mut ids: Vec<&str> = writes.iter().map(|w| w.execution_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut heads = lock_heads(&tx, &ids, &ts).await?;
     let mut events = EventColumns::default();
     let mut blocks = BlockColumns::default();
     let mut out = Vec::with_capacity(writes.len());
@@ -830,22 +854,15 @@ async fn commit(
             head: head.seq,
         });
     }
-    events.insert(&tx).await?;
-    blocks.insert(&tx).await?;
     let touched: Vec<&Head> = heads.values().collect();
-    update_heads(&tx, &touched, &ts).await?;
+    // Sent together: the connection pipelines them, one wait for the three.
+    tokio::try_join!(
+        events.insert(&tx),
+        blocks.insert(&tx),
+        update_heads(&tx, &touched, &ts)
+    )?;
     tx.commit().await?;
     Ok(out)
-}
-
-impl Head {
-    fn placeholder() -> Self {
-        Self {
-            seq: 0,
-            hash: String::new(),
-            row: ExecutionSummary::new("", ""),
-        }
-    }
 }
 
 /// The writer task: takes every write queued since its last commit and commits them in
