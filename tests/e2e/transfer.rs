@@ -230,3 +230,27 @@ fn a_run_writes_its_log_to_postgres_when_db_is_a_url() {
         stderr(&refused)
     );
 }
+
+#[test]
+fn a_bad_or_unreachable_postgres_url_is_one_line_without_the_password() {
+    let id = "01936f2e-0000-7000-8000-000000000000";
+    for (url, says) in [
+        (
+            "postgres://alice:hunter2@127.0.0.1:1/nerve",
+            "Connection refused",
+        ),
+        (
+            "postgres://alice:hunter2@127.0.0.1:notaport/nerve",
+            "not a PostgreSQL URL",
+        ),
+    ] {
+        for args in [&["list"][..], &["export", id], &["verify", id]] {
+            let output = nerve(Path::new(url), args);
+            assert_eq!(output.status.code(), Some(2), "{args:?}");
+            let message = stderr(&output);
+            assert_eq!(message.lines().count(), 1, "{message}");
+            assert!(message.contains(says), "{message}");
+            assert!(!message.contains("hunter2"), "{message}");
+        }
+    }
+}

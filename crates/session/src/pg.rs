@@ -45,6 +45,8 @@ const MAX_BATCH: usize = 1024;
 const POOL_SIZE: usize = 8;
 /// The advisory lock that serialises migrations between processes opening the log at once.
 const MIGRATION_LOCK: i64 = 0x6e65_7276_6531;
+/// How long connecting may take when the URL does not say (`connect_timeout`).
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Terms of a search beyond this many are dropped, as for the SQLite archive.
 const MAX_TERMS: usize = 32;
 const MAX_TERM_CHARS: usize = 64;
@@ -181,14 +183,18 @@ impl PgStore {
     /// creating or migrating its tables, and starts the writer task on the current Tokio
     /// runtime. Every payload, snapshot and archived message passes through `redactor`.
     pub async fn connect(url: &str, redactor: Arc<Redactor>) -> Result<Self, SessionError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| SessionError::Database {
-            log: "postgres".into(),
-            message: format!("not a PostgreSQL URL: {e}"),
-        })?;
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|e| SessionError::Database {
+                log: "postgres://…".into(),
+                message: format!("not a PostgreSQL URL: {}", with_causes(&e)),
+            })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
         let shown = shown_url(&config);
-        let err = |e: &dyn std::fmt::Display| SessionError::Database {
+        let err = |e: &dyn std::error::Error| SessionError::Database {
             log: shown.clone(),
-            message: e.to_string(),
+            message: with_causes(e),
         };
         let manager = Manager::from_config(
             config,
@@ -227,10 +233,10 @@ impl PgStore {
         &self.shown
     }
 
-    fn db_err(&self, e: &dyn std::fmt::Display) -> SessionError {
+    fn db_err(&self, e: &dyn std::error::Error) -> SessionError {
         SessionError::Database {
             log: self.shown.clone(),
-            message: e.to_string(),
+            message: with_causes(e),
         }
     }
 
@@ -453,6 +459,22 @@ impl PgStore {
             note,
         })
     }
+}
+
+/// An error and its causes in one line: the driver's own message is often only "error
+/// connecting to server", with the reason (connection refused, a bad password) below it.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let next = inner.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = inner.source();
+    }
+    text
 }
 
 /// `postgres://user@host:port/dbname`, never the password.
