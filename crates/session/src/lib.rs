@@ -10,6 +10,7 @@ mod event_store;
 mod pg;
 #[cfg(any(test, feature = "test-cluster"))]
 pub mod pg_cluster;
+mod pg_queue;
 mod replay;
 mod schema;
 mod store;
@@ -21,6 +22,7 @@ pub use archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
 pub use chain::{ChainError, GENESIS_HASH};
 pub use event_store::EventStore;
 pub use pg::{PgStore, is_postgres_url};
+pub use pg_queue::{Claim, QueueEntry};
 pub use replay::{
     COMPLETE_AT, CheckpointMark, CompactionRecord, Gap, GapKind, PendingApproval, ProxyTally,
     Replay, ResumeMark, replay,

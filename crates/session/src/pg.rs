@@ -38,7 +38,7 @@ use crate::store::{
 use crate::transfer::{ExecutionLog, LoggedEvent};
 
 /// The schema version this Nerve writes.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 /// The most writes committed in one transaction.
 const MAX_BATCH: usize = 1024;
 /// Connections for reads (the writer holds one more).
@@ -111,6 +111,20 @@ const MIGRATIONS: &[&str] = &[
     CREATE TRIGGER archive_no_truncate BEFORE TRUNCATE ON archive_blocks
         FOR EACH STATEMENT EXECUTE FUNCTION nerve_append_only();
     ",
+    // 2: the task queue: submitted executions, claimed by workers under a lease.
+    r"
+    CREATE TABLE queue (
+        execution_id TEXT PRIMARY KEY,
+        submitted_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        spec         TEXT NOT NULL,
+        state        TEXT NOT NULL DEFAULT 'queued'
+                     CHECK (state IN ('queued', 'claimed', 'finished', 'cancelled')),
+        worker       TEXT,
+        lease_until  TIMESTAMPTZ,
+        claims       INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX queue_ready ON queue (submitted_at) WHERE state IN ('queued', 'claimed');
+    ",
 ];
 
 const SUMMARY_COLUMNS: &str = "execution_id, started_at, updated_at, head_seq, task, loop_type, \
@@ -158,7 +172,7 @@ struct Job {
 #[derive(Debug)]
 pub struct PgStore {
     pool: Pool,
-    redactor: Arc<Redactor>,
+    pub(crate) redactor: Arc<Redactor>,
     jobs: mpsc::UnboundedSender<Job>,
     /// The URL without its password, for error messages.
     shown: String,
@@ -233,19 +247,19 @@ impl PgStore {
         &self.shown
     }
 
-    fn db_err(&self, e: &dyn std::error::Error) -> SessionError {
+    pub(crate) fn db_err(&self, e: &dyn std::error::Error) -> SessionError {
         SessionError::Database {
             log: self.shown.clone(),
             message: with_causes(e),
         }
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object, SessionError> {
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, SessionError> {
         self.pool.get().await.map_err(|e| self.db_err(&e))
     }
 
     /// Queues `write` for the writer (at once, in this call's first poll) and waits for it.
-    async fn submit(&self, write: Write) -> Result<Written, SessionError> {
+    async fn write(&self, write: Write) -> Result<Written, SessionError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
             .send(Job { write, reply })
@@ -968,7 +982,7 @@ impl EventSink for PgStore {
         let event = encode_event(&event, &self.redactor)
             .map_err(|e| SinkError(SessionError::Encode(e).to_string()))?;
         let written = self
-            .submit(Write::events(execution.to_string(), vec![event]))
+            .write(Write::events(execution.to_string(), vec![event]))
             .await
             .map_err(|e| SinkError(e.to_string()))?;
         written
@@ -1010,7 +1024,7 @@ impl EventSink for PgStore {
             None if encoded.is_empty() => return Ok(None),
             None => Write::events(execution.to_string(), encoded),
         };
-        let written = self.submit(write).await.map_err(sink_error)?;
+        let written = self.write(write).await.map_err(sink_error)?;
         Ok(checkpoint.map(|_| written.head))
     }
 }
@@ -1027,7 +1041,7 @@ impl EventStore for PgStore {
             return Ok(Vec::new());
         }
         Ok(self
-            .submit(Write::events(execution.to_string(), encoded))
+            .write(Write::events(execution.to_string(), encoded))
             .await?
             .seqs)
     }
@@ -1039,7 +1053,7 @@ impl EventStore for PgStore {
         snapshot: serde_json::Value,
     ) -> Result<u64, SessionError> {
         let write = encode_checkpoint(execution.to_string(), turn, &snapshot, &self.redactor)?;
-        Ok(self.submit(write).await?.head)
+        Ok(self.write(write).await?.head)
     }
 
     async fn put_blocks(
@@ -1048,7 +1062,7 @@ impl EventStore for PgStore {
         blocks: Vec<NewBlock>,
     ) -> Result<u64, SessionError> {
         let write = encode_blocks(execution.to_string(), &blocks, None, &self.redactor)?;
-        Ok(self.submit(write).await?.head)
+        Ok(self.write(write).await?.head)
     }
 
     async fn compact(
@@ -1059,7 +1073,7 @@ impl EventStore for PgStore {
     ) -> Result<u64, SessionError> {
         let event = Event::Compaction(compaction);
         let write = encode_blocks(execution.to_string(), &blocks, Some(&event), &self.redactor)?;
-        Ok(self.submit(write).await?.head)
+        Ok(self.write(write).await?.head)
     }
 
     async fn events(&self, execution: ExecutionId) -> Result<Vec<StoredEvent>, SessionError> {

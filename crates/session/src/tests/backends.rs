@@ -704,3 +704,118 @@ async fn a_damaged_or_reordered_export_names_its_first_bad_line() {
     check(owned()[1..].to_vec(), 1, "header");
     check(Vec::new(), 1, "empty");
 }
+
+// ---- the task queue (PostgreSQL) -----------------------------------------------------------
+
+/// Four workers (each its own store, as separate processes would be) claim twenty
+/// submitted executions at once: each is claimed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_workers_claim_each_queued_execution_once() {
+    let Some(store) = postgres(Redactor::new()).await else {
+        return;
+    };
+    let mut submitted = Vec::new();
+    for n in 0..20 {
+        let id = ExecutionId::new();
+        store
+            .submit(id, &serde_json::json!({"task": format!("task {n}")}))
+            .await
+            .unwrap();
+        submitted.push(id);
+    }
+    assert!(
+        store
+            .submit(submitted[0], &serde_json::json!({}))
+            .await
+            .is_err(),
+        "submitted once"
+    );
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let worker = PgStore::connect(store.url(), Arc::new(Redactor::new()))
+            .await
+            .unwrap();
+        workers.push(tokio::spawn(async move {
+            let name = format!("worker-{w}");
+            let mut claimed = Vec::new();
+            let lease = std::time::Duration::from_secs(60);
+            while let Some(claim) = worker.claim(&name, lease).await.unwrap() {
+                assert_eq!(claim.claims, 1);
+                assert!(
+                    worker
+                        .release(claim.execution_id, &name, true)
+                        .await
+                        .unwrap()
+                );
+                claimed.push(claim.execution_id);
+            }
+            claimed
+        }));
+    }
+    let mut claimed = Vec::new();
+    for worker in workers {
+        claimed.extend(worker.await.unwrap());
+    }
+    claimed.sort();
+    submitted.sort();
+    assert_eq!(claimed, submitted);
+    let queue = store.queue().await.unwrap();
+    assert!(queue.iter().all(|entry| entry.state == "finished"));
+}
+
+/// A worker whose lease runs out loses the execution: another claims it, and the stale
+/// worker's renew and release fail. A cancelled execution is never claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_is_claimed_again_and_the_stale_worker_learns_it() {
+    let canary = secrecy::SecretString::from(CANARY);
+    let redactor = Redactor::with_secrets([("canary", &canary)]).unwrap();
+    let Some(store) = postgres(redactor).await else {
+        return;
+    };
+    let (id, cancelled) = (ExecutionId::new(), ExecutionId::new());
+    store
+        .submit(id, &serde_json::json!({"task": format!("use {CANARY}")}))
+        .await
+        .unwrap();
+    store
+        .submit(cancelled, &serde_json::json!({"task": "never"}))
+        .await
+        .unwrap();
+    assert!(store.cancel(cancelled).await.unwrap());
+    let short = std::time::Duration::from_millis(1);
+    let long = std::time::Duration::from_secs(60);
+    let first = store.claim("stale", short).await.unwrap().unwrap();
+    assert_eq!(first.execution_id, id);
+    assert_eq!(first.spec["task"], "use [REDACTED:canary]");
+    // Claimable again once the lease has run out (polled, with a generous deadline).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let second = loop {
+        if let Some(claim) = store.claim("fresh", long).await.unwrap() {
+            break claim;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never claimable again"
+        );
+        tokio::task::yield_now().await;
+    };
+    assert_eq!((second.execution_id, second.claims), (id, 2));
+    assert!(!store.renew(id, "stale", long).await.unwrap());
+    assert!(!store.release(id, "stale", true).await.unwrap());
+    assert!(store.renew(id, "fresh", long).await.unwrap());
+    assert_eq!(store.claim("other", long).await.unwrap(), None);
+    // Given back (a draining worker), it is ready again.
+    assert!(store.release(id, "fresh", false).await.unwrap());
+    let third = store.claim("other", long).await.unwrap().unwrap();
+    assert_eq!((third.execution_id, third.claims), (id, 3));
+    assert!(store.cancel(id).await.unwrap());
+    assert!(!store.renew(id, "other", long).await.unwrap());
+    let states: Vec<String> = store
+        .queue()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.state)
+        .collect();
+    assert_eq!(states, ["cancelled", "cancelled"]);
+}
