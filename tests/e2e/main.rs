@@ -20,3 +20,4 @@ mod reaper;
 mod resume;
 mod sandbox;
 mod support;
+mod transfer;

@@ -1,6 +1,7 @@
 //! `cargo xtask`: every piece of project automation, in Rust rather than shell.
 //!
 //! - `ci`            what `.ci/run` runs: prerequisites, fmt, clippy, the whole test suite
+//!   (with a throwaway PostgreSQL cluster unless `NERVE_TEST_PG` names a server)
 //! - `test-sandbox`  build the sandbox image and run every Docker-dependent test
 //! - `image`         (re)build the default sandbox image `nerve-sandbox:latest` and the static
 //!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
@@ -89,18 +90,52 @@ fn ci() -> Result<()> {
     let executor = image(false)?;
     // The end-to-end tests drive the real binary.
     run(cargo().args(["build", "--package", "nerve-cli"]))?;
-    // Docker tests must run here: a missing engine is a failure, never a skip.
+    let (postgres_url, _cluster) = ensure_postgres()?;
+    // Docker (and PostgreSQL) tests must run here: a missing one is a failure, never a skip.
     run(cargo()
         .args(["test", "--workspace"])
         .env("NERVE_REQUIRE_DOCKER", "1")
+        .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
         .env(nerve_hands::EXECUTOR_ENV, &executor))
+}
+
+/// The PostgreSQL server the tests use: the one `NERVE_TEST_PG` names, or a throwaway
+/// cluster started here (Debian's `postgresql` installed first when missing and we are
+/// root), stopped and removed when the returned guard is dropped.
+fn ensure_postgres() -> Result<(String, Option<nerve_session::pg_cluster::PgCluster>)> {
+    let var = nerve_session::pg_cluster::TEST_SERVER_VAR;
+    if let Some(url) = std::env::var(var).ok().filter(|url| !url.is_empty()) {
+        return Ok((url, None));
+    }
+    let installed = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|major| major.path().join("bin/postgres").exists());
+    if !installed {
+        let is_root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0"));
+        if !is_root {
+            bail!(
+                "the PostgreSQL log's tests need a server: sudo apt-get install postgresql, or set {var} to a server's URL"
+            );
+        }
+        apt_install(&["postgresql"])?;
+    }
+    eprintln!("starting a throwaway PostgreSQL cluster for the tests");
+    let cluster = nerve_session::pg_cluster::PgCluster::start()?;
+    Ok((cluster.url("postgres"), Some(cluster)))
 }
 
 fn test_sandbox() -> Result<()> {
     let executor = image(false)?;
     // The end-to-end tests drive the real `nerve` binary.
     run(cargo().args(["build", "--package", "nerve-cli"]))?;
+    let (postgres_url, _cluster) = ensure_postgres()?;
     run(cargo()
+        .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
         .args([
             "test",
             "-p",

@@ -13,8 +13,9 @@ use crate::Failure;
     about = "Run an LLM agent in a hardened sandbox, with a log you can replay and resume."
 )]
 pub(crate) struct Cli {
-    /// The SQLite event log (default: $XDG_STATE_HOME/nerve/nerve.db).
-    #[arg(long, global = true, env = "NERVE_DB", value_name = "PATH")]
+    /// The event log: a SQLite file (default: $XDG_STATE_HOME/nerve/nerve.db), or a
+    /// PostgreSQL server as postgres://user@host:port/dbname.
+    #[arg(long, global = true, env = "NERVE_DB", value_name = "PATH|URL")]
     pub(crate) db: Option<PathBuf>,
     /// A TOML configuration file.
     #[arg(long, global = true, env = "NERVE_CONFIG", value_name = "PATH")]
@@ -55,6 +56,9 @@ pub(crate) enum Command {
     List {
         #[arg(long)]
         json: bool,
+        /// Only executions in this state.
+        #[arg(long, value_enum)]
+        status: Option<StatusArg>,
     },
     /// One execution: task, status, turns, cost, termination.
     Show {
@@ -88,6 +92,13 @@ pub(crate) enum Command {
         /// Only this execution's containers (its full id).
         id: Option<String>,
     },
+    /// Write an execution's log (events, hashes, snapshots, archive) as JSON Lines to stdout.
+    Export { id: String },
+    /// Load an exported execution into this log; it verifies as it did where it came from.
+    Import {
+        /// A file written by `nerve export` (`-` for stdin).
+        file: PathBuf,
+    },
     /// Decide the pending approvals of a parked execution.
     Approve {
         id: String,
@@ -98,6 +109,52 @@ pub(crate) enum Command {
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
     },
+}
+
+/// What `list --status` selects: a state, or one termination reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StatusArg {
+    /// Submitted and not yet claimed by a worker (the task queue; none before it exists).
+    Queued,
+    /// Not finished: running now, or stopped without a finish event (crashed).
+    Running,
+    Completed,
+    /// Waiting for an approval (`nerve approve`).
+    Parked,
+    /// Finished without completing: any termination other than completed and parked.
+    Failed,
+    #[value(name = "max_turns")]
+    MaxTurns,
+    #[value(name = "budget_exhausted")]
+    BudgetExhausted,
+    Shutdown,
+    #[value(name = "timed_out")]
+    TimedOut,
+    Stagnation,
+    Error,
+}
+
+impl StatusArg {
+    /// Whether an execution that ended with `termination_reason` (`None`: not finished) is
+    /// in this state.
+    pub(crate) fn selects(self, termination_reason: Option<&str>) -> bool {
+        let wanted = match self {
+            Self::Queued => return false,
+            Self::Running => return termination_reason.is_none(),
+            Self::Failed => {
+                return termination_reason.is_some_and(|r| r != "completed" && r != "parked");
+            }
+            Self::Completed => "completed",
+            Self::Parked => "parked",
+            Self::MaxTurns => "max_turns",
+            Self::BudgetExhausted => "budget_exhausted",
+            Self::Shutdown => "shutdown",
+            Self::TimedOut => "timed_out",
+            Self::Stagnation => "stagnation",
+            Self::Error => "error",
+        };
+        termination_reason == Some(wanted)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -156,4 +213,36 @@ pub(crate) struct RunArgs {
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StatusArg;
+
+    fn check(status: StatusArg, selected: &[Option<&str>]) {
+        let all = [
+            None,
+            Some("completed"),
+            Some("parked"),
+            Some("max_turns"),
+            Some("error"),
+            Some("shutdown"),
+        ];
+        let got: Vec<Option<&str>> = all.into_iter().filter(|r| status.selects(*r)).collect();
+        assert_eq!(got, selected, "{status:?}");
+    }
+
+    #[test]
+    fn list_status_selects_by_state_or_reason() {
+        check(StatusArg::Queued, &[]);
+        check(StatusArg::Running, &[None]);
+        check(StatusArg::Completed, &[Some("completed")]);
+        check(StatusArg::Parked, &[Some("parked")]);
+        check(
+            StatusArg::Failed,
+            &[Some("max_turns"), Some("error"), Some("shutdown")],
+        );
+        check(StatusArg::MaxTurns, &[Some("max_turns")]);
+        check(StatusArg::Shutdown, &[Some("shutdown")]);
+    }
 }

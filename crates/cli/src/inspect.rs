@@ -1,28 +1,21 @@
-//! The read-only commands: `replay`, `list`, `show`, `events`, `verify`. They open the log
-//! read-only, so they never block a run that is writing it.
+//! The read-only commands: `replay`, `list`, `show`, `events`, `verify`. A SQLite log is
+//! opened read-only, so they never block a run that is writing it; a PostgreSQL log is read
+//! through its store (see `log.rs`).
 
 use std::path::Path;
 
 use nerve_core::ExecutionId;
-use nerve_session::{Replay, Store, StoredEvent};
+use nerve_session::{Replay, StoredEvent};
 
 use crate::Failure;
+use crate::args::StatusArg;
+use crate::log::{Reader, reader};
 use crate::output;
 
-fn open(db: &Path) -> Result<Store, Failure> {
-    if !db.exists() {
-        return Err(Failure::usage(format!(
-            "no event log at {} (run `nerve run` first, or pass --db)",
-            db.display()
-        )));
-    }
-    Store::open_read_only(db).map_err(Failure::usage)
-}
-
-fn load(db: &Path, id: &str) -> Result<(Store, ExecutionId, Vec<StoredEvent>), Failure> {
+async fn load(db: &Path, id: &str) -> Result<(Reader, ExecutionId, Vec<StoredEvent>), Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
-    let store = open(db)?;
-    let events = store.events(&execution).map_err(Failure::usage)?;
+    let store = reader(db).await?;
+    let events = store.events(execution).await.map_err(Failure::usage)?;
     Ok((store, execution, events))
 }
 
@@ -47,10 +40,13 @@ pub(crate) fn replay_json(replayed: &Replay) -> serde_json::Value {
     })
 }
 
-pub(crate) fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+pub(crate) async fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
-    // Streams the rows: one thread verifies the chain while another decodes.
-    let replayed = open(db)?.replay(&execution).map_err(Failure::usage)?;
+    let replayed = reader(db)
+        .await?
+        .replay(execution)
+        .await
+        .map_err(Failure::usage)?;
     if json {
         output::json(&replay_json(&replayed));
     } else {
@@ -87,8 +83,15 @@ pub(crate) fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
     Ok(0)
 }
 
-pub(crate) fn list(db: &Path, json: bool) -> Result<u8, Failure> {
-    let executions = open(db)?.executions().map_err(Failure::usage)?;
+pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Result<u8, Failure> {
+    let mut executions = reader(db)
+        .await?
+        .executions()
+        .await
+        .map_err(Failure::usage)?;
+    if let Some(status) = status {
+        executions.retain(|e| status.selects(e.termination_reason.as_deref()));
+    }
     if json {
         output::json(&serde_json::json!(executions));
     } else {
@@ -108,12 +111,12 @@ pub(crate) fn list(db: &Path, json: bool) -> Result<u8, Failure> {
     Ok(0)
 }
 
-pub(crate) fn show(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
-    replay(db, id, json)
+pub(crate) async fn show(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+    replay(db, id, json).await
 }
 
-pub(crate) fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
-    let (_, _, events) = load(db, id)?;
+pub(crate) async fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+    let (_, _, events) = load(db, id).await?;
     if json {
         let list: Vec<serde_json::Value> = events
             .iter()
@@ -144,9 +147,9 @@ pub(crate) fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
     Ok(0)
 }
 
-pub(crate) fn verify(db: &Path, id: &str) -> Result<u8, Failure> {
-    let (store, execution, _) = load(db, id)?;
-    match store.verify(&execution).map_err(Failure::usage)? {
+pub(crate) async fn verify(db: &Path, id: &str) -> Result<u8, Failure> {
+    let (store, execution, _) = load(db, id).await?;
+    match store.verify(execution).await.map_err(Failure::usage)? {
         Ok(count) => {
             output::line(&format!("ok: {count} events, hash chain intact"));
             Ok(0)

@@ -10,12 +10,14 @@ mod config;
 #[cfg(test)]
 mod config_doc_test;
 mod inspect;
+mod log;
 mod output;
 mod progress;
 mod provider;
 mod reap;
 mod resume;
 mod run;
+mod transfer;
 
 use std::process::ExitCode;
 
@@ -73,13 +75,25 @@ fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let db = cli.db_path()?;
+    if log::is_postgres(&db)
+        && matches!(
+            cli.command,
+            Command::Resume { .. } | Command::Approve { .. }
+        )
+    {
+        return Err(Failure::usage(
+            "resume and approve do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
+        ));
+    }
     match cli.command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
-        Command::Replay { id, json } => inspect::replay(&db, &id, json),
-        Command::List { json } => inspect::list(&db, json),
-        Command::Show { id, json } => inspect::show(&db, &id, json),
-        Command::Events { id, json } => inspect::events(&db, &id, json),
-        Command::Verify { id } => inspect::verify(&db, &id),
+        Command::Replay { id, json } => inspect::replay(&db, &id, json).await,
+        Command::List { json, status } => inspect::list(&db, json, status).await,
+        Command::Show { id, json } => inspect::show(&db, &id, json).await,
+        Command::Events { id, json } => inspect::events(&db, &id, json).await,
+        Command::Verify { id } => inspect::verify(&db, &id).await,
+        Command::Export { id } => transfer::export(&db, &id).await,
+        Command::Import { file } => transfer::import(&db, &file).await,
         Command::Resume { id, provider, json } => {
             run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), json).await
         }

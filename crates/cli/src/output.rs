@@ -21,3 +21,14 @@ pub(crate) fn error_line(text: &str) {
 pub(crate) fn json(value: &serde_json::Value) {
     line(&value.to_string());
 }
+
+/// Hands stdout to `write` (a whole export); a broken pipe is not an error.
+pub(crate) fn write_with(
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    match write(&mut out).and_then(|()| out.flush()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}

@@ -12,7 +12,6 @@ use nerve_core::{
 use nerve_hands::{
     DEFAULT_IMAGE, ImageSource, ProxyListener, Sandbox, SandboxConfig, SandboxTools,
 };
-use nerve_session::SqliteSink;
 use secrecy::SecretString;
 use tokio_util::sync::CancellationToken;
 
@@ -245,7 +244,7 @@ impl Launch<'_> {
         sandbox: &Arc<Sandbox>,
         proxy: ProxyListener,
     ) -> Result<ExecutionResult, Failure> {
-        let log = Arc::new(SqliteSink::open(self.db, redactor).map_err(Failure::usage)?);
+        let log = crate::log::writer(self.db, redactor).await?;
         // The model table gives prices and the context window; --context-window wins.
         let model = self
             .config

@@ -209,7 +209,7 @@ pub(crate) fn sha256_hex(text: &str) -> String {
 /// scanned once and re-encoded string by string only when something matched: replacing in
 /// the JSON text directly could cut through a closing quote (a truncated private key runs
 /// to the end of the text) and corrupt the document.
-fn redacted_json<T: serde::Serialize + ?Sized>(
+pub(crate) fn redacted_json<T: serde::Serialize + ?Sized>(
     value: &T,
     redactor: &Redactor,
 ) -> Result<String, serde_json::Error> {
@@ -241,7 +241,7 @@ fn redact_strings(value: &mut serde_json::Value, redactor: &Redactor) {
     }
 }
 
-fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
+pub(crate) fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
     match event {
         Event::Started(started) => IndexUpdate::Started {
             task: redactor.redact(&started.task).into_owned(),

@@ -16,6 +16,7 @@ use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock};
 use crate::chain::ChainError;
 use crate::replay::Replay;
 use crate::store::{ExecutionSummary, ResumePoint, StoredCheckpoint, StoredEvent};
+use crate::transfer::ExecutionLog;
 
 /// An event log backend: appends (through [`EventSink`] and [`EventStore::append_all`]),
 /// checkpoints, the archive, and the reads behind `replay`, `list`, `show` and `resume`.
@@ -103,4 +104,14 @@ pub trait EventStore: EventSink {
         query: String,
         limit: usize,
     ) -> Result<Vec<ArchiveHit>, SessionError>;
+
+    /// Every event of `execution` with its snapshot, and its archive blocks, read from one
+    /// snapshot of the log: what `nerve export` writes.
+    async fn export(&self, execution: ExecutionId) -> Result<ExecutionLog, SessionError>;
+
+    /// Loads a log checked by [`crate::parse_log`] as it is, in one transaction: events
+    /// keep their times and hashes, so the execution verifies here as it did where it was
+    /// exported. Refused, with nothing written, when the execution already has events in
+    /// this log. Returns the number of events written.
+    async fn import(&self, log: ExecutionLog) -> Result<u64, SessionError>;
 }

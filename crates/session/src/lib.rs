@@ -1,4 +1,4 @@
-//! Nerve's event log: an append-only SQLite store with a per-execution hash chain, a
+//! Nerve's event log: an append-only SQLite store (or a shared PostgreSQL one) with a per-execution hash chain, a
 //! group-committing writer that implements [`nerve_core::EventSink`] and [`EventStore`],
 //! checkpoints and an archive with full-text search beside the log, an executions index,
 //! and a pure replay that rebuilds an execution and scores how completely it was recorded.
@@ -7,20 +7,30 @@ mod archive;
 mod chain;
 mod encode;
 mod event_store;
+mod pg;
+#[cfg(any(test, feature = "test-cluster"))]
+pub mod pg_cluster;
+mod pg_queue;
 mod replay;
 mod schema;
 mod store;
+mod transfer;
 mod wal;
 mod writer;
 
 pub use archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
 pub use chain::{ChainError, GENESIS_HASH, verify_events};
 pub use event_store::EventStore;
+pub use pg::{PgStore, is_postgres_url};
+pub use pg_queue::{Claim, QueueEntry};
 pub use replay::{
     COMPLETE_AT, CheckpointMark, CompactionRecord, Gap, GapKind, PendingApproval, ProxyTally,
     Replay, ResumeMark, replay,
 };
 pub use store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint, StoredEvent};
+pub use transfer::{
+    EXPORT_FORMAT, EXPORT_VERSION, ExecutionLog, ImportError, LoggedEvent, parse_log, write_log,
+};
 pub use writer::SqliteSink;
 
 /// Errors of the event log. None of them is retryable by the caller: a database that
@@ -36,6 +46,11 @@ pub enum SessionError {
         #[source]
         source: rusqlite::Error,
     },
+    /// A database server (the PostgreSQL log) could not be reached, migrated or queried;
+    /// `log` names it without its password. Returned by every [`PgStore`] method. Whether
+    /// a retry helps depends on the cause (a server restarting, yes; a bad URL, no).
+    #[error("event log {log}: {message}")]
+    Database { log: String, message: String },
     /// The database was written by a newer Nerve. Returned by [`Store::open`].
     #[error(
         "event log {path} has schema version {found}, newer than this nerve understands ({supported})"

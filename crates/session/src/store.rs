@@ -32,6 +32,7 @@ use crate::schema::{
     SCHEMA_VERSION, V2, V3, V4, derived_executions, execution_columns, migrate, user_version,
     with_last_event, with_last_keyed_event,
 };
+use crate::transfer::{ExecutionLog, LoggedEvent};
 use crate::wal::{WalFlush, WalRoom};
 
 /// Chain heads cached by a writing connection beyond this many are forgotten (they are
@@ -100,7 +101,7 @@ pub struct ExecutionSummary {
 }
 
 impl ExecutionSummary {
-    fn new(execution_id: &str, ts: &str) -> Self {
+    pub(crate) fn new(execution_id: &str, ts: &str) -> Self {
         Self {
             execution_id: execution_id.to_owned(),
             started_at: ts.to_owned(),
@@ -120,7 +121,7 @@ impl ExecutionSummary {
         }
     }
 
-    fn apply(&mut self, update: &IndexUpdate) {
+    pub(crate) fn apply(&mut self, update: &IndexUpdate) {
         match update {
             IndexUpdate::Nothing => {}
             IndexUpdate::Started {
@@ -951,6 +952,187 @@ impl Store {
     }
 }
 
+// ---- moving a log between backends ---------------------------------------------------------
+
+impl Store {
+    /// Every event of `execution` with its snapshot, and its archive blocks, read in one
+    /// transaction: what `nerve export` writes.
+    pub fn export(&self, execution: &ExecutionId) -> Result<ExecutionLog, SessionError> {
+        let id = execution.to_string();
+        let err = |e| self.sql_err(e);
+        let tx = self.conn.unchecked_transaction().map_err(err)?;
+        let sql = if self.schema >= V4 {
+            "SELECT e.execution_id, e.seq, e.ts, e.kind, e.version, e.payload, e.prev_hash, e.hash,
+                    e.snapshot
+             FROM execution_keys k JOIN events e ON e.execution = k.key
+             WHERE k.execution_id = ?1 ORDER BY e.seq"
+        } else if self.schema >= V2 {
+            "SELECT e.execution_id, e.seq, e.ts, e.kind, e.version, e.payload, e.prev_hash, e.hash,
+                    c.snapshot
+             FROM events e LEFT JOIN checkpoints c
+               ON c.execution_id = e.execution_id AND c.seq = e.seq
+             WHERE e.execution_id = ?1 ORDER BY e.seq"
+        } else {
+            "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash, NULL
+             FROM events WHERE execution_id = ?1 ORDER BY seq"
+        };
+        let events = tx
+            .prepare(sql)
+            .and_then(|mut stmt| {
+                stmt.query_map([&id], |row| {
+                    Ok(LoggedEvent {
+                        event: StoredEvent {
+                            execution_id: row.get(0)?,
+                            seq: to_u64(row.get(1)?),
+                            ts: row.get(2)?,
+                            kind: row.get(3)?,
+                            version: row.get(4)?,
+                            payload: row.get(5)?,
+                            prev_hash: row.get(6)?,
+                            hash: row.get(7)?,
+                        },
+                        snapshot: row.get(8)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(err)?;
+        if events.is_empty() {
+            return Err(SessionError::UnknownExecution(id));
+        }
+        let mut blocks = Vec::new();
+        if self.schema >= V2 {
+            let sql = if self.schema >= V3 {
+                "SELECT block_id FROM archive_blocks WHERE execution_id = ?1 ORDER BY id"
+            } else {
+                "SELECT block_id FROM archive_blocks WHERE execution_id = ?1 ORDER BY rowid"
+            };
+            let ids = tx
+                .prepare(sql)
+                .and_then(|mut stmt| {
+                    stmt.query_map([&id], |row| row.get::<_, String>(0))?
+                        .collect::<rusqlite::Result<Vec<_>>>()
+                })
+                .map_err(err)?;
+            for block in ids {
+                let block: BlockId = block.parse().map_err(|e| {
+                    SessionError::Corrupt(format!("archive block id {block:?}: {e}"))
+                })?;
+                if let Some(found) = self.archive_block(execution, &block)? {
+                    blocks.push(found);
+                }
+            }
+        }
+        tx.finish().map_err(err)?;
+        Ok(ExecutionLog {
+            execution_id: id,
+            events,
+            blocks,
+        })
+    }
+
+    /// Loads a log checked by [`crate::parse_log`] as it is, in one transaction: its events
+    /// keep their times and hashes. Refused, with nothing written, when the execution
+    /// already has events here. Returns the number of events written.
+    pub fn import(&mut self, log: &ExecutionLog) -> Result<u64, SessionError> {
+        let id = log.execution_id.as_str();
+        let (first, last) = match (log.events.first(), log.events.last()) {
+            (Some(first), Some(last)) => (&first.event, &last.event),
+            _ => return Err(SessionError::Corrupt("an import without events".into())),
+        };
+        let Self {
+            conn, path, heads, ..
+        } = self;
+        let err = |source| SessionError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let head = load_head(&tx, id, &first.ts).map_err(err)?;
+        if head.seq > 0 {
+            return Err(SessionError::Write(format!(
+                "execution {id} is already in this log; nothing was imported"
+            )));
+        }
+        let mut row = ExecutionSummary::new(id, &first.ts);
+        let plain = Redactor::new();
+        {
+            let mut insert = tx.prepare_cached(INSERT_EVENT).map_err(err)?;
+            for logged in &log.events {
+                let e = &logged.event;
+                if let Ok(event) = serde_json::from_str::<Event>(&e.payload) {
+                    row.apply(&crate::encode::index_update(&event, &plain));
+                }
+                insert
+                    .execute(params![
+                        id,
+                        to_i64(e.seq),
+                        e.ts,
+                        e.kind,
+                        e.version,
+                        e.payload,
+                        e.prev_hash,
+                        e.hash,
+                        head.key,
+                        logged.snapshot
+                    ])
+                    .map_err(err)?;
+            }
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO archive_blocks (block_id, execution_id, created_seq, ts, messages, note, text)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .map_err(err)?;
+            for block in &log.blocks {
+                let mut text = block.note.clone();
+                text.push('\n');
+                text.push_str(&crate::archive::searchable_text(&block.messages));
+                insert
+                    .execute(params![
+                        block.block_id.to_string(),
+                        id,
+                        to_i64(block.created_seq),
+                        block.ts,
+                        serde_json::to_string(&block.messages)?,
+                        block.note,
+                        text
+                    ])
+                    .map_err(err)?;
+            }
+            tx.prepare_cached(concat!(
+                "INSERT INTO executions (",
+                execution_columns!(),
+                ", as_of) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+            ))
+            .and_then(|mut upsert| {
+                upsert.execute(params![
+                    row.execution_id,
+                    row.started_at,
+                    row.task,
+                    row.loop_type,
+                    row.model,
+                    row.task_status,
+                    row.termination_reason,
+                    row.error,
+                    row.total_turns,
+                    to_i64(row.input_tokens),
+                    to_i64(row.output_tokens),
+                    to_i64(row.cost_micro_usd),
+                    row.resumes,
+                    to_i64(last.seq)
+                ])
+            })
+            .map_err(err)?;
+        }
+        tx.commit().map_err(err)?;
+        heads.remove(id);
+        Ok(last.seq)
+    }
+}
+
 /// Where [`Store::replay`] decodes: on a second thread fed with batches of payloads, or
 /// here when no thread can be had.
 enum Decoder<'scope> {
@@ -1268,16 +1450,16 @@ fn load_head(conn: &Connection, execution: &str, ts: &str) -> rusqlite::Result<H
     })
 }
 
-fn to_i64(n: u64) -> i64 {
+pub(crate) fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn to_u64(n: i64) -> u64 {
+pub(crate) fn to_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
 /// Fixed-width UTC timestamps (microseconds, always six digits), so they sort as text.
-fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     let now = time::OffsetDateTime::now_utc();
     format!(
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",

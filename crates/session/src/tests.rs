@@ -1723,3 +1723,5 @@ async fn the_sink_is_the_archive_brain_compacts_into() {
         "a block id is archived once"
     );
 }
+
+mod backends;

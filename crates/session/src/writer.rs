@@ -37,6 +37,7 @@ use crate::encode::{
 use crate::event_store::EventStore;
 use crate::replay::Replay;
 use crate::store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint, StoredEvent};
+use crate::transfer::ExecutionLog;
 use crate::wal::WalFlush;
 
 /// The most rows committed in one transaction. Large enough that a burst of appends from
@@ -80,6 +81,8 @@ pub struct SqliteSink {
     jobs: Arc<Queue>,
     redactor: Arc<Redactor>,
     reader: Arc<Mutex<Store>>,
+    /// The database file, for imports (which write on their own connection).
+    path: std::path::PathBuf,
 }
 
 impl SqliteSink {
@@ -111,6 +114,7 @@ impl SqliteSink {
             jobs,
             redactor,
             reader: Arc::new(Mutex::new(reader)),
+            path: path.to_path_buf(),
         })
     }
 
@@ -716,6 +720,18 @@ impl EventStore for SqliteSink {
     ) -> Result<Vec<ArchiveHit>, SessionError> {
         self.read(move |store| store.search_archive(&execution, &query, limit))
             .await
+    }
+    async fn export(&self, execution: ExecutionId) -> Result<ExecutionLog, SessionError> {
+        self.read(move |store| store.export(&execution)).await
+    }
+
+    async fn import(&self, log: ExecutionLog) -> Result<u64, SessionError> {
+        // Its own writing connection: the events keep their times and hashes, which the
+        // group-committing writer never does.
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || Store::open(&path)?.import(&log))
+            .await
+            .map_err(|_| SessionError::WriterGone)?
     }
 }
 

@@ -1,0 +1,108 @@
+//! Which log `--db` (or `NERVE_DB`) names, and opening it: a SQLite file (the default), or
+//! a PostgreSQL server when the value is a `postgres://…` or `postgresql://…` URL.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use nerve_core::{ContextArchive, ExecutionId, Redactor};
+use nerve_session::{
+    ChainError, EventStore, ExecutionLog, ExecutionSummary, PgStore, Replay, SessionError,
+    SqliteSink, Store, StoredEvent, is_postgres_url,
+};
+
+use crate::Failure;
+
+/// Everything a run needs from a log: the engine's sink, the archive, and the reads.
+pub(crate) trait Log: EventStore + ContextArchive {}
+impl<T: EventStore + ContextArchive> Log for T {}
+
+/// Whether `db` is a PostgreSQL URL rather than a SQLite path.
+pub(crate) fn is_postgres(db: &Path) -> bool {
+    db.to_str().is_some_and(is_postgres_url)
+}
+
+/// Opens `db` for writing: creating and migrating it when needed.
+pub(crate) async fn writer(db: &Path, redactor: Arc<Redactor>) -> Result<Arc<dyn Log>, Failure> {
+    if let Some(url) = db.to_str().filter(|db| is_postgres_url(db)) {
+        let store = PgStore::connect(url, redactor)
+            .await
+            .map_err(Failure::usage)?;
+        return Ok(Arc::new(store));
+    }
+    Ok(Arc::new(
+        SqliteSink::open(db, redactor).map_err(Failure::usage)?,
+    ))
+}
+
+/// A log opened for the read-only commands. A SQLite file is opened read-only (never
+/// created, migrated or locked against a writer); a PostgreSQL log through its store.
+pub(crate) enum Reader {
+    Sqlite(Store),
+    Postgres(PgStore),
+}
+
+/// Opens `db` for reading; a SQLite file must exist.
+pub(crate) async fn reader(db: &Path) -> Result<Reader, Failure> {
+    if let Some(url) = db.to_str().filter(|db| is_postgres_url(db)) {
+        let store = PgStore::connect(url, Arc::new(Redactor::new()))
+            .await
+            .map_err(Failure::usage)?;
+        return Ok(Reader::Postgres(store));
+    }
+    if !db.exists() {
+        return Err(Failure::usage(format!(
+            "no event log at {} (run `nerve run` first, or pass --db)",
+            db.display()
+        )));
+    }
+    Ok(Reader::Sqlite(
+        Store::open_read_only(db).map_err(Failure::usage)?,
+    ))
+}
+
+impl Reader {
+    pub(crate) async fn events(
+        &self,
+        execution: ExecutionId,
+    ) -> Result<Vec<StoredEvent>, SessionError> {
+        match self {
+            Self::Sqlite(store) => store.events(&execution),
+            Self::Postgres(store) => store.events(execution).await,
+        }
+    }
+
+    pub(crate) async fn replay(&self, execution: ExecutionId) -> Result<Replay, SessionError> {
+        match self {
+            // Streams the rows: one thread verifies the chain while another decodes.
+            Self::Sqlite(store) => store.replay(&execution),
+            Self::Postgres(store) => store.replay(execution).await,
+        }
+    }
+
+    pub(crate) async fn verify(
+        &self,
+        execution: ExecutionId,
+    ) -> Result<Result<u64, ChainError>, SessionError> {
+        match self {
+            Self::Sqlite(store) => store.verify(&execution),
+            Self::Postgres(store) => store.verify(execution).await,
+        }
+    }
+
+    pub(crate) async fn executions(&self) -> Result<Vec<ExecutionSummary>, SessionError> {
+        match self {
+            Self::Sqlite(store) => store.executions(),
+            Self::Postgres(store) => store.executions().await,
+        }
+    }
+
+    pub(crate) async fn export(
+        &self,
+        execution: ExecutionId,
+    ) -> Result<ExecutionLog, SessionError> {
+        match self {
+            Self::Sqlite(store) => store.export(&execution),
+            Self::Postgres(store) => store.export(execution).await,
+        }
+    }
+}

@@ -1,0 +1,1323 @@
+//! The PostgreSQL event log: the same events, encoding, redaction and hash chain as the
+//! SQLite log, in a server that many workers on many machines share.
+//!
+//! Writes go through one writer task per process that commits whatever is queued in one
+//! transaction (group commit), as the SQLite writer does; the queue is filled when a write
+//! is first polled, so a sink keeps the order in which an engine issues its commits. Each
+//! transaction takes the head rows of the executions it appends to `FOR UPDATE`, in
+//! execution-id order (so two processes never deadlock): sequence numbers stay gap-free and
+//! the chain linear under any number of concurrent writers. `synchronous_commit` is on, so
+//! a write returns once it is durable on the server. Reads go through a small pool.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use nerve_core::event::Compaction;
+use nerve_core::{
+    ArchivedBlock, BlockId, ContextArchive, Event, EventSink, ExecutionId, Message, RecallHit,
+    Redactor, SinkError, Snapshot,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{GenericClient, NoTls, Row};
+
+use crate::SessionError;
+use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, searchable_text};
+use crate::chain::{ChainCheck, ChainError, GENESIS_HASH, event_hash};
+use crate::encode::{
+    EncodedEvent, Write, Written, encode_blocks, encode_checkpoint, encode_checkpoint_after,
+    encode_event, index_update, sha256_hex,
+};
+use crate::event_store::EventStore;
+use crate::replay::{Replay, replay};
+use crate::store::{
+    ExecutionSummary, ResumePoint, StoredCheckpoint, StoredEvent, now_rfc3339, to_i64, to_u64,
+};
+use crate::transfer::{ExecutionLog, LoggedEvent};
+
+/// The schema version this Nerve writes.
+const SCHEMA_VERSION: i64 = 2;
+/// The most writes committed in one transaction.
+const MAX_BATCH: usize = 1024;
+/// Connections for reads (the writer holds one more).
+const POOL_SIZE: usize = 8;
+/// The advisory lock that serialises migrations between processes opening the log at once.
+const MIGRATION_LOCK: i64 = 0x6e65_7276_6531;
+/// How long connecting may take when the URL does not say (`connect_timeout`).
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Terms of a search beyond this many are dropped, as for the SQLite archive.
+const MAX_TERMS: usize = 32;
+const MAX_TERM_CHARS: usize = 64;
+
+/// Each entry migrates from version `index` to `index + 1`. Never edited once released.
+const MIGRATIONS: &[&str] = &[
+    // 1: the log, the executions index with each execution's chain head, the archive.
+    r"
+    CREATE TABLE executions (
+        execution_id       TEXT PRIMARY KEY,
+        started_at         TEXT NOT NULL,
+        updated_at         TEXT NOT NULL,
+        head_seq           BIGINT NOT NULL DEFAULT 0,
+        head_hash          TEXT NOT NULL,
+        task               TEXT,
+        loop_type          TEXT,
+        model              TEXT,
+        task_status        TEXT,
+        termination_reason TEXT,
+        error              TEXT,
+        total_turns        BIGINT NOT NULL DEFAULT 0,
+        input_tokens       BIGINT NOT NULL DEFAULT 0,
+        output_tokens      BIGINT NOT NULL DEFAULT 0,
+        cost_micro_usd     BIGINT NOT NULL DEFAULT 0,
+        resumes            BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE INDEX executions_newest ON executions (started_at DESC, execution_id DESC);
+    CREATE TABLE events (
+        execution_id TEXT NOT NULL,
+        seq          BIGINT NOT NULL CHECK (seq >= 1),
+        ts           TEXT NOT NULL,
+        kind         TEXT NOT NULL,
+        version      INTEGER NOT NULL,
+        payload      TEXT NOT NULL,
+        prev_hash    TEXT NOT NULL,
+        hash         TEXT NOT NULL,
+        snapshot     TEXT,
+        PRIMARY KEY (execution_id, seq)
+    );
+    CREATE TABLE archive_blocks (
+        block_id     TEXT PRIMARY KEY,
+        execution_id TEXT NOT NULL,
+        created_seq  BIGINT NOT NULL,
+        ts           TEXT NOT NULL,
+        messages     TEXT NOT NULL,
+        note         TEXT NOT NULL,
+        text         TEXT NOT NULL,
+        search       TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', text)) STORED
+    );
+    CREATE INDEX archive_by_execution ON archive_blocks (execution_id, created_seq);
+    CREATE INDEX archive_search ON archive_blocks USING GIN (search);
+    CREATE FUNCTION nerve_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'append-only: % refused on %', TG_OP, TG_TABLE_NAME;
+    END $$;
+    CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
+        FOR EACH ROW EXECUTE FUNCTION nerve_append_only();
+    CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
+        FOR EACH STATEMENT EXECUTE FUNCTION nerve_append_only();
+    CREATE TRIGGER archive_append_only BEFORE UPDATE OR DELETE ON archive_blocks
+        FOR EACH ROW EXECUTE FUNCTION nerve_append_only();
+    CREATE TRIGGER archive_no_truncate BEFORE TRUNCATE ON archive_blocks
+        FOR EACH STATEMENT EXECUTE FUNCTION nerve_append_only();
+    ",
+    // 2: the task queue: submitted executions, claimed by workers under a lease.
+    r"
+    CREATE TABLE queue (
+        execution_id TEXT PRIMARY KEY,
+        submitted_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        spec         TEXT NOT NULL,
+        state        TEXT NOT NULL DEFAULT 'queued'
+                     CHECK (state IN ('queued', 'claimed', 'finished', 'cancelled')),
+        worker       TEXT,
+        lease_until  TIMESTAMPTZ,
+        claims       INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX queue_ready ON queue (submitted_at) WHERE state IN ('queued', 'claimed');
+    ",
+];
+
+const SUMMARY_COLUMNS: &str = "execution_id, started_at, updated_at, head_seq, task, loop_type, \
+     model, task_status, termination_reason, error, total_turns, input_tokens, output_tokens, \
+     cost_micro_usd, resumes";
+const SELECT_EVENTS: &str = "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash \
+     FROM events WHERE execution_id = $1 ORDER BY seq";
+const INSERT_EVENTS: &str = "INSERT INTO events
+     (execution_id, seq, ts, kind, version, payload, prev_hash, hash, snapshot)
+     SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::int4[],
+                          $6::text[], $7::text[], $8::text[], $9::text[])";
+const INSERT_BLOCKS: &str = "INSERT INTO archive_blocks
+     (block_id, execution_id, created_seq, ts, messages, note, text)
+     SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[],
+                          $6::text[], $7::text[])";
+const UPDATE_HEADS: &str = "UPDATE executions x SET
+       updated_at = u.updated_at, head_seq = u.head_seq, head_hash = u.head_hash,
+       task = u.task, loop_type = u.loop_type, model = u.model, task_status = u.task_status,
+       termination_reason = u.termination_reason, error = u.error,
+       total_turns = u.total_turns, input_tokens = u.input_tokens,
+       output_tokens = u.output_tokens, cost_micro_usd = u.cost_micro_usd, resumes = u.resumes
+     FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[],
+                 $7::text[], $8::text[], $9::text[], $10::text[], $11::int8[], $12::int8[],
+                 $13::int8[], $14::int8[], $15::int8[])
+       AS u(execution_id, updated_at, head_seq, head_hash, task, loop_type, model, task_status,
+            termination_reason, error, total_turns, input_tokens, output_tokens,
+            cost_micro_usd, resumes)
+     WHERE x.execution_id = u.execution_id";
+
+/// An execution's chain head and index row, locked for one transaction.
+#[derive(Debug, Clone)]
+struct Head {
+    seq: u64,
+    hash: String,
+    row: ExecutionSummary,
+}
+
+struct Job {
+    write: Write,
+    reply: oneshot::Sender<Result<Written, String>>,
+}
+
+/// The PostgreSQL-backed [`EventSink`], [`ContextArchive`] and [`EventStore`]. Cheap to
+/// share behind an `Arc`; all executions of a process share its writer task.
+#[derive(Debug)]
+pub struct PgStore {
+    pool: Pool,
+    pub(crate) redactor: Arc<Redactor>,
+    jobs: mpsc::UnboundedSender<Job>,
+    /// The URL without its password, for error messages.
+    shown: String,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("execution_id", &self.write.execution_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `db` names a PostgreSQL log (`postgres://…` or `postgresql://…`) rather than a
+/// SQLite file.
+pub fn is_postgres_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+impl PgStore {
+    /// Connects to the log at `url` (`postgres://user[:password]@host[:port]/dbname`),
+    /// creating or migrating its tables, and starts the writer task on the current Tokio
+    /// runtime. Every payload, snapshot and archived message passes through `redactor`.
+    pub async fn connect(url: &str, redactor: Arc<Redactor>) -> Result<Self, SessionError> {
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|e| SessionError::Database {
+                log: "postgres://…".into(),
+                message: format!("not a PostgreSQL URL: {}", with_causes(&e)),
+            })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let shown = shown_url(&config);
+        let err = |e: &dyn std::error::Error| SessionError::Database {
+            log: shown.clone(),
+            message: with_causes(e),
+        };
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE + 1)
+            .build()
+            .map_err(|e| err(&e))?;
+        {
+            let mut client = pool.get().await.map_err(|e| err(&e))?;
+            let found = migrate(&mut client).await.map_err(|e| err(&e))?;
+            if found > SCHEMA_VERSION {
+                return Err(SessionError::SchemaTooNew {
+                    path: shown,
+                    found,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+        }
+        let (jobs, queue) = mpsc::unbounded_channel();
+        tokio::spawn(run_writer(pool.clone(), shown.clone(), queue));
+        Ok(Self {
+            pool,
+            redactor,
+            jobs,
+            shown,
+        })
+    }
+
+    /// The log's URL without its password.
+    pub fn url(&self) -> &str {
+        &self.shown
+    }
+
+    pub(crate) fn db_err(&self, e: &dyn std::error::Error) -> SessionError {
+        SessionError::Database {
+            log: self.shown.clone(),
+            message: with_causes(e),
+        }
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, SessionError> {
+        self.pool.get().await.map_err(|e| self.db_err(&e))
+    }
+
+    /// Queues `write` for the writer (at once, in this call's first poll) and waits for it.
+    async fn write(&self, write: Write) -> Result<Written, SessionError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job { write, reply })
+            .map_err(|_| SessionError::WriterGone)?;
+        match answer.await {
+            Ok(Ok(written)) => Ok(written),
+            Ok(Err(message)) => Err(SessionError::Write(message)),
+            Err(_) => Err(SessionError::WriterGone),
+        }
+    }
+
+    fn encode_all(&self, events: &[Event]) -> Result<Vec<EncodedEvent>, SessionError> {
+        events
+            .iter()
+            .map(|e| encode_event(e, &self.redactor).map_err(SessionError::Encode))
+            .collect()
+    }
+
+    async fn read_events<C: GenericClient>(
+        &self,
+        client: &C,
+        execution: &str,
+    ) -> Result<Vec<StoredEvent>, SessionError> {
+        let rows = client
+            .query(SELECT_EVENTS, &[&execution])
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        if rows.is_empty() {
+            return Err(SessionError::UnknownExecution(execution.to_owned()));
+        }
+        rows.iter()
+            .map(|row| stored_event(row).map_err(|e| self.db_err(&e)))
+            .collect()
+    }
+
+    async fn read_checkpoint<C: GenericClient>(
+        &self,
+        client: &C,
+        execution: &str,
+    ) -> Result<Option<StoredCheckpoint>, SessionError> {
+        let row = client
+            .query_opt(
+                "SELECT seq, ts, snapshot, kind, payload FROM events
+                 WHERE execution_id = $1 AND snapshot IS NOT NULL ORDER BY seq DESC LIMIT 1",
+                &[&execution],
+            )
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let got = || -> Result<_, tokio_postgres::Error> {
+            Ok((
+                to_u64(row.try_get::<_, i64>(0)?),
+                row.try_get::<_, String>(1)?,
+                row.try_get::<_, String>(2)?,
+                row.try_get::<_, String>(3)?,
+                row.try_get::<_, String>(4)?,
+            ))
+        };
+        let (seq, ts, snapshot, kind, payload) = got().map_err(|e| self.db_err(&e))?;
+        checked_checkpoint(execution, seq, ts, &snapshot, &kind, &payload).map(Some)
+    }
+
+    /// Every event of `execution` with its snapshot, and its archive blocks: what
+    /// `nerve export` writes.
+    pub async fn export(&self, execution: ExecutionId) -> Result<ExecutionLog, SessionError> {
+        let id = execution.to_string();
+        let mut pooled = self.client().await?;
+        let client: &mut tokio_postgres::Client = &mut pooled;
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        let rows = tx
+            .query(
+                "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash, snapshot
+                 FROM events WHERE execution_id = $1 ORDER BY seq",
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        if rows.is_empty() {
+            return Err(SessionError::UnknownExecution(id));
+        }
+        let events = rows
+            .iter()
+            .map(|row| {
+                Ok(LoggedEvent {
+                    event: stored_event(row)?,
+                    snapshot: row.try_get(8)?,
+                })
+            })
+            .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+            .map_err(|e| self.db_err(&e))?;
+        let rows = tx
+            .query(
+                "SELECT block_id, created_seq, ts, messages, note FROM archive_blocks
+                 WHERE execution_id = $1 ORDER BY created_seq, block_id",
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        let mut blocks = Vec::with_capacity(rows.len());
+        for row in &rows {
+            blocks.push(self.archive_row(&id, row)?);
+        }
+        tx.commit().await.map_err(|e| self.db_err(&e))?;
+        Ok(ExecutionLog {
+            execution_id: id,
+            events,
+            blocks,
+        })
+    }
+
+    /// Loads a checked log (see [`crate::parse_log`]) as it is, in one transaction: its
+    /// events keep their times and hashes, so it verifies here as it did where it came
+    /// from. Refused when the execution already has events in this log. Returns the number
+    /// of events written.
+    pub async fn import(&self, log: &ExecutionLog) -> Result<u64, SessionError> {
+        let mut pooled = self.client().await?;
+        let client: &mut tokio_postgres::Client = &mut pooled;
+        let tx = client.transaction().await.map_err(|e| self.db_err(&e))?;
+        let id = log.execution_id.as_str();
+        let (first, last) = match (log.events.first(), log.events.last()) {
+            (Some(first), Some(last)) => (&first.event, &last.event),
+            _ => return Err(SessionError::Corrupt("an import without events".into())),
+        };
+        let inserted = tx
+            .execute(
+                "INSERT INTO executions (execution_id, started_at, updated_at, head_hash)
+                 VALUES ($1, $2, $2, $3) ON CONFLICT (execution_id) DO NOTHING",
+                &[&id, &first.ts, &GENESIS_HASH],
+            )
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        if inserted == 0 {
+            return Err(SessionError::Write(format!(
+                "execution {id} is already in this log; nothing was imported"
+            )));
+        }
+        let mut row = ExecutionSummary::new(id, &first.ts);
+        let plain = Redactor::new();
+        let mut cols = EventColumns::default();
+        for logged in &log.events {
+            let e = &logged.event;
+            if let Ok(event) = serde_json::from_str::<Event>(&e.payload) {
+                row.apply(&index_update(&event, &plain));
+            }
+            cols.push(e, logged.snapshot.clone());
+        }
+        row.updated_at.clone_from(&last.ts);
+        row.events = last.seq;
+        cols.insert(&tx).await.map_err(|e| self.db_err(&e))?;
+        let mut blocks = BlockColumns::default();
+        for block in &log.blocks {
+            let messages = serde_json::to_string(&block.messages)?;
+            let mut text = block.note.clone();
+            text.push('\n');
+            text.push_str(&searchable_text(&block.messages));
+            blocks.push(
+                block.block_id.to_string(),
+                id,
+                block.created_seq,
+                &block.ts,
+                messages,
+                block.note.clone(),
+                text,
+            );
+        }
+        blocks.insert(&tx).await.map_err(|e| self.db_err(&e))?;
+        let head = Head {
+            seq: last.seq,
+            hash: last.hash.clone(),
+            row,
+        };
+        update_heads(&tx, &[&head], &last.ts)
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        tx.commit().await.map_err(|e| self.db_err(&e))?;
+        Ok(last.seq)
+    }
+
+    fn archive_row(&self, execution: &str, row: &Row) -> Result<ArchiveBlock, SessionError> {
+        let got = || -> Result<_, tokio_postgres::Error> {
+            Ok((
+                row.try_get::<_, String>(0)?,
+                row.try_get::<_, i64>(1)?,
+                row.try_get::<_, String>(2)?,
+                row.try_get::<_, String>(3)?,
+                row.try_get::<_, String>(4)?,
+            ))
+        };
+        let (block_id, created_seq, ts, messages, note) = got().map_err(|e| self.db_err(&e))?;
+        let messages: Vec<Message> = serde_json::from_str(&messages).map_err(|e| {
+            SessionError::Corrupt(format!(
+                "archive block {block_id}: messages do not decode: {e}"
+            ))
+        })?;
+        Ok(ArchiveBlock {
+            block_id: block_id.parse().map_err(|e| {
+                SessionError::Corrupt(format!("archive block id {block_id:?}: {e}"))
+            })?,
+            execution_id: execution.to_owned(),
+            created_seq: to_u64(created_seq),
+            ts,
+            messages,
+            note,
+        })
+    }
+}
+
+/// An error and its causes in one line: the driver's own message is often only "error
+/// connecting to server", with the reason (connection refused, a bad password) below it.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let next = inner.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = inner.source();
+    }
+    text
+}
+
+/// `postgres://user@host:port/dbname`, never the password.
+fn shown_url(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_default();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres://{}@{host}:{port}/{}",
+        config.get_user().unwrap_or_default(),
+        config.get_dbname().unwrap_or_default()
+    )
+}
+
+async fn migrate(client: &mut tokio_postgres::Client) -> Result<i64, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS nerve_schema (version BIGINT NOT NULL)")
+        .await?;
+    let found: i64 = tx
+        .query_one("SELECT COALESCE(MAX(version), 0) FROM nerve_schema", &[])
+        .await?
+        .try_get(0)?;
+    let mut version = found;
+    for (from, sql) in MIGRATIONS.iter().enumerate() {
+        let from = i64::try_from(from).unwrap_or(i64::MAX);
+        if from < version {
+            continue;
+        }
+        tx.batch_execute(sql).await?;
+        version = from + 1;
+        tx.execute(
+            "INSERT INTO nerve_schema (version) VALUES ($1)",
+            &[&version],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(found.max(version))
+}
+
+fn stored_event(row: &Row) -> Result<StoredEvent, tokio_postgres::Error> {
+    Ok(StoredEvent {
+        execution_id: row.try_get(0)?,
+        seq: to_u64(row.try_get(1)?),
+        ts: row.try_get(2)?,
+        kind: row.try_get(3)?,
+        version: u32::try_from(row.try_get::<_, i32>(4)?).unwrap_or(0),
+        payload: row.try_get(5)?,
+        prev_hash: row.try_get(6)?,
+        hash: row.try_get(7)?,
+    })
+}
+
+fn summary(row: &Row) -> Result<ExecutionSummary, tokio_postgres::Error> {
+    let count =
+        |i: usize| -> Result<u64, tokio_postgres::Error> { Ok(to_u64(row.try_get::<_, i64>(i)?)) };
+    Ok(ExecutionSummary {
+        execution_id: row.try_get(0)?,
+        started_at: row.try_get(1)?,
+        updated_at: row.try_get(2)?,
+        events: count(3)?,
+        task: row.try_get(4)?,
+        loop_type: row.try_get(5)?,
+        model: row.try_get(6)?,
+        task_status: row.try_get(7)?,
+        termination_reason: row.try_get(8)?,
+        error: row.try_get(9)?,
+        total_turns: u32::try_from(count(10)?).unwrap_or(u32::MAX),
+        input_tokens: count(11)?,
+        output_tokens: count(12)?,
+        cost_micro_usd: count(13)?,
+        resumes: u32::try_from(count(14)?).unwrap_or(u32::MAX),
+    })
+}
+
+/// A checkpoint's snapshot, checked against the SHA-256 its chained event recorded.
+fn checked_checkpoint(
+    execution: &str,
+    seq: u64,
+    ts: String,
+    snapshot: &str,
+    kind: &str,
+    payload: &str,
+) -> Result<StoredCheckpoint, SessionError> {
+    let corrupt = |why: &str| {
+        SessionError::Corrupt(format!("checkpoint {seq} of execution {execution}: {why}"))
+    };
+    let recorded = match (kind, serde_json::from_str::<Event>(payload).ok()) {
+        ("checkpoint", Some(Event::Checkpoint(event))) => event,
+        _ => return Err(corrupt("its checkpoint event is missing")),
+    };
+    if sha256_hex(snapshot) != recorded.snapshot_sha256 {
+        return Err(corrupt(
+            "the snapshot does not match the hash its checkpoint event recorded",
+        ));
+    }
+    let snapshot = serde_json::from_str(snapshot)
+        .map_err(|e| corrupt(&format!("snapshot is not JSON: {e}")))?;
+    Ok(StoredCheckpoint {
+        seq,
+        turn: recorded.turn,
+        ts,
+        snapshot,
+    })
+}
+
+/// Events as columns, for one `INSERT … SELECT * FROM UNNEST(…)`: a batch of any size is
+/// one statement.
+#[derive(Default)]
+struct EventColumns {
+    execution_id: Vec<String>,
+    seq: Vec<i64>,
+    ts: Vec<String>,
+    kind: Vec<String>,
+    version: Vec<i32>,
+    payload: Vec<String>,
+    prev_hash: Vec<String>,
+    hash: Vec<String>,
+    snapshot: Vec<Option<String>>,
+}
+
+impl EventColumns {
+    fn push(&mut self, e: &StoredEvent, snapshot: Option<String>) {
+        self.execution_id.push(e.execution_id.clone());
+        self.seq.push(to_i64(e.seq));
+        self.ts.push(e.ts.clone());
+        self.kind.push(e.kind.clone());
+        self.version
+            .push(i32::try_from(e.version).unwrap_or(i32::MAX));
+        self.payload.push(e.payload.clone());
+        self.prev_hash.push(e.prev_hash.clone());
+        self.hash.push(e.hash.clone());
+        self.snapshot.push(snapshot);
+    }
+
+    async fn insert<C: GenericClient>(&self, client: &C) -> Result<(), tokio_postgres::Error> {
+        if self.seq.is_empty() {
+            return Ok(());
+        }
+        let params: [&(dyn ToSql + Sync); 9] = [
+            &self.execution_id,
+            &self.seq,
+            &self.ts,
+            &self.kind,
+            &self.version,
+            &self.payload,
+            &self.prev_hash,
+            &self.hash,
+            &self.snapshot,
+        ];
+        client.execute(INSERT_EVENTS, &params).await.map(|_| ())
+    }
+}
+
+#[derive(Default)]
+struct BlockColumns {
+    block_id: Vec<String>,
+    execution_id: Vec<String>,
+    created_seq: Vec<i64>,
+    ts: Vec<String>,
+    messages: Vec<String>,
+    note: Vec<String>,
+    text: Vec<String>,
+}
+
+impl BlockColumns {
+    #[allow(clippy::too_many_arguments)] // One per column, in the table's order.
+    fn push(
+        &mut self,
+        block_id: String,
+        execution_id: &str,
+        created_seq: u64,
+        ts: &str,
+        messages: String,
+        note: String,
+        text: String,
+    ) {
+        self.block_id.push(block_id);
+        self.execution_id.push(execution_id.to_owned());
+        self.created_seq.push(to_i64(created_seq));
+        self.ts.push(ts.to_owned());
+        self.messages.push(messages);
+        self.note.push(note);
+        self.text.push(text);
+    }
+
+    async fn insert<C: GenericClient>(&self, client: &C) -> Result<(), tokio_postgres::Error> {
+        if self.block_id.is_empty() {
+            return Ok(());
+        }
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &self.block_id,
+            &self.execution_id,
+            &self.created_seq,
+            &self.ts,
+            &self.messages,
+            &self.note,
+            &self.text,
+        ];
+        client.execute(INSERT_BLOCKS, &params).await.map(|_| ())
+    }
+}
+
+/// Writes the heads and index rows of `heads` (their executions' rows are locked).
+async fn update_heads<C: GenericClient>(
+    client: &C,
+    heads: &[&Head],
+    ts: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let mut id = Vec::new();
+    let mut updated_at = Vec::new();
+    let mut head_seq = Vec::new();
+    let mut head_hash = Vec::new();
+    let mut task = Vec::new();
+    let mut loop_type = Vec::new();
+    let mut model = Vec::new();
+    let mut task_status = Vec::new();
+    let mut termination_reason = Vec::new();
+    let mut error = Vec::new();
+    let mut total_turns = Vec::new();
+    let mut input_tokens = Vec::new();
+    let mut output_tokens = Vec::new();
+    let mut cost = Vec::new();
+    let mut resumes = Vec::new();
+    for head in heads {
+        let row = &head.row;
+        id.push(row.execution_id.clone());
+        updated_at.push(ts.to_owned());
+        head_seq.push(to_i64(head.seq));
+        head_hash.push(head.hash.clone());
+        task.push(row.task.clone());
+        loop_type.push(row.loop_type.clone());
+        model.push(row.model.clone());
+        task_status.push(row.task_status.clone());
+        termination_reason.push(row.termination_reason.clone());
+        error.push(row.error.clone());
+        total_turns.push(i64::from(row.total_turns));
+        input_tokens.push(to_i64(row.input_tokens));
+        output_tokens.push(to_i64(row.output_tokens));
+        cost.push(to_i64(row.cost_micro_usd));
+        resumes.push(i64::from(row.resumes));
+    }
+    let params: [&(dyn ToSql + Sync); 15] = [
+        &id,
+        &updated_at,
+        &head_seq,
+        &head_hash,
+        &task,
+        &loop_type,
+        &model,
+        &task_status,
+        &termination_reason,
+        &error,
+        &total_turns,
+        &input_tokens,
+        &output_tokens,
+        &cost,
+        &resumes,
+    ];
+    client.execute(UPDATE_HEADS, &params).await.map(|_| ())
+}
+
+/// Locks the head rows of `ids` (sorted, distinct) in one statement, in id order, creating
+/// those of new executions. Another process creating one at the same moment wins its
+/// insert; the next select then waits for that process's lock.
+async fn lock_heads<'a, C: GenericClient>(
+    client: &C,
+    ids: &[&'a str],
+    ts: &str,
+) -> Result<BTreeMap<&'a str, Head>, tokio_postgres::Error> {
+    let select = format!(
+        "SELECT {SUMMARY_COLUMNS}, head_hash FROM executions
+         WHERE execution_id = ANY($1) ORDER BY execution_id FOR UPDATE"
+    );
+    let mut heads = BTreeMap::new();
+    loop {
+        let wanted: Vec<&str> = ids
+            .iter()
+            .copied()
+            .filter(|id| !heads.contains_key(id))
+            .collect();
+        for row in client.query(&select, &[&wanted]).await? {
+            let row_summary = summary(&row)?;
+            let head = Head {
+                seq: row_summary.events,
+                hash: row.try_get(15)?,
+                row: row_summary,
+            };
+            if let Some(id) = wanted.iter().find(|id| **id == head.row.execution_id) {
+                heads.insert(*id, head);
+            }
+        }
+        let missing: Vec<&str> = wanted
+            .into_iter()
+            .filter(|id| !heads.contains_key(id))
+            .collect();
+        if missing.is_empty() {
+            return Ok(heads);
+        }
+        let made = client
+            .query(
+                "INSERT INTO executions (execution_id, started_at, updated_at, head_hash)
+                 SELECT id, $2, $2, $3 FROM UNNEST($1::text[]) AS id ORDER BY id
+                 ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id",
+                &[&missing, &ts, &GENESIS_HASH],
+            )
+            .await?;
+        for row in made {
+            let made: String = row.try_get(0)?;
+            if let Some(id) = missing.iter().find(|id| **id == made) {
+                heads.insert(
+                    *id,
+                    Head {
+                        seq: 0,
+                        hash: GENESIS_HASH.to_owned(),
+                        row: ExecutionSummary::new(id, ts),
+                    },
+                );
+            }
+        }
+        if heads.len() == ids.len() {
+            return Ok(heads);
+        }
+    }
+}
+
+/// Commits `writes` in one transaction; on error nothing of them was written.
+async fn commit(
+    client: &mut tokio_postgres::Client,
+    writes: &[&Write],
+) -> Result<Vec<Written>, tokio_postgres::Error> {
+    let ts = now_rfc3339();
+    let tx = client.transaction().await?;
+    // Locked in id order, so two writers locking overlapping sets never deadlock.
+    let mut ids: Vec<&str> = writes.iter().map(|w| w.execution_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut heads = lock_heads(&tx, &ids, &ts).await?;
+    let mut events = EventColumns::default();
+    let mut blocks = BlockColumns::default();
+    let mut out = Vec::with_capacity(writes.len());
+    for write in writes {
+        let id = write.execution_id.as_str();
+        let Some(head) = heads.get_mut(id) else {
+            continue;
+        };
+        let mut seqs = Vec::with_capacity(write.events.len());
+        let last = write.events.len().saturating_sub(1);
+        for (i, event) in write.events.iter().enumerate() {
+            let seq = head.seq + 1;
+            let hash = event_hash(
+                &head.hash,
+                id,
+                seq,
+                &ts,
+                event.kind,
+                event.version,
+                &event.payload,
+            );
+            let snapshot = write.snapshot.clone().filter(|_| i == last);
+            events.execution_id.push(id.to_owned());
+            events.seq.push(to_i64(seq));
+            events.ts.push(ts.clone());
+            events.kind.push(event.kind.to_owned());
+            events
+                .version
+                .push(i32::try_from(event.version).unwrap_or(i32::MAX));
+            events.payload.push(event.payload.clone());
+            events
+                .prev_hash
+                .push(std::mem::replace(&mut head.hash, hash));
+            events.hash.push(head.hash.clone());
+            events.snapshot.push(snapshot);
+            head.seq = seq;
+            head.row.apply(&event.index);
+            seqs.push(seq);
+        }
+        for block in &write.blocks {
+            blocks.push(
+                block.block_id.clone(),
+                id,
+                head.seq,
+                &ts,
+                block.messages.clone(),
+                block.note.clone(),
+                block.text.clone(),
+            );
+        }
+        out.push(Written {
+            seqs,
+            head: head.seq,
+        });
+    }
+    let touched: Vec<&Head> = heads.values().collect();
+    // Sent together: the connection pipelines them, one wait for the three.
+    tokio::try_join!(
+        events.insert(&tx),
+        blocks.insert(&tx),
+        update_heads(&tx, &touched, &ts)
+    )?;
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// The writer task: takes every write queued since its last commit and commits them in
+/// one transaction. When a batch fails, its writes are retried one by one, so that one bad
+/// write (a duplicate block id) fails alone.
+async fn run_writer(pool: Pool, shown: String, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let mut batch: Vec<Job> = Vec::new();
+    while let Some(job) = queue.recv().await {
+        batch.push(job);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut pooled = match pool.get().await {
+            Ok(client) => client,
+            Err(error) => {
+                let message = format!("event log {shown}: {error}");
+                for job in batch.drain(..) {
+                    let _ = job.reply.send(Err(message.clone()));
+                }
+                continue;
+            }
+        };
+        let client: &mut tokio_postgres::Client = &mut pooled;
+        let writes: Vec<&Write> = batch.iter().map(|job| &job.write).collect();
+        let outcome = commit(client, &writes).await;
+        drop(writes);
+        match outcome {
+            Ok(written) => {
+                for (job, written) in batch.drain(..).zip(written) {
+                    let _ = job.reply.send(Ok(written));
+                }
+            }
+            Err(error) if batch.len() == 1 => {
+                tracing::debug!(%error, "event log write failed");
+                for job in batch.drain(..) {
+                    let _ = job.reply.send(Err(format!("event log {shown}: {error}")));
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "event log batch failed; committing its writes one by one");
+                for job in batch.drain(..) {
+                    let result = commit(client, &[&job.write])
+                        .await
+                        .map_err(|e| format!("event log {shown}: {e}"))
+                        .and_then(|mut written| {
+                            written
+                                .pop()
+                                .ok_or_else(|| "the store returned no result".to_owned())
+                        });
+                    let _ = job.reply.send(result);
+                }
+            }
+        }
+    }
+}
+
+/// The text a search looks for: the first terms of `query` that hold a letter or digit,
+/// each cut to a bounded length; `plainto_tsquery` makes them one AND of plain lexemes, so
+/// no input is ever an operator.
+fn search_text(query: &str) -> Option<String> {
+    let terms: Vec<String> = query
+        .split_whitespace()
+        .filter(|term| term.chars().any(char::is_alphanumeric))
+        .take(MAX_TERMS)
+        .map(|term| {
+            term.chars()
+                .filter(|c| !c.is_control())
+                .take(MAX_TERM_CHARS)
+                .collect()
+        })
+        .collect();
+    (!terms.is_empty()).then(|| terms.join(" "))
+}
+
+#[async_trait]
+impl EventSink for PgStore {
+    async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
+        let event = encode_event(&event, &self.redactor)
+            .map_err(|e| SinkError(SessionError::Encode(e).to_string()))?;
+        let written = self
+            .write(Write::events(execution.to_string(), vec![event]))
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
+        written
+            .seqs
+            .first()
+            .copied()
+            .ok_or_else(|| SinkError("the writer returned no sequence number".into()))
+    }
+
+    async fn checkpoint(
+        &self,
+        execution: ExecutionId,
+        turn: u32,
+        snapshot: serde_json::Value,
+    ) -> Result<Option<u64>, SinkError> {
+        EventStore::write_checkpoint(self, execution, turn, snapshot)
+            .await
+            .map(Some)
+            .map_err(|e| SinkError(e.to_string()))
+    }
+
+    async fn commit(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Result<Option<u64>, SinkError> {
+        let sink_error = |e: SessionError| SinkError(e.to_string());
+        let encoded = self.encode_all(&events).map_err(sink_error)?;
+        let write = match &checkpoint {
+            Some(snapshot) => encode_checkpoint_after(
+                execution.to_string(),
+                encoded,
+                snapshot.turn,
+                &snapshot.state,
+                &self.redactor,
+            )
+            .map_err(|e| sink_error(SessionError::Encode(e)))?,
+            None if encoded.is_empty() => return Ok(None),
+            None => Write::events(execution.to_string(), encoded),
+        };
+        let written = self.write(write).await.map_err(sink_error)?;
+        Ok(checkpoint.map(|_| written.head))
+    }
+}
+
+#[async_trait]
+impl EventStore for PgStore {
+    async fn append_all(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+    ) -> Result<Vec<u64>, SessionError> {
+        let encoded = self.encode_all(&events)?;
+        if encoded.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .write(Write::events(execution.to_string(), encoded))
+            .await?
+            .seqs)
+    }
+
+    async fn write_checkpoint(
+        &self,
+        execution: ExecutionId,
+        turn: u32,
+        snapshot: serde_json::Value,
+    ) -> Result<u64, SessionError> {
+        let write = encode_checkpoint(execution.to_string(), turn, &snapshot, &self.redactor)?;
+        Ok(self.write(write).await?.head)
+    }
+
+    async fn put_blocks(
+        &self,
+        execution: ExecutionId,
+        blocks: Vec<NewBlock>,
+    ) -> Result<u64, SessionError> {
+        let write = encode_blocks(execution.to_string(), &blocks, None, &self.redactor)?;
+        Ok(self.write(write).await?.head)
+    }
+
+    async fn compact(
+        &self,
+        execution: ExecutionId,
+        blocks: Vec<NewBlock>,
+        compaction: Compaction,
+    ) -> Result<u64, SessionError> {
+        let event = Event::Compaction(compaction);
+        let write = encode_blocks(execution.to_string(), &blocks, Some(&event), &self.redactor)?;
+        Ok(self.write(write).await?.head)
+    }
+
+    async fn events(&self, execution: ExecutionId) -> Result<Vec<StoredEvent>, SessionError> {
+        let pooled = self.client().await?;
+        let client: &tokio_postgres::Client = &pooled;
+        self.read_events(client, &execution.to_string()).await
+    }
+
+    async fn replay(&self, execution: ExecutionId) -> Result<Replay, SessionError> {
+        let events = EventStore::events(self, execution).await?;
+        Ok(replay(&execution.to_string(), &events))
+    }
+
+    async fn verify(
+        &self,
+        execution: ExecutionId,
+    ) -> Result<Result<u64, ChainError>, SessionError> {
+        let events = EventStore::events(self, execution).await?;
+        let mut check = ChainCheck::default();
+        for event in &events {
+            check.push(&event.fields());
+        }
+        Ok(check.finish().map_err(|(error, _)| error))
+    }
+
+    async fn executions(&self) -> Result<Vec<ExecutionSummary>, SessionError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM executions WHERE head_seq > 0
+                     ORDER BY started_at DESC, execution_id DESC"
+                ),
+                &[],
+            )
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        rows.iter()
+            .map(|row| summary(row).map_err(|e| self.db_err(&e)))
+            .collect()
+    }
+
+    async fn execution(&self, execution: ExecutionId) -> Result<ExecutionSummary, SessionError> {
+        let id = execution.to_string();
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM executions
+                     WHERE execution_id = $1 AND head_seq > 0"
+                ),
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.db_err(&e))?
+            .ok_or(SessionError::UnknownExecution(id))?;
+        summary(&row).map_err(|e| self.db_err(&e))
+    }
+
+    async fn latest_checkpoint(
+        &self,
+        execution: ExecutionId,
+    ) -> Result<Option<StoredCheckpoint>, SessionError> {
+        let pooled = self.client().await?;
+        let client: &tokio_postgres::Client = &pooled;
+        self.read_checkpoint(client, &execution.to_string()).await
+    }
+
+    async fn resume_point(&self, execution: ExecutionId) -> Result<ResumePoint, SessionError> {
+        let id = execution.to_string();
+        let mut pooled = self.client().await?;
+        let client: &mut tokio_postgres::Client = &mut pooled;
+        // One snapshot: a commit between the two reads cannot make them disagree.
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        let events = self.read_events(&tx, &id).await?;
+        let checkpoint = self.read_checkpoint(&tx, &id).await?;
+        tx.commit().await.map_err(|e| self.db_err(&e))?;
+        let after = checkpoint.as_ref().map_or(0, |c| c.seq);
+        let later = events.iter().filter(|e| e.seq > after).cloned().collect();
+        Ok(ResumePoint {
+            replay: replay(&id, &events),
+            checkpoint,
+            later,
+        })
+    }
+
+    async fn archive_block(
+        &self,
+        execution: ExecutionId,
+        block: BlockId,
+    ) -> Result<Option<ArchiveBlock>, SessionError> {
+        let id = execution.to_string();
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT block_id, created_seq, ts, messages, note FROM archive_blocks
+                 WHERE block_id = $1 AND execution_id = $2",
+                &[&block.to_string(), &id],
+            )
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        row.map(|row| self.archive_row(&id, &row)).transpose()
+    }
+
+    async fn search_archive(
+        &self,
+        execution: ExecutionId,
+        query: String,
+        limit: usize,
+    ) -> Result<Vec<ArchiveHit>, SessionError> {
+        let Some(text) = search_text(&query) else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT b.block_id, b.created_seq, b.note,
+                        ts_headline('english', b.text, q,
+                                    'StartSel=\"\", StopSel=\"\", MaxWords=24, MinWords=8, FragmentDelimiter=\"…\", MaxFragments=1')
+                 FROM archive_blocks b, plainto_tsquery('english', $1) q
+                 WHERE b.execution_id = $2 AND b.search @@ q
+                 ORDER BY ts_rank(b.search, q) DESC, b.created_seq, b.block_id
+                 LIMIT $3",
+                &[&text, &execution.to_string(), &to_i64(limit as u64)],
+            )
+            .await
+            .map_err(|e| self.db_err(&e))?;
+        let mut hits = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let got = || -> Result<_, tokio_postgres::Error> {
+                Ok((
+                    row.try_get::<_, String>(0)?,
+                    row.try_get::<_, i64>(1)?,
+                    row.try_get::<_, String>(2)?,
+                    row.try_get::<_, String>(3)?,
+                ))
+            };
+            let (block_id, created_seq, note, snippet) = got().map_err(|e| self.db_err(&e))?;
+            hits.push(ArchiveHit {
+                block_id: block_id.parse().map_err(|e| {
+                    SessionError::Corrupt(format!("archive block id {block_id:?}: {e}"))
+                })?,
+                created_seq: to_u64(created_seq),
+                note,
+                snippet,
+            });
+        }
+        Ok(hits)
+    }
+
+    async fn export(&self, execution: ExecutionId) -> Result<ExecutionLog, SessionError> {
+        PgStore::export(self, execution).await
+    }
+
+    async fn import(&self, log: ExecutionLog) -> Result<u64, SessionError> {
+        PgStore::import(self, &log).await
+    }
+}
+
+/// The archive port `nerve-brain` compacts into, as [`crate::SqliteSink`]'s.
+#[async_trait]
+impl ContextArchive for PgStore {
+    async fn archive(&self, execution: ExecutionId, block: ArchivedBlock) -> Result<(), SinkError> {
+        let block = NewBlock {
+            block_id: block.id,
+            messages: block.messages,
+            note: block.note,
+        };
+        self.put_blocks(execution, vec![block])
+            .await
+            .map(|_| ())
+            .map_err(|e| SinkError(e.to_string()))
+    }
+
+    async fn fetch(
+        &self,
+        execution: ExecutionId,
+        id: BlockId,
+    ) -> Result<Option<ArchivedBlock>, SinkError> {
+        let block = self
+            .archive_block(execution, id)
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
+        Ok(block.map(|block| ArchivedBlock {
+            id: block.block_id,
+            messages: block.messages,
+            note: block.note,
+        }))
+    }
+
+    async fn search(
+        &self,
+        execution: ExecutionId,
+        query: &str,
+        limit: usize,
+    ) -> Result<Vec<RecallHit>, SinkError> {
+        let hits = self
+            .search_archive(execution, query.to_owned(), limit)
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
+        Ok(hits
+            .into_iter()
+            .map(|hit| RecallHit {
+                id: hit.block_id,
+                note: hit.note,
+                snippet: hit.snippet,
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_the_backend_and_hide_the_password() {
+        assert!(is_postgres_url("postgres://u@h/d"));
+        assert!(is_postgres_url("postgresql://u@h/d"));
+        assert!(!is_postgres_url("/var/lib/nerve.db"));
+        assert!(!is_postgres_url("postgres.db"));
+        let config: tokio_postgres::Config = "postgres://alice:hunter2@db.example:6543/nerve"
+            .parse()
+            .unwrap();
+        let shown = shown_url(&config);
+        assert_eq!(shown, "postgres://alice@db.example:6543/nerve");
+    }
+
+    #[test]
+    fn search_text_keeps_words_and_drops_noise() {
+        assert_eq!(
+            search_text("  failing   tests "),
+            Some("failing tests".into())
+        );
+        assert_eq!(search_text("-- ** ()"), None);
+        assert_eq!(search_text(&"x ".repeat(100)).map(|t| t.len()), Some(63));
+    }
+}
