@@ -101,6 +101,7 @@ impl From<SessionError> for nerve_core::SinkError {
             SessionError::Encode(_) => Self::Encode(message),
             SessionError::Corrupt(_) | SessionError::BrokenChain(_) => Self::Corrupt(message),
             SessionError::Sqlite { .. }
+            | SessionError::Database { .. }
             | SessionError::SchemaTooNew { .. }
             | SessionError::UnknownExecution(_)
             | SessionError::Write(_) => Self::Write(message),

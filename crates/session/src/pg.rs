@@ -980,16 +980,16 @@ fn search_text(query: &str) -> Option<String> {
 impl EventSink for PgStore {
     async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
         let event = encode_event(&event, &self.redactor)
-            .map_err(|e| SinkError(SessionError::Encode(e).to_string()))?;
+            .map_err(|e| SinkError::from(SessionError::Encode(e)))?;
         let written = self
             .write(Write::events(execution.to_string(), vec![event]))
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
+            .map_err(SinkError::from)?;
         written
             .seqs
             .first()
             .copied()
-            .ok_or_else(|| SinkError("the writer returned no sequence number".into()))
+            .ok_or_else(|| SinkError::Corrupt("the writer returned no sequence number".into()))
     }
 
     async fn checkpoint(
@@ -1001,7 +1001,7 @@ impl EventSink for PgStore {
         EventStore::write_checkpoint(self, execution, turn, snapshot)
             .await
             .map(Some)
-            .map_err(|e| SinkError(e.to_string()))
+            .map_err(SinkError::from)
     }
 
     async fn commit(
@@ -1010,7 +1010,7 @@ impl EventSink for PgStore {
         events: Vec<Event>,
         checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
-        let sink_error = |e: SessionError| SinkError(e.to_string());
+        let sink_error = SinkError::from;
         let encoded = self.encode_all(&events).map_err(sink_error)?;
         let write = match &checkpoint {
             Some(snapshot) => encode_checkpoint_after(
@@ -1254,7 +1254,7 @@ impl ContextArchive for PgStore {
         self.put_blocks(execution, vec![block])
             .await
             .map(|_| ())
-            .map_err(|e| SinkError(e.to_string()))
+            .map_err(SinkError::from)
     }
 
     async fn fetch(
@@ -1265,7 +1265,7 @@ impl ContextArchive for PgStore {
         let block = self
             .archive_block(execution, id)
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
+            .map_err(SinkError::from)?;
         Ok(block.map(|block| ArchivedBlock {
             id: block.block_id,
             messages: block.messages,
@@ -1282,7 +1282,7 @@ impl ContextArchive for PgStore {
         let hits = self
             .search_archive(execution, query.to_owned(), limit)
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
+            .map_err(SinkError::from)?;
         Ok(hits
             .into_iter()
             .map(|hit| RecallHit {
