@@ -449,16 +449,17 @@ impl Run {
                     message,
                     retry_after,
                 }) => {
-                    let delay = self.config.retry.delay(attempt, retry_after);
-                    if attempt >= self.config.retry.max_attempts
-                        || slept + delay > self.config.retry.max_total_delay
-                    {
+                    let next = self
+                        .config
+                        .retry
+                        .next_delay(attempt, slept, kind, retry_after);
+                    let Some(delay) = next else {
                         return Err(Stop::new(
                             TerminationReason::Error,
                             format!("provider failed after {attempt} attempts: {kind}: {message}"),
                         )
                         .into());
-                    }
+                    };
                     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                     self.record(Event::Retry(Retry {
                         turn,
