@@ -14,5 +14,6 @@ mod json;
 mod loops;
 mod parked;
 mod proxy;
+mod real;
 mod sandbox;
 mod support;

@@ -2,6 +2,7 @@
 //!
 //! - `ci`            what `.ci/run` runs: prerequisites, fmt, clippy, the whole test suite
 //! - `test-sandbox`  build the sandbox image and run every Docker-dependent test
+//! - `test-real`     the providers against real servers: llama.cpp's and LiteLLM's (see `real.rs`)
 //! - `image`         (re)build the default sandbox image `nerve-sandbox:latest` and the static
 //!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
@@ -11,6 +12,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
 mod bench_e2e;
+mod real;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain|compaction|sandbox|proxy|e2e]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image | demo | bench [core|session|brain|compaction|sandbox|proxy|e2e]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -31,6 +33,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("test-sandbox") => test_sandbox(),
+        Some("test-real") => test_real(),
         Some("image") => image(true).map(drop),
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
@@ -93,7 +96,14 @@ fn ci() -> Result<()> {
     run(cargo()
         .args(["test", "--workspace"])
         .env("NERVE_REQUIRE_DOCKER", "1")
-        .env(nerve_hands::EXECUTOR_ENV, &executor))
+        .env(nerve_hands::EXECUTOR_ENV, &executor))?;
+    real::test_real(&executor)
+}
+
+fn test_real() -> Result<()> {
+    let executor = image(false)?;
+    run(cargo().args(["build", "--package", "nerve-cli"]))?;
+    real::test_real(&executor)
 }
 
 fn test_sandbox() -> Result<()> {
