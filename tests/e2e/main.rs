@@ -16,6 +16,7 @@ mod json;
 mod loops;
 mod parked;
 mod proxy;
+mod real;
 mod reaper;
 mod resume;
 mod sandbox;

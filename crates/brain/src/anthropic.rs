@@ -8,13 +8,20 @@
 //! call continues a turn. Redacted thinking is kept as a thinking part whose signature is
 //! [`REDACTED_THINKING`] and whose text is the opaque `data`, and is sent back as it came.
 //!
-//! With prompt caching on, two cache breakpoints are set: one on the system prompt (which
-//! covers the tools before it) and one on the last message, so each turn reads the
-//! previous turn's prefix from the cache.
+//! With prompt caching on, up to four cache breakpoints are set: on the last tool, on the
+//! system prompt, at the end of the stable prefix before the newest turn (where the
+//! previous request's last breakpoint was, so each turn reads it from the cache whatever
+//! it added), and on the last message. With caching off (a gateway in front of a model
+//! that is not Claude) no block carries `cache_control` and `system` is a plain string,
+//! which every gateway passes on.
+//!
+//! Tool-use ids are sent as this API accepts them (`[A-Za-z0-9_-]+`): an id from another
+//! server that does not fit is replaced by a stable hash, the same in the call and its
+//! result. `max_tokens` fits the window: at most the model's limit, and at most what the
+//! window leaves after the prompt.
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use nerve_core::{Message, MessagePart, MessageRole, TokenUsage, ToolDefinition};
@@ -22,13 +29,14 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
 
-use crate::http::{self, ClientError, HttpClient, HttpConfig, ResponseSource};
+use crate::http::{self, ClientError, HttpConfig};
 use crate::provider::{
     FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, kind,
 };
+use crate::request::{Endpoint, RawArguments, output_limit, safe_call_id};
 use crate::sse::SseEvent;
 use crate::stream::{Assembler, Delta, Flow, ModelStream, StreamDecoder, reconcile_finish};
-use crate::tokens::{TokenCounter, UsageEstimate, counter_for_model};
+use crate::tokens::UsageEstimate;
 
 /// Anthropic's endpoint, used when no base URL is configured (without `/v1`, like the
 /// official SDKs' `ANTHROPIC_BASE_URL`).
@@ -45,13 +53,18 @@ pub struct AnthropicConfig {
     /// Sent as `x-api-key`. `None` only makes sense behind a proxy that adds it.
     pub api_key: Option<SecretString>,
     pub model: String,
-    /// `max_tokens`, which this API requires.
+    /// `max_tokens`, which this API requires: the model's output limit. Lowered to what
+    /// the window leaves after the prompt when `context_window` is known.
     pub max_output_tokens: u64,
+    /// The model's context window in tokens, when known.
+    pub context_window: Option<u64>,
     pub temperature: Option<f64>,
     pub tool_choice: ToolChoice,
     /// Extended thinking with this token budget (must be below `max_output_tokens`).
     pub thinking_budget: Option<u64>,
-    /// Set cache breakpoints (system prompt and last message).
+    /// Set cache breakpoints (tools, system prompt, the stable prefix, the last message).
+    /// Turn off for a gateway in front of a model that is not Claude: LiteLLM passes a
+    /// `system` array with `cache_control` on as an array, which llama.cpp refuses.
     pub prompt_caching: bool,
     pub http: HttpConfig,
 }
@@ -64,6 +77,7 @@ impl AnthropicConfig {
             api_key: None,
             model: model.into(),
             max_output_tokens: 8_192,
+            context_window: None,
             temperature: None,
             tool_choice: ToolChoice::Auto,
             thinking_budget: None,
@@ -77,10 +91,7 @@ impl AnthropicConfig {
 #[derive(Debug)]
 pub struct AnthropicProvider {
     config: AnthropicConfig,
-    url: String,
-    headers: HeaderMap,
-    client: HttpClient,
-    counter: Arc<dyn TokenCounter>,
+    endpoint: Endpoint,
 }
 
 impl AnthropicProvider {
@@ -111,66 +122,94 @@ impl AnthropicProvider {
             );
         }
         Ok(Self {
-            url: format!("{base}/v1/messages"),
-            headers,
-            client: HttpClient::new(&config.http, &base)?,
-            counter: counter_for_model(&config.model),
+            endpoint: Endpoint::new(
+                "anthropic",
+                &config.http,
+                &base,
+                "/v1/messages",
+                headers,
+                &config.model,
+            )?,
             config,
         })
     }
 
     /// The JSON body of a request, exactly as sent.
     pub fn request_body(&self, request: &ModelRequest<'_>, stream: bool) -> serde_json::Value {
-        serde_json::to_value(self.wire_request(request, stream)).unwrap_or_default()
+        let estimate = self.endpoint.estimate(request);
+        serde_json::to_value(self.wire_request(request, &estimate, stream)).unwrap_or_default()
     }
 
-    fn wire_request<'a>(&'a self, request: &ModelRequest<'a>, stream: bool) -> MessagesRequest<'a> {
+    fn wire_request<'a>(
+        &'a self,
+        request: &ModelRequest<'a>,
+        estimate: &UsageEstimate,
+        stream: bool,
+    ) -> MessagesRequest<'a> {
         let (mut system, mut messages) = wire_messages(request.messages);
+        let mut tools: Vec<WireTool<'_>> = request.tools.iter().map(WireTool::from).collect();
         if self.config.prompt_caching {
+            if let Some(last) = tools.last_mut() {
+                last.cache_control = EPHEMERAL;
+            }
             if let Some(last) = system.last_mut() {
                 last.mark_cached();
             }
-            if let Some(last) = messages
-                .last_mut()
-                .and_then(|m| m.content.iter_mut().rev().find(|b| b.cacheable()))
+            // The end of the prefix the previous request ended with: the turn before the
+            // newest assistant message.
+            if let Some(previous) = messages
+                .iter()
+                .rposition(|m| m.role == "assistant")
+                .and_then(|i| i.checked_sub(1))
             {
-                last.mark_cached();
+                mark_last_cacheable(&mut messages[previous]);
+            }
+            if let Some(last) = messages.last_mut() {
+                mark_last_cacheable(last);
             }
         }
+        let system = if system.iter().any(Block::is_cached) {
+            System::Blocks(system)
+        } else {
+            System::Text(
+                system
+                    .iter()
+                    .filter_map(Block::text)
+                    .collect::<Vec<_>>()
+                    .join("\n\n"),
+            )
+        };
         let has_tools = !request.tools.is_empty();
+        let max_tokens = output_limit(
+            Some(self.config.max_output_tokens),
+            self.config.context_window,
+            estimate.input,
+        )
+        .unwrap_or(self.config.max_output_tokens);
+        // The thinking budget must stay below max_tokens, and at 1,024 or more.
+        let thinking = self
+            .config
+            .thinking_budget
+            .map(|budget| budget.min(max_tokens.saturating_sub(1)))
+            .filter(|budget| *budget >= 1_024);
         MessagesRequest {
             model: &self.config.model,
-            max_tokens: self.config.max_output_tokens,
+            max_tokens,
             system,
             messages,
-            tools: request.tools.iter().map(WireTool::from).collect(),
+            tools,
             tool_choice: has_tools.then(|| tool_choice(&self.config.tool_choice)),
-            thinking: self
-                .config
-                .thinking_budget
+            thinking: thinking
                 .map(|budget| serde_json::json!({"type": "enabled", "budget_tokens": budget})),
             temperature: self.config.temperature,
             stream,
         }
     }
+}
 
-    fn estimate(&self, request: &ModelRequest<'_>) -> UsageEstimate {
-        UsageEstimate::for_request(&self.counter, request)
-    }
-
-    async fn send(
-        &self,
-        request: &ModelRequest<'_>,
-        stream: bool,
-    ) -> Result<reqwest::Response, ProviderError> {
-        self.client
-            .post(
-                &self.url,
-                self.headers.clone(),
-                &self.wire_request(request, stream),
-                stream,
-            )
-            .await
+fn mark_last_cacheable(message: &mut WireMessage<'_>) {
+    if let Some(block) = message.content.iter_mut().rev().find(|b| b.cacheable()) {
+        block.mark_cached();
     }
 }
 
@@ -186,26 +225,21 @@ impl Provider for AnthropicProvider {
 
     #[tracing::instrument(skip_all, fields(provider = "anthropic", model = %self.config.model, purpose = ?request.purpose))]
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
-        let response = self.send(&request, false).await?;
-        let body = http::read_body(response).await?;
-        decode_response(&body, &self.estimate(&request))
+        let estimate = self.endpoint.estimate(&request);
+        let body = self.wire_request(&request, &estimate, false);
+        self.endpoint
+            .complete(&body, &estimate, decode_response)
+            .await
     }
 
     #[tracing::instrument(skip_all, fields(provider = "anthropic", model = %self.config.model, purpose = ?request.purpose))]
     async fn stream(&self, request: ModelRequest<'_>) -> ModelStream {
-        let estimate = self.estimate(&request);
-        match self.send(&request, true).await {
-            // A gateway that ignores `stream: true` answers whole; take it as it is.
-            Ok(response) if http::is_json(&response) => {
-                let body = http::read_body(response).await;
-                ModelStream::from_result(body.and_then(|body| decode_response(&body, &estimate)))
-            }
-            Ok(response) => ModelStream::new(
-                ResponseSource(response),
-                MessagesStreamDecoder::new(estimate),
-            ),
-            Err(error) => ModelStream::from_result(Err(error)),
-        }
+        let estimate = self.endpoint.estimate(&request);
+        let body = self.wire_request(&request, &estimate, true);
+        let decoder = MessagesStreamDecoder::new(estimate.clone());
+        self.endpoint
+            .stream(&body, estimate, decode_response, decoder)
+            .await
     }
 }
 
@@ -222,8 +256,8 @@ fn tool_choice(choice: &ToolChoice) -> serde_json::Value {
 struct MessagesRequest<'a> {
     model: &'a str,
     max_tokens: u64,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    system: Vec<Block<'a>>,
+    #[serde(skip_serializing_if = "System::is_empty")]
+    system: System<'a>,
     messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
@@ -236,11 +270,30 @@ struct MessagesRequest<'a> {
     stream: bool,
 }
 
+/// The system prompt: blocks when one carries a cache breakpoint, else a plain string.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum System<'a> {
+    Text(String),
+    Blocks(Vec<Block<'a>>),
+}
+
+impl System<'_> {
+    fn is_empty(&self) -> bool {
+        match self {
+            Self::Text(text) => text.is_empty(),
+            Self::Blocks(blocks) => blocks.is_empty(),
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct WireTool<'a> {
     name: &'a str,
     description: &'a str,
     input_schema: &'a serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
 }
 
 impl<'a> From<&'a ToolDefinition> for WireTool<'a> {
@@ -249,6 +302,7 @@ impl<'a> From<&'a ToolDefinition> for WireTool<'a> {
             name: &tool.name,
             description: &tool.description,
             input_schema: &tool.parameters,
+            cache_control: None,
         }
     }
 }
@@ -284,14 +338,14 @@ enum Block<'a> {
         data: &'a str,
     },
     ToolUse {
-        id: &'a str,
+        id: Cow<'a, str>,
         name: &'a str,
         input: Cow<'a, serde_json::Value>,
         #[serde(skip_serializing_if = "Option::is_none")]
         cache_control: Option<CacheControl>,
     },
     ToolResult {
-        tool_use_id: &'a str,
+        tool_use_id: Cow<'a, str>,
         content: &'a str,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
@@ -320,6 +374,25 @@ impl Block<'_> {
 
     fn is_tool_result(&self) -> bool {
         matches!(self, Self::ToolResult { .. })
+    }
+
+    fn is_cached(&self) -> bool {
+        match self {
+            Self::Text { cache_control, .. }
+            | Self::ToolUse { cache_control, .. }
+            | Self::ToolResult { cache_control, .. } => cache_control.is_some(),
+            Self::Thinking { .. } | Self::RedactedThinking { .. } => false,
+        }
+    }
+
+    fn text(&self) -> Option<&str> {
+        match self {
+            Self::Text { text, .. } => Some(text),
+            Self::Thinking { .. }
+            | Self::RedactedThinking { .. }
+            | Self::ToolUse { .. }
+            | Self::ToolResult { .. } => None,
+        }
     }
 }
 
@@ -383,13 +456,13 @@ fn wire_messages(messages: &[Message]) -> (Vec<Block<'_>>, Vec<WireMessage<'_>>)
                 // Unsigned thinking came from another provider; this API would refuse it.
                 MessagePart::Thinking { .. } => {}
                 MessagePart::ToolCall(call) => blocks.push(Block::ToolUse {
-                    id: &call.id.0,
+                    id: safe_call_id(&call.id.0),
                     name: &call.name,
                     input: tool_input(&call.arguments),
                     cache_control: None,
                 }),
                 MessagePart::ToolResult(result) => blocks.push(Block::ToolResult {
-                    tool_use_id: &result.call_id.0,
+                    tool_use_id: safe_call_id(&result.call_id.0),
                     content: &result.content,
                     is_error: result.is_error,
                     cache_control: None,
@@ -528,10 +601,12 @@ fn open_block(
     Some(index)
 }
 
-/// Decodes a whole (non-streamed) response body.
+/// Decodes a whole (non-streamed) response body. Tool inputs arrive as objects, so there
+/// are no raw argument bytes to keep.
 pub(crate) fn decode_response(
     body: &[u8],
     estimate: &UsageEstimate,
+    _raw: Option<&RawArguments>,
 ) -> Result<ModelResponse, ProviderError> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
         ProviderError::permanent(
@@ -540,7 +615,7 @@ pub(crate) fn decode_response(
         )
     })?;
     if text_field(&value, "type") == "error" || value.get("error").is_some() {
-        return Err(http::error_from_event(&value));
+        return Err(http::error_from_event("anthropic", &value));
     }
     let Some(content) = value.get("content").and_then(serde_json::Value::as_array) else {
         return Err(ProviderError::permanent(
@@ -669,7 +744,7 @@ impl StreamDecoder for MessagesStreamDecoder {
                 }
             }
             "message_stop" => return Ok(Flow::Done),
-            "error" => return Err(http::error_from_event(&value)),
+            "error" => return Err(http::error_from_event("anthropic", &value)),
             // content_block_stop needs nothing; ping keeps the connection alive.
             "content_block_stop" | "ping" => {}
             other => tracing::debug!(event_type = other, "ignoring an unknown stream event"),
@@ -702,6 +777,7 @@ mod tests {
     use crate::tokens::Estimate;
     use bytes::Bytes;
     use nerve_core::{ToolCall, ToolCallId, ToolResult};
+    use std::sync::Arc;
 
     fn estimate() -> UsageEstimate {
         UsageEstimate {
@@ -732,7 +808,7 @@ mod tests {
             "stop_reason": "tool_use",
             "usage": {"input_tokens": 10, "output_tokens": 20, "cache_creation_input_tokens": 5, "cache_read_input_tokens": 100}
         });
-        let response = decode_response(body.to_string().as_bytes(), &estimate()).unwrap();
+        let response = decode_response(body.to_string().as_bytes(), &estimate(), None).unwrap();
         assert_eq!(
             response.message.parts,
             vec![
@@ -762,21 +838,21 @@ mod tests {
         );
         let error = serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
         assert_eq!(
-            decode_response(error.to_string().as_bytes(), &estimate())
+            decode_response(error.to_string().as_bytes(), &estimate(), None)
                 .unwrap_err()
                 .kind(),
             "overloaded"
         );
         let refusal = serde_json::json!({"content": [], "stop_reason": "refusal"});
         assert_eq!(
-            decode_response(refusal.to_string().as_bytes(), &estimate())
+            decode_response(refusal.to_string().as_bytes(), &estimate(), None)
                 .unwrap_err()
                 .kind(),
             "content_filter"
         );
         let odd = serde_json::json!({"content": [{"type": "text", "text": "x"}], "stop_reason": "brand_new"});
         assert_eq!(
-            decode_response(odd.to_string().as_bytes(), &estimate())
+            decode_response(odd.to_string().as_bytes(), &estimate(), None)
                 .unwrap()
                 .finish,
             FinishReason::Stop

@@ -205,16 +205,14 @@ impl ModelCaller {
                     message,
                     retry_after,
                 }) => {
-                    let delay = self.retry.delay(attempt, retry_after);
-                    if attempt >= self.retry.max_attempts
-                        || slept + delay > self.retry.max_total_delay
-                    {
+                    let next = self.retry.next_delay(attempt, slept, kind, retry_after);
+                    let Some(delay) = next else {
                         return Err(Stop::new(
                             TerminationReason::Error,
                             format!("provider failed after {attempt} attempts: {kind}: {message}"),
                         )
                         .into());
-                    }
+                    };
                     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                     journal.record(Event::Retry(Retry {
                         turn,

@@ -18,11 +18,23 @@ use crate::stagnation::StagnationConfig;
 pub struct Pricing {
     pub input_per_million: u64,
     pub output_per_million: u64,
+    /// Input tokens read from the prompt cache; `None`: the input price.
+    pub cache_read_per_million: Option<u64>,
+    /// Input tokens written to the prompt cache; `None`: the input price.
+    pub cache_write_per_million: Option<u64>,
 }
 
 impl Pricing {
+    /// The cost of `usage`, cache reads and writes at their own prices. Rounded up per
+    /// class, so a budget is never under-charged.
     pub fn cost(&self, usage: TokenUsage) -> MicroUsd {
-        MicroUsd::for_tokens(usage.input_tokens, self.input_per_million)
+        let read = usage.cache_read_tokens.min(usage.input_tokens);
+        let write = usage.cache_write_tokens.min(usage.input_tokens - read);
+        let plain = usage.input_tokens - read - write;
+        let price = |p: Option<u64>| p.unwrap_or(self.input_per_million);
+        MicroUsd::for_tokens(plain, self.input_per_million)
+            + MicroUsd::for_tokens(read, price(self.cache_read_per_million))
+            + MicroUsd::for_tokens(write, price(self.cache_write_per_million))
             + MicroUsd::for_tokens(usage.output_tokens, self.output_per_million)
     }
 }

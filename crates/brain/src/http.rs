@@ -2,6 +2,7 @@
 //! provider, timeouts, and the mapping of every way a call can fail (status codes,
 //! Retry-After, error bodies, broken connections) onto [`ProviderError`].
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -60,19 +61,25 @@ pub enum ClientError {
 const ERROR_BODY_LIMIT: usize = 64 << 10;
 /// A whole (non-streamed) answer larger than this is refused.
 pub(crate) const RESPONSE_BODY_LIMIT: usize = 64 << 20;
-/// Error messages shown to the user and the log are cut to this many characters.
-const MESSAGE_LIMIT: usize = 400;
+/// The server's own words in an error are cut to this many characters, on one line.
+const MESSAGE_LIMIT: usize = 300;
 
 #[derive(Debug, Clone)]
 pub(crate) struct HttpClient {
     client: reqwest::Client,
     request_timeout: Duration,
+    /// How errors name the provider: `HTTP 401 from openai: ...`.
+    provider: &'static str,
 }
 
 impl HttpClient {
     /// `base_url` is only looked at for its scheme: a plain-`http` endpoint (a local
     /// server) works on a machine without CA certificates, an `https` one does not.
-    pub(crate) fn new(config: &HttpConfig, base_url: &str) -> Result<Self, ClientError> {
+    pub(crate) fn new(
+        provider: &'static str,
+        config: &HttpConfig,
+        base_url: &str,
+    ) -> Result<Self, ClientError> {
         let crypto = Arc::new(rustls::crypto::ring::default_provider());
         let builder = || {
             rustls::ClientConfig::builder_with_provider(Arc::clone(&crypto))
@@ -105,6 +112,7 @@ impl HttpClient {
         Ok(Self {
             client,
             request_timeout: config.request_timeout,
+            provider,
         })
     }
 
@@ -148,7 +156,12 @@ impl HttpClient {
         let body = read_limited(response, ERROR_BODY_LIMIT)
             .await
             .unwrap_or_default();
-        Err(error_from_status(status.as_u16(), wait, &body))
+        Err(error_from_status(
+            self.provider,
+            status.as_u16(),
+            wait,
+            &body,
+        ))
     }
 }
 
@@ -273,24 +286,35 @@ pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Durati
 
 /// What an error body says, across the dialects: OpenAI and vLLM
 /// (`{"error":{"message","type","code"}}`), Anthropic (`{"type":"error","error":{...}}`),
-/// llama.cpp (`{"error":{"code":400,"message","type"}}`), Ollama (`{"error":"..."}`).
+/// llama.cpp (`{"error":{"code":400,"message","type"}}`), LiteLLM (`code` as a string such
+/// as `"400"`), Ollama (`{"error":"..."}`), FastAPI (`{"detail":"..."}` or a list of
+/// validation errors), and HTML pages (reduced to their text).
 #[derive(Debug, Default)]
 pub(crate) struct ErrorDetails {
     /// `type` and `code`, lowercased.
     hints: Vec<String>,
+    /// The server's own message on one line, at most [`MESSAGE_LIMIT`] characters.
     pub(crate) message: String,
-    /// A numeric `code` that looks like an HTTP status (llama.cpp puts one in its errors).
+    /// A `code` that looks like an HTTP status (llama.cpp and LiteLLM put one in errors).
     status: Option<u16>,
 }
 
 impl ErrorDetails {
     pub(crate) fn parse(body: &[u8]) -> Self {
         match serde_json::from_slice::<serde_json::Value>(body) {
-            Ok(value) => Self::from_json(&value),
-            Err(_) => Self {
-                message: shorten(String::from_utf8_lossy(body).trim()),
-                ..Self::default()
-            },
+            Ok(value) if value.is_object() || value.is_string() => Self::from_json(&value),
+            Ok(_) | Err(_) => {
+                let text = String::from_utf8_lossy(body);
+                let text = if looks_like_html(&text) {
+                    Cow::Owned(html_text(&text))
+                } else {
+                    text
+                };
+                Self {
+                    message: one_line(&text),
+                    ..Self::default()
+                }
+            }
         }
     }
 
@@ -299,17 +323,23 @@ impl ErrorDetails {
         let error = value.get("error").unwrap_or(value);
         let mut details = Self::default();
         if let Some(text) = error.as_str() {
-            details.message = shorten(text);
+            details.message = one_line(text);
             return details;
         }
         for key in ["type", "code", "status"] {
             match error.get(key) {
-                Some(serde_json::Value::String(hint)) => details.hints.push(hint.to_lowercase()),
+                Some(serde_json::Value::String(hint)) => {
+                    match hint.parse::<u16>().ok().filter(|n| (400..600).contains(n)) {
+                        Some(status) => details.status = Some(status),
+                        None => details.hints.push(hint.to_lowercase()),
+                    }
+                }
                 Some(serde_json::Value::Number(number)) => {
                     details.status = number
                         .as_u64()
                         .and_then(|n| u16::try_from(n).ok())
-                        .filter(|n| (400..600).contains(n));
+                        .filter(|n| (400..600).contains(n))
+                        .or(details.status);
                 }
                 _ => {}
             }
@@ -317,12 +347,10 @@ impl ErrorDetails {
         let message = error
             .get("message")
             .or_else(|| value.get("message"))
-            .and_then(serde_json::Value::as_str);
-        details.message = shorten(
-            message
-                .map_or_else(|| error.to_string(), str::to_owned)
-                .trim(),
-        );
+            .and_then(serde_json::Value::as_str)
+            .map(Cow::Borrowed)
+            .or_else(|| value.get("detail").and_then(fastapi_detail).map(Cow::Owned));
+        details.message = one_line(&message.unwrap_or_else(|| Cow::Owned(error.to_string())));
         details
     }
 
@@ -361,26 +389,186 @@ impl ErrorDetails {
     fn is_quota(&self) -> bool {
         self.mentions(&["insufficient_quota", "billing", "credit balance"])
     }
-}
 
-fn shorten(text: &str) -> String {
-    match text.char_indices().nth(MESSAGE_LIMIT) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_owned(),
+    /// Whether a 5xx blames the request rather than the server: llama.cpp's Python server
+    /// answers a request it cannot validate or render with 500, and gateways pass on
+    /// the backend's 400 as their own 500.
+    fn blames_the_request(&self) -> bool {
+        self.status
+            .is_some_and(|status| (400..500).contains(&status))
+            || self.mentions(&[
+                "validation error",
+                "validationerror",
+                "invalid_request",
+                "invalid request",
+                "badrequest",
+                "bad request",
+                "unprocessable",
+                "field required",
+                "input should be",
+                "template",
+            ])
     }
 }
 
-/// Maps a non-2xx status (and what its body says) onto a [`ProviderError`].
+/// FastAPI's `detail`: a string, or a list of validation errors (`{"loc", "msg"}`).
+fn fastapi_detail(detail: &serde_json::Value) -> Option<String> {
+    if let Some(text) = detail.as_str() {
+        return Some(text.to_owned());
+    }
+    if detail.is_object() {
+        return Some(ErrorDetails::from_json(detail).message);
+    }
+    let items = detail.as_array()?;
+    let texts: Vec<String> = items
+        .iter()
+        .map(|item| {
+            let msg = item
+                .get("msg")
+                .and_then(serde_json::Value::as_str)
+                .map_or_else(|| item.to_string(), str::to_owned);
+            match item.get("loc").and_then(serde_json::Value::as_array) {
+                Some(loc) => {
+                    let path: Vec<String> = loc
+                        .iter()
+                        .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_owned))
+                        .collect();
+                    format!("{}: {msg}", path.join("."))
+                }
+                None => msg,
+            }
+        })
+        .collect();
+    (!texts.is_empty()).then(|| texts.join("; "))
+}
+
+fn looks_like_html(text: &str) -> bool {
+    let head: String = text.trim_start().chars().take(64).collect();
+    let head = head.to_lowercase();
+    head.starts_with("<!doctype html")
+        || head.starts_with("<html")
+        || head.starts_with("<head")
+        || head.starts_with("<body")
+        || head.starts_with("<h1")
+        || head.starts_with("<title")
+}
+
+/// The visible text of an HTML page: what is inside `head`, `script` and `style` is
+/// dropped, tags become spaces, the common entities are decoded. Good enough for error
+/// pages; not an HTML parser.
+pub(crate) fn html_text(html: &str) -> String {
+    let lower = html.to_ascii_lowercase();
+    let mut out = String::with_capacity(html.len() / 2);
+    let mut at = 0;
+    while at < html.len() {
+        let Some(open) = lower[at..].find('<').map(|i| at + i) else {
+            out.push_str(&html[at..]);
+            break;
+        };
+        out.push_str(&html[at..open]);
+        let Some(close) = lower[open..].find('>').map(|i| open + i) else {
+            break;
+        };
+        let tag = lower[open + 1..close]
+            .split(|c: char| c.is_ascii_whitespace() || c == '/')
+            .find(|t| !t.is_empty())
+            .unwrap_or_default();
+        at = close + 1;
+        if matches!(tag, "head" | "script" | "style") && !lower[open + 1..].starts_with('/') {
+            let end = format!("</{tag}");
+            at = match lower[at..].find(&end) {
+                Some(i) => lower[at + i..]
+                    .find('>')
+                    .map_or(html.len(), |j| at + i + j + 1),
+                None => html.len(),
+            };
+        }
+        out.push(' ');
+    }
+    decode_entities(&out)
+}
+
+fn decode_entities(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(amp) = rest.find('&') {
+        out.push_str(&rest[..amp]);
+        rest = &rest[amp..];
+        let entity = rest[1..]
+            .find(';')
+            .filter(|end| *end <= 8)
+            .map(|end| &rest[1..=end]);
+        let decoded = entity.and_then(|name| match name {
+            "amp" => Some('&'),
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            "nbsp" => Some(' '),
+            _ => {
+                let number = name.strip_prefix('#')?;
+                let code = match number.strip_prefix(['x', 'X']) {
+                    Some(hex) => u32::from_str_radix(hex, 16).ok()?,
+                    None => number.parse().ok()?,
+                };
+                char::from_u32(code)
+            }
+        });
+        match (entity, decoded) {
+            (Some(name), Some(c)) => {
+                out.push(c);
+                rest = &rest[name.len() + 2..];
+            }
+            _ => {
+                out.push('&');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whitespace runs (newlines included) become one space, and the text is cut to
+/// [`MESSAGE_LIMIT`] characters, the ellipsis included.
+pub(crate) fn one_line(text: &str) -> String {
+    let mut out = String::new();
+    for word in text.split_whitespace() {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(word);
+        // Enough to cut from; the rest of a long body is never looked at.
+        if out.len() > 4 * MESSAGE_LIMIT {
+            break;
+        }
+    }
+    match out.char_indices().nth(MESSAGE_LIMIT) {
+        Some(_) => {
+            let mut cut: String = out.chars().take(MESSAGE_LIMIT - 1).collect();
+            cut.truncate(cut.trim_end().len());
+            cut.push('…');
+            cut
+        }
+        None => out,
+    }
+}
+
+/// Maps a non-2xx status (and what its body says) onto a [`ProviderError`]: by what
+/// retrying can change. 400, 401, 403, 404, 422 and 501 are permanent; 408, 409, 429 and
+/// 5xx are transient, except that a 5xx blaming the request is [`kind::SERVER_REJECTED`]
+/// (retried at most once, see `RetryPolicy::next_delay`).
 pub(crate) fn error_from_status(
+    provider: &str,
     status: u16,
     retry_after: Option<Duration>,
     body: &[u8],
 ) -> ProviderError {
     let details = ErrorDetails::parse(body);
     let message = if details.message.is_empty() {
-        format!("HTTP {status}")
+        format!("HTTP {status} from {provider}")
     } else {
-        format!("HTTP {status}: {}", details.message)
+        format!("HTTP {status} from {provider}: {}", details.message)
     };
     let transient = |kind| ProviderError::Transient {
         kind,
@@ -391,30 +579,32 @@ pub(crate) fn error_from_status(
         429 if details.is_quota() => ProviderError::permanent(kind::QUOTA, message),
         429 => transient(kind::RATE_LIMITED),
         408 => transient(kind::TIMEOUT),
-        503 | 529 => transient(kind::OVERLOADED),
-        500..=599 => transient(kind::SERVER_ERROR),
+        409 => transient(kind::SERVER_ERROR),
         401 | 403 => ProviderError::permanent(kind::AUTH, message),
         413 => ProviderError::ContextOverflow(message),
-        400..=499 if details.is_context_overflow() => ProviderError::ContextOverflow(message),
+        400..=599 if details.is_context_overflow() => ProviderError::ContextOverflow(message),
         400..=499 if details.is_content_filter() => {
             ProviderError::permanent(kind::CONTENT_FILTER, message)
         }
-        404 => ProviderError::permanent(kind::NOT_FOUND, message),
+        404 | 501 => ProviderError::permanent(kind::NOT_FOUND, message),
+        503 | 529 => transient(kind::OVERLOADED),
+        500..=599 if details.blames_the_request() => transient(kind::SERVER_REJECTED),
+        500..=599 => transient(kind::SERVER_ERROR),
         _ => ProviderError::permanent(kind::BAD_REQUEST, message),
     }
 }
 
 /// Maps an error the server reported inside a 200 response (a stream's error event, or an
 /// `error` member in a body) onto a [`ProviderError`].
-pub(crate) fn error_from_event(value: &serde_json::Value) -> ProviderError {
+pub(crate) fn error_from_event(provider: &str, value: &serde_json::Value) -> ProviderError {
     let details = ErrorDetails::from_json(value);
     if let Some(status) = details.status {
-        return error_from_status(status, None, value.to_string().as_bytes());
+        return error_from_status(provider, status, None, value.to_string().as_bytes());
     }
     let message = if details.message.is_empty() {
-        "the server reported an error".to_owned()
+        format!("{provider} reported an error")
     } else {
-        details.message.clone()
+        format!("{provider}: {}", details.message)
     };
     if details.is_context_overflow() {
         ProviderError::ContextOverflow(message)
@@ -467,7 +657,12 @@ mod tests {
     use super::*;
 
     fn check_status(status: u16, body: &str, retry: Option<u64>, expected: &str) {
-        let error = error_from_status(status, retry.map(Duration::from_secs), body.as_bytes());
+        let error = error_from_status(
+            "openai",
+            status,
+            retry.map(Duration::from_secs),
+            body.as_bytes(),
+        );
         let retry_text = match &error {
             ProviderError::Transient {
                 retry_after: Some(after),
@@ -490,119 +685,164 @@ mod tests {
             429,
             r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#,
             Some(2),
-            "rate_limited: HTTP 429: Rate limit reached after 2s",
+            "rate_limited: HTTP 429 from openai: Rate limit reached after 2s",
         );
         check_status(
             429,
             r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota"}}"#,
             None,
-            "quota: HTTP 429: You exceeded your current quota",
+            "quota: HTTP 429 from openai: You exceeded your current quota",
         );
         check_status(
             529,
             r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
             None,
-            "overloaded: HTTP 529: Overloaded",
+            "overloaded: HTTP 529 from openai: Overloaded",
         );
         check_status(
             503,
             "upstream unavailable",
             Some(1),
-            "overloaded: HTTP 503: upstream unavailable after 1s",
+            "overloaded: HTTP 503 from openai: upstream unavailable after 1s",
         );
-        check_status(500, "", None, "server_error: HTTP 500");
+        check_status(500, "", None, "server_error: HTTP 500 from openai");
         check_status(
             502,
             "<html>bad gateway</html>",
             None,
-            "server_error: HTTP 502: <html>bad gateway</html>",
+            "server_error: HTTP 502 from openai: bad gateway",
         );
-        check_status(408, "", None, "timeout: HTTP 408");
+        check_status(408, "", None, "timeout: HTTP 408 from openai");
         check_status(
             401,
             r#"{"error":{"message":"Incorrect API key provided","code":"invalid_api_key"}}"#,
             None,
-            "auth: HTTP 401: Incorrect API key provided",
+            "auth: HTTP 401 from openai: Incorrect API key provided",
         );
         check_status(
             403,
             r#"{"type":"error","error":{"type":"permission_error","message":"no"}}"#,
             None,
-            "auth: HTTP 403: no",
+            "auth: HTTP 403 from openai: no",
         );
         check_status(
             400,
             r#"{"error":{"message":"This model's maximum context length is 8192 tokens.","code":"context_length_exceeded"}}"#,
             None,
-            "context_overflow: HTTP 400: This model's maximum context length is 8192 tokens.",
+            "context_overflow: HTTP 400 from openai: This model's maximum context length is 8192 tokens.",
         );
         check_status(
             400,
             r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#,
             None,
-            "context_overflow: HTTP 400: prompt is too long: 208310 tokens > 200000 maximum",
+            "context_overflow: HTTP 400 from openai: prompt is too long: 208310 tokens > 200000 maximum",
         );
         check_status(
             400,
             r#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}"#,
             None,
-            "context_overflow: HTTP 400: the request exceeds the available context size",
+            "context_overflow: HTTP 400 from openai: the request exceeds the available context size",
         );
         check_status(
             413,
             r#"{"type":"error","error":{"type":"request_too_large","message":"Request exceeds the maximum size"}}"#,
             None,
-            "context_overflow: HTTP 413: Request exceeds the maximum size",
+            "context_overflow: HTTP 413 from openai: Request exceeds the maximum size",
         );
         check_status(
             400,
             r#"{"error":{"message":"flagged","code":"content_filter"}}"#,
             None,
-            "content_filter: HTTP 400: flagged",
+            "content_filter: HTTP 400 from openai: flagged",
         );
         check_status(
             404,
             r#"{"error":"model 'llama9' not found"}"#,
             None,
-            "not_found: HTTP 404: model 'llama9' not found",
+            "not_found: HTTP 404 from openai: model 'llama9' not found",
         );
         check_status(
             422,
             r#"{"detail":"bad"}"#,
             None,
-            r#"bad_request: HTTP 422: {"detail":"bad"}"#,
+            "bad_request: HTTP 422 from openai: bad",
         );
-        check_status(302, "", None, "bad_request: HTTP 302");
+        check_status(
+            422,
+            r#"{"detail":[{"loc":["body","messages",2,"content"],"msg":"Input should be a valid string","type":"string_type"}]}"#,
+            None,
+            "bad_request: HTTP 422 from openai: body.messages.2.content: Input should be a valid string",
+        );
+        check_status(
+            400,
+            r#"{"error":{"message":"unknown field","type":"invalid_request_error"}}"#,
+            None,
+            "bad_request: HTTP 400 from openai: unknown field",
+        );
+        check_status(
+            409,
+            "busy",
+            None,
+            "server_error: HTTP 409 from openai: busy",
+        );
+        check_status(
+            401,
+            r#"{"detail":{"error":{"message":"Invalid API key","type":"auth"}}}"#,
+            None,
+            "auth: HTTP 401 from openai: Invalid API key",
+        );
+        // A plain web server that does not take POST: permanent, and its page as one line.
+        check_status(
+            501,
+            "<!DOCTYPE HTML>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>Error response</title>\n<style>p { color: red }</style></head>\n<body>\n<h1>Error response</h1>\n<p>Error code: 501</p>\n<p>Message: Unsupported method (&#x27;POST&#x27;).</p>\n</body>\n</html>\n",
+            None,
+            "not_found: HTTP 501 from openai: Error response Error code: 501 Message: Unsupported method ('POST').",
+        );
+        // llama.cpp's Python server refusing a message shape with a 500.
+        check_status(
+            500,
+            r#"{"error":{"message":"1 validation error for ChatCompletionRequestAssistantMessage\ncontent\n  Input should be a valid string","type":"internal_server_error","param":null,"code":null}}"#,
+            None,
+            "server_rejected: HTTP 500 from openai: 1 validation error for ChatCompletionRequestAssistantMessage content Input should be a valid string",
+        );
+        // LiteLLM passing a backend's 400 on as its own 500, its code a string.
+        check_status(
+            500,
+            r#"{"error":{"message":"litellm.APIError: OpenAIException - Value is not callable","type":null,"param":null,"code":"400"}}"#,
+            None,
+            "server_rejected: HTTP 500 from openai: litellm.APIError: OpenAIException - Value is not callable",
+        );
+        check_status(302, "", None, "bad_request: HTTP 302 from openai");
     }
 
     #[test]
     fn errors_inside_a_stream_are_classified() {
         let check = |value: serde_json::Value, expected: &str| {
-            assert_eq!(error_from_event(&value).to_string(), expected)
+            assert_eq!(error_from_event("openai", &value).to_string(), expected)
         };
         check(
             serde_json::json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}),
-            "overloaded: Overloaded",
+            "overloaded: openai: Overloaded",
         );
         check(
             serde_json::json!({"error":{"message":"The server had an error","type":"server_error"}}),
-            "server_error: The server had an error",
+            "server_error: openai: The server had an error",
         );
         check(
             serde_json::json!({"error":{"type":"rate_limit_error","message":"slow down"}}),
-            "rate_limited: slow down",
+            "rate_limited: openai: slow down",
         );
         check(
             serde_json::json!({"error":{"code":500,"message":"llama crashed"}}),
-            "server_error: HTTP 500: llama crashed",
+            "server_error: HTTP 500 from openai: llama crashed",
         );
         check(
             serde_json::json!({"error":{"type":"invalid_request_error","message":"bad tool"}}),
-            "bad_request: bad tool",
+            "bad_request: openai: bad tool",
         );
         check(
             serde_json::json!({"error":{"type":"invalid_request_error","message":"prompt is too long"}}),
-            "context_overflow: prompt is too long",
+            "context_overflow: openai: prompt is too long",
         );
     }
 
@@ -651,9 +891,45 @@ mod tests {
     }
 
     #[test]
-    fn long_messages_are_cut() {
+    fn messages_are_one_line_of_at_most_the_limit() {
         let long = "é".repeat(1000);
-        let error = error_from_status(500, None, long.as_bytes());
-        assert!(error.to_string().chars().count() < MESSAGE_LIMIT + 40);
+        let details = ErrorDetails::parse(long.as_bytes());
+        assert_eq!(details.message.chars().count(), MESSAGE_LIMIT);
+        assert!(details.message.ends_with('…'));
+        let words = "word ".repeat(200);
+        let message = one_line(&words);
+        assert!(message.chars().count() <= MESSAGE_LIMIT, "{message}");
+        assert!(message.ends_with("word…"), "{message}");
+        assert_eq!(one_line("  a\n\n b\t c  "), "a b c");
+        assert_eq!(one_line(""), "");
+    }
+
+    #[test]
+    fn html_is_reduced_to_its_text() {
+        assert_eq!(
+            one_line(&html_text(
+                "<html><head><title>x</title><script>var a = '<b>';</script></head><body><p>A &amp; B&nbsp;&lt;c&gt; &#65;&bogus; &</p></body></html>"
+            )),
+            "A & B <c> A&bogus; &"
+        );
+        assert_eq!(
+            one_line(&html_text("<h1>Bad Gateway</h1><hr>nginx")),
+            "Bad Gateway nginx"
+        );
+        assert_eq!(one_line(&html_text("<p unclosed")), "");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_error_body_gives_one_short_line(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000)) {
+            let details = ErrorDetails::parse(&body);
+            proptest::prop_assert!(details.message.chars().count() <= MESSAGE_LIMIT);
+            proptest::prop_assert!(!details.message.contains('\n'));
+        }
+
+        #[test]
+        fn any_html_reduces_without_panicking(text in "(<[a-z/ ]{0,8}>|&[a-z#0-9]{0,6};?|[a-zé ]{0,10}){0,40}") {
+            let _ = html_text(&text);
+        }
     }
 }

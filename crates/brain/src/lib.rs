@@ -23,6 +23,7 @@ mod plan;
 pub mod prompt;
 pub mod provider;
 mod react;
+mod request;
 pub mod retry;
 mod runner;
 pub mod scripted;

@@ -27,31 +27,19 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
-    /// The cost of `usage`, cache reads and writes at their own prices. Rounded up per
-    /// class, so a budget is never under-charged.
+    /// The cost of `usage`, cache reads and writes at their own prices (see
+    /// [`Pricing::cost`]).
     pub fn cost(&self, usage: TokenUsage) -> MicroUsd {
-        let read = usage.cache_read_tokens.min(usage.input_tokens);
-        let write = usage.cache_write_tokens.min(usage.input_tokens - read);
-        let plain = usage.input_tokens - read - write;
-        MicroUsd::for_tokens(plain, self.input_per_million)
-            + MicroUsd::for_tokens(
-                read,
-                self.cache_read_per_million
-                    .unwrap_or(self.input_per_million),
-            )
-            + MicroUsd::for_tokens(
-                write,
-                self.cache_write_per_million
-                    .unwrap_or(self.input_per_million),
-            )
-            + MicroUsd::for_tokens(usage.output_tokens, self.output_per_million)
+        self.pricing().cost(usage)
     }
 
-    /// The input and output prices as the engine's `Pricing` (which knows no cache prices).
+    /// The model's prices as the engine's `Pricing`, cache prices included.
     pub fn pricing(&self) -> Pricing {
         Pricing {
             input_per_million: self.input_per_million,
             output_per_million: self.output_per_million,
+            cache_read_per_million: self.cache_read_per_million,
+            cache_write_per_million: self.cache_write_per_million,
         }
     }
 }
@@ -301,9 +289,19 @@ mod tests {
             sonnet.pricing(),
             Pricing {
                 input_per_million: 3_000_000,
-                output_per_million: 15_000_000
+                output_per_million: 15_000_000,
+                cache_read_per_million: Some(300_000),
+                cache_write_per_million: Some(3_750_000),
             }
         );
+        // The engine charges with the same prices: a cached turn costs what the table says.
+        let cached = TokenUsage {
+            input_tokens: 1_000_000,
+            output_tokens: 0,
+            cache_read_tokens: 1_000_000,
+            cache_write_tokens: 0,
+        };
+        assert_eq!(sonnet.pricing().cost(cached), MicroUsd(300_000));
     }
 
     #[test]

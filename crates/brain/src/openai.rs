@@ -1,12 +1,15 @@
 //! A client of the OpenAI Chat Completions API and of the servers that speak it (vLLM,
 //! llama.cpp's `llama-server`, Ollama, LM Studio, OpenRouter, ...).
 //!
-//! The request side is conservative: the plain string form of `content`, optional fields
-//! only when configured, `tools` only when there are some. The response side is lenient
+//! The request side is conservative: the plain string form of `content` (`""`, never
+//! `null`, beside tool calls: llama.cpp's server refuses `null`), optional fields only when
+//! configured, `tools` only when there are some, tool calls sent back exactly as the server
+//! wrote them, and an output limit that fits the window. The response side is lenient
 //! where those servers differ from OpenAI: missing tool-call ids are generated, tool-call
 //! deltas without an `index` are placed by their id, missing usage is estimated with the
 //! token counter, `finish_reason: "stop"` on an answer with tool calls means tool calls,
-//! unknown finish reasons are a warning, and reasoning comes in as `reasoning_content`
+//! unknown finish reasons are a warning, the legacy `function_call` is ignored beside
+//! `tool_calls` (llama.cpp's server sends both), and reasoning comes in as `reasoning_content`
 //! (DeepSeek, vLLM) or `reasoning` (Ollama, OpenRouter). Text that merely looks like a tool
 //! call (a JSON object, `<tool_call>` tags) stays text: only the structured `tool_calls`
 //! field asks for a tool.
@@ -21,15 +24,14 @@ use reqwest::header::HeaderMap;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
-use crate::http::{self, ClientError, HttpClient, HttpConfig, ResponseSource};
+use crate::http::{self, ClientError, HttpConfig};
 use crate::provider::{
     FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, kind,
 };
+use crate::request::{Endpoint, RawArguments, output_limit, safe_call_id};
 use crate::sse::SseEvent;
-use crate::stream::{
-    Assembler, Delta, Flow, ModelStream, StreamDecoder, arguments_text, reconcile_finish,
-};
-use crate::tokens::{TokenCounter, UsageEstimate, counter_for_model};
+use crate::stream::{Assembler, Delta, Flow, ModelStream, StreamDecoder, reconcile_finish};
+use crate::tokens::UsageEstimate;
 
 /// OpenAI's own endpoint, used when no base URL is configured.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -43,10 +45,14 @@ pub struct OpenAiConfig {
     /// Sent as a bearer token; local servers usually need none.
     pub api_key: Option<SecretString>,
     pub model: String,
-    /// The output limit; `None` leaves it to the server. Sent as `max_completion_tokens`
-    /// to OpenAI itself (its reasoning models refuse `max_tokens`) and as `max_tokens`
-    /// elsewhere (what local servers understand).
+    /// The output limit (the model's); `None` leaves it to the server unless the window
+    /// is known. Sent as `max_completion_tokens` to OpenAI itself (its reasoning models
+    /// refuse `max_tokens`) and as `max_tokens` elsewhere (what local servers understand),
+    /// lowered to what the window leaves after the prompt.
     pub max_output_tokens: Option<u64>,
+    /// The model's context window in tokens, when known: the output limit never asks for
+    /// more than it leaves after the prompt.
+    pub context_window: Option<u64>,
     pub temperature: Option<f64>,
     pub tool_choice: ToolChoice,
     /// `parallel_tool_calls`; `None` leaves the server's default (parallel on OpenAI).
@@ -65,6 +71,7 @@ impl OpenAiConfig {
             api_key: None,
             model: model.into(),
             max_output_tokens: None,
+            context_window: None,
             temperature: None,
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: None,
@@ -78,11 +85,8 @@ impl OpenAiConfig {
 #[derive(Debug)]
 pub struct OpenAiProvider {
     config: OpenAiConfig,
-    url: String,
-    headers: HeaderMap,
+    endpoint: Endpoint,
     official: bool,
-    client: HttpClient,
-    counter: Arc<dyn TokenCounter>,
 }
 
 impl OpenAiProvider {
@@ -96,30 +100,45 @@ impl OpenAiProvider {
             );
         }
         Ok(Self {
-            url: format!("{base}/chat/completions"),
+            endpoint: Endpoint::new(
+                "openai",
+                &config.http,
+                &base,
+                "/chat/completions",
+                headers,
+                &config.model,
+            )?,
             official: base.starts_with("https://api.openai.com"),
-            headers,
-            client: HttpClient::new(&config.http, &base)?,
-            counter: counter_for_model(&config.model),
             config,
         })
     }
 
     /// The JSON body of a request, exactly as sent.
     pub fn request_body(&self, request: &ModelRequest<'_>, stream: bool) -> serde_json::Value {
-        serde_json::to_value(self.wire_request(request, stream)).unwrap_or_default()
+        let estimate = self.endpoint.estimate(request);
+        serde_json::to_value(self.wire_request(request, &estimate, stream)).unwrap_or_default()
     }
 
-    fn wire_request<'a>(&'a self, request: &ModelRequest<'a>, stream: bool) -> ChatRequest<'a> {
+    fn wire_request<'a>(
+        &'a self,
+        request: &ModelRequest<'a>,
+        estimate: &UsageEstimate,
+        stream: bool,
+    ) -> ChatRequest<'a> {
         let has_tools = !request.tools.is_empty();
-        let (max_tokens, max_completion_tokens) = match self.config.max_output_tokens {
+        let limit = output_limit(
+            self.config.max_output_tokens,
+            self.config.context_window,
+            estimate.input,
+        );
+        let (max_tokens, max_completion_tokens) = match limit {
             Some(limit) if self.official => (None, Some(limit)),
             Some(limit) => (Some(limit), None),
             None => (None, None),
         };
         ChatRequest {
             model: &self.config.model,
-            messages: wire_messages(request.messages),
+            messages: wire_messages(request.messages, &self.endpoint.raw, self.official),
             tools: request.tools.iter().map(WireTool::from).collect(),
             tool_choice: has_tools.then(|| tool_choice(&self.config.tool_choice)),
             parallel_tool_calls: self.config.parallel_tool_calls.filter(|_| has_tools),
@@ -131,25 +150,6 @@ impl OpenAiProvider {
                 include_usage: true,
             }),
         }
-    }
-
-    fn estimate(&self, request: &ModelRequest<'_>) -> UsageEstimate {
-        UsageEstimate::for_request(&self.counter, request)
-    }
-
-    async fn send(
-        &self,
-        request: &ModelRequest<'_>,
-        stream: bool,
-    ) -> Result<reqwest::Response, ProviderError> {
-        self.client
-            .post(
-                &self.url,
-                self.headers.clone(),
-                &self.wire_request(request, stream),
-                stream,
-            )
-            .await
     }
 }
 
@@ -165,25 +165,22 @@ impl Provider for OpenAiProvider {
 
     #[tracing::instrument(skip_all, fields(provider = "openai", model = %self.config.model, purpose = ?request.purpose))]
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
-        let response = self.send(&request, false).await?;
-        let body = http::read_body(response).await?;
-        decode_response(&body, &self.estimate(&request))
+        let estimate = self.endpoint.estimate(&request);
+        let body = self.wire_request(&request, &estimate, false);
+        self.endpoint
+            .complete(&body, &estimate, decode_response)
+            .await
     }
 
     #[tracing::instrument(skip_all, fields(provider = "openai", model = %self.config.model, purpose = ?request.purpose))]
     async fn stream(&self, request: ModelRequest<'_>) -> ModelStream {
-        let estimate = self.estimate(&request);
-        match self.send(&request, true).await {
-            // A server that ignores `stream: true` answers whole; take it as it is.
-            Ok(response) if http::is_json(&response) => {
-                let body = http::read_body(response).await;
-                ModelStream::from_result(body.and_then(|body| decode_response(&body, &estimate)))
-            }
-            Ok(response) => {
-                ModelStream::new(ResponseSource(response), ChatStreamDecoder::new(estimate))
-            }
-            Err(error) => ModelStream::from_result(Err(error)),
-        }
+        let estimate = self.endpoint.estimate(&request);
+        let body = self.wire_request(&request, &estimate, true);
+        let decoder =
+            ChatStreamDecoder::new(estimate.clone()).remembering(Arc::clone(&self.endpoint.raw));
+        self.endpoint
+            .stream(&body, estimate, decode_response, decoder)
+            .await
     }
 }
 
@@ -253,17 +250,19 @@ impl<'a> From<&'a ToolDefinition> for WireTool<'a> {
 #[derive(Serialize)]
 struct WireMessage<'a> {
     role: &'static str,
-    /// Always present: `null` only on an assistant message made of tool calls alone.
-    content: Option<Cow<'a, str>>,
+    /// Always a string: `""` on an assistant message made of tool calls alone, which
+    /// every server takes (llama.cpp's refuses `null`; LiteLLM drops it, and then the
+    /// model's chat template may fail on the missing field).
+    content: Cow<'a, str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<WireCall<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    tool_call_id: Option<&'a str>,
+    tool_call_id: Option<Cow<'a, str>>,
 }
 
 #[derive(Serialize)]
 struct WireCall<'a> {
-    id: &'a str,
+    id: Cow<'a, str>,
     r#type: &'static str,
     function: WireCallFunction<'a>,
 }
@@ -276,8 +275,21 @@ struct WireCallFunction<'a> {
 
 /// Our messages in Chat Completions form. Each tool result becomes its own `tool`
 /// message; thinking is not sent (Chat Completions has no field for it, and some servers
-/// refuse `reasoning_content` in requests).
-fn wire_messages(messages: &[Message]) -> Vec<WireMessage<'_>> {
+/// refuse `reasoning_content` in requests). Tool calls go back with the arguments the
+/// server wrote (`raw`); their ids as they came, except that OpenAI's own API gets ids it
+/// accepts (`strict_ids`).
+fn wire_messages<'a>(
+    messages: &'a [Message],
+    raw: &RawArguments,
+    strict_ids: bool,
+) -> Vec<WireMessage<'a>> {
+    let id = |id: &'a str| {
+        if strict_ids {
+            safe_call_id(id)
+        } else {
+            Cow::Borrowed(id)
+        }
+    };
     let mut out = Vec::with_capacity(messages.len());
     for message in messages {
         let mut texts: Vec<&str> = Vec::new();
@@ -289,18 +301,18 @@ fn wire_messages(messages: &[Message]) -> Vec<WireMessage<'_>> {
                     texts.push(text)
                 }
                 MessagePart::ToolCall(call) => calls.push(WireCall {
-                    id: &call.id.0,
+                    id: id(&call.id.0),
                     r#type: "function",
                     function: WireCallFunction {
                         name: &call.name,
-                        arguments: arguments_text(&call.arguments),
+                        arguments: raw.text(&call.id.0, &call.name, &call.arguments),
                     },
                 }),
                 MessagePart::ToolResult(result) => results.push(WireMessage {
                     role: "tool",
-                    content: Some(Cow::Borrowed(&result.content)),
+                    content: Cow::Borrowed(&result.content),
                     tool_calls: Vec::new(),
-                    tool_call_id: Some(&result.call_id.0),
+                    tool_call_id: Some(id(&result.call_id.0)),
                 }),
                 MessagePart::Thinking { .. } => {}
             }
@@ -319,14 +331,14 @@ fn wire_messages(messages: &[Message]) -> Vec<WireMessage<'_>> {
         if role == "assistant" && (content.is_some() || !calls.is_empty()) {
             out.push(WireMessage {
                 role,
-                content,
+                content: content.unwrap_or_default(),
                 tool_calls: calls,
                 tool_call_id: None,
             });
         } else if let Some(content) = content {
             out.push(WireMessage {
                 role,
-                content: Some(content),
+                content,
                 tool_calls: Vec::new(),
                 tool_call_id: None,
             });
@@ -489,6 +501,9 @@ struct ChoiceState {
     /// Wire index of each tool call → its block.
     tools: Vec<(usize, usize)>,
     last_tool: Option<usize>,
+    /// A `tool_calls` entry has arrived: a legacy `function_call` beside it (llama.cpp's
+    /// server sends both, the same call twice) is ignored from then on.
+    saw_tool_calls: bool,
 }
 
 impl ChoiceState {
@@ -499,6 +514,7 @@ impl ChoiceState {
             thinking: None,
             tools: Vec::new(),
             last_tool: None,
+            saw_tool_calls: false,
         }
     }
 
@@ -519,6 +535,7 @@ impl ChoiceState {
             self.asm.push(block, &text, deltas);
         }
         for (position, call) in content.tool_calls.iter().flatten().enumerate() {
+            self.saw_tool_calls = true;
             self.tool_call(
                 call.index,
                 call.id.as_deref(),
@@ -527,7 +544,9 @@ impl ChoiceState {
                 deltas,
             );
         }
-        if let Some(function) = &content.function_call {
+        if let Some(function) = &content.function_call
+            && !self.saw_tool_calls
+        {
             self.tool_call(Some(0), None, Some(function), 0, deltas);
         }
     }
@@ -588,6 +607,7 @@ impl ChoiceState {
 pub(crate) fn decode_response(
     body: &[u8],
     estimate: &UsageEstimate,
+    raw: Option<&RawArguments>,
 ) -> Result<ModelResponse, ProviderError> {
     let response: WireResponse = serde_json::from_slice(body).map_err(|e| {
         ProviderError::permanent(
@@ -597,6 +617,7 @@ pub(crate) fn decode_response(
     })?;
     if let Some(error) = &response.error {
         return Err(http::error_from_event(
+            "openai",
             &serde_json::json!({ "error": error }),
         ));
     }
@@ -619,6 +640,7 @@ pub(crate) fn decode_response(
         }
     };
     let has_calls = state.asm.has_tool_calls();
+    state.asm.remember_raw(raw);
     let message = state.asm.message();
     let finish = reconcile_finish(reported.unwrap_or(FinishReason::Stop), has_calls);
     let usage = estimate.resolve(response.usage.as_ref().map(WireUsage::usage), &message);
@@ -636,6 +658,7 @@ pub struct ChatStreamDecoder {
     finish: Option<FinishReason>,
     usage: Option<TokenUsage>,
     estimate: UsageEstimate,
+    raw: Option<Arc<RawArguments>>,
 }
 
 impl ChatStreamDecoder {
@@ -645,7 +668,14 @@ impl ChatStreamDecoder {
             finish: None,
             usage: None,
             estimate,
+            raw: None,
         }
+    }
+
+    /// Keeps the raw arguments of the answer's tool calls in `raw`.
+    pub(crate) fn remembering(mut self, raw: Arc<RawArguments>) -> Self {
+        self.raw = Some(raw);
+        self
     }
 }
 
@@ -668,6 +698,7 @@ impl StreamDecoder for ChatStreamDecoder {
         };
         if let Some(error) = &chunk.error {
             return Err(http::error_from_event(
+                "openai",
                 &serde_json::json!({ "error": error }),
             ));
         }
@@ -693,6 +724,7 @@ impl StreamDecoder for ChatStreamDecoder {
             ));
         }
         let has_calls = self.state.asm.has_tool_calls();
+        self.state.asm.remember_raw(self.raw.as_deref());
         let message = self.state.asm.message();
         let finish = reconcile_finish(self.finish.unwrap_or(FinishReason::Stop), has_calls);
         let usage = self.estimate.resolve(self.usage, &message);
@@ -721,7 +753,7 @@ mod tests {
     }
 
     fn decode(body: serde_json::Value) -> Result<ModelResponse, ProviderError> {
-        decode_response(body.to_string().as_bytes(), &estimate())
+        decode_response(body.to_string().as_bytes(), &estimate(), None)
     }
 
     fn call(id: &str, name: &str, arguments: serde_json::Value) -> MessagePart {
@@ -804,7 +836,9 @@ mod tests {
             "server_error"
         );
         assert_eq!(
-            decode_response(b"<html>", &estimate()).unwrap_err().kind(),
+            decode_response(b"<html>", &estimate(), None)
+                .unwrap_err()
+                .kind(),
             "invalid_response"
         );
     }
@@ -936,13 +970,14 @@ mod tests {
                 pinned: false,
             },
         ];
-        let value = serde_json::to_value(wire_messages(&messages)).unwrap();
+        let value = serde_json::to_value(wire_messages(&messages, &RawArguments::default(), false))
+            .unwrap();
         assert_eq!(
             value,
             serde_json::json!([
                 {"role": "system", "content": "sys"},
                 {"role": "user", "content": "task"},
-                {"role": "assistant", "content": null, "tool_calls": [
+                {"role": "assistant", "content": "", "tool_calls": [
                     {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": "{\"command\":\"ls\"}"}},
                     {"id": "c2", "type": "function", "function": {"name": "shell", "arguments": "{not json"}}
                 ]},

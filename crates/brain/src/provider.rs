@@ -51,8 +51,12 @@ pub mod kind {
     pub const RATE_LIMITED: &str = "rate_limited";
     /// HTTP 503/529, Anthropic's `overloaded_error`. Transient.
     pub const OVERLOADED: &str = "overloaded";
-    /// Any other 5xx, or an error event in the middle of a stream. Transient.
+    /// Any other 5xx, HTTP 409, or an error event in the middle of a stream. Transient.
     pub const SERVER_ERROR: &str = "server_error";
+    /// A 5xx whose body blames the request (a validation error, a chat template that
+    /// failed on it): llama.cpp's Python server answers so, and gateways pass a backend's
+    /// 400 on as a 500. Transient, but retried at most once.
+    pub const SERVER_REJECTED: &str = "server_rejected";
     /// No answer in time (connect, request or idle timeout; HTTP 408). Transient.
     pub const TIMEOUT: &str = "timeout";
     /// The connection could not be made or was reset before an answer. Transient.
@@ -65,7 +69,7 @@ pub mod kind {
     pub const AUTH: &str = "auth";
     /// Any other 4xx: the request is wrong and will stay wrong. Permanent.
     pub const BAD_REQUEST: &str = "bad_request";
-    /// HTTP 404: usually an unknown model or a wrong base URL. Permanent.
+    /// HTTP 404 or 501: usually an unknown model or a wrong base URL. Permanent.
     pub const NOT_FOUND: &str = "not_found";
     /// A 429 that says the account has no credit left (`insufficient_quota`). Permanent.
     pub const QUOTA: &str = "quota";
@@ -83,7 +87,9 @@ pub enum ProviderError {
     /// Rate limits, overload, 5xx, timeouts, dropped connections, truncated streams: retry
     /// with backoff, after `retry_after` when the provider said so. `kind` is one of
     /// [`kind::RATE_LIMITED`], [`kind::OVERLOADED`], [`kind::SERVER_ERROR`],
-    /// [`kind::TIMEOUT`], [`kind::CONNECTION`], [`kind::TRUNCATED_STREAM`].
+    /// [`kind::SERVER_REJECTED`], [`kind::TIMEOUT`], [`kind::CONNECTION`],
+    /// [`kind::TRUNCATED_STREAM`]. How often each is retried is the
+    /// [`RetryPolicy`](crate::retry::RetryPolicy)'s call.
     #[error("{kind}: {message}")]
     Transient {
         kind: &'static str,

@@ -440,6 +440,24 @@ impl Assembler {
     }
 
     /// The assistant message. Empty text and thinking blocks are left out.
+    /// Each tool call's id and its arguments as the server wrote them, before
+    /// [`Assembler::message`] parses them.
+    pub(crate) fn raw_arguments(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.blocks.iter().filter_map(|block| match block {
+            Block::Tool { id, arguments, .. } => Some((id.as_str(), arguments.as_str())),
+            Block::Text(_) | Block::Thinking { .. } => None,
+        })
+    }
+
+    /// Remembers the raw arguments of every tool call in `memory`, if there is one.
+    pub(crate) fn remember_raw(&self, memory: Option<&crate::request::RawArguments>) {
+        if let Some(memory) = memory {
+            for (id, raw) in self.raw_arguments() {
+                memory.remember(id, raw);
+            }
+        }
+    }
+
     pub(crate) fn message(&mut self) -> Message {
         let mut parts = Vec::with_capacity(self.blocks.len());
         for block in self.blocks.drain(..) {

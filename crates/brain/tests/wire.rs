@@ -658,7 +658,7 @@ async fn openai_rate_limits_and_server_errors() {
     );
     assert_eq!(
         error.to_string(),
-        "rate_limited: HTTP 429: Rate limit reached for gpt-4o"
+        "rate_limited: HTTP 429 from openai: Rate limit reached for gpt-4o"
     );
     assert_eq!(
         transient(&call().await.unwrap_err()),
@@ -1135,4 +1135,310 @@ async fn a_real_429_is_retried_and_bad_arguments_reach_the_model() {
         content.starts_with("invalid arguments for `shell`: invalid type: string"),
         "{content}"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// What real servers taught: llama.cpp's server, LiteLLM, plain web servers.
+
+/// A whole llama.cpp answer: the call in `tool_calls` and again in the legacy
+/// `function_call`, its arguments spaced as the model wrote them.
+fn llama_cpp_tool_answer() -> serde_json::Value {
+    let arguments = "{ \"command\": \"ls -l\",  \"timeout\": 5 }";
+    serde_json::json!({
+        "id": "chatcmpl-x", "object": "chat.completion", "model": "smollm2",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "logprobs": null, "message": {
+            "role": "assistant", "content": null,
+            "function_call": {"name": "shell:", "arguments": arguments},
+            "tool_calls": [{"id": "call__0_shell_cmpl-x", "type": "function", "function": {"name": "shell", "arguments": arguments}}]
+        }}],
+        "usage": {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320}
+    })
+}
+
+fn answer(text: &str) -> serde_json::Value {
+    serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 3}})
+}
+
+#[tokio::test]
+async fn llama_cpp_calls_go_back_exactly_as_returned() {
+    let server = TestServer::start(vec![
+        json(200, llama_cpp_tool_answer()),
+        json(200, answer("Listed.")),
+    ])
+    .await;
+    let (reason, _) = run_engine(Arc::new(openai(&server))).await;
+    assert_eq!(reason, TerminationReason::Completed);
+    let second = &server.requests()[1].body;
+    let assistant = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "assistant")
+        .unwrap()
+        .clone();
+    // One call (the legacy duplicate ignored), its name and bytes as the server sent
+    // them, and `""` beside it, never `null`.
+    assert_eq!(
+        assistant,
+        serde_json::json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call__0_shell_cmpl-x", "type": "function",
+             "function": {"name": "shell", "arguments": "{ \"command\": \"ls -l\",  \"timeout\": 5 }"}}
+        ]})
+    );
+    insta::assert_json_snapshot!("llama_cpp_second_request", second);
+}
+
+#[tokio::test]
+async fn a_streamed_function_call_beside_tool_calls_is_ignored() {
+    let chunks = [
+        chunk(
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "shell", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(
+            serde_json::json!({"function_call": {"name": "shell:", "arguments": "{\"command\": "}, "tool_calls": [{"index": 0, "function": {"arguments": "{\"command\": "}}]}),
+            None,
+        ),
+        chunk(
+            serde_json::json!({"function_call": {"arguments": "\"ls\"}"}, "tool_calls": [{"index": 0, "function": {"arguments": "\"ls\"}"}}]}),
+            None,
+        ),
+        chunk(serde_json::json!({}), Some("tool_calls")),
+    ];
+    let text = format!("{}data: [DONE]\n\n", sse(&chunks));
+    let server = TestServer::start(vec![Reply::Stream {
+        pieces: vec![text.into_bytes()],
+        abort: false,
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let (_, end) = drain(openai(&server).stream(request(&messages, &tools)).await).await;
+    assert_eq!(
+        calls(&end.unwrap()),
+        vec![(
+            "call_1".into(),
+            "shell".into(),
+            serde_json::json!({"command": "ls"})
+        )]
+    );
+}
+
+#[tokio::test]
+async fn the_output_limit_fits_the_window() {
+    let anthropic_reply = serde_json::json!({"content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 1}});
+    let server = TestServer::start(vec![
+        json(200, anthropic_reply.clone()),
+        json(200, answer("ok")),
+        json(200, answer("ok")),
+    ])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    // A gateway in front of a 4k local model: the model table does not know it.
+    let mut config = AnthropicConfig::new("smollm2");
+    config.base_url = server.url.clone();
+    config.max_output_tokens = 8_192;
+    config.context_window = Some(4_096);
+    config.http = http();
+    let provider = AnthropicProvider::new(config).unwrap();
+    provider.complete(request(&messages, &tools)).await.unwrap();
+    let mut local = OpenAiConfig::new("smollm2");
+    local.base_url = format!("{}/v1", server.url);
+    local.context_window = Some(4_096);
+    local.http = http();
+    let local = OpenAiProvider::new(local).unwrap();
+    local.complete(request(&messages, &tools)).await.unwrap();
+    let mut capped = OpenAiConfig::new("smollm2");
+    capped.base_url = format!("{}/v1", server.url);
+    capped.context_window = Some(4_096);
+    capped.max_output_tokens = Some(512);
+    capped.http = http();
+    OpenAiProvider::new(capped)
+        .unwrap()
+        .complete(request(&messages, &tools))
+        .await
+        .unwrap();
+    let sent = server.requests();
+    let anthropic_max = sent[0].body["max_tokens"].as_u64().unwrap();
+    let local_max = sent[1].body["max_tokens"].as_u64().unwrap();
+    // The prompt (a few hundred tokens with the tools) leaves less than the window.
+    for max in [anthropic_max, local_max] {
+        assert!((3_000..4_000).contains(&max), "{max}");
+    }
+    assert_eq!(sent[2].body["max_tokens"], 512);
+}
+
+#[tokio::test]
+async fn anthropic_cache_breakpoints_and_their_absence() {
+    let reply = serde_json::json!({"content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 1}});
+    let server = TestServer::start(vec![json(200, reply.clone()), json(200, reply)]).await;
+    let mut messages = conversation();
+    messages.push(Message {
+        role: MessageRole::Assistant,
+        parts: vec![MessagePart::ToolCall(ToolCall {
+            // An id from another server that this API would refuse.
+            id: ToolCallId("functions.shell:1".into()),
+            name: "shell".into(),
+            arguments: serde_json::json!({"command": "cargo test -- --nocapture"}),
+        })],
+        pinned: false,
+    });
+    messages.push(Message::tool_result(ToolResult {
+        call_id: ToolCallId("functions.shell:1".into()),
+        name: "shell".into(),
+        content: "thread 'x' panicked".into(),
+        is_error: false,
+    }));
+    let tools = tools();
+    anthropic(&server)
+        .complete(request(&messages, &tools))
+        .await
+        .unwrap();
+    let mut config = AnthropicConfig::new("smollm2");
+    config.base_url = server.url.clone();
+    config.prompt_caching = false;
+    config.http = http();
+    AnthropicProvider::new(config)
+        .unwrap()
+        .complete(request(&messages, &tools))
+        .await
+        .unwrap();
+    let sent = server.requests();
+    let cached = &sent[0].body;
+    let breakpoints = cached.to_string().matches("cache_control").count();
+    assert_eq!(
+        breakpoints, 4,
+        "tools, system, the stable prefix, the last message"
+    );
+    insta::assert_json_snapshot!("anthropic_cached_request", cached);
+    let plain = &sent[1].body;
+    assert!(!plain.to_string().contains("cache_control"), "{plain}");
+    assert_eq!(plain["system"], "You are Nerve.");
+    let ids: Vec<&str> = plain["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().unwrap())
+        .filter_map(|b| b.get("id").or_else(|| b.get("tool_use_id")))
+        .filter_map(serde_json::Value::as_str)
+        .collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    assert_eq!(ids[0], "call_1");
+    assert_eq!(
+        ids[2], ids[3],
+        "a made-up id pairs the call with its result"
+    );
+    assert!(ids[2].starts_with("call_") && !ids[2].contains([':', '.']));
+}
+
+async fn run_engine_with(
+    provider: Arc<dyn Provider>,
+    retry: RetryPolicy,
+) -> (TerminationReason, Vec<Event>, Option<String>) {
+    let sink = Arc::new(MemorySink::default());
+    let config = EngineConfig {
+        retry,
+        ..EngineConfig::default()
+    };
+    let engine = AgentEngine::new(
+        provider,
+        Arc::new(StrictShell),
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        config,
+    );
+    let task = Task {
+        id: TaskId::new(),
+        description: "list the files".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/tmp/workspace".into(),
+    };
+    let result = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    let events = sink.0.lock().unwrap().clone();
+    (result.termination_reason, events, result.error)
+}
+
+fn quick_retries() -> RetryPolicy {
+    RetryPolicy {
+        base_delay: Duration::from_millis(1),
+        connection_base_delay: Duration::from_millis(100),
+        ..RetryPolicy::default()
+    }
+}
+
+#[tokio::test]
+async fn errors_are_retried_by_what_retrying_can_change() {
+    let page = "<!DOCTYPE HTML>\n<html><head><title>Error response</title></head>\n<body><h1>Error response</h1>\n<p>Error code: 501</p>\n<p>Message: Unsupported method ('POST').</p>\n</body></html>\n";
+    let refusal = r#"{"error":{"message":"1 validation error for ChatCompletionRequestAssistantMessage\ncontent\n  Input should be a valid string","type":"internal_server_error","param":null,"code":null}}"#;
+    let cases: Vec<(Reply, usize, &str)> = vec![
+        (
+            Reply::Whole {
+                status: 501,
+                headers: vec![("content-type", "text/html".into())],
+                body: page.into(),
+            },
+            0,
+            "provider error: not_found: HTTP 501 from openai: Error response Error code: 501 Message: Unsupported method ('POST').",
+        ),
+        (
+            json(
+                401,
+                serde_json::json!({"error": {"message": "Incorrect API key provided: sk-test-****6789.", "type": "invalid_request_error", "code": "invalid_api_key"}}),
+            ),
+            0,
+            "provider error: auth: HTTP 401 from openai: Incorrect API key provided: sk-test-****6789.",
+        ),
+        (
+            Reply::Whole {
+                status: 500,
+                headers: Vec::new(),
+                body: refusal.into(),
+            },
+            1,
+            "provider failed after 2 attempts: server_rejected: HTTP 500 from openai: 1 validation error for ChatCompletionRequestAssistantMessage content Input should be a valid string",
+        ),
+    ];
+    for (reply, retried, message) in cases {
+        let server = TestServer::start(vec![reply.clone(), reply.clone(), reply]).await;
+        let (reason, events, error) =
+            run_engine_with(Arc::new(openai(&server)), quick_retries()).await;
+        assert_eq!(reason, TerminationReason::Error);
+        assert_eq!(retries(&events).len(), retried, "{message}");
+        assert_eq!(server.requests().len(), retried + 1);
+        assert_eq!(error.as_deref(), Some(message));
+    }
+}
+
+#[tokio::test]
+async fn a_restarting_server_is_waited_for() {
+    // A port that refuses connections until the "restarted" server listens on it.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    drop(listener);
+    let mut config = OpenAiConfig::new("smollm2");
+    config.base_url = format!("http://{address}/v1");
+    config.http = http();
+    let provider = Arc::new(OpenAiProvider::new(config).unwrap());
+    let restart = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let listener = TcpListener::bind(address).await.unwrap();
+        let (mut socket, _) = listener.accept().await.unwrap();
+        read_request(&mut socket).await;
+        write_reply(socket, json(200, answer("Back."))).await;
+    });
+    let (reason, events, error) = run_engine_with(provider, quick_retries()).await;
+    restart.await.unwrap();
+    assert_eq!(error, None);
+    assert_eq!(reason, TerminationReason::Completed);
+    let retries = retries(&events);
+    assert!(!retries.is_empty());
+    assert!(
+        retries.iter().all(|(kind, _)| kind == "connection"),
+        "{retries:?}"
+    );
+    let waited: u64 = retries.iter().map(|(_, ms)| ms).sum();
+    assert!(waited >= 1_400, "{retries:?}");
 }

@@ -28,6 +28,26 @@ pub(crate) struct Config {
     /// Extra models, or overrides of the built-in table's windows and prices.
     #[serde(default)]
     pub(crate) models: Vec<ModelSection>,
+    /// Per-provider settings.
+    #[serde(default)]
+    pub(crate) providers: ProvidersSection,
+}
+
+/// `[providers.NAME]`: settings of one provider's client.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ProvidersSection {
+    #[serde(default)]
+    pub(crate) anthropic: AnthropicSection,
+}
+
+/// `[providers.anthropic]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AnthropicSection {
+    /// Cache breakpoints in requests; `false` for a gateway in front of a model that is
+    /// not Claude.
+    pub(crate) prompt_caching: Option<bool>,
 }
 
 /// `[guardrails]`: limits and recoveries of every run (command-line flags win).
@@ -60,6 +80,10 @@ pub(crate) struct ModelSection {
     pub(crate) max_output_tokens: Option<u64>,
     pub(crate) input_usd_per_million: Option<f64>,
     pub(crate) output_usd_per_million: Option<f64>,
+    /// Input tokens read from the provider's prompt cache.
+    pub(crate) cached_input_usd_per_million: Option<f64>,
+    /// Input tokens written to the provider's prompt cache.
+    pub(crate) cache_write_usd_per_million: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -120,13 +144,26 @@ impl Config {
                 max_output_tokens: model.max_output_tokens,
                 input_per_million: micros(model.input_usd_per_million, &model.name)?,
                 output_per_million: micros(model.output_usd_per_million, &model.name)?,
-                cache_read_per_million: None,
-                cache_write_per_million: None,
+                cache_read_per_million: micros(model.cached_input_usd_per_million, &model.name)?,
+                cache_write_per_million: micros(model.cache_write_usd_per_million, &model.name)?,
             });
         }
         nerve_brain::ModelTable::builtin()
             .with_overrides(overrides)
             .map_err(Failure::usage)
+    }
+
+    /// What the provider's client needs from the file: the model table, the window
+    /// (`--context-window` as given), the Anthropic cache setting.
+    pub(crate) fn provider_settings(
+        &self,
+        context_window: Option<u64>,
+    ) -> Result<crate::provider::Settings, Failure> {
+        Ok(crate::provider::Settings {
+            table: self.model_table()?,
+            context_window,
+            anthropic_prompt_caching: self.providers.anthropic.prompt_caching,
+        })
     }
 
     /// Reads `path`, or the defaults when no file was named.

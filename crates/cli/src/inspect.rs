@@ -31,6 +31,9 @@ pub(crate) fn replay_json(replayed: &Replay) -> serde_json::Value {
         "messages": replayed.messages.len(),
         "input_tokens": replayed.usage.input_tokens,
         "output_tokens": replayed.usage.output_tokens,
+        "cache_read_tokens": replayed.usage.cache_read_tokens,
+        "cache_write_tokens": replayed.usage.cache_write_tokens,
+        "cached_input_share": cached_share(&replayed.usage),
         "cost_usd": replayed.cost.as_usd(),
         "error": replayed.error,
         "gaps": replayed.gaps,
@@ -38,6 +41,18 @@ pub(crate) fn replay_json(replayed: &Replay) -> serde_json::Value {
         "duplicate_turns": replayed.duplicate_turns,
         "events": replayed.events,
     })
+}
+
+/// The share of input tokens served from the prompt cache, 0 to 1.
+fn cached_share(usage: &nerve_core::TokenUsage) -> f64 {
+    if usage.input_tokens == 0 {
+        return 0.0;
+    }
+    let read = usage.cache_read_tokens.min(usage.input_tokens);
+    // Token counts stay far below 2^52, where f64 is exact.
+    #[allow(clippy::cast_precision_loss)]
+    let share = read as f64 / usage.input_tokens as f64;
+    (share * 1000.0).round() / 1000.0
 }
 
 pub(crate) async fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
@@ -67,6 +82,16 @@ pub(crate) async fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failur
         output::line(&format!("turns      {}", replayed.total_turns));
         output::line(&format!("messages   {}", replayed.messages.len()));
         output::line(&format!("cost       {}", replayed.cost));
+        let usage = &replayed.usage;
+        if usage.cache_read_tokens > 0 || usage.cache_write_tokens > 0 {
+            output::line(&format!(
+                "cache      {:.0}% of input read from the cache ({} of {} tokens; {} written)",
+                cached_share(usage) * 100.0,
+                usage.cache_read_tokens,
+                usage.input_tokens,
+                usage.cache_write_tokens
+            ));
+        }
         output::line(&format!(
             "complete   {:.2}{}",
             replayed.completeness(),

@@ -7,6 +7,11 @@
 //! and are never printed. Against a custom base URL `--model` is required, since only the
 //! server knows its model names.
 //!
+//! The model table and `--context-window` give the client the model's output limit and
+//! window, so that the output limit it asks for always fits; `[providers.anthropic]
+//! prompt_caching = false` in the configuration turns cache breakpoints off (for a gateway
+//! in front of a model that is not Claude).
+//!
 //! Before anything runs, an HTTP provider's endpoint is checked: its host must resolve and
 //! accept a TCP connection within a few seconds. Otherwise the run would start, record its
 //! events and fail at the first model call after every retry; an unreachable endpoint is a
@@ -35,10 +40,35 @@ const ANTHROPIC_OUTPUT_CAP: u64 = 16_384;
 /// How long the pre-flight check may take: resolving the endpoint's host and connecting.
 const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What the configuration file and the run's flags say about the provider.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// The built-in model table with the file's `[[models]]`.
+    pub(crate) table: ModelTable,
+    /// `--context-window`; else the table's window for the model.
+    pub(crate) context_window: Option<u64>,
+    /// `[providers.anthropic] prompt_caching`; on unless set to false.
+    pub(crate) anthropic_prompt_caching: Option<bool>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            table: ModelTable::builtin(),
+            context_window: None,
+            anthropic_prompt_caching: None,
+        }
+    }
+}
+
 /// The provider `spec` names, checked to be reachable when it speaks HTTP.
-pub(crate) async fn build(spec: &str, model: Option<&str>) -> Result<Arc<dyn Provider>, Failure> {
+pub(crate) async fn build(
+    spec: &str,
+    model: Option<&str>,
+    settings: &Settings,
+) -> Result<Arc<dyn Provider>, Failure> {
     let env = |name: &str| std::env::var(name).ok();
-    let (provider, endpoint) = build_with(spec, model, &env)?;
+    let (provider, endpoint) = build_with(spec, model, settings, &env)?;
     if let Some(url) = endpoint
         && !proxied(&url, &env)
     {
@@ -52,6 +82,7 @@ pub(crate) async fn build(spec: &str, model: Option<&str>) -> Result<Arc<dyn Pro
 fn build_with(
     spec: &str,
     model: Option<&str>,
+    settings: &Settings,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Arc<dyn Provider>, Option<String>), Failure> {
     let env = |name: &str| {
@@ -85,11 +116,16 @@ fn build_with(
                     "OPENAI_API_KEY is not set (it is needed for api.openai.com; for a local server set OPENAI_BASE_URL)",
                 ));
             }
+            let info = settings.table.get(&model).cloned();
             let mut config = OpenAiConfig::new(model);
             if let Some(url) = base_url {
                 config.base_url = url;
             }
             config.api_key = api_key;
+            config.max_output_tokens = info.as_ref().map(|m| m.max_output_tokens);
+            config.context_window = settings
+                .context_window
+                .or(info.as_ref().map(|m| m.context_window));
             let url = config.base_url.clone();
             let provider = OpenAiProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider openai: {e}")))?;
@@ -112,9 +148,12 @@ fn build_with(
                 config.base_url = url;
             }
             config.api_key = api_key;
-            if let Some(info) = ModelTable::builtin().get(&model) {
+            let info = settings.table.get(&model);
+            if let Some(info) = info {
                 config.max_output_tokens = info.max_output_tokens.min(ANTHROPIC_OUTPUT_CAP);
             }
+            config.context_window = settings.context_window.or(info.map(|m| m.context_window));
+            config.prompt_caching = settings.anthropic_prompt_caching.unwrap_or(true);
             let url = config.base_url.clone();
             let provider = AnthropicProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider anthropic: {e}")))?;
@@ -264,7 +303,7 @@ mod tests {
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_owned())
         };
-        let outcome = build_with(spec, model, &env)
+        let outcome = build_with(spec, model, &Settings::default(), &env)
             .map(|(p, _)| (p.name().to_owned(), p.model().to_owned()))
             .map_err(|f| (f.code, f.message));
         match expected {
@@ -366,7 +405,9 @@ mod tests {
                     .find(|(n, _)| *n == name)
                     .map(|(_, v)| (*v).to_owned())
             };
-            build_with(spec, Some("m"), &env).unwrap().1
+            build_with(spec, Some("m"), &Settings::default(), &env)
+                .unwrap()
+                .1
         };
         assert_eq!(
             url("openai", &[("OPENAI_API_KEY", "sk-x")]).as_deref(),

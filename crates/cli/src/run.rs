@@ -35,7 +35,12 @@ pub(crate) async fn run(
     let config = Config::load(config_path)?;
     let workspace = validate_workspace(&args.workspace)?;
     let description = read_task(&args)?;
-    let provider = crate::provider::build(&args.provider, args.model.as_deref()).await?;
+    let provider = crate::provider::build(
+        &args.provider,
+        args.model.as_deref(),
+        &config.provider_settings(args.context_window)?,
+    )
+    .await?;
     let budget_cost = args
         .budget_usd
         .map(|usd| {
@@ -119,7 +124,13 @@ pub(crate) async fn resume(
         }
         Arc::new(scripted) as Arc<dyn Provider>
     } else {
-        crate::provider::build(spec, model).await?
+        let settings = config.provider_settings(
+            started
+                .config
+                .get("context_window")
+                .and_then(serde_json::Value::as_u64),
+        )?;
+        crate::provider::build(spec, model, &settings).await?
     };
     let recorded = &started.config;
     let number = |key: &str| recorded.get(key).and_then(serde_json::Value::as_u64);
