@@ -19,6 +19,47 @@ fn open(db: &Path) -> Result<Store, Failure> {
     Store::open_read_only(db).map_err(Failure::usage)
 }
 
+/// How many candidates an ambiguous prefix names.
+const CANDIDATES: usize = 5;
+
+/// A whole execution id for `id`, which may be a unique prefix of one (as in git). A whole
+/// id is taken as it is, without opening the log; a prefix that matches none or several is
+/// a usage error naming the candidates.
+pub(crate) fn resolve(db: &Path, id: &str) -> Result<String, Failure> {
+    if id.parse::<ExecutionId>().is_ok() {
+        return Ok(id.trim().to_owned());
+    }
+    let prefix = id.trim();
+    if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        return Err(Failure::usage(
+            id.parse::<ExecutionId>()
+                .err()
+                .map_or_else(String::new, |e| e.to_string()),
+        ));
+    }
+    let found = open(db)?
+        .executions_with_prefix(prefix, CANDIDATES + 1)
+        .map_err(Failure::usage)?;
+    match found.as_slice() {
+        [] => Err(Failure::usage(format!(
+            "no execution id starts with `{prefix}` (see `nerve list`)"
+        ))),
+        [one] => Ok(one.to_string()),
+        many => {
+            let named: Vec<String> = many
+                .iter()
+                .take(CANDIDATES)
+                .map(ToString::to_string)
+                .collect();
+            let more = if many.len() > CANDIDATES { ", ..." } else { "" };
+            Err(Failure::usage(format!(
+                "`{prefix}` is ambiguous: {}{more}",
+                named.join(", ")
+            )))
+        }
+    }
+}
+
 fn load(db: &Path, id: &str) -> Result<(Store, ExecutionId, Vec<StoredEvent>), Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
     let store = open(db)?;

@@ -72,7 +72,18 @@ fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let db = cli.db_path()?;
-    match cli.command {
+    let mut command = cli.command;
+    // Every id a person types may be a unique prefix.
+    match &mut command {
+        Command::Replay { id, .. }
+        | Command::Show { id, .. }
+        | Command::Events { id, .. }
+        | Command::Verify { id }
+        | Command::Resume { id, .. }
+        | Command::Approve { id, .. } => *id = inspect::resolve(&db, id)?,
+        Command::Run(_) | Command::List { .. } => {}
+    }
+    match command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
         Command::Replay { id, json } => inspect::replay(&db, &id, json),
         Command::List { json } => inspect::list(&db, json),
