@@ -7,7 +7,7 @@ use nerve_core::event::Started;
 use nerve_core::{Event, ExecutionId, LoopType, Redactor, TaskId};
 use nerve_session::Store;
 
-use crate::support::{nerve, stderr, stdout};
+use crate::support::{copy_example, docker_available, last_json, nerve, root, stderr, stdout};
 
 /// A log holding one `started` event for each of `ids`.
 fn log_with(db: &Path, ids: &[&str]) {
@@ -95,4 +95,146 @@ fn a_unique_id_prefix_works_wherever_an_id_is_taken() {
         stderr(&output)
     );
     assert_eq!(stderr(&output).lines().count(), 1);
+}
+
+/// Runs the README demo through the binary; its execution id.
+fn demo_run(dir: &Path, db: &Path) -> String {
+    let workspace = copy_example("demo", dir);
+    let cassette = format!(
+        "script:{}",
+        root().join("examples/demo/cassette.jsonl").display()
+    );
+    let task_file = root().join("examples/demo/task.txt");
+    let run = nerve(
+        db,
+        &[
+            "run",
+            "--workspace",
+            workspace.to_str().unwrap(),
+            "--task-file",
+            task_file.to_str().unwrap(),
+            "--provider",
+            &cassette,
+            "--json",
+        ],
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    last_json(&run)["execution_id"].as_str().unwrap().to_owned()
+}
+
+/// A run that fails: a command that fails, then the cassette runs out.
+fn failed_run(dir: &Path, db: &Path) -> String {
+    let workspace = dir.join("failing");
+    std::fs::create_dir(&workspace).unwrap();
+    let cassette = dir.join("failing.jsonl");
+    std::fs::write(
+        &cassette,
+        concat!(
+            r#"{"text": "Build it.", "tool_calls": [{"name": "shell", "arguments": {"command": "make all"}}], "usage": {"input_tokens": 700, "output_tokens": 15}}"#,
+            "\n",
+            r#"{"text": "Read the makefile.", "tool_calls": [{"name": "read_file", "arguments": {"path": "Makefile"}}], "usage": {"input_tokens": 800, "output_tokens": 15}}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let provider = format!("script:{}", cassette.display());
+    let run = nerve(
+        db,
+        &[
+            "run",
+            "--workspace",
+            workspace.to_str().unwrap(),
+            "--task",
+            "Build the project.",
+            "--provider",
+            &provider,
+            "--json",
+        ],
+    );
+    assert_eq!(run.status.code(), Some(1), "{}", stderr(&run));
+    last_json(&run)["execution_id"].as_str().unwrap().to_owned()
+}
+
+/// `show`'s transcript with the id and the start time redacted.
+fn transcript(db: &Path, id: &str) -> String {
+    let show = nerve(db, &["show", &id[..13]]);
+    assert_eq!(show.status.code(), Some(0), "{}", stderr(&show));
+    stdout(&show)
+        .lines()
+        .map(|line| {
+            let line = line.replace(id, "[id]");
+            match line.strip_prefix("started ") {
+                Some(_) => "started    [ts]".to_owned(),
+                None => line,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn show_tells_the_story_of_a_run_and_events_full_hides_nothing() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+
+    let demo = demo_run(dir.path(), &db);
+    let story = transcript(&db, &demo);
+    assert!(story.contains("> shell sh test.sh"), "{story}");
+    assert!(
+        story.contains("answer\n  The test passes: greet.sh now prints \"Hello, Nerve!\"."),
+        "{story}"
+    );
+    insta::assert_snapshot!("show_demo", story);
+
+    let failed = failed_run(dir.path(), &db);
+    let story = transcript(&db, &failed);
+    assert!(story.contains("error      "), "{story}");
+    assert!(story.contains("ended      error"), "{story}");
+    insta::assert_snapshot!("show_failed", story);
+
+    // `show --json` is still `replay --json`; `replay` still diagnoses.
+    let json = nerve(&db, &["show", &demo, "--json"]);
+    assert_eq!(last_json(&json)["completeness"], 1.0);
+    let replay = stdout(&nerve(&db, &["replay", &demo]));
+    assert!(replay.contains("complete   1.00"), "{replay}");
+
+    // `events` clips payloads to a line; `--full` prints every one whole, as `--json` has it.
+    let full = stdout(&nerve(&db, &["events", &demo, "--full"]));
+    let clipped = stdout(&nerve(&db, &["events", &demo]));
+    let payloads = last_json(&nerve(&db, &["events", &demo, "--json"]));
+    let longest = payloads
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["payload"].to_string())
+        .max_by_key(String::len)
+        .unwrap();
+    assert!(longest.len() > 200, "{longest}");
+    let longest: serde_json::Value = serde_json::from_str(&longest).unwrap();
+    let found = full
+        .lines()
+        .filter_map(|line| line.find('{').map(|at| &line[at..]))
+        .filter_map(|payload| serde_json::from_str::<serde_json::Value>(payload).ok())
+        .any(|payload| payload == longest);
+    assert!(found, "the longest payload is not whole in:\n{full}");
+    assert!(clipped.lines().all(|line| line.len() < 260), "{clipped}");
+    assert_eq!(full.lines().count(), clipped.lines().count());
+
+    // `list`: a header, then newest first with relative times.
+    let list = stdout(&nerve(&db, &["list"]));
+    let lines: Vec<&str> = list.lines().collect();
+    assert!(
+        lines[0].starts_with("ID ") && lines[0].contains("STARTED"),
+        "{list}"
+    );
+    assert!(
+        lines[1].starts_with(&failed) && lines[2].starts_with(&demo),
+        "{list}"
+    );
+    for line in &lines[1..] {
+        assert!(line.contains(" ago") || line.contains("just now"), "{list}");
+    }
 }

@@ -67,6 +67,9 @@ pub(crate) enum Command {
         id: String,
         #[arg(long)]
         json: bool,
+        /// Print every payload whole instead of clipped to a line.
+        #[arg(long)]
+        full: bool,
     },
     /// Check the log's hash chain; exits 1 when it was tampered with.
     Verify { id: String },

@@ -133,12 +133,25 @@ pub(crate) fn list(db: &Path, json: bool) -> Result<u8, Failure> {
     if json {
         output::json(&serde_json::json!(executions));
     } else {
+        let now = time::OffsetDateTime::now_utc();
+        output::line(&format!(
+            "{:<36}  {:<12}  {:<16}  {:>6}  TASK",
+            "ID", "STARTED", "ENDED", "EVENTS"
+        ));
         for e in executions {
+            let started = time::OffsetDateTime::parse(
+                &e.started_at,
+                &time::format_description::well_known::Rfc3339,
+            )
+            .map_or_else(
+                |_| e.started_at.clone(),
+                |at| ago((now - at).whole_seconds()),
+            );
             output::line(&format!(
-                "{}  {}  {:<16}  {}",
+                "{}  {started:<12}  {:<16}  {:>6}  {}",
                 e.execution_id,
-                e.started_at,
                 e.termination_reason.as_deref().unwrap_or("(unfinished)"),
+                e.events,
                 e.task
                     .as_deref()
                     .and_then(|t| t.lines().next())
@@ -149,11 +162,36 @@ pub(crate) fn list(db: &Path, json: bool) -> Result<u8, Failure> {
     Ok(0)
 }
 
-pub(crate) fn show(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
-    replay(db, id, json)
+/// `seconds` in the past, as a person says it: "just now", "3 min ago", "2 days ago".
+fn ago(seconds: i64) -> String {
+    const MINUTE: i64 = 60;
+    const HOUR: i64 = 60 * MINUTE;
+    const DAY: i64 = 24 * HOUR;
+    match seconds {
+        ..10 => "just now".to_owned(),
+        10..MINUTE => format!("{seconds} s ago"),
+        MINUTE..HOUR => format!("{} min ago", seconds / MINUTE),
+        HOUR..DAY => format!("{} h ago", seconds / HOUR),
+        _ if seconds / DAY == 1 => "1 day ago".to_owned(),
+        _ => format!("{} days ago", seconds / DAY),
+    }
 }
 
-pub(crate) fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+/// `show --json` is `replay --json`; without it, the transcript for people.
+pub(crate) fn show(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+    if json {
+        return replay(db, id, json);
+    }
+    let (store, execution, events) = load(db, id)?;
+    let replayed = store.replay(&execution).map_err(Failure::usage)?;
+    for line in crate::transcript::transcript(&events, &replayed) {
+        output::line(&line);
+    }
+    Ok(0)
+}
+
+/// The event timeline; payloads are clipped to a line unless `full`.
+pub(crate) fn events(db: &Path, id: &str, json: bool, full: bool) -> Result<u8, Failure> {
     let (_, _, events) = load(db, id)?;
     if json {
         let list: Vec<serde_json::Value> = events
@@ -171,7 +209,7 @@ pub(crate) fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
     } else {
         for e in &events {
             let mut payload = e.payload.clone();
-            if payload.len() > 160 {
+            if !full && payload.len() > 160 {
                 let cut = nerve_core::text::clip(&payload, 157).len();
                 payload.truncate(cut);
                 payload.push_str("...");
@@ -195,6 +233,28 @@ pub(crate) fn verify(db: &Path, id: &str) -> Result<u8, Failure> {
         Err(broken) => {
             output::error_line(&format!("nerve: {broken}"));
             Ok(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ago;
+
+    #[test]
+    fn ages_read_as_a_person_says_them() {
+        for (seconds, expected) in [
+            (-5, "just now"),
+            (0, "just now"),
+            (9, "just now"),
+            (42, "42 s ago"),
+            (60, "1 min ago"),
+            (3 * 60 + 59, "3 min ago"),
+            (2 * 3600, "2 h ago"),
+            (86_400, "1 day ago"),
+            (3 * 86_400 + 5, "3 days ago"),
+        ] {
+            assert_eq!(ago(seconds), expected, "{seconds} s");
         }
     }
 }

@@ -15,6 +15,7 @@ mod progress;
 mod provider;
 mod resume;
 mod run;
+mod transcript;
 
 use std::process::ExitCode;
 
@@ -88,7 +89,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Replay { id, json } => inspect::replay(&db, &id, json),
         Command::List { json } => inspect::list(&db, json),
         Command::Show { id, json } => inspect::show(&db, &id, json),
-        Command::Events { id, json } => inspect::events(&db, &id, json),
+        Command::Events { id, json, full } => inspect::events(&db, &id, json, full),
         Command::Verify { id } => inspect::verify(&db, &id),
         Command::Resume { id, provider, json } => {
             run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), json).await
