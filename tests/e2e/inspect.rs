@@ -238,3 +238,70 @@ fn show_tells_the_story_of_a_run_and_events_full_hides_nothing() {
         assert!(line.contains(" ago") || line.contains("just now"), "{list}");
     }
 }
+
+/// The help text of `args` (`nerve <args> --help`).
+fn help(args: &[&str]) -> String {
+    let mut all = args.to_vec();
+    all.push("--help");
+    let output = nerve(Path::new("/nonexistent/nerve.db"), &all);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{all:?}: {}",
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+#[test]
+fn every_flag_and_argument_of_every_command_has_help_text() {
+    let top = help(&[]);
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .filter(|name| name != "help")
+        .collect();
+    assert!(commands.len() >= 8, "{top}");
+    for command in &commands {
+        let text = help(&[command]);
+        let mut entries = 0;
+        for line in text.lines() {
+            let trimmed = line.trim_start();
+            // An option or argument line: its name, then (after two spaces) what it is for.
+            if !(trimmed.starts_with('-') || trimmed.starts_with('<')) || !line.starts_with("  ") {
+                continue;
+            }
+            entries += 1;
+            let described = trimmed.split_once("  ").is_some_and(|(_, rest)| {
+                rest.trim()
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '`')
+            });
+            assert!(
+                described,
+                "`nerve {command}`: no help for {trimmed:?}\n{text}"
+            );
+        }
+        assert!(entries >= 2, "{command}: {text}");
+    }
+
+    // The usage line shows what is required.
+    let run = help(&["run"]);
+    assert!(
+        run.contains(
+            "Usage: nerve run [OPTIONS] --workspace <DIR> <--task <TEXT>|--task-file <FILE>>"
+        ),
+        "{run}"
+    );
+    for command in ["show", "replay", "events", "verify", "resume", "approve"] {
+        let text = help(&[command]);
+        assert!(
+            text.contains(&format!("Usage: nerve {command} [OPTIONS] <ID>")),
+            "{text}"
+        );
+    }
+}
