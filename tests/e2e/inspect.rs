@@ -7,7 +7,9 @@ use nerve_core::event::Started;
 use nerve_core::{Event, ExecutionId, LoopType, Redactor, TaskId};
 use nerve_session::Store;
 
-use crate::support::{copy_example, docker_available, last_json, nerve, root, stderr, stdout};
+use crate::support::{
+    copy_example, docker_available, last_json, nerve, nerve_bin, nerve_env, root, stderr, stdout,
+};
 
 /// A log holding one `started` event for each of `ids`.
 fn log_with(db: &Path, ids: &[&str]) {
@@ -302,6 +304,160 @@ fn every_flag_and_argument_of_every_command_has_help_text() {
         assert!(
             text.contains(&format!("Usage: nerve {command} [OPTIONS] <ID>")),
             "{text}"
+        );
+    }
+}
+
+/// A value the credential filter keeps out of the sandbox, so that `run` logs a warning.
+const TOKEN_TZ: (&str, &str) = ("TZ", "ghp_abcdefghijklmnopqrstuvwxyz0123456789");
+
+fn assert_plain(what: &str, bytes: &[u8]) {
+    assert!(
+        !bytes.contains(&0x1b),
+        "{what} holds an escape sequence: {:?}",
+        String::from_utf8_lossy(bytes)
+    );
+}
+
+/// Whether `bytes` hold a colour (SGR) sequence: ESC `[` digits and `;` then `m`.
+fn coloured(bytes: &[u8]) -> bool {
+    bytes.windows(2).enumerate().any(|(at, pair)| {
+        pair == b"\x1b["
+            && bytes[at + 2..]
+                .iter()
+                .find(|b| !(b.is_ascii_digit() || **b == b';'))
+                .is_some_and(|b| *b == b'm')
+    })
+}
+
+#[test]
+fn nothing_printed_to_a_pipe_holds_an_escape_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    log_with(&db, &[A, B]);
+    // Every inspection, its errors and its help, with all tracing on: stdout and stderr
+    // are pipes here.
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["list"],
+        vec!["show", A],
+        vec!["replay", A],
+        vec!["events", A, "--full"],
+        vec!["verify", A],
+        vec!["show", "0192"],
+        vec!["show", "nope"],
+        vec!["run", "--help"],
+        vec!["run"],
+        vec!["frobnicate"],
+    ];
+    for args in &commands {
+        let output = nerve_env(&db, args, &[("NERVE_LOG", "trace")]);
+        assert_plain(&format!("{args:?} stdout"), &output.stdout);
+        assert_plain(&format!("{args:?} stderr"), &output.stderr);
+    }
+
+    // A run that warns, with and without NO_COLOR.
+    if !docker_available() {
+        return;
+    }
+    for no_color in [None, Some("1")] {
+        let workspace = copy_example(
+            "demo",
+            &dir.path()
+                .join(format!("no-color-{}", no_color.unwrap_or("unset"))),
+        );
+        let cassette = format!(
+            "script:{}",
+            root().join("examples/demo/cassette.jsonl").display()
+        );
+        let mut env = vec![TOKEN_TZ];
+        if let Some(value) = no_color {
+            env.push(("NO_COLOR", value));
+        }
+        let run = nerve_env(
+            &db,
+            &[
+                "run",
+                "--workspace",
+                workspace.to_str().unwrap(),
+                "--task",
+                "Fix the test.",
+                "--provider",
+                &cassette,
+            ],
+            &env,
+        );
+        assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+        let err = stderr(&run);
+        assert!(
+            err.contains("WARN") && err.contains("kept out of the sandbox"),
+            "{err}"
+        );
+        assert_plain("run stdout", &run.stdout);
+        assert_plain("run stderr", &run.stderr);
+    }
+}
+
+/// Runs `nerve <args>` on a pseudo-terminal (util-linux `script`); what the terminal showed.
+fn on_a_terminal(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Vec<u8> {
+    let mut command_line = format!("'{}' --db '{}'", nerve_bin().display(), db.display());
+    for arg in args {
+        command_line.push_str(&format!(" '{arg}'"));
+    }
+    let output = std::process::Command::new("script")
+        .args(["-qefc", &command_line, "/dev/null"])
+        .env_remove("NO_COLOR")
+        .env_remove("NERVE_CONFIG")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("util-linux `script` (a pseudo-terminal) is needed: {e}"));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
+#[test]
+fn warnings_are_coloured_on_a_terminal_unless_no_color() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let cassette = format!(
+        "script:{}",
+        root().join("examples/demo/cassette.jsonl").display()
+    );
+    for (no_color, expect_colour) in [(None, true), (Some("1"), false)] {
+        let workspace = copy_example(
+            "demo",
+            &dir.path()
+                .join(format!("no-color-{}", no_color.unwrap_or("unset"))),
+        );
+        let mut env = vec![TOKEN_TZ];
+        if let Some(value) = no_color {
+            env.push(("NO_COLOR", value));
+        }
+        let shown = on_a_terminal(
+            &db,
+            &[
+                "run",
+                "--workspace",
+                workspace.to_str().unwrap(),
+                "--task",
+                "Fix the test.",
+                "--provider",
+                &cassette,
+            ],
+            &env,
+        );
+        let text = String::from_utf8_lossy(&shown);
+        assert!(text.contains("kept out of the sandbox"), "{text}");
+        assert_eq!(
+            coloured(&shown),
+            expect_colour,
+            "NO_COLOR {no_color:?}: {text:?}"
         );
     }
 }

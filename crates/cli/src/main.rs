@@ -113,12 +113,14 @@ fn one_line(message: &str) -> String {
         .join(" ")
 }
 
-/// Logs go to stderr, filtered by `NERVE_LOG` (default: warnings).
+/// Logs go to stderr, filtered by `NERVE_LOG` (default: warnings), coloured only on a
+/// terminal and without `NO_COLOR`.
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("NERVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(output::stderr_colour())
         .try_init();
 }
