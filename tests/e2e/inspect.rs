@@ -461,3 +461,123 @@ fn warnings_are_coloured_on_a_terminal_unless_no_color() {
         );
     }
 }
+
+/// The DOM of `page` once headless Chromium (Debian's `chromium`) has loaded it offline.
+fn dom_of(page: &Path, profile: &Path) -> String {
+    let output = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            // Offline: any request for something outside the page would fail.
+            "--proxy-server=127.0.0.1:9",
+            "--proxy-bypass-list=<-loopback>",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("headless Chromium is needed (`cargo xtask ci` installs Debian's chromium): {e}")
+        });
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn the_html_page_is_self_contained_and_counts_what_the_log_holds() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let workspace = copy_example("demo", dir.path());
+    let script = format!(
+        "script:{}",
+        root().join("examples/compaction/cassette.jsonl").display()
+    );
+    let run = nerve(
+        &db,
+        &[
+            "run",
+            "--workspace",
+            workspace.to_str().unwrap(),
+            "--task",
+            "Find out why the build fails.",
+            "--provider",
+            &script,
+            "--context-window",
+            "4000",
+            "--json",
+        ],
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    let id = last_json(&run)["execution_id"].as_str().unwrap().to_owned();
+    let page = dir.path().join("run.html");
+    let show = nerve(&db, &["show", &id[..8], "--html", page.to_str().unwrap()]);
+    assert_eq!(show.status.code(), Some(0), "{}", stderr(&show));
+    assert!(
+        stdout(&show).contains("answer"),
+        "the transcript is still printed"
+    );
+
+    // What the log holds.
+    let events = last_json(&nerve(&db, &["events", &id, "--json"]));
+    let count = |kind: &str| {
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == kind)
+            .count()
+    };
+    let turns = last_json(&nerve(&db, &["replay", &id, "--json"]))["total_turns"]
+        .as_u64()
+        .unwrap() as usize;
+    let (tool_calls, compactions) = (count("tool_call_started"), count("compaction"));
+    assert!(
+        compactions >= 2 && tool_calls >= 4,
+        "{compactions} {tool_calls}"
+    );
+
+    // Self-contained: nothing to fetch.
+    let html = std::fs::read_to_string(&page).unwrap();
+    for outside in ["src=", "href=", "<link", "@import", "url("] {
+        assert!(
+            !html.contains(outside),
+            "the page refers outside itself: {outside}"
+        );
+    }
+
+    // What the browser shows.
+    let dom = dom_of(&page, &dir.path().join("chromium-profile"));
+    let in_dom = |needle: &str| dom.matches(needle).count();
+    assert_eq!(in_dom("<details class=\"turn\""), turns, "turns");
+    assert_eq!(
+        in_dom("<details class=\"tool-call"),
+        tool_calls,
+        "tool calls"
+    );
+    assert_eq!(
+        in_dom("class=\"note compaction\""),
+        compactions,
+        "compactions"
+    );
+    assert!(
+        in_dom("class=\"compaction-mark\"") >= 1,
+        "the fill chart marks compactions"
+    );
+    assert!(dom.contains("<polyline points="), "the fill chart");
+    // The events are inlined whole and parse back to the log.
+    let start = dom.find("id=\"events\">").unwrap() + "id=\"events\">".len();
+    let end = start + dom[start..].find("</script>").unwrap();
+    let inlined: serde_json::Value = serde_json::from_str(&dom[start..end]).unwrap();
+    assert_eq!(
+        inlined.as_array().unwrap().len(),
+        events.as_array().unwrap().len()
+    );
+}

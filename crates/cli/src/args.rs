@@ -66,6 +66,9 @@ pub(crate) enum Command {
         /// Print the replay as one JSON object (as `replay --json`) instead.
         #[arg(long)]
         json: bool,
+        /// Also write one self-contained HTML page of the run to FILE.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
     },
     /// The event timeline of an execution.
     Events {

@@ -177,8 +177,15 @@ fn ago(seconds: i64) -> String {
     }
 }
 
-/// `show --json` is `replay --json`; without it, the transcript for people.
-pub(crate) fn show(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+/// `show --json` is `replay --json`; without it, the transcript for people. `--html`
+/// writes the page as well.
+pub(crate) fn show(db: &Path, id: &str, json: bool, html: Option<&Path>) -> Result<u8, Failure> {
+    if let Some(file) = html {
+        let (store, execution, events) = load(db, id)?;
+        let replayed = store.replay(&execution).map_err(Failure::usage)?;
+        std::fs::write(file, crate::html::page(&events, &replayed))
+            .map_err(|e| Failure::usage(format!("cannot write {}: {e}", file.display())))?;
+    }
     if json {
         return replay(db, id, json);
     }

@@ -9,6 +9,7 @@ mod args;
 mod config;
 #[cfg(test)]
 mod config_doc_test;
+mod html;
 mod inspect;
 mod output;
 mod progress;
@@ -88,7 +89,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
         Command::Replay { id, json } => inspect::replay(&db, &id, json),
         Command::List { json } => inspect::list(&db, json),
-        Command::Show { id, json } => inspect::show(&db, &id, json),
+        Command::Show { id, json, html } => inspect::show(&db, &id, json, html.as_deref()),
         Command::Events { id, json, full } => inspect::events(&db, &id, json, full),
         Command::Verify { id } => inspect::verify(&db, &id),
         Command::Resume { id, provider, json } => {

@@ -174,7 +174,7 @@ fn snake(value: &impl serde::Serialize) -> String {
         .unwrap_or_default()
 }
 
-fn text_of(parts: &[MessagePart]) -> String {
+pub(crate) fn text_of(parts: &[MessagePart]) -> String {
     parts
         .iter()
         .filter_map(|part| match part {
@@ -196,7 +196,7 @@ fn call_line(call: Option<&ToolCall>, name: &str) -> String {
 }
 
 /// A tool call as one line: its name and the argument that says what it does.
-fn key_argument(call: &ToolCall) -> String {
+pub(crate) fn key_argument(call: &ToolCall) -> String {
     let arg = |key: &str| call.arguments.get(key).and_then(|v| v.as_str());
     let key = match call.name.as_str() {
         "shell" => arg("command").map(str::to_owned),
