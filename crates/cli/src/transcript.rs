@@ -266,3 +266,45 @@ fn clip_line(text: &str) -> String {
     let cut = nerve_core::text::clip(line, WIDTH - 3);
     format!("{cut}...")
 }
+
+#[cfg(test)]
+mod tests {
+    use nerve_core::ToolResult;
+
+    use super::outcome_line;
+
+    fn check(content: &str, is_error: bool, expected: &str) {
+        let result = ToolResult {
+            call_id: "call_1".into(),
+            name: "shell".into(),
+            content: content.into(),
+            is_error,
+        };
+        assert_eq!(outcome_line(&result), expected, "{content:?}");
+    }
+
+    #[test]
+    fn an_outcome_is_the_line_that_says_most() {
+        check("hello.txt (6 bytes)", false, "    hello.txt (6 bytes)");
+        check("a\nb\nc", false, "    a (+2 lines)");
+        check("", false, "    (no output)");
+        check("ok\n[exit code: 0]", false, "    exit 0: ok");
+        check(
+            "total 8\nfile\n[stderr]\nsh: make: not found\n[exit code: 127]",
+            true,
+            "    exit 127: sh: make: not found (+2 lines)",
+        );
+        check(
+            "running\nFAIL: expected 2\n[exit code: 1]",
+            true,
+            "    exit 1: FAIL: expected 2 (+1 lines)",
+        );
+        check(
+            "no such file: a.txt",
+            true,
+            "    error: no such file: a.txt",
+        );
+        let long = "x".repeat(300);
+        check(&long, false, &format!("    {}...", "x".repeat(97)));
+    }
+}
