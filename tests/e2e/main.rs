@@ -11,6 +11,7 @@ mod compaction;
 mod contracts;
 mod crash;
 mod demo;
+mod inspect;
 mod interrupt;
 mod json;
 mod loops;

@@ -342,7 +342,8 @@ fn bench(area: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// Debian's static busybox (for the sandbox image) and a running Docker engine. Installed
+/// Debian's static busybox (for the sandbox image), Debian's chromium (for the HTML page
+/// test) and a running Docker engine. Installed
 /// or started when missing and we are root; otherwise a clear explanation.
 fn ensure_prerequisites() -> Result<()> {
     let is_root = Command::new("id")
@@ -360,6 +361,17 @@ fn ensure_prerequisites() -> Result<()> {
             );
         }
         apt_install(&["busybox-static"])?;
+    }
+    // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium.
+    let chromium_ok = Command::new("sh")
+        .args(["-c", "command -v chromium"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !chromium_ok {
+        if !is_root {
+            bail!("the HTML page test needs Debian's chromium: sudo apt-get install chromium");
+        }
+        apt_install(&["chromium"])?;
     }
     if docker_answers() {
         return Ok(());

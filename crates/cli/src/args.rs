@@ -48,38 +48,56 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Reconstruct an execution from the log: completeness and gaps.
     Replay {
+        /// The execution id, or a unique prefix of it.
         id: String,
+        /// Print one JSON object (see docs/cli.md) instead of lines.
         #[arg(long)]
         json: bool,
     },
     /// Executions, newest first.
     List {
+        /// Print one JSON list instead of a table.
         #[arg(long)]
         json: bool,
         /// Only executions in this state.
         #[arg(long, value_enum)]
         status: Option<StatusArg>,
     },
-    /// One execution: task, status, turns, cost, termination.
+    /// One execution as a transcript: task, messages, tool calls, the answer, totals.
     Show {
+        /// The execution id, or a unique prefix of it.
         id: String,
+        /// Print the replay as one JSON object (as `replay --json`) instead.
         #[arg(long)]
         json: bool,
+        /// Also write one self-contained HTML page of the run to FILE.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
     },
     /// The event timeline of an execution.
     Events {
+        /// The execution id, or a unique prefix of it.
         id: String,
+        /// Print one JSON list of `{seq, ts, kind, payload}` instead of lines.
         #[arg(long)]
         json: bool,
+        /// Print every payload whole instead of clipped to a line.
+        #[arg(long)]
+        full: bool,
     },
     /// Check the log's hash chain; exits 1 when it was tampered with.
-    Verify { id: String },
+    Verify {
+        /// The execution id, or a unique prefix of it.
+        id: String,
+    },
     /// Continue a crashed, interrupted or parked execution in a fresh sandbox.
     Resume {
+        /// The execution id, or a unique prefix of it.
         id: String,
         /// Another provider than the one the execution started with.
         #[arg(long, value_name = "SPEC")]
         provider: Option<String>,
+        /// Print one JSON object as the last line of stdout; no progress.
         #[arg(long)]
         json: bool,
     },
@@ -101,6 +119,7 @@ pub(crate) enum Command {
     },
     /// Decide the pending approvals of a parked execution.
     Approve {
+        /// The execution id, or a unique prefix of it.
         id: String,
         /// Refuse instead of approving.
         #[arg(long)]
@@ -189,19 +208,31 @@ pub(crate) struct RunArgs {
     /// `script:PATH`, `openai` or `anthropic`.
     #[arg(long, value_name = "SPEC", default_value = "openai")]
     pub(crate) provider: String,
+    /// The model to ask (default: the provider's; required with a custom base URL; a
+    /// `script:` provider ignores it).
     #[arg(long, value_name = "NAME")]
     pub(crate) model: Option<String>,
-    #[arg(long = "loop", value_enum, default_value = "react")]
+    /// How the agent works: act and observe, plan then execute, or both (see docs/loops.md).
+    #[arg(
+        long = "loop",
+        value_name = "LOOP",
+        value_enum,
+        default_value = "react"
+    )]
     pub(crate) loop_type: LoopArg,
-    #[arg(long, value_enum)]
+    /// How hard the task is, which `--loop auto` uses to choose a loop.
+    #[arg(long, value_name = "LEVEL", value_enum)]
     pub(crate) complexity: Option<ComplexityArg>,
+    /// The most turns (model calls) before the run stops with `max_turns`.
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_turns: u32,
     /// Wall-clock limit in seconds.
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) timeout: Option<u64>,
+    /// Stop with `budget_exhausted` once the run has cost this many dollars.
     #[arg(long, value_name = "USD")]
     pub(crate) budget_usd: Option<f64>,
+    /// Stop with `budget_exhausted` once the run has used this many tokens.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) budget_tokens: Option<u64>,
     /// Override the model's context capacity in tokens.
@@ -210,7 +241,7 @@ pub(crate) struct RunArgs {
     /// The sandbox image (default: nerve-sandbox:latest, built locally when missing).
     #[arg(long, value_name = "IMAGE")]
     pub(crate) image: Option<String>,
-    /// Print one JSON object as the last line of stdout.
+    /// Print one JSON object as the last line of stdout; no progress.
     #[arg(long)]
     pub(crate) json: bool,
 }

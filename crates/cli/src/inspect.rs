@@ -12,6 +12,49 @@ use crate::args::StatusArg;
 use crate::log::{Reader, reader};
 use crate::output;
 
+/// How many candidates an ambiguous prefix names.
+const CANDIDATES: usize = 5;
+
+/// A whole execution id for `id`, which may be a unique prefix of one (as in git). A whole
+/// id is taken as it is, without opening the log; a prefix that matches none or several is
+/// a usage error naming the candidates.
+pub(crate) async fn resolve(db: &Path, id: &str) -> Result<String, Failure> {
+    if id.parse::<ExecutionId>().is_ok() {
+        return Ok(id.trim().to_owned());
+    }
+    let prefix = id.trim();
+    if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        return Err(Failure::usage(
+            id.parse::<ExecutionId>()
+                .err()
+                .map_or_else(String::new, |e| e.to_string()),
+        ));
+    }
+    let found = reader(db)
+        .await?
+        .executions_with_prefix(prefix, CANDIDATES + 1)
+        .await
+        .map_err(Failure::usage)?;
+    match found.as_slice() {
+        [] => Err(Failure::usage(format!(
+            "no execution id starts with `{prefix}` (see `nerve list`)"
+        ))),
+        [one] => Ok(one.to_string()),
+        many => {
+            let named: Vec<String> = many
+                .iter()
+                .take(CANDIDATES)
+                .map(ToString::to_string)
+                .collect();
+            let more = if many.len() > CANDIDATES { ", ..." } else { "" };
+            Err(Failure::usage(format!(
+                "`{prefix}` is ambiguous: {}{more}",
+                named.join(", ")
+            )))
+        }
+    }
+}
+
 async fn load(db: &Path, id: &str) -> Result<(Reader, ExecutionId, Vec<StoredEvent>), Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
     let store = reader(db).await?;
@@ -120,12 +163,25 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
     if json {
         output::json(&serde_json::json!(executions));
     } else {
+        let now = time::OffsetDateTime::now_utc();
+        output::line(&format!(
+            "{:<36}  {:<12}  {:<16}  {:>6}  TASK",
+            "ID", "STARTED", "ENDED", "EVENTS"
+        ));
         for e in executions {
+            let started = time::OffsetDateTime::parse(
+                &e.started_at,
+                &time::format_description::well_known::Rfc3339,
+            )
+            .map_or_else(
+                |_| e.started_at.clone(),
+                |at| ago((now - at).whole_seconds()),
+            );
             output::line(&format!(
-                "{}  {}  {:<16}  {}",
+                "{}  {started:<12}  {:<16}  {:>6}  {}",
                 e.execution_id,
-                e.started_at,
                 e.termination_reason.as_deref().unwrap_or("(unfinished)"),
+                e.events,
                 e.task
                     .as_deref()
                     .and_then(|t| t.lines().next())
@@ -136,11 +192,48 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
     Ok(0)
 }
 
-pub(crate) async fn show(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
-    replay(db, id, json).await
+/// `seconds` in the past, as a person says it: "just now", "3 min ago", "2 days ago".
+fn ago(seconds: i64) -> String {
+    const MINUTE: i64 = 60;
+    const HOUR: i64 = 60 * MINUTE;
+    const DAY: i64 = 24 * HOUR;
+    match seconds {
+        ..10 => "just now".to_owned(),
+        10..MINUTE => format!("{seconds} s ago"),
+        MINUTE..HOUR => format!("{} min ago", seconds / MINUTE),
+        HOUR..DAY => format!("{} h ago", seconds / HOUR),
+        _ if seconds / DAY == 1 => "1 day ago".to_owned(),
+        _ => format!("{} days ago", seconds / DAY),
+    }
 }
 
-pub(crate) async fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
+/// `show --json` is `replay --json`; without it, the transcript for people. `--html`
+/// writes the page as well.
+pub(crate) async fn show(
+    db: &Path,
+    id: &str,
+    json: bool,
+    html: Option<&Path>,
+) -> Result<u8, Failure> {
+    if let Some(file) = html {
+        let (store, execution, events) = load(db, id).await?;
+        let replayed = store.replay(execution).await.map_err(Failure::usage)?;
+        std::fs::write(file, crate::html::page(&events, &replayed))
+            .map_err(|e| Failure::usage(format!("cannot write {}: {e}", file.display())))?;
+    }
+    if json {
+        return replay(db, id, json).await;
+    }
+    let (store, execution, events) = load(db, id).await?;
+    let replayed = store.replay(execution).await.map_err(Failure::usage)?;
+    for line in crate::transcript::transcript(&events, &replayed) {
+        output::line(&line);
+    }
+    Ok(0)
+}
+
+/// The event timeline; payloads are clipped to a line unless `full`.
+pub(crate) async fn events(db: &Path, id: &str, json: bool, full: bool) -> Result<u8, Failure> {
     let (_, _, events) = load(db, id).await?;
     if json {
         let list: Vec<serde_json::Value> = events
@@ -158,7 +251,7 @@ pub(crate) async fn events(db: &Path, id: &str, json: bool) -> Result<u8, Failur
     } else {
         for e in &events {
             let mut payload = e.payload.clone();
-            if payload.len() > 160 {
+            if !full && payload.len() > 160 {
                 let cut = nerve_core::text::clip(&payload, 157).len();
                 payload.truncate(cut);
                 payload.push_str("...");
@@ -182,6 +275,28 @@ pub(crate) async fn verify(db: &Path, id: &str) -> Result<u8, Failure> {
         Err(broken) => {
             output::error_line(&format!("nerve: {broken}"));
             Ok(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ago;
+
+    #[test]
+    fn ages_read_as_a_person_says_them() {
+        for (seconds, expected) in [
+            (-5, "just now"),
+            (0, "just now"),
+            (9, "just now"),
+            (42, "42 s ago"),
+            (60, "1 min ago"),
+            (3 * 60 + 59, "3 min ago"),
+            (2 * 3600, "2 h ago"),
+            (86_400, "1 day ago"),
+            (3 * 86_400 + 5, "3 days ago"),
+        ] {
+            assert_eq!(ago(seconds), expected, "{seconds} s");
         }
     }
 }

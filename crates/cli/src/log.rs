@@ -105,4 +105,16 @@ impl Reader {
             Self::Postgres(store) => store.export(execution).await,
         }
     }
+
+    /// The ids that start with `prefix` (any case), in id order, at most `limit`.
+    pub(crate) async fn executions_with_prefix(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<ExecutionId>, SessionError> {
+        match self {
+            Self::Sqlite(store) => store.executions_with_prefix(prefix, limit),
+            Self::Postgres(store) => store.executions_with_prefix(prefix.to_owned(), limit).await,
+        }
+    }
 }

@@ -9,6 +9,7 @@ mod args;
 mod config;
 #[cfg(test)]
 mod config_doc_test;
+mod html;
 mod inspect;
 mod log;
 mod output;
@@ -17,6 +18,7 @@ mod provider;
 mod reap;
 mod resume;
 mod run;
+mod transcript;
 mod transfer;
 
 use std::process::ExitCode;
@@ -85,12 +87,24 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             "resume and approve do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
         ));
     }
-    match cli.command {
+    let mut command = cli.command;
+    // Every id a person types may be a unique prefix.
+    match &mut command {
+        Command::Replay { id, .. }
+        | Command::Show { id, .. }
+        | Command::Events { id, .. }
+        | Command::Verify { id }
+        | Command::Resume { id, .. }
+        | Command::Approve { id, .. }
+        | Command::Export { id } => *id = inspect::resolve(&db, id).await?,
+        Command::Run(_) | Command::List { .. } | Command::Reap { .. } | Command::Import { .. } => {}
+    }
+    match command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
         Command::Replay { id, json } => inspect::replay(&db, &id, json).await,
         Command::List { json, status } => inspect::list(&db, json, status).await,
-        Command::Show { id, json } => inspect::show(&db, &id, json).await,
-        Command::Events { id, json } => inspect::events(&db, &id, json).await,
+        Command::Show { id, json, html } => inspect::show(&db, &id, json, html.as_deref()).await,
+        Command::Events { id, json, full } => inspect::events(&db, &id, json, full).await,
         Command::Verify { id } => inspect::verify(&db, &id).await,
         Command::Export { id } => transfer::export(&db, &id).await,
         Command::Import { file } => transfer::import(&db, &file).await,
@@ -117,12 +131,14 @@ fn one_line(message: &str) -> String {
         .join(" ")
 }
 
-/// Logs go to stderr, filtered by `NERVE_LOG` (default: warnings).
+/// Logs go to stderr, filtered by `NERVE_LOG` (default: warnings), coloured only on a
+/// terminal and without `NO_COLOR`.
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("NERVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(output::stderr_colour())
         .try_init();
 }

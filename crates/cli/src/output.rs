@@ -3,7 +3,8 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use std::io::Write;
+use std::ffi::OsStr;
+use std::io::{IsTerminal, Write};
 
 /// Writes one line to stdout; a broken pipe is ignored.
 pub(crate) fn line(text: &str) {
@@ -30,5 +31,44 @@ pub(crate) fn write_with(
     match write(&mut out).and_then(|()| out.flush()) {
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other,
+    }
+}
+
+/// Whether stderr may carry colour: only on a terminal, and never when `NO_COLOR` is set to
+/// anything but the empty string (<https://no-color.org>). Everything else on stderr and
+/// stdout is plain text, so nothing sent down a pipe holds an escape sequence.
+pub(crate) fn stderr_colour() -> bool {
+    colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
+fn colour(terminal: bool, no_color: Option<&OsStr>) -> bool {
+    terminal && no_color.is_none_or(OsStr::is_empty)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::colour;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        for (terminal, no_color, expected) in [
+            (true, None, true),
+            (true, Some(""), true),
+            (true, Some("1"), false),
+            (true, Some("0"), false),
+            (false, None, false),
+            (false, Some("1"), false),
+        ] {
+            assert_eq!(
+                colour(terminal, no_color.map(OsStr::new)),
+                expected,
+                "terminal {terminal}, NO_COLOR {no_color:?}"
+            );
+        }
     }
 }

@@ -78,6 +78,29 @@ pub trait EventStore: EventSink {
     /// All executions, newest first.
     async fn executions(&self) -> Result<Vec<ExecutionSummary>, SessionError>;
 
+    /// The executions whose id starts with `prefix` (any case), in id order, at most
+    /// `limit`; a prefix with anything but hex digits and `-` matches nothing. The default
+    /// filters [`EventStore::executions`]; a backend with an index on ids should override it.
+    async fn executions_with_prefix(
+        &self,
+        prefix: String,
+        limit: usize,
+    ) -> Result<Vec<ExecutionId>, SessionError> {
+        let Some(prefix) = crate::store::id_prefix(&prefix) else {
+            return Ok(Vec::new());
+        };
+        let mut ids = self
+            .executions()
+            .await?
+            .into_iter()
+            .filter(|e| e.execution_id.starts_with(&prefix))
+            .filter_map(|e| e.execution_id.parse().ok())
+            .collect::<Vec<ExecutionId>>();
+        ids.sort();
+        ids.truncate(limit);
+        Ok(ids)
+    }
+
     /// One execution's summary.
     async fn execution(&self, execution: ExecutionId) -> Result<ExecutionSummary, SessionError>;
 

@@ -743,6 +743,45 @@ impl Store {
             .map_err(|e| self.sql_err(e))
     }
 
+    /// The executions whose id starts with `prefix`, in id order, at most `limit`: how an
+    /// abbreviated id (`nerve show 0192f0c4`) becomes a whole one, as in git. The match
+    /// ignores case; a prefix with anything but hex digits and `-` matches nothing.
+    pub fn executions_with_prefix(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<ExecutionId>, SessionError> {
+        let Some(prefix) = id_prefix(prefix) else {
+            return Ok(Vec::new());
+        };
+        let sql = if self.schema >= V4 {
+            "SELECT execution_id FROM execution_keys \
+             WHERE execution_id >= ?1 AND execution_id < ?2 ORDER BY execution_id LIMIT ?3"
+        } else if self.schema >= V2 {
+            "SELECT execution_id FROM executions \
+             WHERE execution_id >= ?1 AND execution_id < ?2 ORDER BY execution_id LIMIT ?3"
+        } else {
+            "SELECT DISTINCT execution_id FROM events \
+             WHERE execution_id >= ?1 AND execution_id < ?2 ORDER BY execution_id LIMIT ?3"
+        };
+        // `~` sorts after every hex digit and `-`: the range holds exactly the prefix's ids.
+        let upper = format!("{prefix}~");
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut stmt = self.conn.prepare_cached(sql).map_err(|e| self.sql_err(e))?;
+        let ids = stmt
+            .query_map(params![prefix, upper, limit], |row| row.get::<_, String>(0))
+            .map_err(|e| self.sql_err(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.sql_err(e))?;
+        ids.iter()
+            .map(|id| {
+                id.parse().map_err(|_| {
+                    SessionError::Corrupt(format!("execution id `{id}` is not a UUID"))
+                })
+            })
+            .collect()
+    }
+
     /// One execution's line of the index.
     pub fn execution(&self, execution: &ExecutionId) -> Result<ExecutionSummary, SessionError> {
         let sql = if self.schema >= V4 {
@@ -1471,4 +1510,11 @@ pub(crate) fn now_rfc3339() -> String {
         now.second(),
         now.microsecond()
     )
+}
+
+/// `prefix` lower-cased, or `None` when it is empty or cannot start an execution id.
+pub(crate) fn id_prefix(prefix: &str) -> Option<String> {
+    let prefix = prefix.trim().to_ascii_lowercase();
+    (!prefix.is_empty() && prefix.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
+        .then_some(prefix)
 }

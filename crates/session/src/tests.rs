@@ -1724,4 +1724,55 @@ async fn the_sink_is_the_archive_brain_compacts_into() {
     );
 }
 
+#[test]
+fn an_id_prefix_finds_its_executions_in_id_order() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).unwrap();
+    let redactor = Redactor::new();
+    let ids: Vec<ExecutionId> = [
+        "0192f0c4-7b1e-7c3a-9f00-4a5b6c7d8e9f",
+        "0192f0c4-7b1e-7c3a-9f00-000000000001",
+        "0192f0c5-0000-7000-8000-000000000000",
+    ]
+    .iter()
+    .map(|id| id.parse().unwrap())
+    .collect();
+    for id in &ids {
+        store.append(id, &[started()], &redactor).unwrap();
+    }
+    let check = |prefix: &str, limit: usize, expected: &[usize]| {
+        let found = store.executions_with_prefix(prefix, limit).unwrap();
+        let expected: Vec<ExecutionId> = expected.iter().map(|i| ids[*i]).collect();
+        assert_eq!(found, expected, "prefix {prefix:?}");
+    };
+    check("0192f0c", 10, &[1, 0, 2]);
+    check("0192f0c", 2, &[1, 0]);
+    check("0192F0C4", 10, &[1, 0]);
+    check("0192f0c4-7b1e-7c3a-9f00-4a", 10, &[0]);
+    check("0192f0c5", 10, &[2]);
+    check("0192f0c6", 10, &[]);
+    check("", 10, &[]);
+    check("01%", 10, &[]);
+    check("zz", 10, &[]);
+    check(&ids[2].to_string(), 10, &[2]);
+}
+
+#[tokio::test]
+async fn the_writer_serves_id_prefixes_like_the_store() {
+    let (_dir, path) = temp_db();
+    let sink = SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap();
+    let id: ExecutionId = "0192f0c4-7b1e-7c3a-9f00-4a5b6c7d8e9f".parse().unwrap();
+    sink.append_all(id, vec![started()]).await.unwrap();
+    assert_eq!(
+        sink.executions_with_prefix("0192".into(), 5).await.unwrap(),
+        [id]
+    );
+    assert!(
+        sink.executions_with_prefix("0193".into(), 5)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 mod backends;

@@ -687,6 +687,15 @@ impl EventStore for SqliteSink {
         self.read(Store::executions).await
     }
 
+    async fn executions_with_prefix(
+        &self,
+        prefix: String,
+        limit: usize,
+    ) -> Result<Vec<ExecutionId>, SessionError> {
+        self.read(move |store| store.executions_with_prefix(&prefix, limit))
+            .await
+    }
+
     async fn execution(&self, execution: ExecutionId) -> Result<ExecutionSummary, SessionError> {
         self.read(move |store| store.execution(&execution)).await
     }

@@ -1,0 +1,310 @@
+//! `nerve show ID` as a person reads it: the task, what the agent said and did turn by
+//! turn (each tool call one line with its key argument, then its clipped outcome), the final
+//! answer whole, the error of a failed run, then the totals. Built from the events, not the
+//! replayed conversation, so compactions do not hide what happened before them.
+
+use nerve_core::{Event, MessagePart, MessageRole, ToolCall, ToolResult};
+use nerve_session::{Replay, StoredEvent};
+
+/// The widest a tool call's argument or outcome line grows before it is clipped.
+const WIDTH: usize = 100;
+
+/// The transcript of one execution, as lines of plain text.
+pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
+    let mut out = Vec::new();
+    out.push(format!("execution  {}", replayed.execution_id));
+    if let Some(first) = events.first() {
+        out.push(format!("started    {}", first.ts));
+    }
+    if let Some(started) = &replayed.started {
+        out.push(format!(
+            "model      {} ({})",
+            started.model,
+            snake(&started.loop_type)
+        ));
+        out.push(String::new());
+        out.push("task".to_owned());
+        out.extend(started.task.lines().map(|line| format!("  {line}")));
+    }
+    // Started and not finished yet, in the order they started.
+    let mut pending: Vec<ToolCall> = Vec::new();
+    let mut turn = 0;
+    // The index of the last message shown: a resume re-appends the system prompt, and a
+    // compaction starts the indices over.
+    let mut shown: Option<u32> = None;
+    let mut answer: Option<String> = None;
+    let mut heading: Option<String> = None;
+    for stored in events {
+        let Ok(event) = serde_json::from_str::<Event>(&stored.payload) else {
+            continue;
+        };
+        let mut lines = Vec::new();
+        match event {
+            Event::ModelCalled(called) => {
+                if called.turn != turn {
+                    turn = called.turn;
+                    // Shown with the turn's first line, so a turn that only answered
+                    // leaves no empty heading.
+                    heading = Some(format!("turn {turn}"));
+                }
+                if called.outcome != "ok" {
+                    lines.push(format!("  (model call failed: {})", called.outcome));
+                }
+            }
+            Event::MessageAppended(appended) => {
+                if shown.is_some_and(|index| appended.index <= index) {
+                    continue;
+                }
+                shown = Some(appended.index);
+                let message = appended.message;
+                let text = text_of(&message.parts);
+                match message.role {
+                    MessageRole::Assistant => {
+                        let calls = message
+                            .parts
+                            .iter()
+                            .any(|part| matches!(part, MessagePart::ToolCall(_)));
+                        if calls {
+                            lines.extend(text.lines().map(|line| format!("  {line}")));
+                            answer = None;
+                        } else {
+                            // Shown at the end, whole, unless the agent goes on.
+                            answer = Some(text);
+                        }
+                    }
+                    // The task is shown above; later user messages are the engine's notes.
+                    MessageRole::User if appended.index > 1 && !text.is_empty() => {
+                        lines.push(format!("  note: {}", clip_line(&text)));
+                    }
+                    MessageRole::User | MessageRole::System | MessageRole::Tool => {}
+                }
+            }
+            Event::ToolCallStarted(started) => {
+                pending.push(started.call);
+            }
+            Event::ToolCallFinished(finished) => {
+                let call = pending
+                    .iter()
+                    .position(|call| call.id == finished.result.call_id)
+                    .map(|at| pending.remove(at));
+                lines.push(call_line(call.as_ref(), &finished.result.name));
+                lines.push(outcome_line(&finished.result));
+            }
+            Event::Compaction(compaction) => {
+                shown = None;
+                let strategy = snake(&compaction.strategy);
+                lines.push(format!(
+                    "  (context compacted: {strategy}, messages {}..{}, {} block(s) archived)",
+                    compaction.from_index,
+                    compaction.to_index,
+                    compaction.archived.len()
+                ));
+            }
+            Event::Retry(retry) => lines.push(format!(
+                "  (model call retried, attempt {}: {})",
+                retry.attempt,
+                clip_line(&retry.error)
+            )),
+            Event::ApprovalRequested(asked) => lines.push(format!(
+                "  (approval asked for {} by rule `{}`)",
+                key_argument(&asked.call),
+                asked.rule
+            )),
+            Event::ApprovalDecided(decided) => {
+                lines.push(format!("  (approval {})", snake(&decided.decision)));
+            }
+            Event::Resumed(_) => lines.push("  (resumed)".to_owned()),
+            Event::Started(_)
+            | Event::ContextCreated(_)
+            | Event::TurnCompleted(_)
+            | Event::TaskTransition(_)
+            | Event::Finish(_)
+            | Event::Stagnation(_)
+            | Event::ProxyDecision(_)
+            | Event::Checkpoint(_) => {}
+        }
+        if !lines.is_empty() {
+            if let Some(heading) = heading.take() {
+                out.push(String::new());
+                out.push(heading);
+            }
+            out.append(&mut lines);
+        }
+    }
+    for call in &pending {
+        out.push(call_line(Some(call), &call.name));
+        out.push("    (never finished: its effect is unknown)".to_owned());
+    }
+    if let Some(answer) = answer.filter(|a| !a.trim().is_empty()) {
+        out.push(String::new());
+        out.push("answer".to_owned());
+        out.extend(answer.lines().map(|line| format!("  {line}")));
+    }
+    if let Some(error) = &replayed.error {
+        out.push(String::new());
+        out.push(format!("error      {error}"));
+    }
+    out.push(String::new());
+    out.push(format!(
+        "ended      {}",
+        replayed.termination_reason.map_or_else(
+            || "never (crashed or still running)".to_owned(),
+            |r| r.to_string()
+        )
+    ));
+    if let Some(status) = replayed.task_status {
+        out.push(format!("task       {status}"));
+    }
+    out.push(format!(
+        "totals     {} turns, {} input + {} output tokens, {}, {} compaction(s)",
+        replayed.total_turns,
+        replayed.usage.input_tokens,
+        replayed.usage.output_tokens,
+        replayed.cost,
+        replayed.compactions.len()
+    ));
+    out
+}
+
+/// An enum's snake_case name, as the log and `--json` spell it.
+fn snake(value: &impl serde::Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+pub(crate) fn text_of(parts: &[MessagePart]) -> String {
+    parts
+        .iter()
+        .filter_map(|part| match part {
+            MessagePart::Text { text } => Some(text.as_str()),
+            MessagePart::ToolCall(_)
+            | MessagePart::ToolResult(_)
+            | MessagePart::Thinking { .. }
+            | MessagePart::CompactionSummary { .. } => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn call_line(call: Option<&ToolCall>, name: &str) -> String {
+    match call {
+        Some(call) => format!("  > {}", key_argument(call)),
+        None => format!("  > {name}"),
+    }
+}
+
+/// A tool call as one line: its name and the argument that says what it does.
+pub(crate) fn key_argument(call: &ToolCall) -> String {
+    let arg = |key: &str| call.arguments.get(key).and_then(|v| v.as_str());
+    let key = match call.name.as_str() {
+        "shell" => arg("command").map(str::to_owned),
+        "read_file" | "write_file" | "edit_file" | "list_dir" => {
+            Some(arg("path").unwrap_or(".").to_owned())
+        }
+        "grep" => arg("pattern").map(|p| match arg("path") {
+            Some(path) => format!("{p} in {path}"),
+            None => p.to_owned(),
+        }),
+        "http_request" => arg("url").map(|url| format!("{} {url}", arg("method").unwrap_or("GET"))),
+        "recall" => arg("query").or_else(|| arg("block_id")).map(str::to_owned),
+        _ => None,
+    };
+    let key = key.unwrap_or_else(|| call.arguments.to_string());
+    clip_line(&format!("{} {key}", call.name))
+}
+
+/// A tool's outcome in a line: the exit code or the error, and the line that says most (the
+/// first of stderr, or the last of the output, when the call failed; else the first line), with how much more
+/// there was.
+fn outcome_line(result: &ToolResult) -> String {
+    let mut lines: Vec<&str> = result.content.trim().lines().collect();
+    let exit = lines
+        .last()
+        .and_then(|line| line.strip_prefix("[exit code: "))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .map(str::to_owned);
+    if exit.is_some() {
+        lines.pop();
+    }
+    let stderr_at = lines.iter().position(|line| *line == "[stderr]");
+    let body: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|line| *line != "[stderr]")
+        .collect();
+    let headline = match stderr_at {
+        Some(at) if result.is_error => lines.get(at + 1).copied(),
+        // A failed command without stderr (a test runner) says what went wrong last.
+        None if result.is_error => body.last().copied(),
+        _ => body.first().copied(),
+    }
+    .unwrap_or_default();
+    let more = match body.len().saturating_sub(1) {
+        0 => String::new(),
+        n => format!(" (+{n} lines)"),
+    };
+    let status = match (&exit, result.is_error) {
+        (Some(code), _) => format!("exit {code}: "),
+        (None, true) => "error: ".to_owned(),
+        (None, false) => String::new(),
+    };
+    if body.is_empty() {
+        format!("    {status}(no output)")
+    } else {
+        format!("    {status}{}{more}", clip_line(headline))
+    }
+}
+
+/// `text`'s first line, cut at [`WIDTH`] bytes (on a character boundary) with `...`.
+fn clip_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    if line.len() <= WIDTH {
+        return line.to_owned();
+    }
+    let cut = nerve_core::text::clip(line, WIDTH - 3);
+    format!("{cut}...")
+}
+
+#[cfg(test)]
+mod tests {
+    use nerve_core::ToolResult;
+
+    use super::outcome_line;
+
+    fn check(content: &str, is_error: bool, expected: &str) {
+        let result = ToolResult {
+            call_id: "call_1".into(),
+            name: "shell".into(),
+            content: content.into(),
+            is_error,
+        };
+        assert_eq!(outcome_line(&result), expected, "{content:?}");
+    }
+
+    #[test]
+    fn an_outcome_is_the_line_that_says_most() {
+        check("hello.txt (6 bytes)", false, "    hello.txt (6 bytes)");
+        check("a\nb\nc", false, "    a (+2 lines)");
+        check("", false, "    (no output)");
+        check("ok\n[exit code: 0]", false, "    exit 0: ok");
+        check(
+            "total 8\nfile\n[stderr]\nsh: make: not found\n[exit code: 127]",
+            true,
+            "    exit 127: sh: make: not found (+2 lines)",
+        );
+        check(
+            "running\nFAIL: expected 2\n[exit code: 1]",
+            true,
+            "    exit 1: FAIL: expected 2 (+1 lines)",
+        );
+        check(
+            "no such file: a.txt",
+            true,
+            "    error: no such file: a.txt",
+        );
+        let long = "x".repeat(300);
+        check(&long, false, &format!("    {}...", "x".repeat(97)));
+    }
+}
