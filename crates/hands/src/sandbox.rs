@@ -221,9 +221,10 @@ impl Sandbox {
             .as_ref()
             .map(|_| proxy_env())
             .unwrap_or_default();
-        let env: Vec<String> = ["PATH=/bin:/usr/bin", "HOME=/tmp"]
+        let image_env = image_env(&docker, &config.image).await?;
+        let env: Vec<String> = base_env(&image_env)
             .into_iter()
-            .map(str::to_owned)
+            .chain(["HOME=/tmp".to_owned()])
             .chain(passed.iter().map(|(k, v)| format!("{k}={v}")))
             .chain(proxy_env)
             .collect();
@@ -710,6 +711,47 @@ fn container_body(
     }
 }
 
+/// `PATH` when the image sets none: Docker's default for Linux containers.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The image's own environment (`ENV` lines, `PATH` among them), or
+/// [`HandsError::ImageMissing`] when the engine has no such image.
+async fn image_env(docker: &Docker, image: &str) -> Result<Vec<String>, HandsError> {
+    match docker.inspect_image(image).await {
+        Ok(inspect) => Ok(inspect.config.and_then(|c| c.env).unwrap_or_default()),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Err(HandsError::ImageMissing(image.to_owned())),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// The environment commands start from: the image's, filtered by the credential patterns
+/// like the host's. The engine merges the image's variables into the container's, so a
+/// dropped one is overridden with an empty value (its value never reaches a command).
+/// `PATH` falls back to [`DEFAULT_PATH`] when the image sets none.
+fn base_env(image_env: &[String]) -> Vec<String> {
+    let pairs = image_env.iter().filter_map(|entry| {
+        entry
+            .split_once('=')
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    });
+    let (kept, dropped) = nerve_core::filter_sandbox_env(pairs, &nerve_core::Redactor::new());
+    if !dropped.is_empty() {
+        tracing::debug!(
+            ?dropped,
+            "image environment variables kept out of the sandbox"
+        );
+    }
+    let mut env: Vec<String> = Vec::with_capacity(kept.len() + dropped.len() + 1);
+    if !kept.iter().any(|(k, _)| k == "PATH") {
+        env.push(format!("PATH={DEFAULT_PATH}"));
+    }
+    env.extend(kept.iter().map(|(k, v)| format!("{k}={v}")));
+    env.extend(dropped.iter().map(|k| format!("{k}=")));
+    env
+}
+
 /// The variables that send commands' HTTP through the relay: both spellings, since tools
 /// disagree (busybox `wget` reads only the lower-case ones). No `NO_PROXY`: everything,
 /// loopback URLs included, goes through the proxy, which judges where it goes.
@@ -899,6 +941,20 @@ mod tests {
         assert_eq!(body.open_stdin, Some(false), "nothing is written to stdin");
         assert_eq!(body.attach_stderr, Some(true), "stderr explains failures");
         assert_eq!(host.log_config.unwrap().typ.as_deref(), Some("none"));
+    }
+
+    #[test]
+    fn the_image_environment_is_kept_but_for_credentials() {
+        let image = [
+            "PATH=/opt/tool/bin:/usr/bin".to_owned(),
+            "LANG=C.UTF-8".to_owned(),
+            "API_TOKEN=sekrit".to_owned(),
+        ];
+        assert_eq!(
+            base_env(&image),
+            ["PATH=/opt/tool/bin:/usr/bin", "LANG=C.UTF-8", "API_TOKEN="]
+        );
+        assert_eq!(base_env(&[]), [format!("PATH={DEFAULT_PATH}")]);
     }
 
     #[test]
