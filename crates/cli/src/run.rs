@@ -224,11 +224,19 @@ impl Launch<'_> {
                 .map_err(Failure::usage)?,
         );
         let json = self.json;
+        let execution_id = self.execution_id;
         let outcome = self.in_sandbox(redactor, &sandbox, proxy).await;
         if let Err(error) = sandbox.remove().await {
             tracing::warn!(%error, "could not remove the sandbox; the reaper will at the next start");
         }
         let result = outcome?;
+        // A completed execution is never resumed: its home goes with it. Any other ending
+        // keeps the home for a resume.
+        if result.termination_reason == nerve_core::TerminationReason::Completed
+            && let Err(error) = nerve_hands::discard_sandbox_home(execution_id)
+        {
+            tracing::warn!(%error, "could not remove the sandbox's home directory");
+        }
         report(&result, json);
         Ok(
             if result.termination_reason == nerve_core::TerminationReason::Completed {

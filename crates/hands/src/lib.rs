@@ -9,6 +9,7 @@
 //! [`proxy`] is the credential-injecting auth proxy on the host: the sandbox's only way to
 //! the network, through a unix socket mounted into the container.
 
+mod account;
 mod control;
 mod executor;
 mod image;
@@ -18,6 +19,7 @@ pub mod proxy;
 mod sandbox;
 mod tools;
 
+pub use account::discard as discard_sandbox_home;
 pub use executor::Transport;
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
 pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};

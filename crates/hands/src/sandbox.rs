@@ -40,6 +40,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
 use crate::HandsError;
+use crate::account::{Account, CONTAINER_HOME, CONTAINER_TMPDIR};
 use crate::control::{
     CONTAINER_CONTROL_DIR, CONTROL_DIR_PREFIX, ControlDir, hand_over, numeric_user,
 };
@@ -222,9 +223,25 @@ impl Sandbox {
             .map(|_| proxy_env())
             .unwrap_or_default();
         let image_env = image_env(&docker, &config.image).await?;
+        // With a numeric uid, the account and home made on the host; with a user name,
+        // the image's own account and `HOME=/tmp`.
+        let account = match numeric_user(&user) {
+            Some((uid, gid)) => Some(Account::prepare(
+                config.execution_id,
+                (uid, gid.unwrap_or(uid)),
+            )?),
+            None => None,
+        };
+        let home = match account {
+            Some(_) => vec![
+                format!("HOME={CONTAINER_HOME}"),
+                format!("TMPDIR={CONTAINER_TMPDIR}"),
+            ],
+            None => vec!["HOME=/tmp".to_owned()],
+        };
         let env: Vec<String> = base_env(&image_env)
             .into_iter()
-            .chain(["HOME=/tmp".to_owned()])
+            .chain(home)
             .chain(passed.iter().map(|(k, v)| format!("{k}={v}")))
             .chain(proxy_env)
             .collect();
@@ -242,6 +259,9 @@ impl Sandbox {
             },
         };
         let mut workspace_binds = vec![format!("{}:/workspace:rw", path_str(&workspace)?)];
+        if let Some(account) = &account {
+            workspace_binds.extend(account.binds()?);
+        }
         if let Some(proxy) = &config.proxy {
             workspace_binds.push(format!(
                 "{}:{CONTAINER_PROXY_DIR}:ro",

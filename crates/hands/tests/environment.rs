@@ -184,3 +184,49 @@ fn the_images_path_and_environment_reach_commands_but_its_credentials_do_not() {
         running.sandbox.remove().await.unwrap();
     });
 }
+
+#[test]
+fn the_command_uid_has_a_name_and_a_home_that_outlives_the_container() {
+    runtime().block_on(async {
+        let Some(docker) = engine().await else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = workspace_owned_by(dir.path(), 1000, 1000);
+        let execution_id = ExecutionId::new();
+        let config = SandboxConfig::new(nerve_hands::DEFAULT_IMAGE, &workspace, execution_id);
+        let running = Running::start(&docker, &config).await;
+        let out = running
+            .ok("whoami; id -un; id -gn; echo \"home=$HOME tmpdir=$TMPDIR\"")
+            .await;
+        assert!(out.starts_with("nerve\nnerve\nnerve\n"), "{out}");
+        assert!(
+            out.contains("home=/home/nerve tmpdir=/home/nerve/.tmp"),
+            "{out}"
+        );
+        // The home is writable and exec-capable; so is TMPDIR.
+        let out = running
+            .ok("printf '#!/bin/sh\\necho ran from home\\n' > ~/bin.sh && chmod +x ~/bin.sh && ~/bin.sh \
+                 && cp ~/bin.sh \"$TMPDIR/t.sh\" && \"$TMPDIR/t.sh\" && echo kept > ~/state")
+            .await;
+        assert_eq!(out.matches("ran from home").count(), 2, "{out}");
+        running.ok("touch /workspace/made-here").await;
+        assert_eq!(
+            std::fs::metadata(workspace.join("made-here")).unwrap().uid(),
+            1000
+        );
+        running.sandbox.remove().await.unwrap();
+
+        // A resume (same execution, new container) finds the home as it was left.
+        let running = Running::start(&docker, &config).await;
+        let out = running.ok("cat ~/state").await;
+        assert!(out.starts_with("kept\n"), "{out}");
+        running.sandbox.remove().await.unwrap();
+
+        // Once the execution is over for good, the home goes.
+        nerve_hands::discard_sandbox_home(execution_id).unwrap();
+        let running = Running::start(&docker, &config).await;
+        let output = running.shell("cat ~/state").await;
+        assert!(output.is_error, "{output:?}");
+        running.sandbox.remove().await.unwrap();
+        nerve_hands::discard_sandbox_home(execution_id).unwrap();
+    });
+}
