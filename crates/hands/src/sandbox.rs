@@ -175,6 +175,24 @@ pub struct Sandbox {
     /// through it; `None` for the attach stream and the per-call fallback.
     control: Option<ControlDir>,
     channel: Mutex<Channel>,
+    /// The limits, to name the one a command ran into.
+    limits: Limits,
+    /// The cgroup's OOM-kill and pids-limit counters as last read.
+    counters: std::sync::Mutex<Counters>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    memory_bytes: i64,
+    pids: i64,
+    max_file_bytes: i64,
+}
+
+/// What the container's cgroup counted: OOM kills and forks refused by the pids limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counters {
+    oom_kills: u64,
+    pids_refused: u64,
 }
 
 /// The executor connection and what became of it.
@@ -276,6 +294,12 @@ impl Sandbox {
             workspace,
             control: None,
             channel: Mutex::new(Channel::default()),
+            limits: Limits {
+                memory_bytes: config.memory_bytes,
+                pids: config.pids_limit,
+                max_file_bytes: config.max_file_bytes,
+            },
+            counters: std::sync::Mutex::new(Counters::default()),
         };
         let mut channel = Channel::default();
         let reason = match executor {
@@ -402,6 +426,54 @@ impl Sandbox {
     ) -> Result<Result<ExecOutput, String>, HandsError> {
         let limit = Duration::from_millis(request.timeout_ms).saturating_add(EXEC_GRACE);
         self.call(Op::Exec(request), limit).await
+    }
+
+    /// The limit a finished command ran into, as one line for the tool result: the file
+    /// size limit from the signal (`SIGXFSZ`), the memory and pids limits from the
+    /// container's cgroup counters (OOM kills, forks refused), read through one more command
+    /// after any command that failed. `None` when no limit explains the failure (or the
+    /// counters cannot be read).
+    pub async fn limit_reached(&self, output: &ExecOutput) -> Option<String> {
+        const SIGXFSZ: i32 = 25;
+        if output.timed_out || output.exit_code == Some(0) {
+            return None;
+        }
+        if output.signal == Some(SIGXFSZ) || output.exit_code == Some(128 + SIGXFSZ) {
+            return Some(format!(
+                "[killed: file size limit ({}) reached]",
+                human_bytes(self.limits.max_file_bytes)
+            ));
+        }
+        let request = ExecRequest {
+            command: COUNTERS_SCRIPT.to_owned(),
+            workdir: None,
+            timeout_ms: 10_000,
+            max_output_bytes: 4096,
+            env: Default::default(),
+        };
+        let now = match self.exec(request).await {
+            Ok(Ok(read)) => parse_counters(&read.stdout)?,
+            _ => return None,
+        };
+        let before = {
+            let mut seen = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut *seen, now)
+        };
+        // A restarted container starts its counters from zero again.
+        let grew = |now: u64, before: u64| now > before || (now > 0 && now < before);
+        if grew(now.oom_kills, before.oom_kills) {
+            Some(format!(
+                "[killed: memory limit ({}) reached]",
+                human_bytes(self.limits.memory_bytes)
+            ))
+        } else if grew(now.pids_refused, before.pids_refused) {
+            Some(format!(
+                "[pids limit ({}) reached: a process could not be started]",
+                self.limits.pids
+            ))
+        } else {
+            None
+        }
     }
 
     /// Runs a command through a fresh `docker exec`, bypassing the executor: the fallback
@@ -731,6 +803,46 @@ fn container_body(
     }
 }
 
+/// Prints the cgroup counters, v2 and v1 alike, with nothing but shell built-ins (an image
+/// may have no `cat`): `<file> <key> <value>` lines.
+const COUNTERS_SCRIPT: &str = "for f in /sys/fs/cgroup/memory.events \
+/sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/pids.events \
+/sys/fs/cgroup/pids/pids.events; do [ -r \"$f\" ] && while read -r k v; \
+do echo \"$f $k $v\"; done < \"$f\"; done; true";
+
+/// Reads [`COUNTERS_SCRIPT`]'s output; `None` when it found no counter at all.
+fn parse_counters(out: &str) -> Option<Counters> {
+    let mut counters = Counters::default();
+    let mut found = false;
+    for line in out.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(file), Some(key), Some(value)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let Ok(value) = value.parse::<u64>() else {
+            continue;
+        };
+        match key {
+            "oom_kill" if file.contains("memory") => counters.oom_kills = value,
+            "max" if file.contains("pids") => counters.pids_refused = value,
+            _ => continue,
+        }
+        found = true;
+    }
+    found.then_some(counters)
+}
+
+/// `512 MiB`, `1 GiB`, `1536 KiB`, or bytes: the largest binary unit that divides `n`.
+pub(crate) fn human_bytes(n: i64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if n > 0 && n % (1 << shift) == 0 {
+            return format!("{} {unit}", n >> shift);
+        }
+    }
+    format!("{n} bytes")
+}
+
 /// `PATH` when the image sets none: Docker's default for Linux containers.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -975,6 +1087,33 @@ mod tests {
             ["PATH=/opt/tool/bin:/usr/bin", "LANG=C.UTF-8", "API_TOKEN="]
         );
         assert_eq!(base_env(&[]), [format!("PATH={DEFAULT_PATH}")]);
+    }
+
+    #[test]
+    fn cgroup_counters_v1_and_v2() {
+        let v1 = "/sys/fs/cgroup/memory/memory.oom_control oom_kill_disable 0\n\
+                  /sys/fs/cgroup/memory/memory.oom_control oom_kill 2\n\
+                  /sys/fs/cgroup/pids/pids.events max 3\n";
+        assert_eq!(
+            parse_counters(v1),
+            Some(Counters {
+                oom_kills: 2,
+                pids_refused: 3
+            })
+        );
+        let v2 = "/sys/fs/cgroup/memory.events low 0\n/sys/fs/cgroup/memory.events oom 4\n\
+                  /sys/fs/cgroup/memory.events oom_kill 1\n";
+        assert_eq!(
+            parse_counters(v2),
+            Some(Counters {
+                oom_kills: 1,
+                pids_refused: 0
+            })
+        );
+        assert_eq!(parse_counters(""), None);
+        assert_eq!(human_bytes(512 << 20), "512 MiB");
+        assert_eq!(human_bytes(2 << 30), "2 GiB");
+        assert_eq!(human_bytes(1000), "1000 bytes");
     }
 
     #[test]

@@ -172,7 +172,8 @@ fn the_images_path_and_environment_reach_commands_but_its_credentials_do_not() {
         .await;
         let dir = tempfile::tempdir().unwrap();
         let workspace = workspace_owned_by(dir.path(), 0, 0);
-        let config = SandboxConfig::new(&image.tag, &workspace, ExecutionId::new());
+        let execution_id = ExecutionId::new();
+        let config = SandboxConfig::new(&image.tag, &workspace, execution_id);
         let running = Running::start(&docker, &config).await;
         let out = running
             .ok("tool; local-tool; echo \"lang=$LANG token=[$API_TOKEN]\"")
@@ -182,6 +183,7 @@ fn the_images_path_and_environment_reach_commands_but_its_credentials_do_not() {
         assert!(out.contains("lang=C.UTF-8 token=[]"), "{out}");
         assert!(!out.contains("sekrit"), "{out}");
         running.sandbox.remove().await.unwrap();
+        nerve_hands::discard_sandbox_home(execution_id).unwrap();
     });
 }
 
@@ -226,6 +228,65 @@ fn the_command_uid_has_a_name_and_a_home_that_outlives_the_container() {
         let running = Running::start(&docker, &config).await;
         let output = running.shell("cat ~/state").await;
         assert!(output.is_error, "{output:?}");
+        running.sandbox.remove().await.unwrap();
+        nerve_hands::discard_sandbox_home(execution_id).unwrap();
+    });
+}
+
+#[test]
+fn a_command_killed_by_a_limit_is_told_which_one() {
+    runtime().block_on(async {
+        let Some(docker) = engine().await else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = workspace_owned_by(dir.path(), 1000, 1000);
+        let execution_id = ExecutionId::new();
+        let config = SandboxConfig {
+            pids_limit: 24,
+            max_file_bytes: 1 << 20,
+            ..SandboxConfig::new(nerve_hands::DEFAULT_IMAGE, &workspace, execution_id)
+        };
+        let running = Running::start(&docker, &config).await;
+
+        // A plain failure names no limit.
+        let output = running.shell("exit 3").await;
+        assert!(output.is_error);
+        assert!(!output.content.contains("limit"), "{output:?}");
+
+        // 700 MiB against the default 512 MiB.
+        let output = running
+            .shell("dd if=/dev/zero of=/dev/null bs=700M count=1")
+            .await;
+        assert!(output.is_error, "{output:?}");
+        assert!(
+            output
+                .content
+                .contains("[killed: memory limit (512 MiB) reached]"),
+            "{output:?}"
+        );
+
+        let output = running
+            .shell("dd if=/dev/zero of=/workspace/big bs=64k count=64")
+            .await;
+        assert!(
+            output
+                .content
+                .contains("[killed: file size limit (1 MiB) reached]"),
+            "{output:?}"
+        );
+
+        let output = running
+            .shell("for i in $(seq 60); do sleep 2 & done 2>/dev/null; wait; exit 1")
+            .await;
+        assert!(
+            output
+                .content
+                .contains("[pids limit (24) reached: a process could not be started]"),
+            "{output:?}"
+        );
+
+        // The sandbox still works, and a later plain failure names no limit again.
+        let output = running.shell("exit 4").await;
+        assert!(!output.content.contains("limit"), "{output:?}");
         running.sandbox.remove().await.unwrap();
         nerve_hands::discard_sandbox_home(execution_id).unwrap();
     });
