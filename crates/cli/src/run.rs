@@ -218,6 +218,7 @@ impl Launch<'_> {
             SandboxConfig::new(image, self.workspace.clone(), self.execution_id);
         sandbox_config.proxy = Some(proxy.mount());
         sandbox_config.env = sandbox_env(&redactor);
+        self.config.sandbox.apply_limits(&mut sandbox_config)?;
         let sandbox = Arc::new(
             Sandbox::start(docker, &sandbox_config)
                 .await
