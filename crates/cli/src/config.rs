@@ -158,7 +158,7 @@ impl SandboxSection {
             config.pids_limit = pids;
         }
         if let Some(cpus) = self.cpus {
-            if !(cpus.is_finite() && cpus >= 0.01 && cpus <= 1024.0) {
+            if !(0.01..=1024.0).contains(&cpus) {
                 return Err(Failure::usage(format!(
                     "sandbox.cpus: {cpus} is not a CPU count (0.01 to 1024)"
                 )));
