@@ -18,4 +18,5 @@ mod parked;
 mod proxy;
 mod resume;
 mod sandbox;
+mod sandbox_env;
 mod support;
