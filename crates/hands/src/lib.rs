@@ -53,6 +53,12 @@ pub enum HandsError {
     /// the image is built (`cargo xtask image` for the default one) or loaded.
     #[error("{}", image_missing(.0))]
     ImageMissing(String),
+    /// The image has no `/bin/sh`, which the `shell` tool runs commands with. Returned by
+    /// [`Sandbox::start`], which leaves no container behind.
+    #[error(
+        "sandbox image `{0}` has no /bin/sh, so the shell tool cannot run in it; use an image with a POSIX shell at /bin/sh"
+    )]
+    NoShell(String),
     /// Building the default image failed (no static busybox on the host, a bad tarball).
     /// Returned by [`build_default_image`].
     #[error("cannot build the sandbox image: {0}")]

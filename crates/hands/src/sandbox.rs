@@ -332,6 +332,10 @@ impl Sandbox {
             fall_back(&mut channel, reason);
         }
         sandbox.channel = Mutex::new(channel);
+        if let Err(error) = sandbox.check_shell(&config.image).await {
+            let _ = sandbox.remove().await;
+            return Err(error);
+        }
         Ok(sandbox)
     }
 
@@ -387,6 +391,29 @@ impl Sandbox {
         }
         self.control = None;
         Ok(Err(failure))
+    }
+
+    /// Refuses an image without `/bin/sh` (a stat through the engine, on the running
+    /// container). A stat that fails for another reason is only a warning: the `shell` tool
+    /// says what went wrong at its first call.
+    async fn check_shell(&self, image: &str) -> Result<(), HandsError> {
+        let options = bollard::query_parameters::ContainerArchiveInfoOptionsBuilder::default()
+            .path("/bin/sh")
+            .build();
+        match self
+            .docker
+            .get_container_archive_info(&self.id, Some(options))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Err(HandsError::NoShell(image.to_owned())),
+            Err(error) => {
+                tracing::warn!(%error, "cannot check the sandbox image for /bin/sh");
+                Ok(())
+            }
+        }
     }
 
     pub fn container_id(&self) -> &str {

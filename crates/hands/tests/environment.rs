@@ -291,3 +291,39 @@ fn a_command_killed_by_a_limit_is_told_which_one() {
         nerve_hands::discard_sandbox_home(execution_id).unwrap();
     });
 }
+
+#[test]
+fn an_image_without_a_shell_is_refused_at_start_and_leaves_no_container() {
+    runtime().block_on(async {
+        let Some(docker) = engine().await else { return };
+        let image = TestImage::build(
+            &docker,
+            "FROM scratch\nCOPY marker /marker\n",
+            &[("marker", "x\n", 0o644)],
+        )
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = workspace_owned_by(dir.path(), 0, 0);
+        let execution_id = ExecutionId::new();
+        let config = SandboxConfig::new(&image.tag, &workspace, execution_id);
+        let error = Sandbox::start(docker.clone(), &config)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("has no /bin/sh, so the shell tool cannot run in it"),
+            "{error}"
+        );
+        let filters = std::collections::HashMap::from([(
+            "label".to_owned(),
+            vec![format!("org.nerve.execution={execution_id}")],
+        )]);
+        let options = bollard::query_parameters::ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let left = docker.list_containers(Some(options)).await.unwrap();
+        assert!(left.is_empty(), "{left:?}");
+        nerve_hands::discard_sandbox_home(execution_id).unwrap();
+    });
+}
