@@ -21,5 +21,6 @@ mod real;
 mod reaper;
 mod resume;
 mod sandbox;
+mod sandbox_env;
 mod support;
 mod transfer;

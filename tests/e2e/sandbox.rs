@@ -693,10 +693,7 @@ fn shell_cannot_touch_the_host_through_paths_or_links() {
         // A link planted to `/` resolves to the container's root, not the host's.
         let planted = fx.shell("ln -s / rootlink && ls rootlink/").await;
         assert!(planted.content.contains("workspace"), "{planted:?}");
-        assert!(
-            !planted.content.lines().any(|l| l == "work" || l == "home"),
-            "{planted:?}"
-        );
+        assert!(!planted.content.lines().any(|l| l == "work"), "{planted:?}");
         fx.refused(
             "read_file",
             json!({"path": "rootlink/etc/passwd"}),

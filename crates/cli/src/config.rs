@@ -93,6 +93,107 @@ pub(crate) struct SandboxSection {
     pub(crate) image: Option<String>,
     /// Host busybox used to build the default image.
     pub(crate) busybox: Option<std::path::PathBuf>,
+    /// Memory limit of the container (no swap beyond it): bytes or a size (`"2GiB"`).
+    pub(crate) memory: Option<Size>,
+    /// Processes and threads the container may hold at once.
+    pub(crate) pids: Option<i64>,
+    /// CPUs the container may use (`1.5`).
+    pub(crate) cpus: Option<f64>,
+    /// Size of the `/tmp` tmpfs: bytes or a size (`"256MiB"`).
+    pub(crate) tmp_size: Option<Size>,
+}
+
+/// A size in the config: a number of bytes, or a string with a binary unit (`"512MiB"`,
+/// `"512m"`, `"2G"`; `k`, `m`, `g` with an optional `b` or `ib`, any case).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Size {
+    fn bytes(&self) -> Result<u64, String> {
+        match self {
+            Self::Bytes(n) => Ok(*n),
+            Self::Text(text) => parse_size(text),
+        }
+    }
+}
+
+/// Parses `"512MiB"` and its spellings (see [`Size`]).
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (say e.g. \"512MiB\")"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        other => {
+            return Err(format!(
+                "`{text}`: unknown unit `{other}` (use KiB, MiB or GiB)"
+            ));
+        }
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+impl SandboxSection {
+    /// Lays the file's limits over `config`'s defaults; a limit that cannot work is an error
+    /// naming the key.
+    pub(crate) fn apply_limits(
+        &self,
+        config: &mut nerve_hands::SandboxConfig,
+    ) -> Result<(), Failure> {
+        let size = |key: &str, value: &Size, min: u64| -> Result<u64, Failure> {
+            let bytes = value
+                .bytes()
+                .map_err(|e| Failure::usage(format!("sandbox.{key}: {e}")))?;
+            if bytes < min || i64::try_from(bytes).is_err() {
+                return Err(Failure::usage(format!(
+                    "sandbox.{key}: {bytes} bytes is out of range (at least {} MiB)",
+                    min >> 20
+                )));
+            }
+            Ok(bytes)
+        };
+        if let Some(memory) = &self.memory {
+            config.memory_bytes = i64::try_from(size("memory", memory, 16 << 20)?)
+                .map_err(|e| Failure::usage(format!("sandbox.memory: {e}")))?;
+        }
+        if let Some(tmp) = &self.tmp_size {
+            config.tmp_bytes = size("tmp_size", tmp, 1 << 20)?;
+        }
+        if let Some(pids) = self.pids {
+            if pids < 8 {
+                return Err(Failure::usage(format!(
+                    "sandbox.pids: {pids} is too few (at least 8: the executor and a shell need some)"
+                )));
+            }
+            config.pids_limit = pids;
+        }
+        if let Some(cpus) = self.cpus {
+            if !(0.01..=1024.0).contains(&cpus) {
+                return Err(Failure::usage(format!(
+                    "sandbox.cpus: {cpus} is not a CPU count (0.01 to 1024)"
+                )));
+            }
+            // In range, so the product fits.
+            #[allow(clippy::cast_possible_truncation)]
+            let nano = (cpus * 1e9).round() as i64;
+            config.nano_cpus = nano;
+        }
+        Ok(())
+    }
 }
 
 impl Config {
@@ -188,6 +289,8 @@ impl Config {
         };
         config.engine_config().map_err(invalid)?;
         config.model_table().map_err(invalid)?;
+        let mut probe = nerve_hands::SandboxConfig::new("", "", nerve_core::ExecutionId::new());
+        config.sandbox.apply_limits(&mut probe).map_err(invalid)?;
         Ok(config)
     }
 }
@@ -372,9 +475,93 @@ fn read_secret(
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
     use secrecy::ExposeSecret;
 
     use super::*;
+
+    #[test]
+    fn sizes_in_their_spellings() {
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("512m"), Ok(512 << 20));
+        assert_eq!(parse_size(" 2 GB"), Ok(2 << 30));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("1000"), Ok(1000));
+        assert!(
+            parse_size("1.5G")
+                .unwrap_err()
+                .contains("unknown unit `.5g`")
+        );
+        assert!(parse_size("lots").unwrap_err().contains("not a size"));
+        assert!(
+            parse_size("99999999999999G")
+                .unwrap_err()
+                .contains("too large")
+        );
+    }
+
+    #[test]
+    fn limits_reach_the_sandbox_and_bad_ones_name_their_key() {
+        let apply = |text: &str| {
+            let config: Config = toml::from_str(text).unwrap();
+            let mut sandbox =
+                nerve_hands::SandboxConfig::new("i", "/w", nerve_core::ExecutionId::new());
+            config
+                .sandbox
+                .apply_limits(&mut sandbox)
+                .map(|()| sandbox)
+                .map_err(|f| f.message)
+        };
+        let sandbox =
+            apply("[sandbox]\nmemory = \"1GiB\"\npids = 100\ncpus = 1.5\ntmp_size = 1048576\n")
+                .unwrap();
+        assert_eq!(
+            (
+                sandbox.memory_bytes,
+                sandbox.pids_limit,
+                sandbox.nano_cpus,
+                sandbox.tmp_bytes
+            ),
+            (1 << 30, 100, 1_500_000_000, 1 << 20)
+        );
+        assert!(
+            apply("[sandbox]\nmemory = \"1m\"")
+                .unwrap_err()
+                .starts_with("sandbox.memory: ")
+        );
+        assert!(
+            apply("[sandbox]\npids = 2")
+                .unwrap_err()
+                .starts_with("sandbox.pids: ")
+        );
+        assert!(
+            apply("[sandbox]\ncpus = 0.0")
+                .unwrap_err()
+                .starts_with("sandbox.cpus: ")
+        );
+        assert!(
+            apply("[sandbox]\ntmp_size = \"x\"")
+                .unwrap_err()
+                .starts_with("sandbox.tmp_size: ")
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn a_size_and_its_units_round_trip(n in 0u64..1 << 30, unit in 0usize..4, spelling in 0usize..3) {
+            let (shift, names) = [(0, ["", "b", "B"]), (10, ["k", "KiB", "kb"]), (20, ["m", "MiB", "MB"]), (30, ["g", "GiB", "gb"])][unit];
+            let parsed = parse_size(&format!("{n}{}", names[spelling]));
+            match n.checked_mul(1 << shift) {
+                Some(bytes) => prop_assert_eq!(parsed, Ok(bytes)),
+                None => prop_assert!(parsed.is_err()),
+            }
+        }
+
+        #[test]
+        fn parsing_any_text_never_panics(text in ".{0,24}") {
+            let _ = parse_size(&text);
+        }
+    }
 
     fn build(toml_text: &str, env: &[(&str, &str)]) -> Result<ProxySetup, String> {
         let config: Config = toml::from_str(toml_text).map_err(|e| e.message().to_owned())?;

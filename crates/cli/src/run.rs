@@ -228,17 +228,26 @@ impl Launch<'_> {
             SandboxConfig::new(image, self.workspace.clone(), self.execution_id);
         sandbox_config.proxy = Some(proxy.mount());
         sandbox_config.env = sandbox_env(&redactor);
+        self.config.sandbox.apply_limits(&mut sandbox_config)?;
         let sandbox = Arc::new(
             Sandbox::start(docker, &sandbox_config)
                 .await
                 .map_err(Failure::usage)?,
         );
         let json = self.json;
+        let execution_id = self.execution_id;
         let outcome = self.in_sandbox(redactor, &sandbox, proxy).await;
         if let Err(error) = sandbox.remove().await {
             tracing::warn!(%error, "could not remove the sandbox; the reaper will at the next start");
         }
         let result = outcome?;
+        // A completed execution is never resumed: its home goes with it. Any other ending
+        // keeps the home for a resume.
+        if result.termination_reason == nerve_core::TerminationReason::Completed
+            && let Err(error) = nerve_hands::discard_sandbox_home(execution_id)
+        {
+            tracing::warn!(%error, "could not remove the sandbox's home directory");
+        }
         report(&result, json);
         Ok(
             if result.termination_reason == nerve_core::TerminationReason::Completed {

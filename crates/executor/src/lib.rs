@@ -37,4 +37,4 @@ pub use protocol::{
     decode_response,
 };
 pub use relay::{DEFAULT_RELAY_LISTEN, Relay, RelayConfig, spawn_relay};
-pub use server::{Config, Executor, Limits};
+pub use server::{Config, Executor, Limits, connect_control, wait_for_hangup};

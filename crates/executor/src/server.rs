@@ -158,15 +158,7 @@ impl Executor {
     /// it. The descriptor is close-on-exec (the standard library opens every socket so), so
     /// no command the executor starts holds the host's end of the channel.
     pub fn serve_socket(&self, path: &Path) -> io::Result<()> {
-        let stream = UnixStream::connect(path).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot connect to the control socket {}: {e}",
-                    path.display()
-                ),
-            )
-        })?;
+        let stream = connect_control(path)?;
         self.serve(BufReader::new(&stream), &stream)
     }
 
@@ -221,6 +213,35 @@ impl Executor {
             &self.config.shell,
             self.config.limits.max_output_bytes,
         )
+    }
+}
+
+/// Connects to the host's control socket at `path` (close-on-exec, as every socket the
+/// standard library opens), with an error naming it.
+pub fn connect_control(path: &Path) -> io::Result<UnixStream> {
+    UnixStream::connect(path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot connect to the control socket {}: {e}",
+                path.display()
+            ),
+        )
+    })
+}
+
+/// Waits on `fd` until the host hangs up (`POLLRDHUP` for the socket, `POLLHUP` for a pipe,
+/// or an error), without reading from it. Returns at once if it cannot poll.
+pub fn wait_for_hangup(fd: std::os::fd::BorrowedFd<'_>) {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let hangup = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+    loop {
+        let mut fds = [PollFd::new(&fd, PollFlags::RDHUP)];
+        match poll(&mut fds, None) {
+            Ok(_) if fds[0].revents().intersects(hangup) => return,
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
+        }
     }
 }
 
@@ -281,6 +302,31 @@ mod tests {
                 r#"{"id":6,"ok":true,"content":"two\n","lines":1,"size":8}"#,
             ],
         );
+    }
+
+    #[test]
+    fn a_hangup_is_seen_without_reading_and_data_is_not_one() {
+        use std::os::fd::AsFd;
+        let (ours, host) = UnixStream::pair().unwrap();
+        (&host).write_all(b"pending request\n").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let watcher = std::thread::spawn(move || {
+            wait_for_hangup(ours.as_fd());
+            tx.send(()).unwrap();
+            ours
+        });
+        // Data waiting to be read is no hangup.
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err()
+        );
+        drop(host);
+        rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
+        let ours = watcher.join().unwrap();
+        // Nothing was consumed.
+        let mut line = String::new();
+        BufReader::new(&ours).read_line(&mut line).unwrap();
+        assert_eq!(line, "pending request\n");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! [`proxy`] is the credential-injecting auth proxy on the host: the sandbox's only way to
 //! the network, through a unix socket mounted into the container.
 
+mod account;
 mod control;
 mod executor;
 mod image;
@@ -19,6 +20,7 @@ pub mod proxy;
 mod sandbox;
 mod tools;
 
+pub use account::discard as discard_sandbox_home;
 pub use executor::Transport;
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
 pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};
@@ -51,9 +53,15 @@ pub enum HandsError {
     )]
     DockerUnavailable(String),
     /// The sandbox image is missing. Returned by [`Sandbox::start`]; not retryable until
-    /// the image is built (`cargo xtask image`).
-    #[error("sandbox image `{0}` not found; build it with `cargo xtask image` (or pass --image)")]
+    /// the image is built (`cargo xtask image` for the default one) or loaded.
+    #[error("{}", image_missing(.0))]
     ImageMissing(String),
+    /// The image has no `/bin/sh`, which the `shell` tool runs commands with. Returned by
+    /// [`Sandbox::start`], which leaves no container behind.
+    #[error(
+        "sandbox image `{0}` has no /bin/sh, so the shell tool cannot run in it; use an image with a POSIX shell at /bin/sh"
+    )]
+    NoShell(String),
     /// Building the default image failed (no static busybox on the host, a bad tarball).
     /// Returned by [`build_default_image`].
     #[error("cannot build the sandbox image: {0}")]
@@ -90,4 +98,33 @@ pub enum HandsError {
     /// every container operation; the sandbox should be considered lost.
     #[error("docker: {0}")]
     Docker(#[from] bollard::errors::Error),
+}
+
+/// What to do about a missing image: the default one is built here; any other is the
+/// user's to build or load, since Nerve never pulls.
+fn image_missing(image: &str) -> String {
+    if image == DEFAULT_IMAGE {
+        format!(
+            "sandbox image `{image}` not found; build it with `cargo xtask image` (or pass --image)"
+        )
+    } else {
+        format!(
+            "sandbox image `{image}` not found in the local Docker engine, and Nerve never pulls: build or load it there first (`docker build -t {image} .`, `docker load`), or pass another --image"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_image_says_what_to_do_for_its_kind() {
+        let default = HandsError::ImageMissing(DEFAULT_IMAGE.to_owned()).to_string();
+        assert!(default.contains("cargo xtask image"), "{default}");
+        let user = HandsError::ImageMissing("python:3.12".to_owned()).to_string();
+        assert!(!user.contains("xtask"), "{user}");
+        assert!(user.contains("never pulls"), "{user}");
+        assert!(user.contains("docker build -t python:3.12 ."), "{user}");
+    }
 }

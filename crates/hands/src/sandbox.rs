@@ -40,6 +40,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
 use crate::HandsError;
+use crate::account::{Account, CONTAINER_HOME, CONTAINER_TMPDIR};
 use crate::control::{
     CONTAINER_CONTROL_DIR, CONTROL_DIR_PREFIX, ControlDir, hand_over, numeric_user,
 };
@@ -178,6 +179,24 @@ pub struct Sandbox {
     /// through it; `None` for the attach stream and the per-call fallback.
     control: Option<ControlDir>,
     channel: Mutex<Channel>,
+    /// The limits, to name the one a command ran into.
+    limits: Limits,
+    /// The cgroup's OOM-kill and pids-limit counters as last read.
+    counters: std::sync::Mutex<Counters>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    memory_bytes: i64,
+    pids: i64,
+    max_file_bytes: i64,
+}
+
+/// What the container's cgroup counted: OOM kills and forks refused by the pids limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counters {
+    oom_kills: u64,
+    pids_refused: u64,
 }
 
 /// The executor connection and what became of it.
@@ -225,9 +244,26 @@ impl Sandbox {
             .as_ref()
             .map(|_| proxy_env())
             .unwrap_or_default();
-        let env: Vec<String> = ["PATH=/bin:/usr/bin", "HOME=/tmp"]
+        let image_env = image_env(&docker, &config.image).await?;
+        // With a numeric uid, the account and home made on the host; with a user name,
+        // the image's own account and `HOME=/tmp`.
+        let account = match numeric_user(&user) {
+            Some((uid, gid)) => Some(Account::prepare(
+                config.execution_id,
+                (uid, gid.unwrap_or(uid)),
+            )?),
+            None => None,
+        };
+        let home = match account {
+            Some(_) => vec![
+                format!("HOME={CONTAINER_HOME}"),
+                format!("TMPDIR={CONTAINER_TMPDIR}"),
+            ],
+            None => vec!["HOME=/tmp".to_owned()],
+        };
+        let env: Vec<String> = base_env(&image_env)
             .into_iter()
-            .map(str::to_owned)
+            .chain(home)
             .chain(passed.iter().map(|(k, v)| format!("{k}={v}")))
             .chain(proxy_env)
             .collect();
@@ -245,6 +281,9 @@ impl Sandbox {
             },
         };
         let mut workspace_binds = vec![format!("{}:/workspace:rw", path_str(&workspace)?)];
+        if let Some(account) = &account {
+            workspace_binds.extend(account.binds()?);
+        }
         if let Some(proxy) = &config.proxy {
             workspace_binds.push(format!(
                 "{}:{CONTAINER_PROXY_DIR}:ro",
@@ -259,6 +298,12 @@ impl Sandbox {
             workspace,
             control: None,
             channel: Mutex::new(Channel::default()),
+            limits: Limits {
+                memory_bytes: config.memory_bytes,
+                pids: config.pids_limit,
+                max_file_bytes: config.max_file_bytes,
+            },
+            counters: std::sync::Mutex::new(Counters::default()),
         };
         let mut channel = Channel::default();
         let reason = match executor {
@@ -291,6 +336,10 @@ impl Sandbox {
             fall_back(&mut channel, reason);
         }
         sandbox.channel = Mutex::new(channel);
+        if let Err(error) = sandbox.check_shell(&config.image).await {
+            let _ = sandbox.remove().await;
+            return Err(error);
+        }
         Ok(sandbox)
     }
 
@@ -348,6 +397,29 @@ impl Sandbox {
         Ok(Err(failure))
     }
 
+    /// Refuses an image without `/bin/sh` (a stat through the engine, on the running
+    /// container). A stat that fails for another reason is only a warning: the `shell` tool
+    /// says what went wrong at its first call.
+    async fn check_shell(&self, image: &str) -> Result<(), HandsError> {
+        let options = bollard::query_parameters::ContainerArchiveInfoOptionsBuilder::default()
+            .path("/bin/sh")
+            .build();
+        match self
+            .docker
+            .get_container_archive_info(&self.id, Some(options))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Err(HandsError::NoShell(image.to_owned())),
+            Err(error) => {
+                tracing::warn!(%error, "cannot check the sandbox image for /bin/sh");
+                Ok(())
+            }
+        }
+    }
+
     pub fn container_id(&self) -> &str {
         &self.id
     }
@@ -385,6 +457,54 @@ impl Sandbox {
     ) -> Result<Result<ExecOutput, String>, HandsError> {
         let limit = Duration::from_millis(request.timeout_ms).saturating_add(EXEC_GRACE);
         self.call(Op::Exec(request), limit).await
+    }
+
+    /// The limit a finished command ran into, as one line for the tool result: the file
+    /// size limit from the signal (`SIGXFSZ`), the memory and pids limits from the
+    /// container's cgroup counters (OOM kills, forks refused), read through one more command
+    /// after any command that failed. `None` when no limit explains the failure (or the
+    /// counters cannot be read).
+    pub async fn limit_reached(&self, output: &ExecOutput) -> Option<String> {
+        const SIGXFSZ: i32 = 25;
+        if output.timed_out || output.exit_code == Some(0) {
+            return None;
+        }
+        if output.signal == Some(SIGXFSZ) || output.exit_code == Some(128 + SIGXFSZ) {
+            return Some(format!(
+                "[killed: file size limit ({}) reached]",
+                human_bytes(self.limits.max_file_bytes)
+            ));
+        }
+        let request = ExecRequest {
+            command: COUNTERS_SCRIPT.to_owned(),
+            workdir: None,
+            timeout_ms: 10_000,
+            max_output_bytes: 4096,
+            env: Default::default(),
+        };
+        let now = match self.exec(request).await {
+            Ok(Ok(read)) => parse_counters(&read.stdout)?,
+            _ => return None,
+        };
+        let before = {
+            let mut seen = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut *seen, now)
+        };
+        // A restarted container starts its counters from zero again.
+        let grew = |now: u64, before: u64| now > before || (now > 0 && now < before);
+        if grew(now.oom_kills, before.oom_kills) {
+            Some(format!(
+                "[killed: memory limit ({}) reached]",
+                human_bytes(self.limits.memory_bytes)
+            ))
+        } else if grew(now.pids_refused, before.pids_refused) {
+            Some(format!(
+                "[pids limit ({}) reached: a process could not be started]",
+                self.limits.pids
+            ))
+        } else {
+            None
+        }
     }
 
     /// Runs a command through a fresh `docker exec`, bypassing the executor: the fallback
@@ -844,6 +964,87 @@ fn container_body(
     }
 }
 
+/// Prints the cgroup counters, v2 and v1 alike, with nothing but shell built-ins (an image
+/// may have no `cat`): `<file> <key> <value>` lines.
+const COUNTERS_SCRIPT: &str = "for f in /sys/fs/cgroup/memory.events \
+/sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/pids.events \
+/sys/fs/cgroup/pids/pids.events; do [ -r \"$f\" ] && while read -r k v; \
+do echo \"$f $k $v\"; done < \"$f\"; done; true";
+
+/// Reads [`COUNTERS_SCRIPT`]'s output; `None` when it found no counter at all.
+fn parse_counters(out: &str) -> Option<Counters> {
+    let mut counters = Counters::default();
+    let mut found = false;
+    for line in out.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(file), Some(key), Some(value)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let Ok(value) = value.parse::<u64>() else {
+            continue;
+        };
+        match key {
+            "oom_kill" if file.contains("memory") => counters.oom_kills = value,
+            "max" if file.contains("pids") => counters.pids_refused = value,
+            _ => continue,
+        }
+        found = true;
+    }
+    found.then_some(counters)
+}
+
+/// `512 MiB`, `1 GiB`, `1536 KiB`, or bytes: the largest binary unit that divides `n`.
+pub(crate) fn human_bytes(n: i64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if n > 0 && n % (1 << shift) == 0 {
+            return format!("{} {unit}", n >> shift);
+        }
+    }
+    format!("{n} bytes")
+}
+
+/// `PATH` when the image sets none: Docker's default for Linux containers.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The image's own environment (`ENV` lines, `PATH` among them), or
+/// [`HandsError::ImageMissing`] when the engine has no such image.
+async fn image_env(docker: &Docker, image: &str) -> Result<Vec<String>, HandsError> {
+    match docker.inspect_image(image).await {
+        Ok(inspect) => Ok(inspect.config.and_then(|c| c.env).unwrap_or_default()),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Err(HandsError::ImageMissing(image.to_owned())),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// The environment commands start from: the image's, filtered by the credential patterns
+/// like the host's. The engine merges the image's variables into the container's, so a
+/// dropped one is overridden with an empty value (its value never reaches a command).
+/// `PATH` falls back to [`DEFAULT_PATH`] when the image sets none.
+fn base_env(image_env: &[String]) -> Vec<String> {
+    let pairs = image_env.iter().filter_map(|entry| {
+        entry
+            .split_once('=')
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    });
+    let (kept, dropped) = nerve_core::filter_sandbox_env(pairs, &nerve_core::Redactor::new());
+    if !dropped.is_empty() {
+        tracing::debug!(
+            ?dropped,
+            "image environment variables kept out of the sandbox"
+        );
+    }
+    let mut env: Vec<String> = Vec::with_capacity(kept.len() + dropped.len() + 1);
+    if !kept.iter().any(|(k, _)| k == "PATH") {
+        env.push(format!("PATH={DEFAULT_PATH}"));
+    }
+    env.extend(kept.iter().map(|(k, v)| format!("{k}={v}")));
+    env.extend(dropped.iter().map(|k| format!("{k}=")));
+    env
+}
+
 /// The variables that send commands' HTTP through the relay: both spellings, since tools
 /// disagree (busybox `wget` reads only the lower-case ones). No `NO_PROXY`: everything,
 /// loopback URLs included, goes through the proxy, which judges where it goes.
@@ -1047,6 +1248,47 @@ mod tests {
         assert_eq!(body.open_stdin, Some(false), "nothing is written to stdin");
         assert_eq!(body.attach_stderr, Some(true), "stderr explains failures");
         assert_eq!(host.log_config.unwrap().typ.as_deref(), Some("none"));
+    }
+
+    #[test]
+    fn the_image_environment_is_kept_but_for_credentials() {
+        let image = [
+            "PATH=/opt/tool/bin:/usr/bin".to_owned(),
+            "LANG=C.UTF-8".to_owned(),
+            "API_TOKEN=sekrit".to_owned(),
+        ];
+        assert_eq!(
+            base_env(&image),
+            ["PATH=/opt/tool/bin:/usr/bin", "LANG=C.UTF-8", "API_TOKEN="]
+        );
+        assert_eq!(base_env(&[]), [format!("PATH={DEFAULT_PATH}")]);
+    }
+
+    #[test]
+    fn cgroup_counters_v1_and_v2() {
+        let v1 = "/sys/fs/cgroup/memory/memory.oom_control oom_kill_disable 0\n\
+                  /sys/fs/cgroup/memory/memory.oom_control oom_kill 2\n\
+                  /sys/fs/cgroup/pids/pids.events max 3\n";
+        assert_eq!(
+            parse_counters(v1),
+            Some(Counters {
+                oom_kills: 2,
+                pids_refused: 3
+            })
+        );
+        let v2 = "/sys/fs/cgroup/memory.events low 0\n/sys/fs/cgroup/memory.events oom 4\n\
+                  /sys/fs/cgroup/memory.events oom_kill 1\n";
+        assert_eq!(
+            parse_counters(v2),
+            Some(Counters {
+                oom_kills: 1,
+                pids_refused: 0
+            })
+        );
+        assert_eq!(parse_counters(""), None);
+        assert_eq!(human_bytes(512 << 20), "512 MiB");
+        assert_eq!(human_bytes(2 << 30), "2 GiB");
+        assert_eq!(human_bytes(1000), "1000 bytes");
     }
 
     #[test]

@@ -188,8 +188,16 @@ impl SandboxTools {
             env: Default::default(),
         };
         let answer = self.sandbox.exec(request).await;
+        let limit = match &answer {
+            Ok(Ok(output)) => self.sandbox.limit_reached(output).await,
+            _ => None,
+        };
         respond("shell", answer, |output| {
             let mut result = format_exec(&output, timeout_secs);
+            if let Some(limit) = limit {
+                result.content.push('\n');
+                result.content.push_str(&limit);
+            }
             if capped {
                 result.content.push_str(&format!(
                     "\n[timeout_secs was capped at {MAX_TIMEOUT_SECS}]"

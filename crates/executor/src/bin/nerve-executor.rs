@@ -74,8 +74,21 @@ fn main() -> ExitCode {
     };
     let control = executor.config().control_socket.clone();
     let result = match control {
-        Some(path) => executor.serve_socket(&path),
-        None => executor.serve(io::stdin().lock(), io::stdout().lock()),
+        Some(path) => match nerve_executor::connect_control(&path) {
+            Ok(stream) => {
+                if let Ok(watched) = stream.try_clone() {
+                    die_with_host(watched);
+                }
+                executor.serve(io::BufReader::new(&stream), &stream)
+            }
+            Err(e) => Err(e),
+        },
+        None => {
+            if let Ok(stdin) = std::os::fd::AsFd::as_fd(&io::stdin()).try_clone_to_owned() {
+                die_with_host(stdin);
+            }
+            executor.serve(io::stdin().lock(), io::stdout().lock())
+        }
     };
     nerve_executor::kill_remaining_children();
     match result {
@@ -92,4 +105,24 @@ fn main() -> ExitCode {
 fn say(out: &mut impl Write, text: &str, code: ExitCode) -> ExitCode {
     let _ = writeln!(out, "{text}");
     code
+}
+
+/// The executor dies with its host: the moment the host's end of the channel closes (it
+/// finished, or it was killed), even in the middle of a command, everything the executor
+/// started is killed and it exits, which stops the container. The request loop alone would
+/// notice only after the current command returned.
+fn die_with_host(channel: impl std::os::fd::AsFd + Send + 'static) {
+    let spawned = std::thread::Builder::new()
+        .name("hangup".to_owned())
+        .spawn(move || {
+            nerve_executor::wait_for_hangup(channel.as_fd());
+            nerve_executor::kill_remaining_children();
+            std::process::exit(0);
+        });
+    if let Err(e) = spawned {
+        let _ = writeln!(
+            io::stderr(),
+            "nerve-executor: warning: cannot watch the host's channel: {e}"
+        );
+    }
 }

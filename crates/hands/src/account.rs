@@ -1,0 +1,170 @@
+//! The command uid's account in the sandbox, made on the host and never written into the
+//! image: a `passwd` and a `group` naming it (bind-mounted read-only over `/etc/passwd` and
+//! `/etc/group`), and a home directory that lasts for the execution and its resumes.
+//!
+//! Everything lives in one host directory per execution, `$TMPDIR/nerve-env-<execution id>`
+//! (mode 0755; the home inside it 0700, owned by the command uid). The same execution id
+//! finds the same directory, so a resume finds the home it left. [`discard`] removes it
+//! once the execution is over for good.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use nerve_core::ExecutionId;
+
+use crate::HandsError;
+
+/// Where the home directory is mounted in the container (`HOME`).
+pub(crate) const CONTAINER_HOME: &str = "/home/nerve";
+/// `TMPDIR` in the container: inside the home, on disk and exec-capable, unlike the small
+/// `noexec` tmpfs at `/tmp`.
+pub(crate) const CONTAINER_TMPDIR: &str = "/home/nerve/.tmp";
+/// The account's name, for a uid other than 0.
+const NAME: &str = "nerve";
+const PREFIX: &str = "nerve-env-";
+
+/// The host side of an execution's account.
+#[derive(Debug, Clone)]
+pub(crate) struct Account {
+    dir: PathBuf,
+}
+
+impl Account {
+    /// Creates (or finds, on a resume) the execution's directory, writes the passwd and group
+    /// files for `uid:gid`, and hands the home to that uid.
+    pub(crate) fn prepare(
+        execution_id: ExecutionId,
+        (uid, gid): (u32, u32),
+    ) -> Result<Self, HandsError> {
+        let dir = dir_of(execution_id);
+        let fail = |what: &str, path: &Path, e: std::io::Error| {
+            HandsError::Workspace(format!(
+                "cannot prepare the sandbox's {what} at {}: {e}",
+                path.display()
+            ))
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| fail("account directory", &dir, e))?;
+        // Another host user could have made it first: only ours is used.
+        let ours = |path: &Path| -> std::io::Result<bool> {
+            use std::os::unix::fs::MetadataExt;
+            let me = std::fs::metadata("/proc/self")?.uid();
+            let meta = std::fs::symlink_metadata(path)?;
+            Ok(meta.is_dir() && meta.uid() == me)
+        };
+        if !ours(&dir).map_err(|e| fail("account directory", &dir, e))? {
+            return Err(fail(
+                "account directory",
+                &dir,
+                std::io::Error::other("it is not a directory of this user's"),
+            ));
+        }
+        let home = dir.join("home");
+        match std::fs::create_dir(&home) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(fail("home", &home, e)),
+        }
+        let tmp = home.join(".tmp");
+        match std::fs::create_dir(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(fail("TMPDIR", &tmp, e)),
+        }
+        for path in [&home, &tmp] {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .map_err(|e| fail("home", path, e))?;
+        }
+        set_mode(&home, 0o700).map_err(|e| fail("home", &home, e))?;
+        set_mode(&tmp, 0o700).map_err(|e| fail("TMPDIR", &tmp, e))?;
+        let (passwd, group) = entries(uid, gid);
+        write_file(&dir.join("passwd"), &passwd).map_err(|e| fail("passwd", &dir, e))?;
+        write_file(&dir.join("group"), &group).map_err(|e| fail("group", &dir, e))?;
+        Ok(Self { dir })
+    }
+
+    /// The bind mounts: passwd and group read-only, the home read-write.
+    pub(crate) fn binds(&self) -> Result<Vec<String>, HandsError> {
+        let path = |name: &str| {
+            let path = self.dir.join(name);
+            path.to_str().map(str::to_owned).ok_or_else(|| {
+                HandsError::Workspace(format!("{} is not valid UTF-8", path.display()))
+            })
+        };
+        Ok(vec![
+            format!("{}:/etc/passwd:ro", path("passwd")?),
+            format!("{}:/etc/group:ro", path("group")?),
+            format!("{}:{CONTAINER_HOME}:rw", path("home")?),
+        ])
+    }
+}
+
+/// Removes an execution's account directory and its home, when the execution is over for
+/// good (a resume would start with an empty home). Missing is fine.
+pub fn discard(execution_id: ExecutionId) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir_of(execution_id)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn dir_of(execution_id: ExecutionId) -> PathBuf {
+    std::env::temp_dir().join(format!("{PREFIX}{execution_id}"))
+}
+
+/// The passwd and group files: root, the command uid (named `nerve` unless it is root, its
+/// home at [`CONTAINER_HOME`]), and nobody.
+fn entries(uid: u32, gid: u32) -> (String, String) {
+    let mut passwd = String::new();
+    let mut group = String::from("root:x:0:\n");
+    if uid == 0 {
+        passwd.push_str(&format!("root:x:0:{gid}:root:{CONTAINER_HOME}:/bin/sh\n"));
+    } else {
+        passwd.push_str("root:x:0:0:root:/root:/bin/sh\n");
+        passwd.push_str(&format!(
+            "{NAME}:x:{uid}:{gid}:{NAME}:{CONTAINER_HOME}:/bin/sh\n"
+        ));
+    }
+    if gid != 0 && gid != 65534 {
+        group.push_str(&format!("{NAME}:x:{gid}:\n"));
+    }
+    if uid != 65534 {
+        passwd.push_str("nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n");
+    }
+    if gid != 65534 {
+        group.push_str("nogroup:x:65534:\n");
+    }
+    (passwd, group)
+}
+
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Writes `content` to `path` through a temporary file renamed into place, world-readable
+/// (every uid in the container reads passwd).
+fn write_file(path: &Path, content: &str) -> std::io::Result<()> {
+    let parent = path.parent().unwrap_or(Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(parent)?;
+    file.write_all(content.as_bytes())?;
+    set_mode(file.path(), 0o644)?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_uid_gets_a_named_entry_with_the_home() {
+        let (passwd, group) = entries(1000, 1000);
+        assert!(passwd.contains("nerve:x:1000:1000:nerve:/home/nerve:/bin/sh\n"));
+        assert!(passwd.starts_with("root:x:0:0:root:/root:"));
+        assert!(group.contains("nerve:x:1000:\n"));
+        let (passwd, group) = entries(0, 0);
+        assert!(passwd.starts_with("root:x:0:0:root:/home/nerve:/bin/sh\n"));
+        assert!(!passwd.contains("nerve:x"));
+        assert_eq!(group, "root:x:0:\nnogroup:x:65534:\n");
+    }
+}
