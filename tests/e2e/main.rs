@@ -11,6 +11,7 @@ mod crash;
 mod demo;
 mod interrupt;
 mod json;
+mod killpoints;
 mod loops;
 mod parked;
 mod proxy;

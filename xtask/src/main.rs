@@ -87,8 +87,9 @@ fn ci() -> Result<()> {
         "warnings",
     ]))?;
     let executor = image(false)?;
-    // The end-to-end tests drive the real binary.
-    run(cargo().args(["build", "--package", "nerve-cli"]))?;
+    // The end-to-end tests drive the real binary, with the kill points that
+    // tests/e2e/killpoints.rs arms.
+    run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
     // Docker tests must run here: a missing engine is a failure, never a skip.
     run(cargo()
         .args(["test", "--workspace"])
@@ -96,10 +97,14 @@ fn ci() -> Result<()> {
         .env(nerve_hands::EXECUTOR_ENV, &executor))
 }
 
+/// The features that compile the crash-injection switches into `nerve` (tests only).
+const KILL_POINTS: &str = "nerve-session/kill-points,nerve-hands/kill-points";
+
 fn test_sandbox() -> Result<()> {
     let executor = image(false)?;
-    // The end-to-end tests drive the real `nerve` binary.
-    run(cargo().args(["build", "--package", "nerve-cli"]))?;
+    // The end-to-end tests drive the real `nerve` binary, with the kill points that
+    // tests/e2e/killpoints.rs arms.
+    run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
     run(cargo()
         .args([
             "test",

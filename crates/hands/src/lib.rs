@@ -12,6 +12,8 @@
 mod control;
 mod executor;
 mod image;
+#[cfg(feature = "kill-points")]
+pub mod kill_points;
 mod locate;
 mod percall;
 pub mod proxy;
