@@ -9,6 +9,7 @@ mod bad_input;
 mod compaction;
 mod crash;
 mod demo;
+mod faults;
 mod interrupt;
 mod json;
 mod killpoints;
