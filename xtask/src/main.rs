@@ -7,10 +7,13 @@
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
 //!   sandbox, proxy, e2e)
+//! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
+//!   of: session, brain, executor)
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
 mod bench_e2e;
+mod fuzz;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain|compaction|sandbox|proxy|e2e]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain|compaction|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -34,6 +37,7 @@ fn main() -> Result<()> {
         Some("image") => image(true).map(drop),
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
+        Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some(other) => bail!("unknown task `{other}`\n{USAGE}"),
         None => bail!("{USAGE}"),
     }
