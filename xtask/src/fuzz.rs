@@ -5,7 +5,6 @@
 //! later run (and `cargo test`) replays it first: commit those files as regression tests.
 //! An ordinary `cargo test --workspace` (so CI) runs each target once, 256 cases.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -77,8 +76,7 @@ fn pass(package: &str) -> Result<()> {
     let mut command = cargo();
     command
         .args(["test", "--quiet", "--package", package, "--test", "fuzz"])
-        .env("PROPTEST_CASES", CASES_PER_PASS)
-        .stdout(Stdio::null());
+        .env("PROPTEST_CASES", CASES_PER_PASS);
     let mut child = command
         .spawn()
         .with_context(|| format!("cannot run {}", describe(&command)))?;
@@ -87,7 +85,7 @@ fn pass(package: &str) -> Result<()> {
         if let Some(status) = child.try_wait()? {
             if !status.success() {
                 bail!(
-                    "`{}` failed ({status}); the failing case is in the package's proptest-regressions/",
+                    "`{}` failed ({status}); the failing case is kept in the package's proptest-regressions/fuzz.txt",
                     describe(&command)
                 );
             }

@@ -104,7 +104,36 @@ fn cassette_line() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Where proptest keeps failing cases (replayed first by every run): its default looks for
+/// a `lib.rs` beside the test and finds none for an integration test.
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/fuzz.txt"),
+        )),
+        ..ProptestConfig::default()
+    }
+}
+
+/// Found by the fuzz target: an empty read right after a `\r` made the `\n` that followed
+/// a blank line of its own, dispatching an empty event.
+#[test]
+fn an_empty_read_between_cr_and_lf_ends_no_event() {
+    let input = b"data:\r\nevent: e\ndata: x\r\n\r\n";
+    let whole = parse_in(input, &[]);
+    assert_eq!(
+        whole,
+        [SseEvent {
+            event: "e".into(),
+            data: "\nx".into()
+        }]
+    );
+    assert_eq!(parse_in(input, &[6, 6]), whole);
+}
+
 proptest! {
+    #![proptest_config(config())]
+
     /// However the bytes are cut, the events are the same; nothing panics.
     #[test]
     fn sse_events_do_not_depend_on_where_reads_end(

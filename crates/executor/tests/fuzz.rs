@@ -113,7 +113,20 @@ fn request() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
+/// Where proptest keeps failing cases (replayed first by every run): its default looks for
+/// a `lib.rs` beside the test and finds none for an integration test.
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/fuzz.txt"),
+        )),
+        ..ProptestConfig::default()
+    }
+}
+
 proptest! {
+    #![proptest_config(config())]
+
     /// Every line gets a response; nothing outside the workspace changes.
     #[test]
     fn every_request_line_gets_an_answer(line in request()) {

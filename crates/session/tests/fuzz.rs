@@ -171,7 +171,20 @@ fn check_replay(events: &[StoredEvent]) {
     assert!(replayed.total_turns as usize <= events.len());
 }
 
+/// Where proptest keeps failing cases (replayed first by every run): its default looks for
+/// a `lib.rs` beside the test and finds none for an integration test.
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/fuzz.txt"),
+        )),
+        ..ProptestConfig::default()
+    }
+}
+
 proptest! {
+    #![proptest_config(config())]
+
     /// Replay of any corrupted log, and of every prefix of it, never panics.
     #[test]
     fn replay_never_panics(events in log()) {
