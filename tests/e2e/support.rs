@@ -190,6 +190,43 @@ pub(crate) fn spawn_nerve(db: &Path, args: &[&str]) -> Running {
     }
 }
 
+/// Starts `nerve --db <db> <args>` in the background like [`spawn_nerve`], with extra
+/// environment variables.
+pub(crate) fn spawn_nerve_env(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Running {
+    let child = Command::new(nerve_bin())
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .env_remove("NERVE_CONFIG")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    Running::collecting(child)
+}
+
+impl Running {
+    /// Collects the output of `child`, whose stdout and stderr are piped.
+    pub(crate) fn collecting(mut child: Child) -> Self {
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let readers = vec![
+            collect(child.stdout.take().unwrap(), Arc::clone(&stdout)),
+            collect(child.stderr.take().unwrap(), Arc::clone(&stderr)),
+        ];
+        Self {
+            child,
+            stdout,
+            stderr,
+            readers,
+        }
+    }
+}
+
 fn collect(
     mut from: impl Read + Send + 'static,
     into: Arc<Mutex<Vec<u8>>>,

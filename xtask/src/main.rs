@@ -9,10 +9,13 @@
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
 //!   sandbox, proxy, e2e)
+//! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
+//!   of: session, brain, executor)
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
 mod bench_e2e;
+mod fuzz;
 mod real;
 
 use std::path::{Path, PathBuf};
@@ -21,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image | demo | bench [core|session|brain|compaction|sandbox|proxy|e2e]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image | demo | bench [core|session|brain|compaction|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -38,6 +41,7 @@ fn main() -> Result<()> {
         Some("image") => image(true).map(drop),
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
+        Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some(other) => bail!("unknown task `{other}`\n{USAGE}"),
         None => bail!("{USAGE}"),
     }
@@ -91,8 +95,9 @@ fn ci() -> Result<()> {
         "warnings",
     ]))?;
     let executor = image(false)?;
-    // The end-to-end tests drive the real binary.
-    run(cargo().args(["build", "--package", "nerve-cli"]))?;
+    // The end-to-end tests drive the real binary, with the kill points that
+    // tests/e2e/killpoints.rs arms.
+    run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
     let (postgres_url, _cluster) = ensure_postgres()?;
     // Docker (and PostgreSQL) tests must run here: a missing one is a failure, never a skip.
     run(cargo()
@@ -141,10 +146,14 @@ fn ensure_postgres() -> Result<(String, Option<nerve_session::pg_cluster::PgClus
     Ok((cluster.url("postgres"), Some(cluster)))
 }
 
+/// The features that compile the crash-injection switches into `nerve` (tests only).
+const KILL_POINTS: &str = "nerve-session/kill-points,nerve-hands/kill-points";
+
 fn test_sandbox() -> Result<()> {
     let executor = image(false)?;
-    // The end-to-end tests drive the real `nerve` binary.
-    run(cargo().args(["build", "--package", "nerve-cli"]))?;
+    // The end-to-end tests drive the real `nerve` binary, with the kill points that
+    // tests/e2e/killpoints.rs arms.
+    run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
     let (postgres_url, _cluster) = ensure_postgres()?;
     run(cargo()
         .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)

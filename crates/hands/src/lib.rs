@@ -13,6 +13,8 @@ mod account;
 mod control;
 mod executor;
 mod image;
+#[cfg(feature = "kill-points")]
+pub mod kill_points;
 mod locate;
 mod owner;
 mod percall;

@@ -558,6 +558,18 @@ impl ToolExecutor for SandboxTools {
     }
 
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
+        #[cfg(feature = "kill-points")]
+        crate::kill_points::before_call();
+        let output = self.dispatch(call).await;
+        #[cfg(feature = "kill-points")]
+        crate::kill_points::after_call();
+        output
+    }
+}
+
+impl SandboxTools {
+    /// Runs `call` with the tool it names.
+    async fn dispatch(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
         macro_rules! dispatch {
             ($args:ty, $method:ident) => {
                 match parse::<$args>(call) {

@@ -7,6 +7,8 @@ mod archive;
 mod chain;
 mod encode;
 mod event_store;
+#[cfg(feature = "kill-points")]
+pub mod kill_points;
 mod pg;
 #[cfg(any(test, feature = "test-cluster"))]
 pub mod pg_cluster;

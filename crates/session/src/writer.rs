@@ -291,8 +291,14 @@ fn run_checkpointer(store: &Store, poked: &mpsc::Receiver<()>) {
 /// A write the writer has committed, and what its caller is to be told.
 type Outcome = (Job, Result<Written, String>);
 
-/// Tells each caller how its write went.
+/// Tells each caller how its write went. Called once the committed writes are durable.
 fn reply(outcomes: Vec<Outcome>) {
+    #[cfg(feature = "kill-points")]
+    for (_, result) in &outcomes {
+        if let Ok(written) = result {
+            crate::kill_points::durable(written.head);
+        }
+    }
     for (job, result) in outcomes {
         let _ = job.reply.send((result, job.write));
     }
