@@ -184,14 +184,12 @@ impl Provider for AnthropicProvider {
         &self.config.model
     }
 
-    #[tracing::instrument(skip_all, fields(provider = "anthropic", model = %self.config.model, purpose = ?request.purpose))]
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
         let response = self.send(&request, false).await?;
         let body = http::read_body(response).await?;
         decode_response(&body, &self.estimate(&request))
     }
 
-    #[tracing::instrument(skip_all, fields(provider = "anthropic", model = %self.config.model, purpose = ?request.purpose))]
     async fn stream(&self, request: ModelRequest<'_>) -> ModelStream {
         let estimate = self.estimate(&request);
         match self.send(&request, true).await {

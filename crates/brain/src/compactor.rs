@@ -9,6 +9,7 @@ use nerve_core::{
 };
 use schemars_free::{compress_schema, recall_schema};
 use serde::Deserialize;
+use tracing::Instrument;
 
 use crate::compaction::{
     self, CompactionStrategyRequest, SUMMARY_PROMPT, at_or_above, extractive_summary, indicator,
@@ -16,6 +17,7 @@ use crate::compaction::{
     with_indicator,
 };
 use crate::runner::{Overflow, Run, Stop};
+use crate::telemetry;
 
 /// The longest extractive summary, in characters.
 const SUMMARY_MAX_CHARS: usize = 12_000;
@@ -234,7 +236,7 @@ impl Run {
     ) -> Result<(), Stop> {
         let replacement = vec![self.ctx.messages[index].clone()];
         self.ctx.compactions += 1;
-        self.record(Event::Compaction(Compaction {
+        let compaction = Compaction {
             turn: self.ctx.turn_count(),
             strategy: CompactionStrategy::Offload,
             trigger: CompactionTrigger::OutputSize,
@@ -246,8 +248,9 @@ impl Run {
             tokens_after: self.fill(),
             summary: None,
             extractive: false,
-        }))
-        .await?;
+        };
+        telemetry::record_compaction(&compaction);
+        self.record(Event::Compaction(compaction)).await?;
         Ok(())
     }
 
@@ -262,7 +265,9 @@ impl Run {
         if let Some(request) = self.compaction.requested.take() {
             let trigger = CompactionTrigger::Agent;
             let note = request.archive_only.then_some(request.reason);
+            let span = telemetry::compaction_span(self.execution_id, turn, trigger);
             self.summarise(turn, trigger, note, request.preserve_markers, true)
+                .instrument(span)
                 .await?;
             return Ok(());
         }
@@ -280,10 +285,20 @@ impl Run {
                 .exhausted_at
                 .is_none_or(|at| fill > at + at / 10)
         {
-            self.summarise(turn, CompactionTrigger::HardThreshold, None, true, false)
+            let trigger = CompactionTrigger::HardThreshold;
+            let span = telemetry::compaction_span(self.execution_id, turn, trigger);
+            self.summarise(turn, trigger, None, true, false)
+                .instrument(span)
                 .await?;
         } else if at_or_above(fill, capacity, config.soft_percent) {
-            self.mask(turn, capacity * MASK_MIN_PERCENT / 100).await?;
+            let span = telemetry::compaction_span(
+                self.execution_id,
+                turn,
+                CompactionTrigger::SoftThreshold,
+            );
+            self.mask(turn, capacity * MASK_MIN_PERCENT / 100)
+                .instrument(span)
+                .await?;
         }
         Ok(())
     }
@@ -292,8 +307,12 @@ impl Run {
     /// nothing could be taken out.
     pub(crate) async fn compact_for_overflow(&mut self, turn: u32) -> Result<bool, Stop> {
         let before = self.fill();
-        self.mask(turn, 0).await?;
-        self.summarise(turn, CompactionTrigger::Overflow, None, true, true)
+        let trigger = CompactionTrigger::Overflow;
+        let span = telemetry::compaction_span(self.execution_id, turn, trigger);
+        self.mask(turn, 0).instrument(span).await?;
+        let span = telemetry::compaction_span(self.execution_id, turn, trigger);
+        self.summarise(turn, trigger, None, true, true)
+            .instrument(span)
             .await?;
         Ok(self.fill() < before)
     }
@@ -592,7 +611,7 @@ impl Run {
         extractive: bool,
     ) -> Result<(), Stop> {
         self.ctx.compactions += 1;
-        self.record(Event::Compaction(Compaction {
+        let compaction = Compaction {
             turn,
             strategy,
             trigger,
@@ -604,8 +623,9 @@ impl Run {
             tokens_after: self.fill(),
             summary,
             extractive,
-        }))
-        .await?;
+        };
+        telemetry::record_compaction(&compaction);
+        self.record(Event::Compaction(compaction)).await?;
         self.refresh_indicator().await
     }
 

@@ -13,6 +13,7 @@ use nerve_core::{
     ToolExecutor, ToolResult, TransitionError, validate_metadata,
 };
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::approval::{Approval, Approver, PolicyAction, ToolPolicy, Unattended};
 use crate::archive::MemoryArchive;
@@ -28,6 +29,7 @@ use crate::retry::RetryPolicy;
 use crate::runner::CompactionState;
 use crate::runner::{Guards, Run, Stop};
 use crate::stagnation::{StagnationConfig, StagnationDetector};
+use crate::telemetry::{self, TraceConfig};
 use crate::tokens::{TokenCounter, counter_for_model};
 
 /// Prices in micro-dollars per million tokens.
@@ -81,6 +83,8 @@ pub struct EngineConfig {
     pub prompt_profile: Option<PromptProfile>,
     /// Settings worth recording in the start event (never secrets).
     pub recorded_config: serde_json::Value,
+    /// What the tracing spans carry (content only when opted in, always redacted).
+    pub trace: TraceConfig,
 }
 
 impl Default for EngineConfig {
@@ -110,6 +114,7 @@ impl Default for EngineConfig {
             plan_max_steps: 20,
             prompt_profile: None,
             recorded_config: serde_json::Value::Null,
+            trace: TraceConfig::default(),
         }
     }
 }
@@ -294,11 +299,25 @@ impl AgentEngine {
             run.budget_used_percent(),
             &self.config.auto,
         );
-        let outcome = match self.start(&mut run, &task).await {
-            Ok(()) => drive(&mut run).await,
-            Err(stop) => stop,
-        };
-        Ok(finish(run, outcome).await)
+        let span = telemetry::execution_span(telemetry::ExecutionInfo {
+            execution_id,
+            task_id: task.id,
+            provider: self.provider.name(),
+            model: self.provider.model(),
+            loop_type: run.ctx.loop_type,
+            resume_attempt: None,
+        });
+        let result = async move {
+            let outcome = match self.start(&mut run, &task).await {
+                Ok(()) => drive(&mut run).await,
+                Err(stop) => stop,
+            };
+            finish(run, outcome).await
+        }
+        .instrument(span.clone())
+        .await;
+        trace_end(&span, &self.config.trace, &result);
+        Ok(result)
     }
 
     async fn start(&self, run: &mut Run, task: &Task) -> Result<(), Stop> {
@@ -386,12 +405,44 @@ impl AgentEngine {
                 duration_ms: 0,
             })
             .collect();
-        let outcome = match resume_start(&mut run, &state).await {
-            Ok(()) => react::run(&mut run).await,
-            Err(stop) => stop,
-        };
-        Ok(finish(run, outcome).await)
+        let span = telemetry::execution_span(telemetry::ExecutionInfo {
+            execution_id,
+            task_id: state.task_id,
+            provider: self.provider.name(),
+            model: self.provider.model(),
+            loop_type: LoopType::React,
+            resume_attempt: Some(state.attempt),
+        });
+        let result = async move {
+            let outcome = match resume_start(&mut run, &state).await {
+                Ok(()) => react::run(&mut run).await,
+                Err(stop) => stop,
+            };
+            finish(run, outcome).await
+        }
+        .instrument(span.clone())
+        .await;
+        trace_end(&span, &self.config.trace, &result);
+        Ok(result)
     }
+}
+
+/// Records how the execution ended on its span.
+fn trace_end(span: &tracing::Span, config: &TraceConfig, result: &ExecutionResult) {
+    let ctx = &result.context;
+    telemetry::record_execution_end(
+        span,
+        config,
+        telemetry::ExecutionEnd {
+            reason: result.termination_reason,
+            task_status: ctx.task_status,
+            turns: ctx.turn_count(),
+            usage: ctx.usage,
+            cost: ctx.cost,
+            compactions: ctx.compactions,
+            error: result.error.as_deref(),
+        },
+    );
 }
 
 async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {

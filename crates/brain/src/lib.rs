@@ -25,6 +25,7 @@ pub mod scripted;
 pub mod sse;
 pub mod stagnation;
 pub mod stream;
+pub mod telemetry;
 pub mod tokens;
 
 #[cfg(test)]
@@ -47,4 +48,5 @@ pub use provider::{
 };
 pub use scripted::{ScriptError, ScriptedProvider};
 pub use stream::{Delta, ModelStream, StreamChunk};
+pub use telemetry::TraceConfig;
 pub use tokens::{TokenCounter, counter_for_model};

@@ -6,17 +6,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nerve_core::event::{
-    ApprovalDecided, ApprovalDecision, ApprovalRequested, CallPurpose, Decider, Stagnation,
-    StagnationAction, ToolCallFinished, ToolCallStarted, TurnCompleted,
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, CallPurpose, CompactionTrigger, Decider,
+    Stagnation, StagnationAction, ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use nerve_core::{
     Event, Message, MessagePart, MessageRole, TerminationReason, ToolCall, ToolResult, TurnRecord,
 };
+use tracing::Instrument;
 
 use crate::approval::PolicyAction;
 use crate::provider::FinishReason;
 use crate::runner::{Run, Stop};
 use crate::stagnation::{TurnSignature, Verdict, corrective_message};
+use crate::telemetry;
 
 /// How a turn ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +48,17 @@ pub(crate) async fn run(run: &mut Run) -> Stop {
 /// guardrails that look at the result (stagnation, max-tokens, premature end).
 pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
     run.check_boundary()?;
+    let span = telemetry::turn_span(telemetry::TurnInfo {
+        execution_id: run.execution_id,
+        turn: run.ctx.turn_count() + 1,
+        step: run.step,
+        fill: run.fill(),
+        capacity: run.config.context_window,
+    });
+    turn_in(run, &span).instrument(span.clone()).await
+}
+
+async fn turn_in(run: &mut Run, span: &tracing::Span) -> Result<TurnEnd, Stop> {
     run.maybe_compact().await?;
     run.warn_near_budget().await?;
     let started = Instant::now();
@@ -66,6 +79,13 @@ pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
         started,
     )
     .await?;
+    telemetry::record_turn_end(
+        span,
+        response.finish.as_str(),
+        calls.len(),
+        response.usage,
+        run.config.pricing.cost(response.usage),
+    );
     after_turn(run, number, &calls, &results, response.finish, text).await
 }
 
@@ -315,11 +335,27 @@ pub(crate) async fn deny(
     finish_tool(run, turn, result, 0).await
 }
 
+/// Runs one call (intent recorded and durable first) inside its `execute_tool` span.
 pub(crate) async fn execute_tool(
     run: &mut Run,
     turn: u32,
     call: &ToolCall,
 ) -> Result<ToolResult, Stop> {
+    let span = telemetry::tool_span(run.execution_id, turn, call, &run.config.trace);
+    let result = execute_tool_in(run, turn, call)
+        .instrument(span.clone())
+        .await;
+    telemetry::record_tool_result(
+        &span,
+        &run.config.trace,
+        result
+            .as_ref()
+            .map_err(|stop| stop.error.as_deref().unwrap_or("the tool call failed")),
+    );
+    result
+}
+
+async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
     run.record(Event::ToolCallStarted(ToolCallStarted {
         turn,
         call: call.clone(),
@@ -365,7 +401,9 @@ pub(crate) async fn execute_tool(
         ..result
     };
     run.push_message(Message::tool_result(kept.clone())).await?;
+    let span = telemetry::compaction_span(run.execution_id, turn, CompactionTrigger::OutputSize);
     run.record_offload(run.ctx.messages.len() - 1, before, block)
+        .instrument(span)
         .await?;
     Ok(kept)
 }

@@ -13,6 +13,7 @@ use nerve_core::{
     TerminationReason, TokenUsage, ToolDefinition, ToolExecutor,
 };
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::approval::Approver;
 use crate::compaction::CompactionStrategyRequest;
@@ -20,6 +21,7 @@ use crate::context::AgentContext;
 use crate::engine::EngineConfig;
 use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use crate::stagnation::StagnationDetector;
+use crate::telemetry;
 use crate::tokens::TokenCounter;
 
 /// Why a loop stopped; carried out of the guardrail checks.
@@ -413,7 +415,19 @@ impl Run {
                 tools,
                 purpose,
             };
-            let call = provider.complete(request);
+            let span = telemetry::chat_span(
+                telemetry::ChatInfo {
+                    execution_id: self.execution_id,
+                    provider: provider.name(),
+                    model: provider.model(),
+                    purpose,
+                    turn,
+                    attempt,
+                },
+                &self.config.trace,
+                request.messages,
+            );
+            let call = provider.complete(request).instrument(span.clone());
             let result = match self.deadline {
                 Some(deadline) => match tokio::time::timeout_at(deadline.into(), call).await {
                     Ok(result) => result,
@@ -431,6 +445,13 @@ impl Run {
                 Ok(response) => ("ok", response.usage),
                 Err(error) => (error.kind(), TokenUsage::default()),
             };
+            telemetry::record_chat_result(
+                &span,
+                &self.config.trace,
+                provider.model(),
+                &result,
+                self.config.pricing.cost(usage),
+            );
             self.record(Event::ModelCalled(ModelCalled {
                 turn,
                 purpose,

@@ -1,0 +1,755 @@
+//! Tracing spans for a team's trace viewer: one per execution, turn, model call, tool call
+//! and compaction, carrying the OpenTelemetry GenAI semantic-convention attributes and
+//! Nerve's own. Brain only opens spans (`tracing`); the `nerve` binary decides whether
+//! anything exports them (OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set).
+//!
+//! Every span is at `INFO` under this module's target, with its fields declared `Empty` and
+//! recorded once, when known. Message content (prompts, answers, tool arguments and
+//! results) goes into spans only when [`TraceConfig::capture_content`] is set, and always
+//! through the redactor; so does any other free text (error messages). When no subscriber
+//! wants the spans (the default), opening one costs a cached interest check and nothing is
+//! formatted.
+
+use std::sync::Arc;
+
+use nerve_core::event::{CallPurpose, Compaction};
+use nerve_core::{
+    ExecutionId, LoopType, Message, MessagePart, MessageRole, MicroUsd, Redactor, TaskStatus,
+    TerminationReason, TokenUsage, ToolCall, ToolResult,
+};
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::provider::{FinishReason, ModelResponse, ProviderError};
+
+/// Attribute names. The semantic-conventions crate has deprecated its GenAI constants, so
+/// Nerve keeps its own; the `gen_ai.*` ones follow the GenAI conventions, `nerve.*` are ours.
+pub mod attr {
+    /// `invoke_agent` (the execution), `chat` (a model call), `execute_tool` (a tool call).
+    pub const OPERATION_NAME: &str = "gen_ai.operation.name";
+    /// `openai`, `anthropic`, or `nerve.scripted` for a cassette.
+    pub const PROVIDER_NAME: &str = "gen_ai.provider.name";
+    pub const REQUEST_MODEL: &str = "gen_ai.request.model";
+    pub const RESPONSE_MODEL: &str = "gen_ai.response.model";
+    pub const USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    pub const USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    /// The finish reason of the answer (`stop`, `tool_calls`, `max_tokens`). The convention
+    /// makes this a string array; a `tracing` field is a scalar, so it is the one reason.
+    pub const RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
+    /// The execution id: every span of one execution carries the same.
+    pub const CONVERSATION_ID: &str = "gen_ai.conversation.id";
+    /// `nerve` on the execution's span.
+    pub const AGENT_NAME: &str = "gen_ai.agent.name";
+    pub const TOOL_NAME: &str = "gen_ai.tool.name";
+    pub const TOOL_CALL_ID: &str = "gen_ai.tool.call.id";
+    /// `function` for every tool Nerve offers.
+    pub const TOOL_TYPE: &str = "gen_ai.tool.type";
+    /// Opt-in content: the request's messages, as JSON in the conventions' message shape.
+    pub const INPUT_MESSAGES: &str = "gen_ai.input.messages";
+    /// Opt-in content: the answer, as JSON in the conventions' message shape.
+    pub const OUTPUT_MESSAGES: &str = "gen_ai.output.messages";
+    /// Opt-in content: a tool call's arguments (JSON).
+    pub const TOOL_CALL_ARGUMENTS: &str = "gen_ai.tool.call.arguments";
+    /// Opt-in content: a tool call's result as the model sees it.
+    pub const TOOL_CALL_RESULT: &str = "gen_ai.tool.call.result";
+    /// The error kind of a failed operation (`rate_limited`, `auth`, ...).
+    pub const ERROR_TYPE: &str = "error.type";
+
+    /// The turn number (1-based), on turn, model-call, tool-call and compaction spans.
+    pub const TURN: &str = "nerve.turn";
+    /// The plan step a turn belongs to (plan loops).
+    pub const STEP: &str = "nerve.step";
+    /// What a model call serves: `agent`, `plan` or `summary`.
+    pub const CALL_PURPOSE: &str = "nerve.call.purpose";
+    /// Attempt number of a model call (1 for the first; retries count up).
+    pub const CALL_ATTEMPT: &str = "nerve.call.attempt";
+    /// Cost in US dollars: of the call, of the turn, or of the whole execution.
+    pub const COST_USD: &str = "nerve.cost_usd";
+    /// Tokens the request carries (messages and tool definitions), at the start of a turn.
+    pub const CONTEXT_FILL_TOKENS: &str = "nerve.context.fill_tokens";
+    /// The model's context capacity in tokens, when known.
+    pub const CONTEXT_CAPACITY_TOKENS: &str = "nerve.context.capacity_tokens";
+    /// Fill as a percentage of capacity, when the capacity is known.
+    pub const CONTEXT_FILL_PERCENT: &str = "nerve.context.fill_percent";
+    /// The compaction layer that ran: `offload`, `mask`, `summarize` or `archive`. Absent on
+    /// a compaction span whose attempt changed nothing.
+    pub const COMPACTION_LAYER: &str = "nerve.compaction.layer";
+    /// What set it off: `output_size`, `soft_threshold`, `hard_threshold`, `agent`, `overflow`.
+    pub const COMPACTION_TRIGGER: &str = "nerve.compaction.trigger";
+    pub const COMPACTION_TOKENS_BEFORE: &str = "nerve.compaction.tokens_before";
+    pub const COMPACTION_TOKENS_AFTER: &str = "nerve.compaction.tokens_after";
+    /// Whether the summary is the extractive fallback rather than the model's.
+    pub const COMPACTION_EXTRACTIVE: &str = "nerve.compaction.extractive";
+    /// Whether a tool's result is an error the model sees.
+    pub const TOOL_IS_ERROR: &str = "nerve.tool.is_error";
+    /// How many tool calls a turn made.
+    pub const TOOL_CALLS: &str = "nerve.tool_calls";
+    pub const LOOP_TYPE: &str = "nerve.loop.type";
+    pub const TASK_ID: &str = "nerve.task.id";
+    pub const TASK_STATUS: &str = "nerve.task.status";
+    pub const TERMINATION_REASON: &str = "nerve.termination_reason";
+    /// Completed turns at the end of the execution.
+    pub const TURNS: &str = "nerve.turns";
+    pub const COMPACTIONS: &str = "nerve.compactions";
+    /// Which resume of the execution this is (1 for the first); absent on a fresh run.
+    pub const RESUME_ATTEMPT: &str = "nerve.resume.attempt";
+
+    /// The span kind in the OpenInference conventions (`AGENT`, `CHAIN`, `LLM`, `TOOL`), so
+    /// that Phoenix and other OpenInference viewers draw the tree with the right icons.
+    pub const OPENINFERENCE_SPAN_KIND: &str = "openinference.span.kind";
+}
+
+/// The values of [`attr::OPERATION_NAME`].
+pub mod operation {
+    pub const INVOKE_AGENT: &str = "invoke_agent";
+    pub const CHAT: &str = "chat";
+    pub const EXECUTE_TOOL: &str = "execute_tool";
+}
+
+/// Span names (the exported name is set through `otel.name` where the conventions want the
+/// model or tool in it).
+pub mod name {
+    pub const EXECUTION: &str = "invoke_agent";
+    pub const TURN: &str = "turn";
+    pub const CHAT: &str = "chat";
+    pub const EXECUTE_TOOL: &str = "execute_tool";
+    pub const COMPACTION: &str = "compaction";
+}
+
+/// The most characters of content put in one attribute; the rest is cut with a marker.
+pub const CONTENT_LIMIT: usize = 32 * 1024;
+
+/// What goes into spans. Part of [`crate::EngineConfig`].
+#[derive(Debug, Clone, Default)]
+pub struct TraceConfig {
+    /// Put message content, tool arguments and tool results in spans (redacted). Off by
+    /// default; `nerve` turns it on with `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`.
+    pub capture_content: bool,
+    /// Applied to every free-text attribute: content and error messages. The run's
+    /// redactor (provider keys, proxy secrets, token formats) in `nerve`.
+    pub redactor: Arc<Redactor>,
+}
+
+impl TraceConfig {
+    /// `text` redacted, cut to [`CONTENT_LIMIT`].
+    pub fn scrub(&self, text: &str) -> String {
+        let redacted = self.redactor.redact(text);
+        let clipped = nerve_core::text::clip(&redacted, CONTENT_LIMIT);
+        if clipped.len() < redacted.len() {
+            format!("{clipped}[... truncated ...]")
+        } else {
+            redacted.into_owned()
+        }
+    }
+
+    fn wants_content(&self, span: &Span) -> bool {
+        self.capture_content && !span.is_disabled()
+    }
+}
+
+/// The name a provider goes by in [`attr::PROVIDER_NAME`]: the scripted provider's name
+/// carries its cassette's path, which says nothing about the provider.
+pub fn provider_name(name: &str) -> &str {
+    if name.starts_with("script") {
+        "nerve.scripted"
+    } else {
+        name
+    }
+}
+
+/// Facts about the execution for its span.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecutionInfo<'a> {
+    pub execution_id: ExecutionId,
+    pub task_id: nerve_core::TaskId,
+    pub provider: &'a str,
+    pub model: &'a str,
+    pub loop_type: LoopType,
+    /// `Some(attempt)` when resuming.
+    pub resume_attempt: Option<u32>,
+}
+
+/// The root span of one execution (`invoke_agent nerve`).
+pub fn execution_span(info: ExecutionInfo<'_>) -> Span {
+    let span = tracing::info_span!(
+        "invoke_agent",
+        otel.name = "invoke_agent nerve",
+        otel.kind = "internal",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        { attr::OPERATION_NAME } = operation::INVOKE_AGENT,
+        { attr::AGENT_NAME } = "nerve",
+        { attr::CONVERSATION_ID } = %info.execution_id,
+        { attr::PROVIDER_NAME } = provider_name(info.provider),
+        { attr::REQUEST_MODEL } = info.model,
+        { attr::TASK_ID } = %info.task_id,
+        { attr::LOOP_TYPE } = wire(&info.loop_type),
+        { attr::RESUME_ATTEMPT } = Empty,
+        { attr::TERMINATION_REASON } = Empty,
+        { attr::TASK_STATUS } = Empty,
+        { attr::TURNS } = Empty,
+        { attr::USAGE_INPUT_TOKENS } = Empty,
+        { attr::USAGE_OUTPUT_TOKENS } = Empty,
+        { attr::COST_USD } = Empty,
+        { attr::COMPACTIONS } = Empty,
+        { attr::ERROR_TYPE } = Empty,
+        { attr::OPENINFERENCE_SPAN_KIND } = "AGENT",
+    );
+    if let Some(attempt) = info.resume_attempt {
+        span.record(attr::RESUME_ATTEMPT, attempt);
+    }
+    span
+}
+
+/// How an execution ended, for its span.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecutionEnd<'a> {
+    pub reason: TerminationReason,
+    pub task_status: TaskStatus,
+    pub turns: u32,
+    pub usage: TokenUsage,
+    pub cost: MicroUsd,
+    pub compactions: u32,
+    pub error: Option<&'a str>,
+}
+
+/// Records the end of an execution on its span: an error status for every end but
+/// `completed` and `parked` (which waits for a person, as designed).
+pub fn record_execution_end(span: &Span, config: &TraceConfig, end: ExecutionEnd<'_>) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record(attr::TERMINATION_REASON, wire(&end.reason));
+    span.record(attr::TASK_STATUS, wire(&end.task_status));
+    span.record(attr::TURNS, end.turns);
+    span.record(attr::USAGE_INPUT_TOKENS, end.usage.input_tokens);
+    span.record(attr::USAGE_OUTPUT_TOKENS, end.usage.output_tokens);
+    span.record(attr::COST_USD, end.cost.as_usd());
+    span.record(attr::COMPACTIONS, end.compactions);
+    match end.reason {
+        TerminationReason::Completed | TerminationReason::Parked => {
+            span.record("otel.status_code", "ok");
+        }
+        TerminationReason::MaxTurns
+        | TerminationReason::BudgetExhausted
+        | TerminationReason::Shutdown
+        | TerminationReason::TimedOut
+        | TerminationReason::Stagnation
+        | TerminationReason::Error => {
+            span.record(attr::ERROR_TYPE, wire(&end.reason));
+            span.record("otel.status_code", "error");
+            let message = end.error.unwrap_or("the execution did not complete");
+            span.record("otel.status_description", config.scrub(message));
+        }
+    }
+}
+
+/// Where a turn stands when it starts.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnInfo {
+    pub execution_id: ExecutionId,
+    pub turn: u32,
+    pub step: Option<u32>,
+    pub fill: u64,
+    pub capacity: Option<u64>,
+}
+
+/// One turn of a loop: its compaction, model call and tool calls are its children.
+pub fn turn_span(info: TurnInfo) -> Span {
+    let span = tracing::info_span!(
+        "turn",
+        otel.name = Empty,
+        otel.kind = "internal",
+        { attr::CONVERSATION_ID } = %info.execution_id,
+        { attr::TURN } = info.turn,
+        { attr::STEP } = Empty,
+        { attr::CONTEXT_FILL_TOKENS } = info.fill,
+        { attr::CONTEXT_CAPACITY_TOKENS } = Empty,
+        { attr::CONTEXT_FILL_PERCENT } = Empty,
+        { attr::RESPONSE_FINISH_REASONS } = Empty,
+        { attr::TOOL_CALLS } = Empty,
+        { attr::USAGE_INPUT_TOKENS } = Empty,
+        { attr::USAGE_OUTPUT_TOKENS } = Empty,
+        { attr::COST_USD } = Empty,
+        { attr::OPENINFERENCE_SPAN_KIND } = "CHAIN",
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    span.record("otel.name", format!("turn {}", info.turn));
+    if let Some(step) = info.step {
+        span.record(attr::STEP, step);
+    }
+    if let Some(capacity) = info.capacity.filter(|&c| c > 0) {
+        span.record(attr::CONTEXT_CAPACITY_TOKENS, capacity);
+        span.record(
+            attr::CONTEXT_FILL_PERCENT,
+            u64::try_from(u128::from(info.fill) * 100 / u128::from(capacity)).unwrap_or(u64::MAX),
+        );
+    }
+    span
+}
+
+/// Records what a turn came to on its span.
+pub fn record_turn_end(
+    span: &Span,
+    finish: &str,
+    tool_calls: usize,
+    usage: TokenUsage,
+    cost: MicroUsd,
+) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record(attr::RESPONSE_FINISH_REASONS, finish);
+    span.record(attr::TOOL_CALLS, tool_calls);
+    span.record(attr::USAGE_INPUT_TOKENS, usage.input_tokens);
+    span.record(attr::USAGE_OUTPUT_TOKENS, usage.output_tokens);
+    span.record(attr::COST_USD, cost.as_usd());
+}
+
+/// Facts about one model call attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct ChatInfo<'a> {
+    pub execution_id: ExecutionId,
+    pub provider: &'a str,
+    pub model: &'a str,
+    pub purpose: CallPurpose,
+    pub turn: u32,
+    pub attempt: u32,
+}
+
+/// One model call attempt (`chat {model}`, a client span). With content capture on, the
+/// request's messages are recorded, redacted.
+pub fn chat_span(info: ChatInfo<'_>, config: &TraceConfig, messages: &[Message]) -> Span {
+    let span = tracing::info_span!(
+        "chat",
+        otel.name = Empty,
+        otel.kind = "client",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        { attr::OPERATION_NAME } = operation::CHAT,
+        { attr::CONVERSATION_ID } = %info.execution_id,
+        { attr::PROVIDER_NAME } = provider_name(info.provider),
+        { attr::REQUEST_MODEL } = info.model,
+        { attr::RESPONSE_MODEL } = Empty,
+        { attr::CALL_PURPOSE } = wire(&info.purpose),
+        { attr::CALL_ATTEMPT } = info.attempt,
+        { attr::TURN } = info.turn,
+        { attr::USAGE_INPUT_TOKENS } = Empty,
+        { attr::USAGE_OUTPUT_TOKENS } = Empty,
+        { attr::RESPONSE_FINISH_REASONS } = Empty,
+        { attr::COST_USD } = Empty,
+        { attr::ERROR_TYPE } = Empty,
+        { attr::INPUT_MESSAGES } = Empty,
+        { attr::OUTPUT_MESSAGES } = Empty,
+        { attr::OPENINFERENCE_SPAN_KIND } = "LLM",
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    span.record("otel.name", format!("chat {}", info.model));
+    if config.wants_content(&span) {
+        span.record(
+            attr::INPUT_MESSAGES,
+            config.scrub(&messages_json(messages.iter())),
+        );
+    }
+    span
+}
+
+/// Records a model call's answer (`model` is the model that answered) or its failure.
+pub fn record_chat_result(
+    span: &Span,
+    config: &TraceConfig,
+    model: &str,
+    result: &Result<ModelResponse, ProviderError>,
+    cost: MicroUsd,
+) {
+    if span.is_disabled() {
+        return;
+    }
+    match result {
+        Ok(response) => {
+            span.record(attr::RESPONSE_MODEL, model);
+            span.record(attr::USAGE_INPUT_TOKENS, response.usage.input_tokens);
+            span.record(attr::USAGE_OUTPUT_TOKENS, response.usage.output_tokens);
+            span.record(
+                attr::RESPONSE_FINISH_REASONS,
+                finish_reason(response.finish),
+            );
+            span.record(attr::COST_USD, cost.as_usd());
+            if config.wants_content(span) {
+                span.record(
+                    attr::OUTPUT_MESSAGES,
+                    config.scrub(&messages_json(std::iter::once(&response.message))),
+                );
+            }
+        }
+        Err(error) => {
+            span.record(attr::ERROR_TYPE, error.kind());
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", config.scrub(&error.to_string()));
+        }
+    }
+}
+
+/// One tool call the loop runs (`execute_tool {name}`). With content capture on, its
+/// arguments are recorded, redacted.
+pub fn tool_span(
+    execution_id: ExecutionId,
+    turn: u32,
+    call: &ToolCall,
+    config: &TraceConfig,
+) -> Span {
+    let span = tracing::info_span!(
+        "execute_tool",
+        otel.name = Empty,
+        otel.kind = "internal",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        { attr::OPERATION_NAME } = operation::EXECUTE_TOOL,
+        { attr::CONVERSATION_ID } = %execution_id,
+        { attr::TOOL_NAME } = call.name.as_str(),
+        { attr::TOOL_CALL_ID } = call.id.0.as_str(),
+        { attr::TOOL_TYPE } = "function",
+        { attr::TURN } = turn,
+        { attr::TOOL_IS_ERROR } = Empty,
+        { attr::TOOL_CALL_ARGUMENTS } = Empty,
+        { attr::TOOL_CALL_RESULT } = Empty,
+        { attr::ERROR_TYPE } = Empty,
+        { attr::OPENINFERENCE_SPAN_KIND } = "TOOL",
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    span.record("otel.name", format!("execute_tool {}", call.name));
+    if config.wants_content(&span) {
+        span.record(
+            attr::TOOL_CALL_ARGUMENTS,
+            config.scrub(&call.arguments.to_string()),
+        );
+    }
+    span
+}
+
+/// Records a tool call's outcome: its result, or the failure that lost the sandbox.
+pub fn record_tool_result(span: &Span, config: &TraceConfig, result: Result<&ToolResult, &str>) {
+    if span.is_disabled() {
+        return;
+    }
+    match result {
+        Ok(result) => {
+            span.record(attr::TOOL_IS_ERROR, result.is_error);
+            if config.wants_content(span) {
+                span.record(attr::TOOL_CALL_RESULT, config.scrub(&result.content));
+            }
+        }
+        Err(message) => {
+            span.record(attr::ERROR_TYPE, "tool_executor");
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", config.scrub(message));
+        }
+    }
+}
+
+/// One compaction attempt. Its layer and token counts are recorded by
+/// [`record_compaction`] when it changes the conversation; a summary's model call is its
+/// child.
+pub fn compaction_span(
+    execution_id: ExecutionId,
+    turn: u32,
+    trigger: nerve_core::event::CompactionTrigger,
+) -> Span {
+    tracing::info_span!(
+        "compaction",
+        otel.kind = "internal",
+        { attr::CONVERSATION_ID } = %execution_id,
+        { attr::TURN } = turn,
+        { attr::COMPACTION_TRIGGER } = wire(&trigger),
+        { attr::COMPACTION_LAYER } = Empty,
+        { attr::COMPACTION_TOKENS_BEFORE } = Empty,
+        { attr::COMPACTION_TOKENS_AFTER } = Empty,
+        { attr::COMPACTION_EXTRACTIVE } = Empty,
+        { attr::OPENINFERENCE_SPAN_KIND } = "CHAIN",
+    )
+}
+
+/// Records a compaction that happened on the current span (the compaction span it runs
+/// in). The summary text is content: never recorded here.
+pub fn record_compaction(compaction: &Compaction) {
+    let span = Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    span.record(attr::COMPACTION_LAYER, wire(&compaction.strategy));
+    span.record(attr::COMPACTION_TOKENS_BEFORE, compaction.tokens_before);
+    span.record(attr::COMPACTION_TOKENS_AFTER, compaction.tokens_after);
+    span.record(attr::COMPACTION_EXTRACTIVE, compaction.extractive);
+}
+
+fn finish_reason(finish: FinishReason) -> &'static str {
+    finish.as_str()
+}
+
+/// A snake_case wire value (`max_turns`, `hard_threshold`) as its string.
+fn wire<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(text)) => text,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+/// Messages in the GenAI conventions' shape: `[{role, parts: [{type, ...}]}]`.
+fn messages_json<'a>(messages: impl Iterator<Item = &'a Message>) -> String {
+    let messages: Vec<serde_json::Value> = messages
+        .map(|message| {
+            let role = match message.role {
+                MessageRole::System => "system",
+                MessageRole::User => "user",
+                MessageRole::Assistant => "assistant",
+                MessageRole::Tool => "tool",
+            };
+            let parts: Vec<serde_json::Value> = message
+                .parts
+                .iter()
+                .map(|part| match part {
+                    MessagePart::Text { text } | MessagePart::CompactionSummary { text, .. } => {
+                        serde_json::json!({"type": "text", "content": text})
+                    }
+                    MessagePart::Thinking { text, .. } => {
+                        serde_json::json!({"type": "reasoning", "content": text})
+                    }
+                    MessagePart::ToolCall(call) => serde_json::json!({
+                        "type": "tool_call",
+                        "id": call.id.0,
+                        "name": call.name,
+                        "arguments": call.arguments,
+                    }),
+                    MessagePart::ToolResult(result) => serde_json::json!({
+                        "type": "tool_call_response",
+                        "id": result.call_id.0,
+                        "response": result.content,
+                    }),
+                })
+                .collect();
+            serde_json::json!({"role": role, "parts": parts})
+        })
+        .collect();
+    serde_json::Value::Array(messages).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use secrecy::SecretString;
+    use tracing::Subscriber;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+
+    use super::*;
+
+    /// Collects every span's name, parent and fields, as an exporter would see them.
+    #[derive(Default)]
+    struct Recorder {
+        spans: Mutex<Vec<(String, BTreeMap<String, String>)>>,
+    }
+
+    struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+    impl Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.insert(field.name().to_owned(), format!("{value:?}"));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.insert(field.name().to_owned(), value.to_owned());
+        }
+    }
+
+    impl Subscriber for &'static Recorder {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &Attributes<'_>) -> Id {
+            let mut fields = BTreeMap::new();
+            span.record(&mut Fields(&mut fields));
+            let mut spans = self.spans.lock().unwrap();
+            spans.push((span.metadata().name().to_owned(), fields));
+            Id::from_u64(spans.len() as u64)
+        }
+        fn record(&self, id: &Id, values: &Record<'_>) {
+            let mut spans = self.spans.lock().unwrap();
+            let index = usize::try_from(id.into_u64()).unwrap() - 1;
+            values.record(&mut Fields(&mut spans[index].1));
+        }
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    fn recorded(f: impl FnOnce()) -> Vec<(String, BTreeMap<String, String>)> {
+        let recorder: &'static Recorder = Box::leak(Box::default());
+        tracing::subscriber::with_default(recorder, f);
+        recorder.spans.lock().unwrap().clone()
+    }
+
+    const SECRET: &str = "hunter2-the-canary";
+
+    fn config(capture_content: bool) -> TraceConfig {
+        let secret = SecretString::from(SECRET);
+        TraceConfig {
+            capture_content,
+            redactor: Arc::new(Redactor::with_secrets([("canary", &secret)]).unwrap()),
+        }
+    }
+
+    fn chat(capture: bool) -> BTreeMap<String, String> {
+        let messages = [Message::user(format!("use {SECRET} please"))];
+        let spans = recorded(|| {
+            let config = config(capture);
+            let info = ChatInfo {
+                execution_id: ExecutionId::new(),
+                provider: "script:/tmp/x.jsonl",
+                model: "scripted",
+                purpose: CallPurpose::Agent,
+                turn: 2,
+                attempt: 1,
+            };
+            let span = chat_span(info, &config, &messages);
+            let response = ModelResponse {
+                message: Message::text(MessageRole::Assistant, format!("the key is {SECRET}")),
+                usage: TokenUsage::new(120, 7),
+                finish: FinishReason::Stop,
+            };
+            record_chat_result(&span, &config, "scripted", &Ok(response), MicroUsd(1500));
+        });
+        assert_eq!(spans.len(), 1);
+        spans[0].1.clone()
+    }
+
+    #[test]
+    fn a_chat_span_carries_the_genai_attributes_and_no_content_by_default() {
+        let fields = chat(false);
+        let expected = [
+            ("otel.name", "chat scripted"),
+            ("otel.kind", "client"),
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.provider.name", "nerve.scripted"),
+            ("gen_ai.request.model", "scripted"),
+            ("gen_ai.response.model", "scripted"),
+            ("gen_ai.usage.input_tokens", "120"),
+            ("gen_ai.usage.output_tokens", "7"),
+            ("gen_ai.response.finish_reasons", "stop"),
+            ("nerve.call.purpose", "agent"),
+            ("nerve.turn", "2"),
+            ("nerve.cost_usd", "0.0015"),
+        ];
+        for (name, value) in expected {
+            assert_eq!(fields.get(name).map(String::as_str), Some(value), "{name}");
+        }
+        assert!(!fields.contains_key(attr::INPUT_MESSAGES), "{fields:?}");
+        assert!(!fields.contains_key(attr::OUTPUT_MESSAGES), "{fields:?}");
+        assert!(!format!("{fields:?}").contains(SECRET));
+    }
+
+    #[test]
+    fn opted_in_content_is_recorded_redacted() {
+        let fields = chat(true);
+        let input = &fields[attr::INPUT_MESSAGES];
+        let output = &fields[attr::OUTPUT_MESSAGES];
+        assert!(input.contains("[REDACTED:canary]"), "{input}");
+        assert!(output.contains("\"role\":\"assistant\""), "{output}");
+        assert!(output.contains("the key is [REDACTED:canary]"), "{output}");
+        assert!(!format!("{fields:?}").contains(SECRET));
+    }
+
+    #[test]
+    fn a_failed_call_is_an_error_with_a_redacted_message() {
+        let spans = recorded(|| {
+            let config = config(false);
+            let info = ChatInfo {
+                execution_id: ExecutionId::new(),
+                provider: "openai",
+                model: "gpt-4o",
+                purpose: CallPurpose::Summary,
+                turn: 1,
+                attempt: 2,
+            };
+            let span = chat_span(info, &config, &[]);
+            let error = ProviderError::permanent(
+                crate::provider::kind::AUTH,
+                format!("key {SECRET} refused"),
+            );
+            record_chat_result(&span, &config, "gpt-4o", &Err(error), MicroUsd::ZERO);
+        });
+        let fields = &spans[0].1;
+        assert_eq!(fields["error.type"], "auth");
+        assert_eq!(fields["otel.status_code"], "error");
+        assert_eq!(
+            fields["otel.status_description"],
+            "auth: key [REDACTED:canary] refused"
+        );
+        assert_eq!(fields["gen_ai.provider.name"], "openai");
+        assert_eq!(fields["nerve.call.attempt"], "2");
+    }
+
+    #[test]
+    fn long_content_is_cut() {
+        let config = TraceConfig::default();
+        let long = "x".repeat(CONTENT_LIMIT + 10);
+        let scrubbed = config.scrub(&long);
+        assert!(scrubbed.ends_with("[... truncated ...]"));
+        assert!(scrubbed.len() < CONTENT_LIMIT + 30);
+    }
+
+    #[test]
+    fn turn_and_execution_spans_record_their_ends() {
+        let spans = recorded(|| {
+            let id = ExecutionId::new();
+            let execution = execution_span(ExecutionInfo {
+                execution_id: id,
+                task_id: nerve_core::TaskId::new(),
+                provider: "anthropic",
+                model: "claude",
+                loop_type: LoopType::React,
+                resume_attempt: Some(1),
+            });
+            let turn = turn_span(TurnInfo {
+                execution_id: id,
+                turn: 3,
+                step: None,
+                fill: 750,
+                capacity: Some(1000),
+            });
+            record_turn_end(&turn, "tool_calls", 2, TokenUsage::new(5, 6), MicroUsd(10));
+            record_execution_end(
+                &execution,
+                &config(false),
+                ExecutionEnd {
+                    reason: TerminationReason::MaxTurns,
+                    task_status: TaskStatus::InProgress,
+                    turns: 3,
+                    usage: TokenUsage::new(50, 60),
+                    cost: MicroUsd(100),
+                    compactions: 1,
+                    error: Some(&format!("stopped; {SECRET}")),
+                },
+            );
+        });
+        let execution = &spans[0].1;
+        assert_eq!(execution["gen_ai.operation.name"], "invoke_agent");
+        assert_eq!(execution["nerve.resume.attempt"], "1");
+        assert_eq!(execution["nerve.termination_reason"], "max_turns");
+        assert_eq!(execution["error.type"], "max_turns");
+        assert_eq!(execution["nerve.loop.type"], "react");
+        assert!(!execution["otel.status_description"].contains(SECRET));
+        let turn = &spans[1].1;
+        assert_eq!(turn["otel.name"], "turn 3");
+        assert_eq!(turn["nerve.context.fill_percent"], "75");
+        assert_eq!(turn["nerve.tool_calls"], "2");
+    }
+}
