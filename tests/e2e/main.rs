@@ -13,6 +13,8 @@ mod interrupt;
 mod json;
 mod loops;
 mod parked;
+mod phoenix;
 mod proxy;
 mod sandbox;
 mod support;
+mod traces;

@@ -11,6 +11,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
 mod bench_e2e;
+mod phoenix;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -87,17 +88,21 @@ fn ci() -> Result<()> {
         "warnings",
     ]))?;
     let executor = image(false)?;
+    // The tracing test's trace backend.
+    let phoenix = phoenix::ensure()?;
     // The end-to-end tests drive the real binary.
     run(cargo().args(["build", "--package", "nerve-cli"]))?;
     // Docker tests must run here: a missing engine is a failure, never a skip.
     run(cargo()
         .args(["test", "--workspace"])
         .env("NERVE_REQUIRE_DOCKER", "1")
+        .env("NERVE_PHOENIX_VENV", &phoenix)
         .env(nerve_hands::EXECUTOR_ENV, &executor))
 }
 
 fn test_sandbox() -> Result<()> {
     let executor = image(false)?;
+    let phoenix = phoenix::ensure()?;
     // The end-to-end tests drive the real `nerve` binary.
     run(cargo().args(["build", "--package", "nerve-cli"]))?;
     run(cargo()
@@ -111,6 +116,7 @@ fn test_sandbox() -> Result<()> {
             "nerve-tests",
         ])
         .env("NERVE_REQUIRE_DOCKER", "1")
+        .env("NERVE_PHOENIX_VENV", &phoenix)
         .env(nerve_hands::EXECUTOR_ENV, &executor))
 }
 
@@ -298,10 +304,7 @@ fn bench(area: Option<&str>) -> Result<()> {
 /// Debian's static busybox (for the sandbox image) and a running Docker engine. Installed
 /// or started when missing and we are root; otherwise a clear explanation.
 fn ensure_prerequisites() -> Result<()> {
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let is_root = is_root();
     let busybox_ok = Command::new("dpkg")
         .args(["-s", "busybox-static"])
         .output()
@@ -330,6 +333,13 @@ fn ensure_prerequisites() -> Result<()> {
         apt_install(&["docker.io"])?;
     }
     start_dockerd()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"))
 }
 
 fn apt_install(packages: &[&str]) -> Result<()> {
