@@ -34,7 +34,9 @@ const COMPLETE: &str = ".nerve-complete";
 /// `Err` says why it cannot be had.
 fn phoenix_executable() -> Result<PathBuf, String> {
     static INSTALL: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = INSTALL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one_at_a_time = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let venv = venv_dir();
     let phoenix = venv.join("bin/phoenix");
     if venv.join(COMPLETE).exists() && phoenix.exists() {
@@ -45,7 +47,8 @@ fn phoenix_executable() -> Result<PathBuf, String> {
         venv.display()
     );
     if venv.exists() {
-        std::fs::remove_dir_all(&venv).map_err(|e| format!("cannot clear {}: {e}", venv.display()))?;
+        std::fs::remove_dir_all(&venv)
+            .map_err(|e| format!("cannot clear {}: {e}", venv.display()))?;
     }
     let run = |command: &mut Command| -> Result<(), String> {
         let output = command
@@ -132,7 +135,10 @@ impl Phoenix {
                     phoenix.log_tail()
                 );
             }
-            if phoenix.get("/healthz").is_ok_and(|(status, _)| status == 200) {
+            if phoenix
+                .get("/healthz")
+                .is_ok_and(|(status, _)| status == 200)
+            {
                 return phoenix;
             }
             assert!(
@@ -250,7 +256,10 @@ pub(crate) fn phoenix_available() -> bool {
 }
 
 /// Reads an attribute from a span as Phoenix returns it: flat dotted keys or nested maps.
-pub(crate) fn attribute<'a>(span: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+pub(crate) fn attribute<'a>(
+    span: &'a serde_json::Value,
+    key: &str,
+) -> Option<&'a serde_json::Value> {
     let attributes = &span["attributes"];
     if let Some(value) = attributes.get(key) {
         return Some(value);
@@ -258,4 +267,3 @@ pub(crate) fn attribute<'a>(span: &'a serde_json::Value, key: &str) -> Option<&'
     key.split('.')
         .try_fold(attributes, |node, part| node.get(part))
 }
-

@@ -35,6 +35,9 @@ fn cassette(dir: &Path) -> std::path::PathBuf {
         serde_json::json!({"text": "Which symbol was missing?", "tool_calls": [{"name": "recall", "arguments": {"query": "missing symbol"}}]}),
         serde_json::json!({"text": "The build failed on the missing symbol nerve_frobnicate."}),
     ];
+    // Summaries answer from their own lines; more than the run needs.
+    let summaries = (0..6).map(|_| serde_json::json!({"call": "summary", "text": "Goal: find why the build fails. Done: read the build log and the scripts."}));
+    let lines: Vec<Value> = lines.into_iter().chain(summaries).collect();
     let path = dir.join("cassette.jsonl");
     let text: Vec<String> = lines.iter().map(Value::to_string).collect();
     std::fs::write(&path, text.join("\n")).unwrap();
@@ -43,11 +46,7 @@ fn cassette(dir: &Path) -> std::path::PathBuf {
 
 /// Runs the cassette with traces going to `phoenix`'s project `project`; returns the
 /// `--json` result and the log's events.
-fn traced_run(
-    phoenix: &Phoenix,
-    project: &str,
-    capture_content: bool,
-) -> (Value, Vec<Value>) {
+fn traced_run(phoenix: &Phoenix, project: &str, capture_content: bool) -> (Value, Vec<Value>) {
     let dir = tempfile::tempdir().unwrap();
     let workspace = copy_example("demo", dir.path());
     let db = dir.path().join("nerve.db");
@@ -99,7 +98,10 @@ fn str_attr<'a>(span: &'a Value, key: &str) -> &'a str {
 
 fn int_attr(span: &Value, key: &str) -> u64 {
     attribute(span, key)
-        .and_then(|v| v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())))
+        .and_then(|v| {
+            v.as_u64()
+                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        })
         .unwrap_or_else(|| panic!("span {} has no integer {key}: {span}", span["name"]))
 }
 
@@ -136,22 +138,41 @@ fn a_run_shows_its_tree_and_genai_attributes(phoenix: &Phoenix) {
 
     // Exported at exit; Phoenix ingests in the background: wait for the whole tree.
     let spans = phoenix.wait_for_spans(project, Duration::from_secs(60), |spans| {
-        let count = |name: &str| spans.iter().filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with(name))).count();
+        let count = |name: &str| {
+            spans
+                .iter()
+                .filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with(name)))
+                .count()
+        };
         count("invoke_agent") == 1
             && count("turn ") == usize::try_from(turns).unwrap()
             && count("execute_tool ") == tool_calls.len()
     });
     let by_id: BTreeMap<&str, &Value> = spans.iter().map(|s| (span_id(s), s)).collect();
     let parent = |span: &Value| -> Option<&Value> {
-        span["parent_id"].as_str().and_then(|id| by_id.get(id).copied())
+        span["parent_id"]
+            .as_str()
+            .and_then(|id| by_id.get(id).copied())
     };
-    let parent_name = |span: &Value| parent(span).and_then(|p| p["name"].as_str()).unwrap_or("<none>").to_owned();
+    let parent_name = |span: &Value| {
+        parent(span)
+            .and_then(|p| p["name"].as_str())
+            .unwrap_or("<none>")
+            .to_owned()
+    };
 
     // One trace: every span is the execution's, with its conversation id.
-    let traces: BTreeSet<&str> = spans.iter().map(|s| s["context"]["trace_id"].as_str().unwrap()).collect();
+    let traces: BTreeSet<&str> = spans
+        .iter()
+        .map(|s| s["context"]["trace_id"].as_str().unwrap())
+        .collect();
     assert_eq!(traces.len(), 1, "{traces:?}");
     for span in &spans {
-        assert_eq!(str_attr(span, "gen_ai.conversation.id"), execution_id, "{span}");
+        assert_eq!(
+            str_attr(span, "gen_ai.conversation.id"),
+            execution_id,
+            "{span}"
+        );
     }
 
     // The root: the execution.
@@ -164,13 +185,25 @@ fn a_run_shows_its_tree_and_genai_attributes(phoenix: &Phoenix) {
     assert_eq!(str_attr(root, "gen_ai.request.model"), "scripted");
     assert_eq!(str_attr(root, "nerve.termination_reason"), "completed");
     assert_eq!(int_attr(root, "nerve.turns"), turns);
-    assert_eq!(int_attr(root, "gen_ai.usage.input_tokens"), result["input_tokens"].as_u64().unwrap());
-    assert_eq!(int_attr(root, "gen_ai.usage.output_tokens"), result["output_tokens"].as_u64().unwrap());
+    assert_eq!(
+        int_attr(root, "gen_ai.usage.input_tokens"),
+        result["input_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(
+        int_attr(root, "gen_ai.usage.output_tokens"),
+        result["output_tokens"].as_u64().unwrap()
+    );
     assert_eq!(root["status_code"], "OK", "{root}");
 
     // Turns hang off the execution, numbered 1..=turns.
-    let turn_spans: Vec<&Value> = spans.iter().filter(|s| s["name"].as_str().unwrap().starts_with("turn ")).collect();
-    let mut numbers: Vec<u64> = turn_spans.iter().map(|s| int_attr(s, "nerve.turn")).collect();
+    let turn_spans: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["name"].as_str().unwrap().starts_with("turn "))
+        .collect();
+    let mut numbers: Vec<u64> = turn_spans
+        .iter()
+        .map(|s| int_attr(s, "nerve.turn"))
+        .collect();
     numbers.sort_unstable();
     assert_eq!(numbers, (1..=turns).collect::<Vec<_>>());
     for turn in &turn_spans {
@@ -188,35 +221,61 @@ fn a_run_shows_its_tree_and_genai_attributes(phoenix: &Phoenix) {
         assert_eq!(str_attr(chat, "gen_ai.provider.name"), "nerve.scripted");
         assert_eq!(str_attr(chat, "gen_ai.request.model"), "scripted");
         assert_eq!(str_attr(chat, "gen_ai.response.model"), "scripted");
-        assert!(["tool_calls", "stop"].contains(&str_attr(chat, "gen_ai.response.finish_reasons")), "{chat}");
+        assert!(
+            ["tool_calls", "stop"].contains(&str_attr(chat, "gen_ai.response.finish_reasons")),
+            "{chat}"
+        );
         assert!(int_attr(chat, "gen_ai.usage.output_tokens") > 0, "{chat}");
         input_tokens += int_attr(chat, "gen_ai.usage.input_tokens");
         match str_attr(chat, "nerve.call.purpose") {
             "agent" => {
                 agent_calls += 1;
                 assert!(parent_name(chat).starts_with("turn "), "{chat}");
-                assert_eq!(int_attr(chat, "nerve.turn"), int_attr(parent(chat).unwrap(), "nerve.turn"));
+                assert_eq!(
+                    int_attr(chat, "nerve.turn"),
+                    int_attr(parent(chat).unwrap(), "nerve.turn")
+                );
             }
             "summary" => assert_eq!(parent_name(chat), "compaction", "{chat}"),
             other => panic!("unexpected purpose {other}"),
         }
     }
     assert_eq!(agent_calls, turns);
-    assert_eq!(input_tokens, result["input_tokens"].as_u64().unwrap(), "every call's usage is in a span");
+    assert_eq!(
+        input_tokens,
+        result["input_tokens"].as_u64().unwrap(),
+        "every call's usage is in a span"
+    );
 
     // Tool calls: one span per call the log shows, under the turn that made it.
-    let tools: Vec<&Value> = spans.iter().filter(|s| op(s) == Some("execute_tool")).collect();
+    let tools: Vec<&Value> = spans
+        .iter()
+        .filter(|s| op(s) == Some("execute_tool"))
+        .collect();
     let logged: BTreeSet<(String, String)> = tool_calls
         .iter()
-        .map(|c| (c["id"].as_str().unwrap().to_owned(), c["name"].as_str().unwrap().to_owned()))
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_owned(),
+                c["name"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
     let traced: BTreeSet<(String, String)> = tools
         .iter()
-        .map(|s| (str_attr(s, "gen_ai.tool.call.id").to_owned(), str_attr(s, "gen_ai.tool.name").to_owned()))
+        .map(|s| {
+            (
+                str_attr(s, "gen_ai.tool.call.id").to_owned(),
+                str_attr(s, "gen_ai.tool.name").to_owned(),
+            )
+        })
         .collect();
     assert_eq!(traced, logged);
     for tool in &tools {
-        assert_eq!(tool["name"], format!("execute_tool {}", str_attr(tool, "gen_ai.tool.name")));
+        assert_eq!(
+            tool["name"],
+            format!("execute_tool {}", str_attr(tool, "gen_ai.tool.name"))
+        );
         assert!(parent_name(tool).starts_with("turn "), "{tool}");
         assert_eq!(str_attr(tool, "gen_ai.tool.type"), "function");
     }
@@ -227,30 +286,74 @@ fn a_run_shows_its_tree_and_genai_attributes(phoenix: &Phoenix) {
         .iter()
         .filter(|s| s["name"] == "compaction" && attribute(s, "nerve.compaction.layer").is_some())
         .collect();
-    assert_eq!(compactions.len() as u64, result["compactions"].as_u64().unwrap(), "{compactions:?}");
-    let layers: BTreeSet<&str> = compactions.iter().map(|s| str_attr(s, "nerve.compaction.layer")).collect();
-    assert!(layers.contains("offload") && layers.len() >= 2, "{layers:?}");
+    assert_eq!(
+        compactions.len() as u64,
+        result["compactions"].as_u64().unwrap(),
+        "{compactions:?}"
+    );
+    let layers: BTreeSet<&str> = compactions
+        .iter()
+        .map(|s| str_attr(s, "nerve.compaction.layer"))
+        .collect();
+    assert!(
+        layers.contains("offload") && layers.len() >= 2,
+        "{layers:?}"
+    );
     for compaction in &compactions {
-        let expected = if str_attr(compaction, "nerve.compaction.layer") == "offload" { "execute_tool " } else { "turn " };
-        assert!(parent_name(compaction).starts_with(expected), "{compaction}");
-        assert!(int_attr(compaction, "nerve.compaction.tokens_after") < int_attr(compaction, "nerve.compaction.tokens_before"));
+        let expected = if str_attr(compaction, "nerve.compaction.layer") == "offload" {
+            "execute_tool "
+        } else {
+            "turn "
+        };
+        assert!(
+            parent_name(compaction).starts_with(expected),
+            "{compaction}"
+        );
+        assert!(
+            int_attr(compaction, "nerve.compaction.tokens_after")
+                < int_attr(compaction, "nerve.compaction.tokens_before")
+        );
     }
 
     // Nothing but these, and nothing that leaks.
     for span in &spans {
         let name = span["name"].as_str().unwrap();
         assert!(
-            ["invoke_agent", "turn ", "chat ", "execute_tool ", "compaction"].iter().any(|p| name.starts_with(p)),
+            [
+                "invoke_agent",
+                "turn ",
+                "chat ",
+                "execute_tool ",
+                "compaction"
+            ]
+            .iter()
+            .any(|p| name.starts_with(p)),
             "unexpected span {name}"
         );
     }
     let everything = serde_json::to_string(&spans).unwrap();
-    for (what, text) in [("the secret", SECRET), ("the task", TASK), ("the model's text", MODEL_TEXT), ("a tool's output", TOOL_TEXT)] {
-        assert!(!everything.contains(text), "{what} is in the exported spans");
+    for (what, text) in [
+        ("the secret", SECRET),
+        ("the task", TASK),
+        ("the model's text", MODEL_TEXT),
+        ("a tool's output", TOOL_TEXT),
+    ] {
+        assert!(
+            !everything.contains(text),
+            "{what} is in the exported spans"
+        );
     }
     for span in &spans {
-        for key in ["gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result"] {
-            assert!(attribute(span, key).is_none(), "{key} without the opt-in: {span}");
+        for key in [
+            "gen_ai.input.messages",
+            "gen_ai.output.messages",
+            "gen_ai.tool.call.arguments",
+            "gen_ai.tool.call.result",
+        ] {
+            assert!(
+                attribute(span, key).is_none(),
+                "{key} without the opt-in: {span}"
+            );
         }
     }
 }
@@ -261,13 +364,24 @@ fn opted_in_content_arrives_redacted(phoenix: &Phoenix) {
     let turns = usize::try_from(result["total_turns"].as_u64().unwrap()).unwrap();
     let spans = phoenix.wait_for_spans(project, Duration::from_secs(60), |spans| {
         spans.iter().any(|s| s["parent_id"].is_null())
-            && spans.iter().filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with("turn "))).count() == turns
+            && spans
+                .iter()
+                .filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with("turn ")))
+                .count()
+                == turns
     });
     let everything = serde_json::to_string(&spans).unwrap();
-    assert!(!everything.contains(SECRET), "the secret is in the exported spans");
+    assert!(
+        !everything.contains(SECRET),
+        "the secret is in the exported spans"
+    );
     let first_chat = spans
         .iter()
-        .find(|s| op(s) == Some("chat") && int_attr(s, "nerve.turn") == 1 && str_attr(s, "nerve.call.purpose") == "agent")
+        .find(|s| {
+            op(s) == Some("chat")
+                && int_attr(s, "nerve.turn") == 1
+                && str_attr(s, "nerve.call.purpose") == "agent"
+        })
         .unwrap();
     let input: Value = serde_json::from_str(str_attr(first_chat, "gen_ai.input.messages")).unwrap();
     assert_eq!(input[1]["role"], "user");

@@ -43,7 +43,10 @@ pub(crate) fn ensure() -> Result<PathBuf> {
         std::fs::remove_dir_all(&venv)
             .with_context(|| format!("cannot clear {}", venv.display()))?;
     }
-    eprintln!("installing arize-phoenix=={PHOENIX_VERSION} into {}", venv.display());
+    eprintln!(
+        "installing arize-phoenix=={PHOENIX_VERSION} into {}",
+        venv.display()
+    );
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     run(Command::new(venv.join("bin/pip")).args([
         "install",

@@ -196,7 +196,7 @@ pub fn execution_span(info: ExecutionInfo<'_>) -> Span {
         { attr::OPENINFERENCE_SPAN_KIND } = "AGENT",
     );
     if let Some(attempt) = info.resume_attempt {
-        span.record(attr::RESUME_ATTEMPT, attempt);
+        span.record(attr::RESUME_ATTEMPT, i64::from(attempt));
     }
     span
 }
@@ -221,11 +221,11 @@ pub fn record_execution_end(span: &Span, config: &TraceConfig, end: ExecutionEnd
     }
     span.record(attr::TERMINATION_REASON, wire(&end.reason));
     span.record(attr::TASK_STATUS, wire(&end.task_status));
-    span.record(attr::TURNS, end.turns);
-    span.record(attr::USAGE_INPUT_TOKENS, end.usage.input_tokens);
-    span.record(attr::USAGE_OUTPUT_TOKENS, end.usage.output_tokens);
+    span.record(attr::TURNS, i64::from(end.turns));
+    span.record(attr::USAGE_INPUT_TOKENS, int(end.usage.input_tokens));
+    span.record(attr::USAGE_OUTPUT_TOKENS, int(end.usage.output_tokens));
     span.record(attr::COST_USD, end.cost.as_usd());
-    span.record(attr::COMPACTIONS, end.compactions);
+    span.record(attr::COMPACTIONS, i64::from(end.compactions));
     match end.reason {
         TerminationReason::Completed | TerminationReason::Parked => {
             span.record("otel.status_code", "ok");
@@ -261,9 +261,9 @@ pub fn turn_span(info: TurnInfo) -> Span {
         otel.name = Empty,
         otel.kind = "internal",
         { attr::CONVERSATION_ID } = %info.execution_id,
-        { attr::TURN } = info.turn,
+        { attr::TURN } = i64::from(info.turn),
         { attr::STEP } = Empty,
-        { attr::CONTEXT_FILL_TOKENS } = info.fill,
+        { attr::CONTEXT_FILL_TOKENS } = int(info.fill),
         { attr::CONTEXT_CAPACITY_TOKENS } = Empty,
         { attr::CONTEXT_FILL_PERCENT } = Empty,
         { attr::RESPONSE_FINISH_REASONS } = Empty,
@@ -278,13 +278,13 @@ pub fn turn_span(info: TurnInfo) -> Span {
     }
     span.record("otel.name", format!("turn {}", info.turn));
     if let Some(step) = info.step {
-        span.record(attr::STEP, step);
+        span.record(attr::STEP, i64::from(step));
     }
     if let Some(capacity) = info.capacity.filter(|&c| c > 0) {
-        span.record(attr::CONTEXT_CAPACITY_TOKENS, capacity);
+        span.record(attr::CONTEXT_CAPACITY_TOKENS, int(capacity));
         span.record(
             attr::CONTEXT_FILL_PERCENT,
-            u64::try_from(u128::from(info.fill) * 100 / u128::from(capacity)).unwrap_or(u64::MAX),
+            i64::try_from(u128::from(info.fill) * 100 / u128::from(capacity)).unwrap_or(i64::MAX),
         );
     }
     span
@@ -302,9 +302,12 @@ pub fn record_turn_end(
         return;
     }
     span.record(attr::RESPONSE_FINISH_REASONS, finish);
-    span.record(attr::TOOL_CALLS, tool_calls);
-    span.record(attr::USAGE_INPUT_TOKENS, usage.input_tokens);
-    span.record(attr::USAGE_OUTPUT_TOKENS, usage.output_tokens);
+    span.record(
+        attr::TOOL_CALLS,
+        i64::try_from(tool_calls).unwrap_or(i64::MAX),
+    );
+    span.record(attr::USAGE_INPUT_TOKENS, int(usage.input_tokens));
+    span.record(attr::USAGE_OUTPUT_TOKENS, int(usage.output_tokens));
     span.record(attr::COST_USD, cost.as_usd());
 }
 
@@ -334,8 +337,8 @@ pub fn chat_span(info: ChatInfo<'_>, config: &TraceConfig, messages: &[Message])
         { attr::REQUEST_MODEL } = info.model,
         { attr::RESPONSE_MODEL } = Empty,
         { attr::CALL_PURPOSE } = wire(&info.purpose),
-        { attr::CALL_ATTEMPT } = info.attempt,
-        { attr::TURN } = info.turn,
+        { attr::CALL_ATTEMPT } = i64::from(info.attempt),
+        { attr::TURN } = i64::from(info.turn),
         { attr::USAGE_INPUT_TOKENS } = Empty,
         { attr::USAGE_OUTPUT_TOKENS } = Empty,
         { attr::RESPONSE_FINISH_REASONS } = Empty,
@@ -372,8 +375,8 @@ pub fn record_chat_result(
     match result {
         Ok(response) => {
             span.record(attr::RESPONSE_MODEL, model);
-            span.record(attr::USAGE_INPUT_TOKENS, response.usage.input_tokens);
-            span.record(attr::USAGE_OUTPUT_TOKENS, response.usage.output_tokens);
+            span.record(attr::USAGE_INPUT_TOKENS, int(response.usage.input_tokens));
+            span.record(attr::USAGE_OUTPUT_TOKENS, int(response.usage.output_tokens));
             span.record(
                 attr::RESPONSE_FINISH_REASONS,
                 finish_reason(response.finish),
@@ -413,7 +416,7 @@ pub fn tool_span(
         { attr::TOOL_NAME } = call.name.as_str(),
         { attr::TOOL_CALL_ID } = call.id.0.as_str(),
         { attr::TOOL_TYPE } = "function",
-        { attr::TURN } = turn,
+        { attr::TURN } = i64::from(turn),
         { attr::TOOL_IS_ERROR } = Empty,
         { attr::TOOL_CALL_ARGUMENTS } = Empty,
         { attr::TOOL_CALL_RESULT } = Empty,
@@ -465,7 +468,7 @@ pub fn compaction_span(
         "compaction",
         otel.kind = "internal",
         { attr::CONVERSATION_ID } = %execution_id,
-        { attr::TURN } = turn,
+        { attr::TURN } = i64::from(turn),
         { attr::COMPACTION_TRIGGER } = wire(&trigger),
         { attr::COMPACTION_LAYER } = Empty,
         { attr::COMPACTION_TOKENS_BEFORE } = Empty,
@@ -483,9 +486,17 @@ pub fn record_compaction(compaction: &Compaction) {
         return;
     }
     span.record(attr::COMPACTION_LAYER, wire(&compaction.strategy));
-    span.record(attr::COMPACTION_TOKENS_BEFORE, compaction.tokens_before);
-    span.record(attr::COMPACTION_TOKENS_AFTER, compaction.tokens_after);
+    span.record(
+        attr::COMPACTION_TOKENS_BEFORE,
+        int(compaction.tokens_before),
+    );
+    span.record(attr::COMPACTION_TOKENS_AFTER, int(compaction.tokens_after));
     span.record(attr::COMPACTION_EXTRACTIVE, compaction.extractive);
+}
+
+/// Integers go out as `i64`: `tracing-opentelemetry` sends a `u64` as a string.
+fn int(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 fn finish_reason(finish: FinishReason) -> &'static str {

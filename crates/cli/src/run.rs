@@ -245,7 +245,8 @@ impl Launch<'_> {
         sandbox: &Arc<Sandbox>,
         proxy: ProxyListener,
     ) -> Result<ExecutionResult, Failure> {
-        let log = Arc::new(SqliteSink::open(self.db, Arc::clone(&redactor)).map_err(Failure::usage)?);
+        let log =
+            Arc::new(SqliteSink::open(self.db, Arc::clone(&redactor)).map_err(Failure::usage)?);
         // The model table gives prices and the context window; --context-window wins.
         let model = self
             .config

@@ -89,13 +89,20 @@ pub(crate) fn init() -> Result<Telemetry, Failure> {
     let provider = build_provider(&settings)?;
     let spans = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("nerve"))
+        // Only the attributes the spans declare: not where in the code, nor busy/idle time.
         .with_threads(false)
+        .with_location(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
         .with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
             metadata.is_span()
                 && *metadata.level() <= tracing::Level::INFO
                 && metadata.target().starts_with("nerve_")
         }));
-    let _ = tracing_subscriber::registry().with(log).with(spans).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(spans)
+        .try_init();
     Ok(Telemetry {
         provider: Some(provider),
     })
@@ -120,7 +127,9 @@ impl ExportSettings {
         }
         let Some(endpoint) = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .map(|e| ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", e))
-            .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| ("OTEL_EXPORTER_OTLP_ENDPOINT", e)))
+            .or_else(|| {
+                var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| ("OTEL_EXPORTER_OTLP_ENDPOINT", e))
+            })
         else {
             return Ok(None);
         };
@@ -132,8 +141,9 @@ impl ExportSettings {
         }
         let protocol = match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
             .map(|p| ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", p))
-            .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL").map(|p| ("OTEL_EXPORTER_OTLP_PROTOCOL", p)))
-        {
+            .or_else(|| {
+                var("OTEL_EXPORTER_OTLP_PROTOCOL").map(|p| ("OTEL_EXPORTER_OTLP_PROTOCOL", p))
+            }) {
             None => opentelemetry_otlp::Protocol::HttpBinary,
             Some((_, p)) if p.trim() == "http/protobuf" => opentelemetry_otlp::Protocol::HttpBinary,
             Some((_, p)) if p.trim() == "http/json" => opentelemetry_otlp::Protocol::HttpJson,
@@ -145,20 +155,26 @@ impl ExportSettings {
         };
         let timeout = match var("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
             .map(|t| ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", t))
-            .or_else(|| var("OTEL_EXPORTER_OTLP_TIMEOUT").map(|t| ("OTEL_EXPORTER_OTLP_TIMEOUT", t)))
-        {
+            .or_else(|| {
+                var("OTEL_EXPORTER_OTLP_TIMEOUT").map(|t| ("OTEL_EXPORTER_OTLP_TIMEOUT", t))
+            }) {
             None => DEFAULT_TIMEOUT,
-            Some((name, t)) => t
-                .trim()
-                .parse::<u64>()
-                .map(Duration::from_millis)
-                .map_err(|_| {
-                    Failure::usage(format!("{name} must be a number of milliseconds, not `{t}`"))
-                })?,
+            Some((name, t)) => {
+                t.trim()
+                    .parse::<u64>()
+                    .map(Duration::from_millis)
+                    .map_err(|_| {
+                        Failure::usage(format!(
+                            "{name} must be a number of milliseconds, not `{t}`"
+                        ))
+                    })?
+            }
         };
         let named = var("OTEL_SERVICE_NAME").is_some()
-            || var("OTEL_RESOURCE_ATTRIBUTES")
-                .is_some_and(|a| a.split(',').any(|kv| kv.trim().starts_with("service.name=")));
+            || var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
+                a.split(',')
+                    .any(|kv| kv.trim().starts_with("service.name="))
+            });
         Ok(Some(Self {
             endpoint,
             protocol,
@@ -267,8 +283,14 @@ mod tests {
         assert_eq!(settings.timeout, Duration::from_millis(2500));
         assert_eq!(settings.default_service_name, Some("nerve"));
         let settings = check(&[
-            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://otel.example/v1/traces"),
-            ("OTEL_RESOURCE_ATTRIBUTES", "deployment=ci,service.name=bots"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://otel.example/v1/traces",
+            ),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment=ci,service.name=bots",
+            ),
         ])
         .unwrap()
         .unwrap();
@@ -309,7 +331,12 @@ mod tests {
 
     #[test]
     fn the_content_opt_in_is_a_boolean() {
-        for (value, expected) in [(None, Ok(false)), (Some("TRUE"), Ok(true)), (Some("1"), Ok(true)), (Some("false"), Ok(false))] {
+        for (value, expected) in [
+            (None, Ok(false)),
+            (Some("TRUE"), Ok(true)),
+            (Some("1"), Ok(true)),
+            (Some("false"), Ok(false)),
+        ] {
             assert_eq!(
                 parse_flag(CAPTURE_CONTENT_VAR, value).map_err(|f| f.message),
                 expected
