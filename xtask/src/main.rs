@@ -5,6 +5,8 @@
 //! - `image`         (re)build the default sandbox image `nerve-sandbox:latest` and the static
 //!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
+//! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
+//!   `~/.cache/nerve/` when missing, and print where it is
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
 //!   sandbox, proxy, e2e)
 
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | image | demo | bench [core|session|brain|compaction|sandbox|proxy|e2e]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | image | demo | phoenix | bench [core|session|brain|compaction|sandbox|proxy|e2e]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -35,6 +37,7 @@ fn main() -> Result<()> {
         Some("image") => image(true).map(drop),
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
+        Some("phoenix") => phoenix::ensure().map(|venv| println!("{}", venv.display())),
         Some(other) => bail!("unknown task `{other}`\n{USAGE}"),
         None => bail!("{USAGE}"),
     }

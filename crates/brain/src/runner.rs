@@ -432,11 +432,14 @@ impl Run {
                 Some(deadline) => match tokio::time::timeout_at(deadline.into(), call).await {
                     Ok(result) => result,
                     Err(_) => {
-                        return Err(Stop::new(
-                            TerminationReason::TimedOut,
-                            "wall-clock timeout reached during a model call",
-                        )
-                        .into());
+                        let why = "wall-clock timeout reached during a model call";
+                        telemetry::record_chat_error(
+                            &span,
+                            &self.config.trace,
+                            crate::provider::kind::TIMEOUT,
+                            why,
+                        );
+                        return Err(Stop::new(TerminationReason::TimedOut, why).into());
                     }
                 },
                 None => call.await,

@@ -389,16 +389,23 @@ pub fn record_chat_result(
                 );
             }
         }
-        Err(error) => {
-            span.record(attr::ERROR_TYPE, error.kind());
-            span.record("otel.status_code", "error");
-            span.record("otel.status_description", config.scrub(&error.to_string()));
-        }
+        Err(error) => record_chat_error(span, config, error.kind(), &error.to_string()),
     }
 }
 
-/// One tool call the loop runs (`execute_tool {name}`). With content capture on, its
-/// arguments are recorded, redacted.
+/// Records a model call that failed or was cut off (`kind` as in the log: `timeout`, ...).
+pub fn record_chat_error(span: &Span, config: &TraceConfig, kind: &str, message: &str) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record(attr::ERROR_TYPE, kind);
+    span.record("otel.status_code", "error");
+    span.record("otel.status_description", config.scrub(message));
+}
+
+/// One tool call the loop runs (`execute_tool {name}`). The name and id come from the
+/// model, so they pass the redactor too. With content capture on, its arguments are
+/// recorded, redacted.
 pub fn tool_span(
     execution_id: ExecutionId,
     turn: u32,
@@ -413,8 +420,8 @@ pub fn tool_span(
         otel.status_description = Empty,
         { attr::OPERATION_NAME } = operation::EXECUTE_TOOL,
         { attr::CONVERSATION_ID } = %execution_id,
-        { attr::TOOL_NAME } = call.name.as_str(),
-        { attr::TOOL_CALL_ID } = call.id.0.as_str(),
+        { attr::TOOL_NAME } = Empty,
+        { attr::TOOL_CALL_ID } = Empty,
         { attr::TOOL_TYPE } = "function",
         { attr::TURN } = i64::from(turn),
         { attr::TOOL_IS_ERROR } = Empty,
@@ -426,7 +433,10 @@ pub fn tool_span(
     if span.is_disabled() {
         return span;
     }
-    span.record("otel.name", format!("execute_tool {}", call.name));
+    let name = config.scrub(&call.name);
+    span.record("otel.name", format!("execute_tool {name}"));
+    span.record(attr::TOOL_NAME, name);
+    span.record(attr::TOOL_CALL_ID, config.scrub(&call.id.0));
     if config.wants_content(&span) {
         span.record(
             attr::TOOL_CALL_ARGUMENTS,
@@ -706,6 +716,36 @@ mod tests {
         );
         assert_eq!(fields["gen_ai.provider.name"], "openai");
         assert_eq!(fields["nerve.call.attempt"], "2");
+    }
+
+    #[test]
+    fn a_tool_span_names_the_call_and_redacts_what_the_model_chose() {
+        let spans = recorded(|| {
+            let config = config(true);
+            let call = ToolCall {
+                id: nerve_core::ToolCallId(format!("call_{SECRET}")),
+                name: "shell".into(),
+                arguments: serde_json::json!({"command": format!("echo {SECRET}")}),
+            };
+            let span = tool_span(ExecutionId::new(), 4, &call, &config);
+            let result = ToolResult {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                content: "exit 1".into(),
+                is_error: true,
+            };
+            record_tool_result(&span, &config, Ok(&result));
+        });
+        let fields = &spans[0].1;
+        assert_eq!(fields["otel.name"], "execute_tool shell");
+        assert_eq!(fields["gen_ai.operation.name"], "execute_tool");
+        assert_eq!(fields["gen_ai.tool.name"], "shell");
+        assert_eq!(fields["gen_ai.tool.call.id"], "call_[REDACTED:canary]");
+        assert_eq!(fields["nerve.tool.is_error"], "true");
+        assert_eq!(fields["nerve.turn"], "4");
+        assert!(fields["gen_ai.tool.call.arguments"].contains("echo [REDACTED:canary]"));
+        assert_eq!(fields["gen_ai.tool.call.result"], "exit 1");
+        assert!(!format!("{fields:?}").contains(SECRET));
     }
 
     #[test]
