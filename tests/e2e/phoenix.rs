@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 pub(crate) const PHOENIX_VERSION: &str = "20.26.1";
 
 /// How long Phoenix may take to answer after `phoenix serve` (it imports a lot and runs
-/// its migrations first; over a minute on a busy two-core machine).
-const STARTUP: Duration = Duration::from_secs(300);
+/// its migrations first: one to two minutes on an idle two-core machine, over five while
+/// release builds share it).
+const STARTUP: Duration = Duration::from_secs(900);
 
 /// The virtual environment: `$NERVE_PHOENIX_VENV`, else `~/.cache/nerve/phoenix-<version>`.
 pub(crate) fn venv_dir() -> PathBuf {
