@@ -208,9 +208,8 @@ fn check(point: &KillPoint) {
     );
     resume_and_check(&db, &id, &before, point.completed, &in_doubt);
     assert_same_tree(expected, &workspace);
-    if let Some(left) = containers_of(&id) {
-        assert!(left.is_empty(), "containers of {id} left behind: {left:?}");
-    }
+    let left = containers_of(&id);
+    assert!(left.is_empty(), "containers of {id} left behind: {left:?}");
 }
 
 /// Resumes `id`, whose log held `before` with `completed` turns and the calls `in_doubt`,

@@ -80,19 +80,6 @@ fn readme_demo_runs_replays_and_the_log_is_append_only() {
     assert!(delete.contains("append-only"), "{delete}");
 
     // No sandbox container outlives the run.
-    let listed = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=org.nerve.execution={id}"),
-        ])
-        .output();
-    if let Ok(listed) = listed {
-        assert!(
-            listed.stdout.is_empty(),
-            "container left behind: {}",
-            String::from_utf8_lossy(&listed.stdout)
-        );
-    }
+    let left = crate::support::containers_of(id);
+    assert!(left.is_empty(), "container left behind: {left:?}");
 }

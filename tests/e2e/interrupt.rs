@@ -174,7 +174,6 @@ fn two_ctrl_c_abort_at_once_with_a_log_that_replays_and_resumes() {
         std::fs::read_to_string(workspace.join("b.txt")).unwrap(),
         "two\n"
     );
-    if let Some(left) = containers_of(&id) {
-        assert!(left.is_empty(), "containers of {id} left behind: {left:?}");
-    }
+    let left = containers_of(&id);
+    assert!(left.is_empty(), "containers of {id} left behind: {left:?}");
 }

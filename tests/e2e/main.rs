@@ -5,8 +5,10 @@
 // Test helpers may unwrap and print: a failure here is a test failure with its reason.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
+mod anthropic;
 mod bad_input;
 mod compaction;
+mod contracts;
 mod crash;
 mod demo;
 mod interrupt;
@@ -15,6 +17,8 @@ mod loops;
 mod parked;
 mod phoenix;
 mod proxy;
+mod reaper;
+mod resume;
 mod sandbox;
 mod support;
 mod traces;

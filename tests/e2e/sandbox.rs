@@ -560,7 +560,9 @@ fn background_jobs_and_zombies_do_not_outlive_their_command() {
         let zombies = "grep -l '^State:.Z' /proc/[0-9]*/status 2>/dev/null | wc -l";
         let made = fx
             .shell(&format!(
-                "for i in $(seq 20); do sh -c 'sleep 0 & exec sleep 30' & done; sleep 2; {zombies}"
+                // Waits (up to 60 s) for the first zombie rather than a fixed 2 s.
+                "for i in $(seq 20); do sh -c 'sleep 0 & exec sleep 30' & done; \
+                 n=0; until [ $({zombies}) -gt 0 ] || [ $n -ge 600 ]; do sleep 0.1; n=$((n+1)); done; {zombies}"
             ))
             .await;
         let during: usize = made.content.lines().next().unwrap().trim().parse().unwrap();
@@ -864,31 +866,22 @@ async fn out_of_reach(transport: Transport) {
 
 /// The containers Nerve created for the process `pid`, by their owner label.
 fn containers_of(pid: u32) -> Vec<String> {
-    let output = Command::new("docker")
-        .args([
-            "ps",
-            "-a",
-            "--filter",
-            "label=org.nerve.managed=true",
-            "--format",
-            "{{.ID}} {{.Label \"org.nerve.owner\"}}",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|line| line.contains(&format!(":{pid}:")))
-        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
-        .collect()
+    crate::support::docker_cli(&[
+        "ps",
+        "-a",
+        "--filter",
+        "label=org.nerve.managed=true",
+        "--format",
+        "{{.ID}} {{.Label \"org.nerve.owner\"}}",
+    ])
+    .lines()
+    .filter(|line| line.contains(&format!(":{pid}:")))
+    .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+    .collect()
 }
 
 fn container_exists(id: &str) -> bool {
-    Command::new("docker")
-        .args(["inspect", "--format", "{{.Id}}", id])
-        .output()
-        .unwrap()
-        .status
-        .success()
+    crate::support::container_exists(id)
 }
 
 /// Writes a cassette of `lines` and returns the `--provider` spec for it.
@@ -940,20 +933,8 @@ fn no_container_is_left_after_a_run_with_a_tool_timeout() {
     let result = last_json(&run);
     assert_eq!(result["termination_reason"], "completed");
     let id = result["execution_id"].as_str().unwrap();
-    let listed = Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=org.nerve.execution={id}"),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        listed.stdout.is_empty(),
-        "container left behind: {}",
-        String::from_utf8_lossy(&listed.stdout)
-    );
+    let left = crate::support::containers_of(id);
+    assert!(left.is_empty(), "container left behind: {left:?}");
 }
 
 #[test]
@@ -1012,11 +993,9 @@ fn the_container_of_a_killed_run_is_reaped_at_the_next_start() {
 fn control_dir_of(container: &str) -> PathBuf {
     let format =
         r#"{{range .Mounts}}{{if eq .Destination "/run/nerve-control"}}{{.Source}}{{end}}{{end}}"#;
-    let output = Command::new("docker")
-        .args(["inspect", "--format", format, container])
-        .output()
-        .unwrap();
-    let source = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let source = crate::support::docker_cli(&["inspect", "--format", format, container])
+        .trim()
+        .to_owned();
     assert!(!source.is_empty(), "{container} has no control directory");
     PathBuf::from(source)
 }

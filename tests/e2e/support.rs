@@ -348,25 +348,43 @@ pub(crate) fn is_turn_event(event: &LogEvent, kind: &str, turn: u64) -> bool {
     event.kind == kind && event.payload["turn"] == turn
 }
 
-/// The ids of the sandbox containers labelled with `execution_id`, running or not; `None`
-/// when the `docker` CLI is not there to ask.
-pub(crate) fn containers_of(execution_id: &str) -> Option<Vec<String>> {
-    let listed = Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=org.nerve.execution={execution_id}"),
-        ])
+/// Runs the `docker` CLI with `args` and returns its stdout. Panics when the CLI cannot be
+/// run or fails: a test that asks Docker something needs the answer, and an empty one taken
+/// for "nothing there" would turn its assertion into a no-op.
+pub(crate) fn docker_cli(args: &[&str]) -> String {
+    let output = Command::new("docker")
+        .args(args)
         .output()
-        .ok()
-        .filter(|output| output.status.success())?;
-    Some(
-        String::from_utf8_lossy(&listed.stdout)
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect(),
-    )
+        .unwrap_or_else(|e| panic!("cannot run `docker {}`: {e}", args.join(" ")));
+    assert!(
+        output.status.success(),
+        "`docker {}` failed ({}): {}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The ids of the sandbox containers labelled with `execution_id`, running or not.
+pub(crate) fn containers_of(execution_id: &str) -> Vec<String> {
+    docker_cli(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("label=org.nerve.execution={execution_id}"),
+    ])
+    .split_whitespace()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// Whether a container with this id (or name) exists, running or not.
+pub(crate) fn container_exists(id: &str) -> bool {
+    docker_cli(&["ps", "-aq", "--no-trunc", "--filter", &format!("id={id}")])
+        .split_whitespace()
+        .next()
+        .is_some()
 }
 
 /// Every file under `dir` (relative path → contents), directories included as empty

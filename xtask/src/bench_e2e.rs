@@ -334,6 +334,10 @@ fn fsync_probe(dir: &Path) -> Result<f64> {
 /// A virtualenv with LangGraph in `<target dir>/venv-anchor`, created when missing. Its
 /// python, or why the anchor cannot run.
 fn anchor_setup() -> Result<PathBuf> {
+    // Comparing two builds of Nerve needs no anchor, and it costs minutes a run.
+    if std::env::var("NERVE_BENCH_ANCHOR").is_ok_and(|v| v == "0") {
+        bail!("NERVE_BENCH_ANCHOR=0");
+    }
     let venv = crate::target_dir().join("venv-anchor");
     let python = venv.join("bin").join("python");
     let ready = python.exists()

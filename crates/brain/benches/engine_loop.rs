@@ -24,7 +24,10 @@ struct MemorySink(Mutex<Vec<Event>>);
 #[async_trait]
 impl EventSink for MemorySink {
     async fn append(&self, _execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        let mut events = self.0.lock().map_err(|_| SinkError("poisoned".into()))?;
+        let mut events = self
+            .0
+            .lock()
+            .map_err(|_| SinkError::Unavailable("poisoned".into()))?;
         events.push(event);
         Ok(events.len() as u64)
     }

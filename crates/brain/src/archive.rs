@@ -20,7 +20,7 @@ impl ContextArchive for MemoryArchive {
         let mut blocks = self
             .blocks
             .lock()
-            .map_err(|_| SinkError("archive lock poisoned".into()))?;
+            .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
         blocks.insert((execution, block.id), block);
         Ok(())
     }
@@ -33,7 +33,7 @@ impl ContextArchive for MemoryArchive {
         let blocks = self
             .blocks
             .lock()
-            .map_err(|_| SinkError("archive lock poisoned".into()))?;
+            .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
         Ok(blocks.get(&(execution, id)).cloned())
     }
 
@@ -48,7 +48,7 @@ impl ContextArchive for MemoryArchive {
         let blocks = self
             .blocks
             .lock()
-            .map_err(|_| SinkError("archive lock poisoned".into()))?;
+            .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
         let mut hits = Vec::new();
         for ((owner, id), block) in blocks.iter() {
             if *owner != execution {

@@ -4,20 +4,22 @@
 
 use nerve_core::event::{CallPurpose, Compaction, CompactionStrategy, CompactionTrigger};
 use nerve_core::{
-    ArchivedBlock, BlockId, Event, Message, MessagePart, MessageRole, TerminationReason, ToolCall,
-    ToolDefinition, ToolResult,
+    ArchivedBlock, BlockId, ContextArchive, Event, ExecutionId, Message, MessagePart, MessageRole,
+    TerminationReason, ToolCall, ToolResult,
 };
-use schemars_free::{compress_schema, recall_schema};
-use serde::Deserialize;
 use tracing::Instrument;
 
+use crate::builtin::{BuiltinTool, CompressArgs, CompressStrategy, RecallArgs};
+use crate::caller::{CallError, ModelCaller};
 use crate::compaction::{
-    self, CompactionStrategyRequest, SUMMARY_PROMPT, at_or_above, extractive_summary, indicator,
-    is_summary, kept_form, masked, plan_mask, plan_summary, preview, summary_message, transcript,
-    with_indicator,
+    self, CompactionStrategyRequest, SUMMARY_PROMPT, at_or_above, extractive_summary, is_summary,
+    kept_form, masked, plan_mask, plan_summary, preview, summary_message, transcript,
 };
-use crate::runner::{Overflow, Run, Stop};
+use crate::config::EngineConfig;
+use crate::journal::Journal;
+use crate::stop::Stop;
 use crate::telemetry;
+use crate::window::Window;
 
 /// The longest extractive summary, in characters.
 const SUMMARY_MAX_CHARS: usize = 12_000;
@@ -44,178 +46,144 @@ fn summary_max_chars(capacity: Option<u64>) -> usize {
     })
 }
 
-mod schemars_free {
-    //! The two context tools' schemas, written out: brain has no schema generator, and
-    //! these are small and stable.
-
-    pub(super) fn recall_schema() -> serde_json::Value {
-        serde_json::json!({
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "Words to search for in archived context."},
-                "block_id": {"type": "string", "description": "The id of an archived block to return in full."}
-            }
-        })
-    }
-
-    pub(super) fn compress_schema() -> serde_json::Value {
-        serde_json::json!({
-            "type": "object",
-            "properties": {
-                "reason": {"type": "string", "description": "Why now (a sub-goal is done, a large input is next...)."},
-                "strategy": {"type": "string", "enum": ["summarize", "archive"], "description": "summarize (default) or archive without a summary."},
-                "preserve_markers": {"type": "boolean", "description": "Keep messages with hedging or self-correction verbatim (default true)."}
-            },
-            "required": ["reason"]
-        })
-    }
-}
-
-pub(crate) fn context_tool_definitions(agent_controlled: bool) -> Vec<ToolDefinition> {
-    let mut tools = vec![ToolDefinition {
-        name: "recall".into(),
-        description: "Get back context that compaction archived: by block_id (shown in previews, placeholders \
-                      and summaries) or by searching with query."
-            .into(),
-        parameters: recall_schema(),
-    }];
+/// The context tools offered to the model: `recall` always, `compress_context` when the
+/// agent steers compaction.
+pub(crate) fn context_tool_definitions(agent_controlled: bool) -> Vec<nerve_core::ToolDefinition> {
+    let mut tools = vec![BuiltinTool::Recall.definition()];
     if agent_controlled {
-        tools.push(ToolDefinition {
-            name: "compress_context".into(),
-            description: "Compact your context at a good moment (a sub-goal done, before a large input). Older \
-                          messages are summarised or archived; recall returns them."
-                .into(),
-            parameters: compress_schema(),
-        });
+        tools.push(BuiltinTool::CompressContext.definition());
     }
     tools
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RecallArgs {
-    #[serde(default)]
-    query: Option<String>,
-    #[serde(default)]
-    block_id: Option<String>,
+/// The context tool `call` names, when it is one this execution handles itself rather
+/// than the sandbox.
+pub(crate) fn context_tool(config: &EngineConfig, call: &ToolCall) -> Option<BuiltinTool> {
+    if !config.compaction.enabled {
+        return None;
+    }
+    match BuiltinTool::parse(&call.name)? {
+        BuiltinTool::Recall => Some(BuiltinTool::Recall),
+        BuiltinTool::CompressContext if config.compaction.agent_controlled => {
+            Some(BuiltinTool::CompressContext)
+        }
+        BuiltinTool::CompressContext | BuiltinTool::SubmitPlan => None,
+    }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CompressArgs {
-    reason: String,
-    #[serde(default)]
-    strategy: Option<String>,
-    #[serde(default)]
-    preserve_markers: Option<bool>,
+/// Compaction carried out on the window: the parts it touches, borrowed for one operation.
+pub(crate) struct Compactor<'a> {
+    pub(crate) execution: ExecutionId,
+    pub(crate) config: &'a EngineConfig,
+    pub(crate) window: &'a mut Window,
+    pub(crate) journal: &'a mut Journal,
+    /// For the summary call.
+    pub(crate) caller: &'a mut ModelCaller,
+    pub(crate) archive: &'a dyn ContextArchive,
 }
 
-impl Run {
-    fn capacity(&self) -> Option<u64> {
-        self.config.context_window.filter(|c| *c > 0)
-    }
-
-    /// Whether `call` is one of the context tools handled here rather than in the sandbox.
-    pub(crate) fn is_context_tool(&self, call: &ToolCall) -> bool {
-        self.config.compaction.enabled
-            && (call.name == "recall"
-                || (call.name == "compress_context" && self.config.compaction.agent_controlled))
-    }
-
-    /// Runs a context tool and returns (content, is_error).
-    pub(crate) async fn context_tool(&mut self, call: &ToolCall) -> Result<(String, bool), Stop> {
-        if call.name == "recall" {
+/// Runs the context tool `tool` and returns (content, is_error). `compress_context` only
+/// asks: the compaction runs at the turn boundary.
+pub(crate) async fn run_context_tool(
+    tool: BuiltinTool,
+    call: &ToolCall,
+    window: &mut Window,
+    archive: &dyn ContextArchive,
+    execution: ExecutionId,
+) -> Result<(String, bool), Stop> {
+    match tool {
+        BuiltinTool::Recall => {
             let args: RecallArgs = match serde_json::from_value(call.arguments.clone()) {
                 Ok(args) => args,
                 Err(e) => return Ok((format!("invalid arguments for `recall`: {e}"), true)),
             };
-            return self.recall(args).await;
+            recall(args, archive, execution).await
         }
-        let args: CompressArgs = match serde_json::from_value(call.arguments.clone()) {
-            Ok(args) => args,
-            Err(e) => {
-                return Ok((
-                    format!("invalid arguments for `compress_context`: {e}"),
-                    true,
-                ));
-            }
-        };
-        let archive_only = match args.strategy.as_deref() {
-            None | Some("summarize") => false,
-            Some("archive") => true,
-            Some(other) => {
-                return Ok((
-                    format!("unknown strategy `{other}` (expected summarize or archive)"),
-                    true,
-                ));
-            }
-        };
-        self.compaction.requested = Some(CompactionStrategyRequest {
-            archive_only,
-            reason: args.reason,
-            preserve_markers: args.preserve_markers.unwrap_or(true),
-        });
-        Ok((
-            "Compaction scheduled: it runs at the end of this turn.".into(),
-            false,
-        ))
-    }
-
-    async fn recall(&mut self, args: RecallArgs) -> Result<(String, bool), Stop> {
-        if let Some(id) = args.block_id.as_deref().filter(|s| !s.trim().is_empty()) {
-            let Ok(id) = id.parse::<BlockId>() else {
-                return Ok((format!("`{id}` is not a block id"), true));
-            };
-            return Ok(match self.archive.fetch(self.execution_id, id).await? {
-                Some(block) => {
-                    let refs: Vec<&Message> = block.messages.iter().collect();
-                    let mut text =
-                        format!("Block {id} ({}):\n{}", block.note, transcript(&refs, None));
-                    cap(&mut text, 24_000);
-                    (text, false)
+        BuiltinTool::CompressContext => {
+            let args: CompressArgs = match serde_json::from_value(call.arguments.clone()) {
+                Ok(args) => args,
+                Err(e) => {
+                    return Ok((
+                        format!("invalid arguments for `compress_context`: {e}"),
+                        true,
+                    ));
                 }
-                None => (format!("no archived block {id} in this execution"), true),
+            };
+            window.compaction.requested = Some(CompactionStrategyRequest {
+                archive_only: args.strategy == Some(CompressStrategy::Archive),
+                reason: args.reason,
+                preserve_markers: args.preserve_markers.unwrap_or(true),
             });
+            Ok((
+                "Compaction scheduled: it runs at the end of this turn.".into(),
+                false,
+            ))
         }
-        if let Some(query) = args.query.as_deref().filter(|s| !s.trim().is_empty()) {
-            let hits = self.archive.search(self.execution_id, query, 8).await?;
-            if hits.is_empty() {
-                return Ok((format!("nothing archived matches `{query}`"), false));
-            }
-            let mut text = String::new();
-            for hit in hits {
-                text.push_str(&format!(
-                    "block {} ({}): {}\n",
-                    hit.id, hit.note, hit.snippet
-                ));
-            }
-            text.push_str("Call recall with a block_id to see a block in full.");
-            return Ok((text, false));
+        BuiltinTool::SubmitPlan => {
+            Ok(("submit_plan is only available while planning".into(), true))
         }
-        Ok(("recall needs a query or a block_id".into(), true))
     }
+}
 
-    /// Archives an oversized tool output and returns the preview to keep instead.
+async fn recall(
+    args: RecallArgs,
+    archive: &dyn ContextArchive,
+    execution: ExecutionId,
+) -> Result<(String, bool), Stop> {
+    if let Some(id) = args.block_id.as_deref().filter(|s| !s.trim().is_empty()) {
+        let Ok(id) = id.parse::<BlockId>() else {
+            return Ok((format!("`{id}` is not a block id"), true));
+        };
+        return Ok(match archive.fetch(execution, id).await? {
+            Some(block) => {
+                let refs: Vec<&Message> = block.messages.iter().collect();
+                let mut text = format!("Block {id} ({}):\n{}", block.note, transcript(&refs, None));
+                cap(&mut text, 24_000);
+                (text, false)
+            }
+            None => (format!("no archived block {id} in this execution"), true),
+        });
+    }
+    if let Some(query) = args.query.as_deref().filter(|s| !s.trim().is_empty()) {
+        let hits = archive.search(execution, query, 8).await?;
+        if hits.is_empty() {
+            return Ok((format!("nothing archived matches `{query}`"), false));
+        }
+        let mut text = String::new();
+        for hit in hits {
+            text.push_str(&format!(
+                "block {} ({}): {}\n",
+                hit.id, hit.note, hit.snippet
+            ));
+        }
+        text.push_str("Call recall with a block_id to see a block in full.");
+        return Ok((text, false));
+    }
+    Ok(("recall needs a query or a block_id".into(), true))
+}
+
+impl Compactor<'_> {
+    /// Archives an oversized tool output of turn `turn` and returns the preview to keep
+    /// instead.
     pub(crate) async fn offload(
         &mut self,
+        turn: u32,
         result: &ToolResult,
     ) -> Result<Option<(String, BlockId)>, Stop> {
         let config = self.config.compaction;
-        if !config.enabled || self.counter.count_text(&result.content) <= config.offload_tokens {
+        if !config.enabled
+            || self.window.counter().count_text(&result.content) <= config.offload_tokens
+        {
             return Ok(None);
         }
         let id = BlockId::new();
         let block = ArchivedBlock {
             id,
             messages: vec![Message::tool_result(result.clone())],
-            note: format!(
-                "output of {} at turn {}",
-                result.name,
-                self.ctx.turn_count() + 1
-            ),
+            note: format!("output of {} at turn {turn}", result.name),
         };
-        self.archive.archive(self.execution_id, block).await?;
-        self.compaction.archived_blocks += 1;
+        self.archive.archive(self.execution, block).await?;
+        self.window.compaction.archived_blocks += 1;
         Ok(Some((
             preview(
                 &result.content,
@@ -227,17 +195,19 @@ impl Run {
         )))
     }
 
-    /// Records the offload of the message just appended at `index`.
-    pub(crate) async fn record_offload(
+    /// Records the offload of the message just appended at `index`; `turns` is the count
+    /// of completed turns.
+    pub(crate) fn record_offload(
         &mut self,
+        turns: u32,
         index: usize,
         tokens_before: u64,
         block: BlockId,
-    ) -> Result<(), Stop> {
-        let replacement = vec![self.ctx.messages[index].clone()];
-        self.ctx.compactions += 1;
+    ) {
+        let replacement = vec![self.window.messages()[index].clone()];
+        self.window.compaction.count += 1;
         let compaction = Compaction {
-            turn: self.ctx.turn_count(),
+            turn: turns,
             strategy: CompactionStrategy::Offload,
             trigger: CompactionTrigger::OutputSize,
             from_index: to_u32(index),
@@ -245,57 +215,53 @@ impl Run {
             replacement,
             archived: vec![block],
             tokens_before,
-            tokens_after: self.fill(),
+            tokens_after: self.window.fill(),
             summary: None,
             extractive: false,
         };
         telemetry::record_compaction(&compaction);
-        self.record(Event::Compaction(compaction)).await?;
-        Ok(())
+        self.journal.record(Event::Compaction(compaction));
     }
 
     /// The layers at a turn boundary: a requested compaction, then the hard threshold
     /// (summarise), then the soft one (mask).
-    pub(crate) async fn maybe_compact(&mut self) -> Result<(), Stop> {
+    pub(crate) async fn maybe_compact(&mut self, turn: u32) -> Result<(), Stop> {
         let config = self.config.compaction;
         if !config.enabled {
             return Ok(());
         }
-        let turn = self.ctx.turn_count();
-        if let Some(request) = self.compaction.requested.take() {
+        if let Some(request) = self.window.compaction.requested.take() {
             let trigger = CompactionTrigger::Agent;
             let note = request.archive_only.then_some(request.reason);
-            let span = telemetry::compaction_span(self.execution_id, turn, trigger);
+            let span = telemetry::compaction_span(self.execution, turn, trigger);
             self.summarise(turn, trigger, note, request.preserve_markers, true)
                 .instrument(span)
                 .await?;
             return Ok(());
         }
-        let Some(capacity) = self.capacity() else {
+        let Some(capacity) = self.window.capacity() else {
             return Ok(());
         };
-        if turn < self.compaction.cooldown_until {
+        if turn < self.window.compaction.cooldown_until {
             return Ok(());
         }
-        let fill = self.fill();
-        let used = self.budget_used_percent();
+        let fill = self.window.fill();
+        let used = self.caller.budget_used_percent();
         if at_or_above(fill, capacity, config.hard_threshold(used))
             && self
+                .window
                 .compaction
                 .exhausted_at
                 .is_none_or(|at| fill > at + at / 10)
         {
             let trigger = CompactionTrigger::HardThreshold;
-            let span = telemetry::compaction_span(self.execution_id, turn, trigger);
+            let span = telemetry::compaction_span(self.execution, turn, trigger);
             self.summarise(turn, trigger, None, true, false)
                 .instrument(span)
                 .await?;
         } else if at_or_above(fill, capacity, config.soft_percent) {
-            let span = telemetry::compaction_span(
-                self.execution_id,
-                turn,
-                CompactionTrigger::SoftThreshold,
-            );
+            let span =
+                telemetry::compaction_span(self.execution, turn, CompactionTrigger::SoftThreshold);
             self.mask(turn, capacity * MASK_MIN_PERCENT / 100)
                 .instrument(span)
                 .await?;
@@ -306,15 +272,15 @@ impl Run {
     /// Compacts after a `context_overflow` whatever the thresholds say. `false` when
     /// nothing could be taken out.
     pub(crate) async fn compact_for_overflow(&mut self, turn: u32) -> Result<bool, Stop> {
-        let before = self.fill();
+        let before = self.window.fill();
         let trigger = CompactionTrigger::Overflow;
-        let span = telemetry::compaction_span(self.execution_id, turn, trigger);
+        let span = telemetry::compaction_span(self.execution, turn, trigger);
         self.mask(turn, 0).instrument(span).await?;
-        let span = telemetry::compaction_span(self.execution_id, turn, trigger);
+        let span = telemetry::compaction_span(self.execution, turn, trigger);
         self.summarise(turn, trigger, None, true, true)
             .instrument(span)
             .await?;
-        Ok(self.fill() < before)
+        Ok(self.window.fill() < before)
     }
 
     /// Masks the old tool results, if that frees at least `min_savings` tokens.
@@ -322,9 +288,9 @@ impl Run {
         let recent = self
             .config
             .compaction
-            .recent_turns(self.budget_used_percent());
-        let mut indices = plan_mask(&self.ctx.messages, &self.counts, recent);
-        if let Some(protected) = self.protect_from {
+            .recent_turns(self.caller.budget_used_percent());
+        let mut indices = plan_mask(self.window.messages(), self.window.counts(), recent);
+        if let Some(protected) = self.window.protect_from {
             indices.retain(|&i| i < protected);
         }
         // Mask only where the placeholder is smaller than the output it replaces, and only
@@ -334,19 +300,19 @@ impl Run {
             .iter()
             .map(|&i| {
                 let placeholder = masked(
-                    &self.ctx.messages[i],
-                    self.counts[i],
+                    &self.window.messages()[i],
+                    self.window.counts()[i],
                     id,
                     self.config.compaction.mask_digest_chars,
                 );
-                let tokens = self.counter.count_message(&placeholder);
+                let tokens = self.window.counter().count_message(&placeholder);
                 (i, placeholder, tokens)
             })
-            .filter(|(i, _, tokens)| self.counts[*i] > tokens + tokens / 2)
+            .filter(|(i, _, tokens)| self.window.counts()[*i] > tokens + tokens / 2)
             .collect();
         let savings: u64 = placeholders
             .iter()
-            .map(|(i, _, tokens)| self.counts[*i] - tokens)
+            .map(|(i, _, tokens)| self.window.counts()[*i] - tokens)
             .sum();
         if savings < min_savings {
             return Ok(());
@@ -359,11 +325,11 @@ impl Run {
         };
         let originals: Vec<Message> = placeholders
             .iter()
-            .map(|(i, _, _)| self.ctx.messages[*i].clone())
+            .map(|(i, _, _)| self.window.messages()[*i].clone())
             .collect();
         self.archive
             .archive(
-                self.execution_id,
+                self.execution,
                 ArchivedBlock {
                     id,
                     messages: originals,
@@ -371,13 +337,12 @@ impl Run {
                 },
             )
             .await?;
-        self.compaction.archived_blocks += 1;
-        let before = self.fill();
+        self.window.compaction.archived_blocks += 1;
+        let before = self.window.fill();
         for (i, placeholder, tokens) in placeholders {
-            self.counts[i] = tokens;
-            self.ctx.messages[i] = placeholder;
+            self.window.replace(i, placeholder, tokens);
         }
-        let replacement: Vec<Message> = self.ctx.messages[first..=last].to_vec();
+        let replacement: Vec<Message> = self.window.messages()[first..=last].to_vec();
         self.finish_compaction(
             turn,
             CompactionStrategy::Mask,
@@ -404,8 +369,8 @@ impl Run {
         forced: bool,
     ) -> Result<(), Stop> {
         let config = self.config.compaction;
-        let capacity = self.capacity().unwrap_or(0).max(1);
-        let used = self.budget_used_percent();
+        let capacity = self.window.capacity().unwrap_or(0).max(1);
+        let used = self.caller.budget_used_percent();
         let complexity = if preserve_markers {
             self.config.complexity
         } else {
@@ -414,32 +379,37 @@ impl Run {
         let policy = compaction::SummaryPolicy {
             recent_turns: config.recent_turns(used),
             // Forced (asked for, or after an overflow): the recent turns, not a share of the window.
-            recent_percent: if self.capacity().is_some() && !forced {
+            recent_percent: if self.window.capacity().is_some() && !forced {
                 config.keep_recent_percent
             } else {
                 0
             },
             complexity,
-            protect_from: self.protect_from,
+            protect_from: self.window.protect_from,
             min_messages: config.min_messages,
         };
-        let Some(mut plan) = plan_summary(&self.ctx.messages, &self.counts, capacity, policy)
-        else {
+        let Some(mut plan) = plan_summary(
+            self.window.messages(),
+            self.window.counts(),
+            capacity,
+            policy,
+        ) else {
             return Ok(());
         };
         if !preserve_markers {
             plan.kept.retain(|&i| {
-                self.ctx.messages[i].pinned || self.ctx.messages[i].role == MessageRole::System
+                self.window.messages()[i].pinned
+                    || self.window.messages()[i].role == MessageRole::System
             });
             plan.summarised = (plan.from..plan.to)
                 .filter(|i| !plan.kept.contains(i))
                 .collect();
         }
-        let before = self.fill();
+        let before = self.window.fill();
         let summarised: Vec<Message> = plan
             .summarised
             .iter()
-            .map(|&i| self.ctx.messages[i].clone())
+            .map(|&i| self.window.messages()[i].clone())
             .collect();
         // Fold an earlier summary into this one rather than nesting it.
         let earlier: Option<String> =
@@ -470,7 +440,7 @@ impl Run {
         let note = format!("{} messages compacted at turn {turn}", summarised.len());
         self.archive
             .archive(
-                self.execution_id,
+                self.execution,
                 ArchivedBlock {
                     id,
                     messages: summarised.clone(),
@@ -478,12 +448,12 @@ impl Run {
                 },
             )
             .await?;
-        self.compaction.archived_blocks += 1;
+        self.window.compaction.archived_blocks += 1;
         archived.push(id);
         let fresh: Vec<&Message> = summarised.iter().filter(|m| !is_summary(m)).collect();
         let task = self
-            .ctx
-            .messages
+            .window
+            .messages()
             .iter()
             .find(|m| m.pinned)
             .map(Message::text_content)
@@ -503,7 +473,7 @@ impl Run {
                         &task,
                         &fresh,
                         earlier.as_deref(),
-                        summary_max_chars(self.capacity()),
+                        summary_max_chars(self.window.capacity()),
                     ),
                     true,
                 ),
@@ -512,37 +482,30 @@ impl Run {
         let mut replacement: Vec<Message> = plan
             .kept
             .iter()
-            .filter(|&&i| self.ctx.messages[i].pinned)
-            .map(|&i| kept_form(&self.ctx.messages[i]))
+            .filter(|&&i| self.window.messages()[i].pinned)
+            .map(|&i| kept_form(&self.window.messages()[i]))
             .collect();
         replacement.push(summary_message(&summary, fresh.len(), archived.clone()));
         replacement.extend(
             plan.kept
                 .iter()
-                .filter(|&&i| !self.ctx.messages[i].pinned)
-                .map(|&i| kept_form(&self.ctx.messages[i])),
+                .filter(|&&i| !self.window.messages()[i].pinned)
+                .map(|&i| kept_form(&self.window.messages()[i])),
         );
         let replacement_counts: Vec<u64> = replacement
             .iter()
-            .map(|m| self.counter.count_message(m))
+            .map(|m| self.window.counter().count_message(m))
             .collect();
-        let removed: u64 = self.counts[plan.from..plan.to].iter().sum();
+        let removed: u64 = self.window.counts()[plan.from..plan.to].iter().sum();
         let added: u64 = replacement_counts.iter().sum();
         if added >= removed {
             // Summarising would not shrink the context: never loop on it, never grow.
-            self.compaction.exhausted_at = Some(before);
-            self.compaction.cooldown_until = turn + self.config.compaction.cooldown_turns;
+            self.window.compaction.exhausted_at = Some(before);
+            self.window.compaction.cooldown_until = turn + self.config.compaction.cooldown_turns;
             return Ok(());
         }
-        self.ctx
-            .messages
-            .splice(plan.from..plan.to, replacement.iter().cloned());
-        self.counts.splice(plan.from..plan.to, replacement_counts);
-        if let Some(protected) = self.protect_from.as_mut() {
-            *protected = protected
-                .saturating_sub(plan.to - plan.from)
-                .saturating_add(replacement.len());
-        }
+        self.window
+            .splice(plan.from..plan.to, replacement.clone(), replacement_counts);
         self.finish_compaction(
             turn,
             strategy,
@@ -569,7 +532,8 @@ impl Run {
             Message::user(transcript(messages, earlier)),
         ];
         match self
-            .call_model_on(turn, CallPurpose::Summary, Some(&request), &[])
+            .caller
+            .call(self.journal, turn, CallPurpose::Summary, &request, &[])
             .await
         {
             Ok(response) => {
@@ -580,8 +544,8 @@ impl Run {
                     Ok(text)
                 }
             }
-            Err(Overflow::Context(_)) => Err(SummaryFailure::Failed),
-            Err(Overflow::Stop(stop)) => match stop.reason {
+            Err(CallError::Overflow(_)) => Err(SummaryFailure::Failed),
+            Err(CallError::Stop(stop)) => match stop.reason {
                 // A failed summary call falls back to the extractive summary; the run's
                 // own limits still stop it.
                 TerminationReason::Error => Err(SummaryFailure::Failed),
@@ -610,7 +574,7 @@ impl Run {
         summary: Option<String>,
         extractive: bool,
     ) -> Result<(), Stop> {
-        self.ctx.compactions += 1;
+        self.window.compaction.count += 1;
         let compaction = Compaction {
             turn,
             strategy,
@@ -620,41 +584,13 @@ impl Run {
             replacement,
             archived,
             tokens_before,
-            tokens_after: self.fill(),
+            tokens_after: self.window.fill(),
             summary,
             extractive,
         };
         telemetry::record_compaction(&compaction);
-        self.record(Event::Compaction(compaction)).await?;
-        self.refresh_indicator().await
-    }
-
-    /// Rewrites the context indicator in the system prompt. Only at start and after a
-    /// compaction, so that between ordinary turns the prompt prefix stays byte-identical.
-    pub(crate) async fn refresh_indicator(&mut self) -> Result<(), Stop> {
-        let Some(capacity) = self.capacity() else {
-            return Ok(());
-        };
-        let Some(system) = self
-            .ctx
-            .messages
-            .first()
-            .filter(|m| m.role == MessageRole::System)
-        else {
-            return Ok(());
-        };
-        let text = with_indicator(
-            &system.text_content(),
-            &indicator(self.fill(), capacity, self.compaction.archived_blocks),
-        );
-        let message = Message::system(text);
-        self.record(Event::MessageAppended(nerve_core::event::MessageAppended {
-            index: 0,
-            message: message.clone(),
-        }))
-        .await?;
-        self.counts[0] = self.counter.count_message(&message);
-        self.ctx.messages[0] = message;
+        self.journal.record(Event::Compaction(compaction));
+        self.window.refresh_indicator(self.journal);
         Ok(())
     }
 }

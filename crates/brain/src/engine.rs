@@ -4,120 +4,35 @@
 //! It also resumes an execution rebuilt from its log.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use nerve_core::event::{ContextCreated, Finish, Resumed, Started};
 use nerve_core::{
-    Complexity, CredentialKeyError, Event, EventSink, ExecutionId, LoopType, Message, MessagePart,
-    MicroUsd, TaskId, TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId,
-    ToolExecutor, ToolResult, TransitionError, validate_metadata,
+    CredentialKeyError, Event, EventSink, ExecutionId, LoopType, Message, MicroUsd, TaskId,
+    TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId, ToolExecutor, TransitionError,
+    validate_metadata,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::approval::{Approval, Approver, PolicyAction, ToolPolicy, Unattended};
+use crate::approval::{Approval, Approver, Unattended};
 use crate::archive::MemoryArchive;
-use crate::auto::{AutoLoopConfig, select_loop};
-use crate::compaction::CompactionConfig;
+use crate::auto::select_loop;
+use crate::caller::ModelCaller;
 use crate::compactor::context_tool_definitions;
 use crate::context::{AgentContext, ExecutionResult};
+use crate::journal::Journal;
 use crate::plan::{self, PlanMode};
 use crate::prompt::PromptProfile;
 use crate::provider::Provider;
 use crate::react;
-use crate::retry::RetryPolicy;
-use crate::runner::CompactionState;
-use crate::runner::{Guards, Run, Stop};
-use crate::stagnation::{StagnationConfig, StagnationDetector};
+use crate::runner::{Guards, Hands, Progress, Run};
+use crate::stagnation::StagnationDetector;
+use crate::stop::Stop;
 use crate::telemetry::{self, TraceConfig};
 use crate::tokens::{TokenCounter, counter_for_model};
+use crate::turn::{self, Interrupted};
 
-/// Prices in micro-dollars per million tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Pricing {
-    pub input_per_million: u64,
-    pub output_per_million: u64,
-}
-
-impl Pricing {
-    pub fn cost(&self, usage: TokenUsage) -> MicroUsd {
-        MicroUsd::for_tokens(usage.input_tokens, self.input_per_million)
-            + MicroUsd::for_tokens(usage.output_tokens, self.output_per_million)
-    }
-}
-
-/// The guardrails and choices of one execution. Defaults are the design's.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// The loop to run; `auto` resolves from `complexity` and the budget.
-    pub loop_type: LoopType,
-    pub complexity: Option<Complexity>,
-    pub auto: AutoLoopConfig,
-    pub max_turns: u32,
-    pub timeout: Option<Duration>,
-    pub budget_tokens: Option<u64>,
-    pub budget_cost: Option<MicroUsd>,
-    /// Tokens left at which the one-time near-budget warning fires.
-    pub reserve_tokens: u64,
-    /// Percent of the cost limit left at which the warning fires.
-    pub reserve_cost_percent: u32,
-    pub pricing: Pricing,
-    pub context_window: Option<u64>,
-    pub retry: RetryPolicy,
-    pub stagnation: StagnationConfig,
-    pub compaction: CompactionConfig,
-    pub policy: ToolPolicy,
-    /// Continuation prompts after `max_tokens` before the answer is taken as final.
-    pub max_tokens_recoveries: u32,
-    /// Re-prompts of an empty answer right after a failing tool result.
-    pub premature_end_retries: u32,
-    pub max_replans: u32,
-    /// A checkpoint after every this many turns (0: never).
-    pub checkpoint_every: u32,
-    /// Hybrid: most plan steps, and turns per step.
-    pub hybrid_max_steps: usize,
-    pub hybrid_step_turns: u32,
-    /// Plan-execute: most plan steps.
-    pub plan_max_steps: usize,
-    /// `None`: chosen from the model's name.
-    pub prompt_profile: Option<PromptProfile>,
-    /// Settings worth recording in the start event (never secrets).
-    pub recorded_config: serde_json::Value,
-    /// What the tracing spans carry (content only when opted in, always redacted).
-    pub trace: TraceConfig,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            loop_type: LoopType::React,
-            complexity: None,
-            auto: AutoLoopConfig::default(),
-            max_turns: 20,
-            timeout: None,
-            budget_tokens: None,
-            budget_cost: None,
-            reserve_tokens: 512,
-            reserve_cost_percent: 10,
-            pricing: Pricing::default(),
-            context_window: None,
-            retry: RetryPolicy::default(),
-            stagnation: StagnationConfig::default(),
-            compaction: CompactionConfig::default(),
-            policy: ToolPolicy::default(),
-            max_tokens_recoveries: 2,
-            premature_end_retries: 2,
-            max_replans: 3,
-            checkpoint_every: 1,
-            hybrid_max_steps: 7,
-            hybrid_step_turns: 5,
-            plan_max_steps: 20,
-            prompt_profile: None,
-            recorded_config: serde_json::Value::Null,
-            trace: TraceConfig::default(),
-        }
-    }
-}
+pub use crate::config::{EngineConfig, Pricing};
 
 /// The work handed to the agent.
 #[derive(Debug, Clone)]
@@ -216,48 +131,50 @@ impl AgentEngine {
         }
     }
 
+    /// Builds the parts of one execution and wires them into a [`Run`].
     fn new_run(
         &self,
         execution_id: ExecutionId,
-        ctx: AgentContext,
+        progress: Progress,
+        messages: Vec<Message>,
+        spent: (TokenUsage, MicroUsd),
         cancel: CancellationToken,
     ) -> Run {
         let counter: Arc<dyn TokenCounter> = counter_for_model(self.provider.model());
-        let mut tool_definitions = self.tools.definitions();
+        let mut definitions = self.tools.definitions();
         if self.config.compaction.enabled {
-            tool_definitions.extend(context_tool_definitions(
+            definitions.extend(context_tool_definitions(
                 self.config.compaction.agent_controlled,
             ));
         }
-        let counts = ctx
-            .messages
-            .iter()
-            .map(|m| counter.count_message(m))
-            .collect();
-        let tool_tokens = counter.count_tools(&tool_definitions);
+        let tool_tokens = counter.count_tools(&definitions);
         Run {
             execution_id,
-            provider: Arc::clone(&self.provider),
-            planner: self.planner.clone(),
-            tools: Arc::clone(&self.tools),
-            approver: Arc::clone(&self.approver),
-            tool_definitions: tool_definitions.into(),
-            sink: Arc::clone(&self.sink),
             config: self.config.clone(),
-            ctx,
-            cancel,
-            deadline: self.config.timeout.map(|t| Instant::now() + t),
-            stagnation: StagnationDetector::new(self.config.stagnation),
-            guards: Guards::default(),
-            step: None,
+            journal: Journal::new(execution_id, Arc::clone(&self.sink)),
+            window: crate::window::Window::new(
+                messages,
+                counter,
+                tool_tokens,
+                self.config.context_window,
+            ),
+            caller: ModelCaller::new(
+                execution_id,
+                Arc::clone(&self.provider),
+                self.planner.clone(),
+                &self.config,
+                cancel.clone(),
+                spent,
+            ),
+            hands: Hands {
+                tools: Arc::clone(&self.tools),
+                approver: Arc::clone(&self.approver),
+                definitions: definitions.into(),
+            },
             archive: Arc::clone(&self.archive),
-            counter,
-            counts,
-            tool_tokens,
-            compaction: CompactionState::default(),
-            protect_from: None,
-            pending: std::sync::Mutex::default(),
-            in_flight: std::sync::Mutex::default(),
+            progress,
+            stagnation: StagnationDetector::new(self.config.stagnation),
+            cancel,
         }
     }
 
@@ -279,48 +196,35 @@ impl AgentEngine {
         if self.config.budget_tokens == Some(0) || self.config.budget_cost == Some(MicroUsd::ZERO) {
             return Err(EngineError::Budget("the budget is zero".into()));
         }
-        let ctx = AgentContext {
-            execution_id,
+        let progress = Progress {
             task_id: task.id,
-            messages: Vec::new(),
-            turns: Vec::new(),
-            usage: TokenUsage::default(),
-            cost: MicroUsd::ZERO,
             task_status: task.status,
-            compactions: 0,
-            checkpoints: 0,
             loop_type: self.config.loop_type,
+            turns: Vec::new(),
+            checkpoints: 0,
+            guards: Guards::default(),
+            step: None,
         };
-        let mut run = self.new_run(execution_id, ctx, cancel);
+        let spent = (TokenUsage::default(), MicroUsd::ZERO);
+        let mut run = self.new_run(execution_id, progress, Vec::new(), spent, cancel);
         // A fresh run has spent nothing, so only the complexity decides here.
-        run.ctx.loop_type = select_loop(
+        run.progress.loop_type = select_loop(
             self.config.loop_type,
             self.config.complexity,
-            run.budget_used_percent(),
+            run.caller.budget_used_percent(),
             &self.config.auto,
         );
-        let span = telemetry::execution_span(telemetry::ExecutionInfo {
-            execution_id,
-            task_id: task.id,
-            provider: self.provider.name(),
-            model: self.provider.model(),
-            loop_type: run.ctx.loop_type,
-            resume_attempt: None,
-        });
-        let result = async move {
-            let outcome = match self.start(&mut run, &task).await {
-                Ok(()) => drive(&mut run).await,
-                Err(stop) => stop,
-            };
-            finish(run, outcome).await
-        }
-        .instrument(span.clone())
-        .await;
-        trace_end(&span, &self.config.trace, &result);
-        Ok(result)
+        Ok(execute(
+            run,
+            Begin::Fresh {
+                engine: self,
+                task: &task,
+            },
+        )
+        .await)
     }
 
-    async fn start(&self, run: &mut Run, task: &Task) -> Result<(), Stop> {
+    fn start(&self, run: &mut Run, task: &Task) -> Result<(), Stop> {
         let mut recorded = self.config.recorded_config.clone();
         if let Some(map) = recorded.as_object_mut() {
             map.insert(
@@ -328,42 +232,36 @@ impl AgentEngine {
                 serde_json::json!(self.config.loop_type),
             );
         }
-        run.record(Event::Started(Started {
+        run.journal.record(Event::Started(Started {
             task_id: task.id,
             task: task.description.clone(),
             workspace: task.workspace.clone(),
-            loop_type: run.ctx.loop_type,
+            loop_type: run.progress.loop_type,
             provider: self.provider.name().to_owned(),
             model: self.provider.model().to_owned(),
             max_turns: self.config.max_turns,
             config: recorded,
-        }))
-        .await?;
-        if run.ctx.task_status == TaskStatus::Created {
-            run.transition(TaskStatus::Assigned).await?;
+        }));
+        if run.progress.task_status == TaskStatus::Created {
+            run.transition(TaskStatus::Assigned)?;
         }
-        run.record(Event::ContextCreated(ContextCreated {
+        run.journal.record(Event::ContextCreated(ContextCreated {
             context_window: self.config.context_window,
             tools: run
-                .tool_definitions
+                .hands
+                .definitions
                 .iter()
                 .map(|d| d.name.clone())
                 .collect(),
-        }))
-        .await?;
+        }));
         let profile = self
             .config
             .prompt_profile
             .unwrap_or_else(|| PromptProfile::for_model(self.provider.model()));
-        run.push_message(Message::system(profile.system_prompt()))
-            .await?;
-        run.push_message(Message::user(task.description.clone()).pinned())
-            .await?;
-        run.refresh_indicator().await?;
-        run.transition(TaskStatus::InProgress).await?;
-        // Durable before the first model call, however long that takes: the run is listed.
-        run.flush().await?;
-        Ok(())
+        run.push_message(Message::system(profile.system_prompt()));
+        run.push_message(Message::user(task.description.clone()).pinned());
+        run.window.refresh_indicator(&mut run.journal);
+        run.transition(TaskStatus::InProgress)
     }
 
     /// Continues an execution from its log: records the resume, settles the calls of the
@@ -381,50 +279,88 @@ impl AgentEngine {
                 "the log holds no conversation".into(),
             ));
         }
-        let ctx = AgentContext {
-            execution_id,
+        let progress = Progress {
             task_id: state.task_id,
-            messages: state.messages.clone(),
-            turns: Vec::new(),
-            usage: state.usage + state.pending_turn_usage,
-            cost: state.cost + self.config.pricing.cost(state.pending_turn_usage),
             task_status: state.task_status,
-            compactions: 0,
+            loop_type: LoopType::React,
+            // Turn records before the resume are in the log; keep the count contiguous.
+            turns: (1..=state.turns)
+                .map(|turn| nerve_core::TurnRecord {
+                    turn,
+                    usage: TokenUsage::default(),
+                    cost: MicroUsd::ZERO,
+                    tool_calls: Vec::new(),
+                    // The log holds the real records; a turn before the resume point did not
+                    // end the run, so it asked for tools (or was re-prompted after one).
+                    finish: nerve_core::FinishReason::ToolCalls,
+                    duration_ms: 0,
+                })
+                .collect(),
             checkpoints: 0,
-            loop_type: LoopType::React,
+            guards: Guards::default(),
+            step: None,
         };
-        let mut run = self.new_run(execution_id, ctx, cancel);
-        // Turn records before the resume are in the log; keep the count contiguous.
-        run.ctx.turns = (1..=state.turns)
-            .map(|turn| nerve_core::TurnRecord {
-                turn,
-                usage: TokenUsage::default(),
-                cost: MicroUsd::ZERO,
-                tool_calls: Vec::new(),
-                finish: String::new(),
-                duration_ms: 0,
-            })
-            .collect();
-        let span = telemetry::execution_span(telemetry::ExecutionInfo {
+        let spent = (
+            state.usage + state.pending_turn_usage,
+            state.cost + self.config.pricing.cost(state.pending_turn_usage),
+        );
+        let run = self.new_run(
             execution_id,
-            task_id: state.task_id,
-            provider: self.provider.name(),
-            model: self.provider.model(),
-            loop_type: LoopType::React,
-            resume_attempt: Some(state.attempt),
-        });
-        let result = async move {
-            let outcome = match resume_start(&mut run, &state).await {
-                Ok(()) => react::run(&mut run).await,
-                Err(stop) => stop,
-            };
-            finish(run, outcome).await
-        }
-        .instrument(span.clone())
-        .await;
-        trace_end(&span, &self.config.trace, &result);
-        Ok(result)
+            progress,
+            state.messages.clone(),
+            spent,
+            cancel,
+        );
+        Ok(execute(run, Begin::Resumed(&state)).await)
     }
+}
+
+/// How an execution begins.
+enum Begin<'a> {
+    Fresh {
+        engine: &'a AgentEngine,
+        task: &'a Task,
+    },
+    Resumed(&'a ResumeState),
+}
+
+/// One execution from its first event to its finish: where an execution begins and ends,
+/// inside its `invoke_agent` span (the root of its trace).
+async fn execute(run: Run, begin: Begin<'_>) -> ExecutionResult {
+    let provider = run.caller.provider();
+    let span = telemetry::execution_span(telemetry::ExecutionInfo {
+        execution_id: run.execution_id,
+        task_id: run.progress.task_id,
+        provider: provider.name(),
+        model: provider.model(),
+        loop_type: run.progress.loop_type,
+        resume_attempt: match &begin {
+            Begin::Fresh { .. } => None,
+            Begin::Resumed(state) => Some(state.attempt),
+        },
+    });
+    let trace = run.config.trace.clone();
+    let result = execute_in(run, begin).instrument(span.clone()).await;
+    trace_end(&span, &trace, &result);
+    result
+}
+
+async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
+    let outcome = match begin {
+        Begin::Fresh { engine, task } => match engine.start(&mut run, task) {
+            // Durable before the first model call, however long that takes: the run is listed.
+            Ok(()) => match run.journal.flush().await {
+                Ok(()) => drive(&mut run).await,
+                Err(error) => error.into(),
+            },
+            Err(stop) => stop,
+        },
+        Begin::Resumed(state) => match resume_start(&mut run, state).await {
+            Ok(()) => react::run(&mut run).await,
+            Err(stop) => stop,
+        },
+    };
+    finish(run, outcome).await
 }
 
 /// Records how the execution ended on its span.
@@ -446,111 +382,31 @@ fn trace_end(span: &tracing::Span, config: &TraceConfig, result: &ExecutionResul
 }
 
 async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
-    run.record(Event::Resumed(Resumed {
+    run.journal.record(Event::Resumed(Resumed {
         attempt: state.attempt,
         from_checkpoint_seq: state.from_checkpoint_seq,
         from_turn: state.turns,
         in_doubt: state.in_doubt.clone(),
-    }))
-    .await?;
-    if run.ctx.task_status != TaskStatus::InProgress {
-        run.transition(TaskStatus::InProgress).await?;
+    }));
+    if run.progress.task_status != TaskStatus::InProgress {
+        run.transition(TaskStatus::InProgress)?;
     }
-    run.flush().await?;
-    // The calls of the last assistant message that have no result yet.
-    let answered: Vec<&ToolCallId> = run
-        .ctx
-        .messages
-        .iter()
-        .flat_map(|m| &m.parts)
-        .filter_map(|part| match part {
-            MessagePart::ToolResult(result) => Some(&result.call_id),
-            MessagePart::Text { .. }
-            | MessagePart::ToolCall(_)
-            | MessagePart::Thinking { .. }
-            | MessagePart::CompactionSummary { .. } => None,
-        })
-        .collect();
-    let pending: Vec<ToolCall> = run
-        .ctx
-        .messages
-        .iter()
-        .rev()
-        .find(|m| m.role == nerve_core::MessageRole::Assistant)
-        .map(|m| {
-            m.tool_calls()
-                .filter(|call| !answered.contains(&&call.id))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
-    if pending.is_empty() {
-        // The crash fell between the turn's last tool result and its record: complete it.
-        if !state.finished_in_incomplete_turn.is_empty() {
-            let number = state.turns + 1;
-            let calls = state.finished_in_incomplete_turn.clone();
-            react::complete_turn(
-                run,
-                number,
-                state.pending_turn_usage,
-                "tool_calls",
-                &calls,
-                Instant::now(),
-            )
-            .await?;
-        }
-        return Ok(());
-    }
-    let started = Instant::now();
-    let number = state.turns + 1;
-    for call in &pending {
-        if state.in_doubt.contains(&call.id) {
-            let result = ToolResult {
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                content: "[Nerve] The execution stopped while this call was running, so its effect is unknown. \
-                          Check the workspace before running it again."
-                    .into(),
-                is_error: true,
-            };
-            react::finish_tool(run, number, result, 0).await?;
-            continue;
-        }
-        let (action, _) = run.config.policy.evaluate(call);
-        let decided = state
-            .approvals
-            .iter()
-            .find(|(id, _)| *id == call.id)
-            .map(|(_, a)| a.clone());
-        match (action, decided) {
-            (PolicyAction::Ask, Some(approval)) if approval.approved => {
-                react::execute_tool(run, number, call).await?;
-            }
-            (PolicyAction::Ask, Some(approval)) => {
-                let reason = approval.reason.unwrap_or_else(|| "no reason given".into());
-                react::deny(run, number, call, &format!("denied by the user: {reason}")).await?;
-            }
-            (PolicyAction::Allow | PolicyAction::Deny | PolicyAction::Ask, None)
-            | (PolicyAction::Allow | PolicyAction::Deny, Some(_)) => {
-                react::execute_calls(run, number, std::slice::from_ref(call)).await?;
-            }
-        }
-    }
-    let mut calls = state.finished_in_incomplete_turn.clone();
-    calls.extend(pending);
-    react::complete_turn(
+    run.journal.flush().await?;
+    turn::settle(
         run,
-        number,
-        state.pending_turn_usage,
-        "tool_calls",
-        &calls,
-        started,
+        Interrupted {
+            number: state.turns + 1,
+            usage: state.pending_turn_usage,
+            in_doubt: &state.in_doubt,
+            approvals: &state.approvals,
+            finished: &state.finished_in_incomplete_turn,
+        },
     )
     .await
 }
 
 async fn drive(run: &mut Run) -> Stop {
-    match run.ctx.loop_type {
+    match run.progress.loop_type {
         LoopType::React | LoopType::Auto => react::run(run).await,
         LoopType::PlanExecute => {
             let mode = PlanMode {
@@ -576,7 +432,7 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
     let target = match outcome.reason {
         TerminationReason::Completed => Some(TaskStatus::InReview),
         // Interrupted, or suspended when a checkpoint was taken to resume from.
-        TerminationReason::Shutdown if run.ctx.checkpoints > 0 => Some(TaskStatus::Suspended),
+        TerminationReason::Shutdown if run.progress.checkpoints > 0 => Some(TaskStatus::Suspended),
         TerminationReason::Shutdown => Some(TaskStatus::Interrupted),
         TerminationReason::Error => Some(TaskStatus::Failed),
         TerminationReason::MaxTurns
@@ -587,8 +443,8 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
     };
     let mut error = outcome.error;
     if let Some(to) = target
-        && run.ctx.task_status.can_transition_to(to)
-        && let Err(stop) = run.transition(to).await
+        && run.progress.task_status.can_transition_to(to)
+        && let Err(stop) = run.transition(to)
     {
         error.get_or_insert(stop.error.unwrap_or_default());
     }
@@ -597,22 +453,38 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
     }
     let finish = Finish {
         termination_reason: outcome.reason,
-        task_status: run.ctx.task_status,
-        total_turns: run.ctx.turn_count(),
-        usage: run.ctx.usage,
-        cost: run.ctx.cost,
+        task_status: run.progress.task_status,
+        total_turns: run.progress.turn_count(),
+        usage: run.caller.usage(),
+        cost: run.caller.cost(),
         error: error.clone(),
     };
-    let recorded = match run.record(Event::Finish(finish)).await {
-        Ok(()) => run.flush().await,
-        Err(error) => Err(error),
-    };
-    if let Err(sink_error) = recorded {
+    run.journal.record(Event::Finish(finish));
+    if let Err(sink_error) = run.journal.flush().await {
         tracing::error!(%sink_error, "could not record the finish event");
         error.get_or_insert_with(|| sink_error.to_string());
     }
+    let Run {
+        execution_id,
+        window,
+        caller,
+        progress,
+        ..
+    } = run;
+    let compactions = window.compaction.count;
     ExecutionResult {
-        context: run.ctx,
+        context: AgentContext {
+            execution_id,
+            task_id: progress.task_id,
+            messages: window.into_messages(),
+            turns: progress.turns,
+            usage: caller.usage(),
+            cost: caller.cost(),
+            task_status: progress.task_status,
+            compactions,
+            checkpoints: progress.checkpoints,
+            loop_type: progress.loop_type,
+        },
         termination_reason: outcome.reason,
         error,
     }
@@ -621,6 +493,7 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::time::Duration;
 
     use nerve_core::Event;
 

@@ -7,12 +7,16 @@ pub mod anthropic;
 pub mod approval;
 pub mod archive;
 pub mod auto;
+mod builtin;
+mod caller;
 pub mod compaction;
 mod compactor;
+pub mod config;
 pub mod context;
 pub mod engine;
 pub mod epistemic;
 pub mod http;
+mod journal;
 pub mod models;
 pub mod openai;
 mod plan;
@@ -24,22 +28,28 @@ mod runner;
 pub mod scripted;
 pub mod sse;
 pub mod stagnation;
+mod stop;
 pub mod stream;
 pub mod telemetry;
 pub mod tokens;
+mod turn;
+mod window;
 
 #[cfg(test)]
 mod compaction_tests;
 #[cfg(test)]
 mod loop_tests;
 #[cfg(test)]
+mod module_graph;
+#[cfg(test)]
 mod prefix_tests;
 #[cfg(test)]
 mod testing;
 
 pub use anthropic::{AnthropicConfig, AnthropicProvider};
+pub use config::{EngineConfig, Pricing};
 pub use context::{AgentContext, ExecutionResult};
-pub use engine::{AgentEngine, EngineConfig, EngineError, Pricing, ResumeState, Task};
+pub use engine::{AgentEngine, EngineError, ResumeState, Task};
 pub use http::{ClientError, HttpConfig};
 pub use models::{ModelInfo, ModelOverride, ModelTable, ModelTableError};
 pub use openai::{OpenAiConfig, OpenAiProvider};

@@ -4,11 +4,13 @@
 //! The protocol a model (or a cassette) follows is documented in `docs/loops.md`.
 
 use nerve_core::event::CallPurpose;
-use nerve_core::{Message, TerminationReason, ToolCall, ToolDefinition, ToolResult};
-use serde::Deserialize;
+use nerve_core::{Message, TerminationReason, ToolCall, ToolResult};
 
+use crate::builtin::{BuiltinTool, SubmitPlanArgs};
 use crate::react::{self, TurnEnd};
-use crate::runner::{Run, Stop};
+use crate::runner::Run;
+use crate::stop::Stop;
+use crate::turn;
 
 /// The prefix of a final step answer that reports failure.
 pub(crate) const STEP_FAILED: &str = "STEP FAILED";
@@ -21,30 +23,6 @@ pub(crate) struct PlanMode {
     pub(crate) step_turns: Option<u32>,
     /// A summary call after each step that may revise the remaining plan (hybrid).
     pub(crate) checkpoints: bool,
-}
-
-/// `submit_plan`: the only tool offered in planning and checkpoint calls.
-#[derive(Debug, Deserialize)]
-struct SubmitPlan {
-    steps: Vec<String>,
-}
-
-pub(crate) fn submit_plan_definition() -> ToolDefinition {
-    ToolDefinition {
-        name: "submit_plan".into(),
-        description: "Submit the plan: an ordered list of concrete, verifiable steps.".into(),
-        parameters: serde_json::json!({
-            "type": "object",
-            "properties": {
-                "steps": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "The steps, in order; each one sentence."
-                }
-            },
-            "required": ["steps"]
-        }),
-    }
 }
 
 /// How one step ended.
@@ -75,10 +53,10 @@ async fn drive(run: &mut Run, mode: PlanMode) -> Result<(), Stop> {
     let mut step_number = 0u32;
     while index < steps.len() {
         step_number += 1;
-        run.step = Some(step_number);
+        run.progress.step = Some(step_number);
         run.stagnation.reset();
         // The active step is the subgoal: its messages are never compacted away.
-        run.protect_from = Some(run.ctx.messages.len());
+        run.window.protect_from = Some(run.window.messages().len());
         let text = format!(
             "[Nerve] Step {}/{}: {}\nWhen the step is done, reply with a one-line summary and no tool calls. \
              If it cannot be done, reply with \"{STEP_FAILED}: <reason>\".",
@@ -86,7 +64,7 @@ async fn drive(run: &mut Run, mode: PlanMode) -> Result<(), Stop> {
             steps.len(),
             steps[index]
         );
-        run.push_message(Message::user(text)).await?;
+        run.push_message(Message::user(text));
         match step(run, mode).await? {
             StepEnd::Done => {
                 index += 1;
@@ -124,8 +102,8 @@ async fn drive(run: &mut Run, mode: PlanMode) -> Result<(), Stop> {
             }
         }
     }
-    run.step = None;
-    run.protect_from = None;
+    run.progress.step = None;
+    run.window.protect_from = None;
     Ok(())
 }
 
@@ -156,7 +134,7 @@ async fn step(run: &mut Run, mode: PlanMode) -> Result<StepEnd, Stop> {
 
 /// A planning call: asks for `submit_plan` and returns the steps.
 async fn plan(run: &mut Run, mode: PlanMode, instruction: &str) -> Result<Vec<String>, Stop> {
-    run.push_message(Message::user(instruction)).await?;
+    run.push_message(Message::user(instruction));
     let (text, steps) = plan_call(run, mode, "Plan accepted").await?;
     // Lenient with models that write the plan as text: numbered or bulleted lines.
     let steps = steps
@@ -174,14 +152,14 @@ async fn plan_call(
 ) -> Result<(String, Option<Vec<String>>), Stop> {
     let response = run
         .call_model(
-            run.ctx.turn_count(),
+            run.progress.turn_count(),
             CallPurpose::Plan,
-            &[submit_plan_definition()],
+            &[BuiltinTool::SubmitPlan.definition()],
         )
         .await?;
     let text = response.message.text_content();
     let calls: Vec<ToolCall> = response.message.tool_calls().cloned().collect();
-    run.push_message(response.message).await?;
+    run.push_message(response.message);
     let mut plan = None;
     for call in &calls {
         let parsed = parse_plan(call, mode.max_steps);
@@ -196,7 +174,8 @@ async fn plan_call(
             content,
             is_error,
         };
-        react::finish_tool(run, run.ctx.turn_count(), result, 0).await?;
+        let turns = run.progress.turn_count();
+        turn::finish_tool(run, turns, result, 0);
         if plan.is_none() {
             plan = parsed.ok();
         }
@@ -223,20 +202,19 @@ async fn checkpoint(
     run.push_message(Message::user(format!(
         "[Nerve] Checkpoint: summarise the progress so far in two or three sentences. Remaining steps:\n{listed}\n\
          If they should change, call submit_plan with the new remaining steps; otherwise answer with the summary only."
-    )))
-    .await?;
+    )));
     let (_, revised) = plan_call(run, mode, "Remaining plan replaced").await?;
     Ok(revised)
 }
 
 fn parse_plan(call: &ToolCall, max_steps: usize) -> Result<Vec<String>, String> {
-    if call.name != "submit_plan" {
+    if BuiltinTool::parse(&call.name) != Some(BuiltinTool::SubmitPlan) {
         return Err(format!(
             "`{}` is not available while planning; call submit_plan",
             call.name
         ));
     }
-    let plan: SubmitPlan = serde_json::from_value(call.arguments.clone())
+    let plan: SubmitPlanArgs = serde_json::from_value(call.arguments.clone())
         .map_err(|e| format!("invalid submit_plan arguments: {e}"))?;
     let steps: Vec<String> = plan
         .steps

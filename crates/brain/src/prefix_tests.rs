@@ -94,6 +94,25 @@ impl EventSink for TimelineSink {
         }
         Ok(0)
     }
+
+    /// Written at once, in the order the engine places batches: the timeline shows a
+    /// compaction before the model call that follows it.
+    fn enqueue(
+        &self,
+        _execution: ExecutionId,
+        events: Vec<Event>,
+        _checkpoint: Option<nerve_core::Snapshot>,
+    ) -> nerve_core::Enqueued {
+        for event in events {
+            if let Event::Compaction(compaction) = event {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(Entry::Compaction(compaction.strategy));
+            }
+        }
+        nerve_core::Enqueued::Placed(Box::pin(std::future::ready(Ok(None))))
+    }
 }
 
 /// A turn whose tool output is `lines` numbered lines (about ten tokens each).

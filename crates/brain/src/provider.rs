@@ -10,26 +10,8 @@ use nerve_core::{Message, TokenUsage, ToolDefinition};
 
 use crate::stream::ModelStream;
 
-/// Why the model stopped producing output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A final answer (also: a stop sequence, or an unknown reason a server sent).
-    Stop,
-    /// The model asked for tool calls.
-    ToolCalls,
-    /// The output hit the token limit; the loop asks the model to continue.
-    MaxTokens,
-}
-
-impl FinishReason {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Stop => "stop",
-            Self::ToolCalls => "tool_calls",
-            Self::MaxTokens => "max_tokens",
-        }
-    }
-}
+/// Why the model stopped producing output; a core type, since turn records carry it.
+pub use nerve_core::FinishReason;
 
 /// One model call.
 #[derive(Debug, Clone, Copy)]

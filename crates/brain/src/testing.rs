@@ -4,8 +4,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use nerve_core::{
-    Event, EventSink, ExecutionId, SinkError, Snapshot, ToolCall, ToolDefinition, ToolError,
-    ToolExecutor, ToolOutput,
+    Enqueued, Event, EventSink, ExecutionId, SinkError, Snapshot, ToolCall, ToolDefinition,
+    ToolError, ToolExecutor, ToolOutput,
 };
 
 /// Records every event in memory, and the kinds of each commit.
@@ -46,15 +46,30 @@ impl EventSink for MemorySink {
         events: Vec<Event>,
         _checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
-        if self.fail_commit == Some(self.commits.lock().unwrap().len()) {
-            self.commits.lock().unwrap().push(Vec::new());
-            return Err(SinkError("disk full".into()));
+        self.write(execution, events)
+    }
+
+    /// In memory a batch is written at once, so it takes its place as the SQLite writer's
+    /// queue gives it: when enqueued.
+    fn enqueue(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        _checkpoint: Option<Snapshot>,
+    ) -> Enqueued {
+        Enqueued::Placed(Box::pin(std::future::ready(self.write(execution, events))))
+    }
+}
+
+impl MemorySink {
+    fn write(&self, _execution: ExecutionId, events: Vec<Event>) -> Result<Option<u64>, SinkError> {
+        let mut commits = self.commits.lock().unwrap();
+        if self.fail_commit == Some(commits.len()) {
+            commits.push(Vec::new());
+            return Err(SinkError::Write("disk full".into()));
         }
-        let kinds = events.iter().map(|e| e.kind().as_str()).collect();
-        for event in events {
-            self.append(execution, event).await?;
-        }
-        self.commits.lock().unwrap().push(kinds);
+        commits.push(events.iter().map(|e| e.kind().as_str()).collect());
+        self.events.lock().unwrap().extend(events);
         Ok(None)
     }
 }

@@ -79,6 +79,15 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Remove sandbox containers whose owning `nerve` process is provably dead.
+    Reap {
+        /// Remove every Nerve container, also those of live runs and of other hosts: for an
+        /// operator who knows those runs are gone.
+        #[arg(long)]
+        all: bool,
+        /// Only this execution's containers (its full id).
+        id: Option<String>,
+    },
     /// Decide the pending approvals of a parked execution.
     Approve {
         id: String,

@@ -13,6 +13,7 @@ mod inspect;
 mod output;
 mod progress;
 mod provider;
+mod reap;
 mod resume;
 mod run;
 mod telemetry;
@@ -89,6 +90,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), json).await
         }
         Command::Approve { id, deny, reason } => resume::approve(&db, &id, deny, reason).await,
+        Command::Reap { all, id } => reap::reap(all, id.as_deref()).await,
     }
 }
 

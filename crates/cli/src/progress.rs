@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nerve_core::event::{ProxyVerdict, StagnationAction};
-use nerve_core::{Event, EventSink, ExecutionId, MicroUsd, SinkError, Snapshot, TokenUsage};
+use nerve_core::{
+    Enqueued, Event, EventSink, ExecutionId, MicroUsd, SinkError, Snapshot, TokenUsage,
+};
 
 use crate::output;
 
@@ -265,6 +267,18 @@ impl<S: EventSink> EventSink for ProgressSink<S> {
         }
         self.inner.commit(execution, events, checkpoint).await
     }
+
+    fn enqueue(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Enqueued {
+        for event in &events {
+            self.observe(event);
+        }
+        self.inner.enqueue(execution, events, checkpoint)
+    }
 }
 
 #[cfg(test)]
@@ -280,7 +294,7 @@ mod tests {
             usage: TokenUsage::new(1200, 40),
             cost: MicroUsd(1500),
             tool_calls: vec!["shell".into()],
-            finish: "tool_calls".into(),
+            finish: nerve_core::FinishReason::ToolCalls,
             duration_ms: 5,
         });
         assert_eq!(

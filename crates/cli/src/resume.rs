@@ -9,16 +9,13 @@ use nerve_brain::ResumeState;
 use nerve_brain::approval::Approval;
 use nerve_core::event::{ApprovalDecided, ApprovalDecision, CallPurpose, Decider, Started};
 use nerve_core::{
-    Event, EventSink, ExecutionId, MessageRole, Redactor, TaskStatus, TerminationReason, TokenUsage,
+    Event, EventSink, ExecutionId, MAX_RESUMES, MessageRole, Redactor, TaskStatus,
+    TerminationReason, TokenUsage, may_resume,
 };
-use nerve_session::{Replay, SqliteSink, Store, StoredEvent};
+use nerve_session::{Replay, SessionError, SqliteSink, Store, StoredEvent};
 
 use crate::Failure;
 use crate::output;
-
-/// Resumes of one execution allowed before `nerve resume` refuses: a run that keeps
-/// crashing needs a human, not another attempt.
-pub(crate) const MAX_RESUMES: usize = 3;
 
 /// An execution as its log left it, ready to continue.
 #[derive(Debug)]
@@ -30,7 +27,13 @@ pub(crate) struct Resumable {
     pub(crate) model_calls: BTreeMap<CallPurpose, usize>,
 }
 
-fn load(db: &Path, id: &str) -> Result<(ExecutionId, Vec<StoredEvent>, Replay), Failure> {
+/// Reads `id`'s events once their hash chain verifies, and replays them. Every command
+/// that continues an execution or appends to its log (`resume`, `approve`; `chat ID` and
+/// `run --continue` when they come) goes through here.
+pub(crate) fn load(
+    db: &Path,
+    id: &str,
+) -> Result<(ExecutionId, Vec<StoredEvent>, Replay), Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
     if !db.exists() {
         return Err(Failure::usage(format!(
@@ -39,7 +42,19 @@ fn load(db: &Path, id: &str) -> Result<(ExecutionId, Vec<StoredEvent>, Replay), 
         )));
     }
     let store = Store::open_read_only(db).map_err(Failure::usage)?;
-    let events = store.events(&execution).map_err(Failure::usage)?;
+    // Nothing is built on, or appended to, a log whose chain does not verify: the model
+    // would see whatever an editor of the database put there.
+    let events = store
+        .verified_events(&execution)
+        .map_err(|error| {
+            if let SessionError::BrokenChain(broken) = &error {
+                Failure::usage(format!(
+                    "execution {execution} cannot be continued: its log is tampered or damaged ({broken}); see `nerve verify {execution}`"
+                ))
+            } else {
+                Failure::usage(error)
+            }
+        })?;
     let replay = nerve_session::replay(&execution.to_string(), &events);
     Ok((execution, events, replay))
 }
@@ -61,7 +76,9 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
             )));
         }
     }
-    if replay.resumes.len() >= MAX_RESUMES {
+    let attempt = u32::try_from(replay.resumes.len() + 1).unwrap_or(u32::MAX);
+    let task_status = replay.task_status.unwrap_or(TaskStatus::InProgress);
+    if attempt > MAX_RESUMES {
         return Err(Failure::usage(format!(
             "execution {execution} was already resumed {} times; inspect it with `nerve replay {execution}`",
             replay.resumes.len()
@@ -81,6 +98,11 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
     if replay.messages.is_empty() {
         return Err(Failure::usage(format!(
             "execution {execution} recorded no conversation; nothing to resume"
+        )));
+    }
+    if !may_resume(task_status, attempt) {
+        return Err(Failure::usage(format!(
+            "execution {execution} left its task {task_status}, which a resume cannot take up again"
         )));
     }
     // Decisions by a human, and usage of the turn that began but never completed.
@@ -146,11 +168,11 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
         turns: replay.total_turns,
         usage: replay.usage,
         cost: replay.cost,
-        task_status: replay.task_status.unwrap_or(TaskStatus::InProgress),
+        task_status,
         pending_turn_usage,
         in_doubt: replay.in_doubt.iter().map(|call| call.id.clone()).collect(),
         approvals,
-        attempt: u32::try_from(replay.resumes.len() + 1).unwrap_or(u32::MAX),
+        attempt,
         from_checkpoint_seq: replay.checkpoints.last().map(|c| c.seq),
         finished_in_incomplete_turn: finished_calls,
     };

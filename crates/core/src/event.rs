@@ -90,7 +90,7 @@ pub struct TurnCompleted {
     pub usage: TokenUsage,
     pub cost: MicroUsd,
     pub tool_calls: Vec<String>,
-    pub finish: String,
+    pub finish: crate::usage::FinishReason,
     pub duration_ms: u64,
 }
 

@@ -23,12 +23,12 @@ pub use execution::{Complexity, ExecutionStatus, LoopType, TerminationReason};
 pub use id::{BlockId, ExecutionId, TaskId, ToolCallId};
 pub use message::{Message, MessagePart, MessageRole, ToolCall, ToolResult};
 pub use ports::{
-    ArchivedBlock, ContextArchive, EventSink, RecallHit, SinkError, Snapshot, ToolDefinition,
-    ToolError, ToolExecutor, ToolOutput,
+    ArchivedBlock, ContextArchive, Enqueued, EventSink, PendingCommit, RecallHit, SinkError,
+    Snapshot, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
 };
 pub use redact::Redactor;
-pub use task::{TaskStatus, TransitionError};
-pub use usage::{MicroUsd, TokenUsage, TurnRecord};
+pub use task::{MAX_RESUMES, TaskStatus, TransitionError, may_resume};
+pub use usage::{FinishReason, MicroUsd, TokenUsage, TurnRecord};
 
 #[cfg(test)]
 mod wire_tests;

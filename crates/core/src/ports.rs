@@ -1,6 +1,9 @@
 //! The ports through which `brain` reaches the event log and the tools. `session` and
 //! `hands` implement them; tests of the loops use in-memory fakes.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
@@ -8,11 +11,41 @@ use crate::event::Event;
 use crate::id::ExecutionId;
 use crate::message::ToolCall;
 
-/// The event log failed to record an event. Fatal for the execution: a run that cannot
-/// be recorded cannot be explained or resumed, so it stops.
-#[derive(Debug, thiserror::Error)]
-#[error("event log: {0}")]
-pub struct SinkError(pub String);
+/// The event log (or the archive beside it) failed. Fatal for the execution: a run that
+/// cannot be recorded cannot be explained or resumed, so it stops. The kinds say what went
+/// wrong, for callers that treat them apart (a resume may retry on a log that is back, never
+/// on one that cannot encode); every kind displays as `event log: <message>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    /// The write failed (I/O, a full disk, a refused transaction); nothing of the batch
+    /// was written. Returned by every write. Retrying the same write may help once the cause
+    /// is fixed; the execution stops either way.
+    #[error("event log: {0}")]
+    Write(String),
+    /// The log is gone (its writer stopped, the connection was lost, a lock poisoned).
+    /// Returned by writes and reads alike. Not retryable within this process.
+    #[error("event log: {0}")]
+    Unavailable(String),
+    /// An event, snapshot or block could not be encoded: a bug, never retryable.
+    #[error("event log: {0}")]
+    Encode(String),
+    /// A stored record does not hold together (an archive block that does not decode, a
+    /// snapshot that does not match its hash). Returned by reads. Not retryable.
+    #[error("event log: {0}")]
+    Corrupt(String),
+}
+
+impl SinkError {
+    /// The message, without the `event log:` prefix.
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Write(message)
+            | Self::Unavailable(message)
+            | Self::Encode(message)
+            | Self::Corrupt(message) => message,
+        }
+    }
+}
 
 /// Where an execution's events go. An append returns once the event is durable.
 #[async_trait]
@@ -34,17 +67,10 @@ pub trait EventSink: Send + Sync {
 
     /// Records `events` in order and then, when given, `checkpoint`, in as few durable
     /// steps as the sink can (the SQLite log: one transaction); returns once all of it is
-    /// durable, with the checkpoint's sequence number when one was stored. Engines batch
-    /// a turn's events this way, committing before anything with a side effect runs. The
-    /// default appends one by one.
-    ///
-    /// Order: a batch takes its place in the execution's order when its future is first
-    /// polled, not when it is awaited. The engine relies on it: it polls a commit once,
-    /// goes on, and may issue the next commit before awaiting the first, so a sink must not
-    /// let a later-issued batch overtake an earlier one (a queue filled at the first poll,
-    /// as the SQLite writer's, or a commit done within the first poll, both do). The
-    /// default keeps this only for sinks whose `append` completes when first polled;
-    /// others override `commit`.
+    /// durable, with the checkpoint's sequence number when one was stored. The default
+    /// appends one by one. Two `commit` futures of one execution alive at once are ordered
+    /// by nothing: a caller that issues a batch before the one before it is durable uses
+    /// [`EventSink::enqueue`] instead.
     async fn commit(
         &self,
         execution: ExecutionId,
@@ -60,6 +86,52 @@ pub trait EventSink: Send + Sync {
                     .await
             }
             None => Ok(None),
+        }
+    }
+
+    /// Places `events` (then `checkpoint`) in `execution`'s order before it returns, without
+    /// waiting for the disk: the place is fixed by this call, not by when the returned
+    /// future is first polled. Engines use it to overlap a turn's commit with the next
+    /// model call and to queue the next batch before the previous one is durable, so that
+    /// a group-committing sink may write both in one transaction. A sink with a write queue
+    /// overrides it; the default defers, and the caller then commits in order.
+    fn enqueue(
+        &self,
+        _execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Enqueued {
+        Enqueued::Deferred { events, checkpoint }
+    }
+}
+
+/// A batch on its way to disk; resolves once it is durable, with the checkpoint's sequence
+/// number when one was stored (as [`EventSink::commit`] does).
+pub type PendingCommit =
+    Pin<Box<dyn Future<Output = Result<Option<u64>, SinkError>> + Send + 'static>>;
+
+/// What [`EventSink::enqueue`] did with a batch.
+pub enum Enqueued {
+    /// The batch has taken its place in the execution's order: every batch enqueued after
+    /// it is written after it, whenever either future is polled. Await it for durability.
+    Placed(PendingCommit),
+    /// The sink cannot place a batch without waiting, so it hands the batch back: the caller
+    /// commits it with [`EventSink::commit`] once every batch before it is durable.
+    Deferred {
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    },
+}
+
+impl std::fmt::Debug for Enqueued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Placed(_) => f.write_str("Placed(..)"),
+            Self::Deferred { events, checkpoint } => f
+                .debug_struct("Deferred")
+                .field("events", &events.len())
+                .field("checkpoint", &checkpoint.is_some())
+                .finish(),
         }
     }
 }
@@ -183,5 +255,14 @@ impl<T: EventSink + ?Sized> EventSink for std::sync::Arc<T> {
         checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
         (**self).commit(execution, events, checkpoint).await
+    }
+
+    fn enqueue(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Enqueued {
+        (**self).enqueue(execution, events, checkpoint)
     }
 }

@@ -230,20 +230,154 @@ fn replace_formats(text: &str) -> Cow<'_, str> {
     }
 }
 
-/// The raw value, plus the forms it takes when embedded in a JSON string (once and twice
-/// escaped, since payloads often carry JSON inside JSON), with and without `\/`.
-fn encoded_forms(value: &str) -> Vec<String> {
+/// How many times a secret may have been JSON-escaped and still be recognised: once for a
+/// value in a JSON document, twice for JSON carried inside a JSON string (a tool result in
+/// an event payload, PHP's `json_encode(json_encode(x))`).
+pub const JSON_LEVELS: usize = 2;
+
+/// The one list of forms a secret is recognised in, shared by the log's [`Redactor`] and the
+/// proxy's response scrubber: every string here is replaced wherever it appears.
+///
+/// - The raw value.
+/// - JSON-escaped once and twice ([`JSON_LEVELS`]). Each level escapes `"`, `\` and control
+///   characters (`\n`-style where JSON has a short escape, `\u00xx` otherwise), and may
+///   independently also escape `/` as `\/` (PHP), non-ASCII characters as `\uxxxx` (PHP,
+///   Python's default) and `<`, `>`, `&` as `\u003c`-style (Go): every combination at every
+///   level, so a value escaped by one encoder and then by another is still found.
+/// - Percent-encoded, with upper- and lower-case hex digits (RFC 3986 calls them
+///   equivalent, and encoders differ), in the flavours encoders actually produce:
+///   every byte but ASCII letters and digits encoded; RFC 3986 unreserved characters
+///   (`-._~`) kept (Python's `quote`, PHP's `rawurlencode`); JavaScript's
+///   `encodeURIComponent` (also keeps `!*'()`); and form encoding, where a space is `+`
+///   (keeping `-._~` as Go and Python do, `-._*` as browsers and Java do, or `-._` as PHP's
+///   `urlencode` does).
+///
+/// Not recognised: a secret split by anything (line folding, a `\u` escape of an ASCII
+/// letter), encodings other than these (base64, HTML entities), or percent-encoding mixed
+/// with literal characters in ways no listed encoder produces.
+pub fn encoded_forms(value: &str) -> Vec<String> {
     let mut forms = vec![value.to_owned()];
-    let mut current = value.to_owned();
-    for _ in 0..2 {
-        let quoted = serde_json::Value::String(current.clone()).to_string();
-        current = quoted[1..quoted.len() - 1].to_owned();
-        forms.push(current.clone());
-        forms.push(current.replace('/', "\\/"));
+    let mut level = vec![value.to_owned()];
+    for _ in 0..JSON_LEVELS {
+        let mut next = Vec::new();
+        for text in &level {
+            for flags in 0..8u8 {
+                let escaped = json_escape(text, JsonFlavour::from_bits(flags));
+                if !next.contains(&escaped) {
+                    next.push(escaped);
+                }
+            }
+        }
+        forms.extend(next.iter().cloned());
+        level = next;
+    }
+    for flavour in &PERCENT_FLAVOURS {
+        for upper in [true, false] {
+            forms.push(percent_encode(value, flavour, upper));
+        }
     }
     forms.sort();
     forms.dedup();
     forms
+}
+
+/// What one JSON encoder escapes beyond what JSON requires.
+#[derive(Debug, Clone, Copy)]
+struct JsonFlavour {
+    slash: bool,
+    non_ascii: bool,
+    html: bool,
+}
+
+impl JsonFlavour {
+    fn from_bits(bits: u8) -> Self {
+        Self {
+            slash: bits & 1 != 0,
+            non_ascii: bits & 2 != 0,
+            html: bits & 4 != 0,
+        }
+    }
+}
+
+/// `text` as it appears between the quotes of a JSON string written by that encoder.
+fn json_escape(text: &str, flavour: JsonFlavour) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    let mut units = [0u16; 2];
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '/' if flavour.slash => out.push_str("\\/"),
+            '<' | '>' | '&' if flavour.html => push_unit_escape(&mut out, c as u16),
+            c if c < ' ' => push_unit_escape(&mut out, c as u16),
+            c if !c.is_ascii() && flavour.non_ascii => {
+                for unit in c.encode_utf16(&mut units) {
+                    push_unit_escape(&mut out, *unit);
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn push_unit_escape(out: &mut String, unit: u16) {
+    out.push_str(&format!("\\u{unit:04x}"));
+}
+
+/// A percent-encoder: the bytes besides ASCII letters and digits it leaves alone, and
+/// whether it writes a space as `+`.
+struct PercentFlavour {
+    kept: &'static [u8],
+    plus_for_space: bool,
+}
+
+const PERCENT_FLAVOURS: [PercentFlavour; 6] = [
+    PercentFlavour {
+        kept: b"",
+        plus_for_space: false,
+    },
+    PercentFlavour {
+        kept: b"-._~",
+        plus_for_space: false,
+    },
+    PercentFlavour {
+        kept: b"-._~!*'()",
+        plus_for_space: false,
+    },
+    PercentFlavour {
+        kept: b"-._~",
+        plus_for_space: true,
+    },
+    PercentFlavour {
+        kept: b"-._*",
+        plus_for_space: true,
+    },
+    PercentFlavour {
+        kept: b"-._",
+        plus_for_space: true,
+    },
+];
+
+fn percent_encode(value: &str, flavour: &PercentFlavour, upper: bool) -> String {
+    let mut out = String::with_capacity(value.len() * 3);
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || flavour.kept.contains(&byte) {
+            out.push(char::from(byte));
+        } else if byte == b' ' && flavour.plus_for_space {
+            out.push('+');
+        } else if upper {
+            out.push_str(&format!("%{byte:02X}"));
+        } else {
+            out.push_str(&format!("%{byte:02x}"));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -330,6 +464,50 @@ mod tests {
         );
         assert!(redactor.contains_secret("xx p@ss\"w/rd\\42"));
         assert!(!redactor.contains_secret("nothing here"));
+    }
+
+    #[test]
+    fn php_double_json_encoding_and_percent_forms_are_caught() {
+        // PHP's json_encode escapes `/` at both levels; Python's quote writes upper-case hex,
+        // some encoders lower-case, form encoding a `+` for a space.
+        let secret = SecretString::from("p@ss\"w/rd 42");
+        let redactor = Redactor::with_secrets([("db", &secret)]).unwrap();
+        for form in [
+            r#"p@ss\"w\/rd 42"#,
+            r#"p@ss\\\"w\\\/rd 42"#,
+            r#"p@ss\\\"w\/rd 42"#,
+            "p%40ss%22w%2Frd%2042",
+            "p%40ss%22w%2frd%2042",
+            "p%40ss%22w%2Frd+42",
+            "p%40ss%22w%2frd+42",
+        ] {
+            assert_eq!(
+                redactor.redact(&format!("<{form}>")),
+                "<[REDACTED:db]>",
+                "{form}"
+            );
+        }
+        let unicode = SecretString::from("s\u{e9}cr\u{1F600}t</x>");
+        let redactor = Redactor::with_secrets([("u", &unicode)]).unwrap();
+        for form in [
+            r"s\u00e9cr\ud83d\ude00t</x>",
+            r"s\u00e9cr\ud83d\ude00t<\/x>",
+            r"s\\u00e9cr\\ud83d\\ude00t\\u003c\\/x\\u003e",
+            r"s\u00e9cr\ud83d\ude00t\u003c/x\u003e",
+        ] {
+            assert_eq!(redactor.redact(form), "[REDACTED:u]", "{form}");
+        }
+    }
+
+    #[test]
+    fn the_forms_of_a_plain_token_are_few() {
+        // Letters, digits and `-_.` survive every encoder listed: one form, and one more
+        // only where an encoder escapes the punctuation.
+        assert_eq!(encoded_forms("abcDEF123456"), ["abcDEF123456"]);
+        assert_eq!(
+            encoded_forms("ab-cd_ef"),
+            ["ab%2Dcd%5Fef", "ab%2dcd%5fef", "ab-cd_ef"]
+        );
     }
 
     #[test]

@@ -22,6 +22,28 @@ pub enum TaskStatus {
     Cancelled,
 }
 
+/// Resumes of one execution allowed: a run that keeps crashing or failing needs a human,
+/// not another attempt. Every way back to work after a stop (`interrupted`, `suspended` or
+/// `failed` -> `in_progress`) is one attempt of these.
+pub const MAX_RESUMES: u32 = 3;
+
+/// Whether resume number `attempt` (1 for the first) of a task in `status` may take it up
+/// again: within [`MAX_RESUMES`], and from a status a stop leaves behind (`interrupted`,
+/// `suspended`, `failed`) or a crash does (`assigned`, `in_progress`). A task in review,
+/// completed or cancelled is not taken up by a resume.
+pub const fn may_resume(status: TaskStatus, attempt: u32) -> bool {
+    use TaskStatus::{
+        Assigned, Cancelled, Completed, Created, Failed, InProgress, InReview, Interrupted,
+        Suspended,
+    };
+    attempt >= 1
+        && attempt <= MAX_RESUMES
+        && match status {
+            Assigned | InProgress | Interrupted | Suspended | Failed => true,
+            Created | InReview | Completed | Cancelled => false,
+        }
+}
+
 /// Returned by [`TaskStatus::transition`] when the move is not allowed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("illegal task transition {from} -> {to}")]
@@ -65,7 +87,10 @@ impl TaskStatus {
     /// Whether `self -> to` is a legal move.
     ///
     /// Interrupted, suspended and failed tasks may go back to work (resume, reassignment);
-    /// a review may send a task back to `in_progress` for rework.
+    /// a review may send a task back to `in_progress` for rework. `failed -> in_progress`
+    /// is a resume taking the task up again after an error ending (a provider outage, a
+    /// full disk): recorded as a `task_transition` like any other move, and bounded by
+    /// [`MAX_RESUMES`], since the resume attempts of an execution are.
     pub const fn can_transition_to(self, to: Self) -> bool {
         use TaskStatus::{
             Assigned, Cancelled, Completed, Created, Failed, InProgress, InReview, Interrupted,
@@ -80,7 +105,7 @@ impl TaskStatus {
             ),
             InReview => matches!(to, Completed | InProgress | Failed | Cancelled),
             Interrupted | Suspended => matches!(to, Assigned | InProgress | Failed | Cancelled),
-            Failed => matches!(to, Assigned | Cancelled),
+            Failed => matches!(to, Assigned | InProgress | Cancelled),
             Completed | Cancelled => false,
         }
     }
@@ -123,6 +148,7 @@ mod tests {
             (Suspended, InProgress),
             (InProgress, Failed),
             (Failed, Assigned),
+            (Failed, InProgress),
             (InReview, InProgress),
         ] {
             check(from, to, true);
@@ -149,6 +175,29 @@ mod tests {
             err.to_string(),
             "illegal task transition completed -> in_progress"
         );
+    }
+
+    #[test]
+    fn a_resume_takes_up_stopped_and_failed_tasks_within_the_bound() {
+        use TaskStatus::*;
+        for status in [Assigned, InProgress, Interrupted, Suspended, Failed] {
+            assert!(
+                status == InProgress || status.can_transition_to(InProgress),
+                "{status}"
+            );
+            for attempt in 1..=MAX_RESUMES {
+                assert!(may_resume(status, attempt), "{status} attempt {attempt}");
+            }
+            assert!(!may_resume(status, 0), "{status} attempt 0");
+            assert!(
+                !may_resume(status, MAX_RESUMES + 1),
+                "{status} attempt {}",
+                MAX_RESUMES + 1
+            );
+        }
+        for status in [Created, InReview, Completed, Cancelled] {
+            assert!(!may_resume(status, 1), "{status}");
+        }
     }
 
     #[test]

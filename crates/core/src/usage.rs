@@ -139,14 +139,60 @@ pub struct TurnRecord {
     pub usage: TokenUsage,
     pub cost: MicroUsd,
     pub tool_calls: Vec<ToolCall>,
-    /// The provider's finish reason: `stop`, `tool_calls` or `max_tokens`.
-    pub finish: String,
+    /// Why the turn's model call stopped.
+    pub finish: FinishReason,
     pub duration_ms: u64,
+}
+
+/// Why the model stopped producing output. On the wire: `stop`, `tool_calls`, `max_tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A final answer (also: a stop sequence, or an unknown reason a server sent).
+    Stop,
+    /// The model asked for tool calls.
+    ToolCalls,
+    /// The output hit the token limit; the loop asks the model to continue.
+    MaxTokens,
+}
+
+impl FinishReason {
+    /// The wire spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::ToolCalls => "tool_calls",
+            Self::MaxTokens => "max_tokens",
+        }
+    }
+}
+
+impl fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finish_reasons_are_snake_case_on_the_wire_and_in_text() {
+        for (reason, wire) in [
+            (FinishReason::Stop, "stop"),
+            (FinishReason::ToolCalls, "tool_calls"),
+            (FinishReason::MaxTokens, "max_tokens"),
+        ] {
+            assert_eq!(serde_json::to_value(reason).unwrap(), wire);
+            assert_eq!(reason.to_string(), wire);
+            assert_eq!(
+                serde_json::from_value::<FinishReason>(wire.into()).unwrap(),
+                reason
+            );
+        }
+        assert!(serde_json::from_value::<FinishReason>("length".into()).is_err());
+    }
 
     #[test]
     fn cost_rounds_up_to_the_next_micro_dollar() {

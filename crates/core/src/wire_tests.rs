@@ -103,7 +103,7 @@ fn usage_and_turns() {
         usage,
         cost: MicroUsd(3_600),
         tool_calls: vec![call()],
-        finish: "tool_calls".into(),
+        finish: crate::FinishReason::ToolCalls,
         duration_ms: 12,
     };
     insta::assert_json_snapshot!("turn_record", turn);
@@ -152,7 +152,7 @@ fn events() {
             usage,
             cost: MicroUsd(0),
             tool_calls: vec!["shell".into()],
-            finish: "tool_calls".into(),
+            finish: crate::FinishReason::ToolCalls,
             duration_ms: 20,
         }),
         Event::TaskTransition(TaskTransition {

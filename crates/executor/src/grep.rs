@@ -355,6 +355,15 @@ mod tests {
             Some("[x"),
             Err("invalid glob: unclosed '[' in [x"),
         );
+        // The model's 60 KB `{a}{a}...` once overflowed the executor's stack.
+        check(
+            TREE,
+            &limits,
+            "x",
+            None,
+            Some(&"{a}".repeat(20_480)),
+            Err("invalid glob: the glob is 61440 characters long; the limit is 4096"),
+        );
     }
 
     #[test]

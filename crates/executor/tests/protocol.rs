@@ -210,9 +210,10 @@ fn exec_happy_path_and_non_zero_exit() {
 fn timeout_kills_the_whole_group_including_grandchildren() {
     let mut executor = Harness::start();
     // The outer shell starts an inner shell that starts a sleep and then becomes one; both
-    // report their pids before the deadline.
+    // report their pids before the deadline, which leaves them seconds for that on a loaded
+    // machine (300 ms did not always).
     let command = "sh -c 'sleep 100 & echo $!; exec sleep 100' & echo $!; wait";
-    let response = executor.exec(command, 300, 1000);
+    let response = executor.exec(command, 3_000, 1000);
     assert_eq!(ok(&response)["timed_out"], json!(true), "{response}");
     assert_eq!(response["signal"], json!(9));
     let pids = pids(&response["stdout"]);

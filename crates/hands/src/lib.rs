@@ -13,6 +13,7 @@ mod control;
 mod executor;
 mod image;
 mod locate;
+mod owner;
 mod percall;
 pub mod proxy;
 mod sandbox;
@@ -22,7 +23,9 @@ pub use executor::Transport;
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
 pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};
 pub use proxy::{Proxy, ProxyClient, ProxyConfig, ProxyListener, ProxyMount, ProxyRule};
-pub use sandbox::{Backend, Sandbox, SandboxConfig, connect_docker, reap_orphans};
+pub use sandbox::{
+    Backend, ReapReport, ReapScope, Sandbox, SandboxConfig, connect_docker, reap, reap_orphans,
+};
 pub use tools::{
     EditFileArgs, GrepArgs, HttpRequestArgs, ListDirArgs, ReadFileArgs, SandboxTools, ShellArgs,
     WriteFileArgs,
@@ -76,6 +79,13 @@ pub enum HandsError {
     /// [`ProxyListener::bind`] and [`ProxyListener::serve`].
     #[error("auth proxy: {0}")]
     Proxy(String),
+    /// The execution's sandbox name is held by another container that cannot be removed
+    /// safely: its owner is alive, or cannot be proven dead (another host, boot or PID
+    /// namespace, an unreadable owner label), or it is not Nerve's. Returned by
+    /// [`Sandbox::start`]; retryable once that run ended or the container was removed
+    /// (`nerve reap --all`).
+    #[error("{0}")]
+    SandboxInUse(String),
     /// The Docker engine refused or failed an operation on the container. Returned by
     /// every container operation; the sandbox should be considered lost.
     #[error("docker: {0}")]

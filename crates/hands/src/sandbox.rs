@@ -27,8 +27,8 @@ use std::time::Duration;
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    StopContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
 };
 use nerve_core::ExecutionId;
 use nerve_executor::{
@@ -45,6 +45,7 @@ use crate::control::{
 };
 use crate::executor::{Connection, Pending, Transport};
 use crate::locate::{CONTAINER_EXECUTOR_PATH, unusable_reason};
+use crate::owner::{Liveness, Owner, label_liveness};
 use crate::percall;
 use crate::proxy::{CONTAINER_PROXY_DIR, ProxyMount, RELAY_LISTEN};
 
@@ -53,6 +54,9 @@ pub(crate) const LABEL_MANAGED: &str = "org.nerve.managed";
 const LABEL_EXECUTION: &str = "org.nerve.execution";
 /// `<boot id>:<pid>:<start time>` of the process that owns the container.
 const LABEL_OWNER: &str = "org.nerve.owner";
+/// `machine=<id>;pidns=<inode>`: where that process runs. With [`LABEL_OWNER`] it lets the
+/// reaper prove the owner dead (see `owner.rs`).
+const LABEL_OWNER_HOST: &str = "org.nerve.owner.host";
 
 /// Beyond a command's own timeout, how long the host waits for the executor's answer: the
 /// executor may take up to 7 s after the deadline (5 s for a killed shell to exit, 2 s to
@@ -446,19 +450,8 @@ impl Sandbox {
         if let Ok(mut channel) = self.channel.try_lock() {
             channel.connection = None;
         }
-        let options = RemoveContainerOptionsBuilder::default()
-            .force(true)
-            .v(true)
-            .build();
-        match self.docker.remove_container(&self.id, Some(options)).await {
-            // 404: already gone; 409: a removal (the reaper's) is already in progress.
-            Ok(())
-            | Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404 | 409,
-                ..
-            }) => Ok(()),
-            Err(other) => Err(other.into()),
-        }
+        // 404: already gone; 409: a removal (the reaper's) is already in progress.
+        remove_container(&self.docker, &self.id).await
     }
 
     fn target(&self) -> percall::Target<'_> {
@@ -587,20 +580,156 @@ fn fall_back(channel: &mut Channel, reason: String) {
     channel.fallback = Some(reason);
 }
 
-/// Creates the container named after the execution and returns its id.
+/// The container's name: one per execution, so that two live runs of one execution cannot
+/// both have a sandbox.
+fn container_name(execution: ExecutionId) -> String {
+    format!("nerve-{execution}")
+}
+
+/// Creates the container named after the execution and returns its id. A container of an
+/// earlier attempt still holding the name (a run killed before it could remove it, a
+/// resume right after a crash) is removed first when its owner is provably dead; one whose
+/// owner is alive or beyond proof is a [`HandsError::SandboxInUse`], never the engine's
+/// bare 409.
 async fn create(
     docker: &Docker,
     config: &SandboxConfig,
     body: ContainerCreateBody,
 ) -> Result<String, HandsError> {
-    let name = format!("nerve-{}", config.execution_id);
+    let name = container_name(config.execution_id);
     let options = CreateContainerOptionsBuilder::default().name(&name).build();
-    match docker.create_container(Some(options), body).await {
-        Ok(created) => Ok(created.id),
-        // The image check is folded into the create call: one round trip fewer per start.
+    let mut cleared = false;
+    loop {
+        match docker
+            .create_container(Some(options.clone()), body.clone())
+            .await
+        {
+            Ok(created) => return Ok(created.id),
+            // The image check is folded into the create call: one round trip fewer per start.
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Err(HandsError::ImageMissing(config.image.clone())),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) if !cleared => {
+                clear_name(docker, config.execution_id, &name).await?;
+                cleared = true;
+            }
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => {
+                return Err(HandsError::SandboxInUse(format!(
+                    "the container {name} of execution {} was created again by someone else while this process removed the previous one",
+                    config.execution_id
+                )));
+            }
+            Err(other) => return Err(other.into()),
+        }
+    }
+}
+
+/// Removes the container holding `name` if it is an earlier attempt's of the same
+/// execution whose owner is provably dead; otherwise says why it stays.
+async fn clear_name(docker: &Docker, execution: ExecutionId, name: &str) -> Result<(), HandsError> {
+    let existing = match docker
+        .inspect_container(name, None::<InspectContainerOptions>)
+        .await
+    {
+        Ok(existing) => existing,
+        // Gone in the meantime (its owner's own removal): the name is free.
         Err(bollard::errors::Error::DockerResponseServerError {
             status_code: 404, ..
-        }) => Err(HandsError::ImageMissing(config.image.clone())),
+        }) => return Ok(()),
+        Err(other) => return Err(other.into()),
+    };
+    let control_dir = existing
+        .mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.destination.as_deref() == Some(CONTAINER_CONTROL_DIR))
+        .find_map(|m| m.source.clone());
+    let labels = existing
+        .config
+        .and_then(|config| config.labels)
+        .unwrap_or_default();
+    let ours = labels.get(LABEL_MANAGED).map(String::as_str) == Some("true")
+        && labels.get(LABEL_EXECUTION).map(String::as_str) == Some(&execution.to_string());
+    if !ours {
+        return Err(HandsError::SandboxInUse(format!(
+            "a container named {name} exists and is not a Nerve sandbox of execution {execution}; remove or rename it"
+        )));
+    }
+    let owner = labels.get(LABEL_OWNER).map(String::as_str);
+    let host = labels.get(LABEL_OWNER_HOST).map(String::as_str);
+    match label_liveness(owner, host) {
+        Liveness::Dead => {
+            tracing::info!(
+                container = name,
+                "removing the sandbox of a dead earlier attempt of this execution"
+            );
+            remove_container(docker, name).await?;
+            // Another reaper may be removing it at the same time (our removal then answers
+            // 409 at once): the name is free only once the container is gone.
+            wait_gone(docker, name).await?;
+            if let Some(dir) = control_dir {
+                remove_control_dir(Path::new(&dir));
+            }
+            Ok(())
+        }
+        Liveness::Alive => Err(HandsError::SandboxInUse(format!(
+            "execution {execution} already has a sandbox ({name}) whose owner, process {}, is still running; stop that run first",
+            owner
+                .zip(host)
+                .and_then(|(o, h)| Owner::parse(o, h).ok())
+                .map_or(0, |o| o.pid)
+        ))),
+        Liveness::Unknown(reason) => Err(HandsError::SandboxInUse(format!(
+            "execution {execution} already has a sandbox ({name}) whose owner cannot be proven dead ({reason}); if no run of it is alive, remove it with `nerve reap --all {execution}`"
+        ))),
+    }
+}
+
+/// How long a removal of a dead attempt's container may take before the start gives up.
+const REMOVAL_LIMIT: Duration = Duration::from_secs(60);
+
+/// Waits until the engine no longer knows the container `name`.
+async fn wait_gone(docker: &Docker, name: &str) -> Result<(), HandsError> {
+    let deadline = tokio::time::Instant::now() + REMOVAL_LIMIT;
+    loop {
+        match docker
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+        {
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Ok(()),
+            Ok(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(_) => {
+                return Err(HandsError::SandboxInUse(format!(
+                    "the container {name} of a dead earlier attempt was still there {}s after its removal",
+                    REMOVAL_LIMIT.as_secs()
+                )));
+            }
+            Err(other) => return Err(other.into()),
+        }
+    }
+}
+
+/// Force-removes a container with its anonymous volumes; one already gone, or already
+/// being removed, counts as removed.
+async fn remove_container(docker: &Docker, id: &str) -> Result<(), HandsError> {
+    let options = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
+    match docker.remove_container(id, Some(options)).await {
+        Ok(())
+        | Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404 | 409,
+            ..
+        }) => Ok(()),
         Err(other) => Err(other.into()),
     }
 }
@@ -614,12 +743,17 @@ fn container_body(
     env: &[String],
     main: MainProcess,
 ) -> ContainerCreateBody {
+    let owner = Owner::current();
     let labels = HashMap::from([
         (LABEL_MANAGED.to_owned(), "true".to_owned()),
         (LABEL_EXECUTION.to_owned(), config.execution_id.to_string()),
         (
             LABEL_OWNER.to_owned(),
-            owner_token(std::process::id()).unwrap_or_default(),
+            owner.as_ref().map(Owner::process_label).unwrap_or_default(),
+        ),
+        (
+            LABEL_OWNER_HOST.to_owned(),
+            owner.as_ref().map(Owner::host_label).unwrap_or_default(),
         ),
     ]);
     let ulimit = |name: &str, value: i64| ResourcesUlimits {
@@ -764,51 +898,97 @@ fn path_str(path: &Path) -> Result<&str, HandsError> {
         .ok_or_else(|| HandsError::Workspace(format!("{} is not valid UTF-8", path.display())))
 }
 
+/// Which containers [`reap`] removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReapScope {
+    /// Only those whose owner is provably dead (see `owner.rs`).
+    Orphans,
+    /// Every Nerve container, live runs' included: an operator's override (`nerve reap
+    /// --all`) for sandboxes of other hosts or namespaces that the operator knows are dead.
+    All,
+}
+
+/// What [`reap`] did: the containers it removed, and those it left with the reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// Names (or ids) of the containers removed.
+    pub removed: Vec<String>,
+    /// Names (or ids) of the containers left alone, and why.
+    pub kept: Vec<(String, String)>,
+}
+
 /// Removes Nerve containers whose owning process is gone (killed, crashed), and returns how
-/// many it removed, with the control directories they leave on the host. Containers of live
-/// processes are left alone, stopped ones included: a sandbox's container stops whenever its
-/// executor dies, until the next call restarts it.
+/// many it removed. See [`reap`].
 pub async fn reap_orphans(docker: &Docker) -> Result<usize, HandsError> {
-    let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
+    Ok(reap(docker, ReapScope::Orphans, None).await?.removed.len())
+}
+
+/// Removes Nerve containers (those labelled `org.nerve.managed=true`), with the control
+/// directories they leave on the host. With [`ReapScope::Orphans`] a container goes only
+/// when its owner label proves its owner dead: same host, boot and PID namespace as this
+/// process, and the process gone. Containers of live processes are left alone, stopped ones
+/// included (a sandbox's container stops whenever its executor dies, until the next call
+/// restarts it), and so are those of other hosts, boots or namespaces and those whose label
+/// is missing, empty or unreadable: their owner may well be alive where we cannot look.
+/// With `execution`, only that execution's containers are considered.
+pub async fn reap(
+    docker: &Docker,
+    scope: ReapScope,
+    execution: Option<&str>,
+) -> Result<ReapReport, HandsError> {
+    let mut labels = vec![format!("{LABEL_MANAGED}=true")];
+    if let Some(execution) = execution {
+        labels.push(format!("{LABEL_EXECUTION}={execution}"));
+    }
+    let filters = HashMap::from([("label".to_owned(), labels)]);
     let options = ListContainersOptionsBuilder::default()
         .all(true)
         .filters(&filters)
         .build();
-    let mut removed = 0;
+    let mut report = ReapReport::default();
     for container in docker.list_containers(Some(options)).await? {
-        let owner = container
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(LABEL_OWNER))
-            .cloned();
-        if owner.as_deref().is_some_and(owner_alive) {
+        let Some(id) = container.id.clone() else {
             continue;
-        }
-        if let Some(id) = container.id {
-            let options = RemoveContainerOptionsBuilder::default()
-                .force(true)
-                .v(true)
-                .build();
-            match docker.remove_container(&id, Some(options)).await {
-                Ok(()) => {
-                    removed += 1;
-                    let mounts = container.mounts.iter().flatten();
-                    if let Some(dir) = mounts
-                        .filter(|m| m.destination.as_deref() == Some(CONTAINER_CONTROL_DIR))
-                        .find_map(|m| m.source.as_deref())
-                    {
-                        remove_control_dir(Path::new(dir));
-                    }
+        };
+        let shown = container
+            .names
+            .as_ref()
+            .and_then(|names| names.first())
+            .map_or_else(
+                || id.clone(),
+                |name| name.trim_start_matches('/').to_owned(),
+            );
+        let label = |name: &str| {
+            container
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(name))
+                .map(String::as_str)
+        };
+        if scope == ReapScope::Orphans {
+            match label_liveness(label(LABEL_OWNER), label(LABEL_OWNER_HOST)) {
+                Liveness::Dead => {}
+                Liveness::Alive => {
+                    report.kept.push((shown, "its owner is running".to_owned()));
+                    continue;
                 }
-                Err(bollard::errors::Error::DockerResponseServerError {
-                    status_code: 404 | 409,
-                    ..
-                }) => {}
-                Err(other) => return Err(other.into()),
+                Liveness::Unknown(reason) => {
+                    report.kept.push((shown, reason));
+                    continue;
+                }
             }
         }
+        remove_container(docker, &id).await?;
+        report.removed.push(shown);
+        let mounts = container.mounts.iter().flatten();
+        if let Some(dir) = mounts
+            .filter(|m| m.destination.as_deref() == Some(CONTAINER_CONTROL_DIR))
+            .find_map(|m| m.source.as_deref())
+        {
+            remove_control_dir(Path::new(dir));
+        }
     }
-    Ok(removed)
+    Ok(report)
 }
 
 /// Removes the control directory of a dead process's sandbox: only an empty directory that
@@ -822,41 +1002,9 @@ fn remove_control_dir(dir: &Path) {
     }
 }
 
-/// Identifies a process across pid reuse: boot id, pid and the process's start time.
-fn owner_token(pid: u32) -> Option<String> {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    Some(format!("{}:{pid}:{}", boot.trim(), start_time(pid)?))
-}
-
-fn start_time(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22; the command name (field 2) may hold spaces, so count after its `)`.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)
-        .map(str::to_owned)
-}
-
-fn owner_alive(token: &str) -> bool {
-    let mut parts = token.split(':');
-    let (Some(_boot), Some(pid)) = (parts.next(), parts.next()) else {
-        return false;
-    };
-    pid.parse::<u32>().ok().and_then(owner_token).as_deref() == Some(token)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn this_process_is_alive_and_a_dead_one_is_not() {
-        let me = owner_token(std::process::id()).unwrap();
-        assert!(owner_alive(&me));
-        assert!(!owner_alive("boot:999999999:1"));
-        assert!(!owner_alive("garbage"));
-    }
 
     #[test]
     fn the_container_is_hardened() {

@@ -52,7 +52,7 @@ struct MemorySink {
 impl EventSink for MemorySink {
     async fn append(&self, _execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
         if self.fail {
-            return Err(SinkError("disk full".to_owned()));
+            return Err(SinkError::Write("disk full".to_owned()));
         }
         let Event::ProxyDecision(decision) = event else {
             panic!("the proxy emitted something else: {event:?}");
@@ -1040,8 +1040,10 @@ async fn a_slow_upstream_gets_a_504_and_never_hangs_the_sandbox() {
         reply
     })
     .await;
+    // The body's status line must come through before the limit: seconds, not the
+    // 300 ms that a loaded machine could miss.
     let limits = ProxyLimits {
-        total_timeout: Duration::from_millis(300),
+        total_timeout: Duration::from_secs(2),
         ..ProxyLimits::default()
     };
     let h = Harness::with(
@@ -1144,6 +1146,158 @@ async fn nothing_is_answered_unrecorded() {
     assert_eq!(answer.status, 503);
     answer.assert_clean();
     assert_eq!(h.get("http://evil.test/").await.status, 503);
+}
+
+// ---------------------------------------------------------------------------------------
+// An upstream that reflects the credential wherever HTTP lets it write.
+
+/// An upstream speaking raw HTTP/1.1, so that it can write what a well-behaved server never
+/// would: it reads one request head and answers with `answer(authorization)`, where
+/// `authorization` is the value of the `Authorization` header it received.
+struct RawUpstream {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RawUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RawUpstream {
+    async fn start(answer: fn(&str) -> Vec<u8>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if stream.read_exact(&mut byte).await.is_err() {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let authorization = head
+                        .lines()
+                        .find_map(|line| {
+                            let (name, value) = line.split_once(':')?;
+                            name.eq_ignore_ascii_case("authorization")
+                                .then(|| value.trim().to_owned())
+                        })
+                        .unwrap_or_default();
+                    let _ = stream.write_all(&answer(&authorization)).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Self { port, task }
+    }
+
+    fn rule(&self, host: &str) -> ProxyRule {
+        ProxyRule {
+            methods: vec!["GET".into()],
+            paths: vec!["/v1/".into()],
+            credential: Some(credential()),
+            upstream_scheme: UpstreamScheme::Http,
+            upstream_port: Some(self.port),
+            allow_private: true,
+            ..ProxyRule::new(HostPattern::parse(host).unwrap())
+        }
+    }
+}
+
+/// Sends one GET through the proxy as raw bytes and returns the raw answer.
+async fn raw_get(h: &Harness, path: &str) -> String {
+    h.raw(
+        format!("GET http://reflect.test{path} HTTP/1.1\r\nHost: reflect.test\r\nTE: trailers\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_status_line_carries_the_canonical_reason_never_the_upstreams() {
+    for (answer, expected) in [
+        (
+            (|auth: &str| {
+                format!("HTTP/1.1 200 {auth}\r\nContent-Length: 2\r\n\r\nok").into_bytes()
+            }) as fn(&str) -> Vec<u8>,
+            "HTTP/1.1 200 OK\r\n",
+        ),
+        (
+            |auth: &str| format!("HTTP/1.1 404 {auth}\r\nContent-Length: 0\r\n\r\n").into_bytes(),
+            "HTTP/1.1 404 Not Found\r\n",
+        ),
+        (
+            |auth: &str| format!("HTTP/1.1 299 {auth}\r\nContent-Length: 0\r\n\r\n").into_bytes(),
+            "HTTP/1.1 299 ",
+        ),
+    ] {
+        let upstream = RawUpstream::start(answer).await;
+        let h = Harness::new(vec![upstream.rule("reflect.test")], &["reflect.test"]);
+        let raw = raw_get(&h, "/v1/x").await;
+        assert!(raw.starts_with(expected), "{raw}");
+        assert!(!raw.contains(CANARY), "{raw}");
+        h.assert_events_clean();
+    }
+}
+
+#[tokio::test]
+async fn headers_trailers_and_bodies_are_scrubbed_of_every_form() {
+    let upstream = RawUpstream::start(|auth| {
+        let secret = auth.trim_start_matches("Bearer ");
+        // JSON inside JSON (every form is tried in the scrubber's own tests; this token has
+        // no character JSON escapes) and percent-encoding with lower-case hex.
+        let twice = format!(r#""{{\"v\":\"{secret}\\\/\"}}""#);
+        let lower = secret.replace('-', "%2d");
+        format!(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Trail\r\n\
+             X-{secret}: named\r\nX-Lower: {lower}\r\nX-Plain: {auth}\r\n\r\n\
+             {:x}\r\n{twice}\r\n0\r\nX-Trail: {auth}\r\n\r\n",
+            twice.len()
+        )
+        .into_bytes()
+    })
+    .await;
+    let h = Harness::new(vec![upstream.rule("reflect.test")], &["reflect.test"]);
+    let raw = raw_get(&h, "/v1/x").await;
+    assert!(raw.starts_with("HTTP/1.1 200 OK\r\n"), "{raw}");
+    assert!(!raw.contains(CANARY), "{raw}");
+    assert!(!raw.contains("canary%2d"), "{raw}");
+    assert!(
+        !raw.contains("named"),
+        "the header named by the secret was kept: {raw}"
+    );
+    assert!(!raw.contains("X-Trail:"), "a trailer went through: {raw}");
+    assert!(raw.contains("x-plain: Bearer [REDACTED:github]"), "{raw}");
+    assert!(raw.contains("x-lower: [REDACTED:github]"), "{raw}");
+    assert!(raw.contains(r#"{\"v\":\"[REDACTED:github]"#), "{raw}");
+    h.assert_events_clean();
+}
+
+#[tokio::test]
+async fn the_proxys_own_texts_name_upstream_values_and_never_quote_them() {
+    let upstream = RawUpstream::start(|auth| {
+        format!("HTTP/1.1 200 OK\r\nContent-Encoding: {auth}\r\nContent-Length: 2\r\n\r\nok")
+            .into_bytes()
+    })
+    .await;
+    let h = Harness::new(vec![upstream.rule("reflect.test")], &["reflect.test"]);
+    let raw = raw_get(&h, "/v1/x").await;
+    assert_eq!(status_of(&raw), 502, "{raw}");
+    assert!(raw.contains("Content-Encoding is not identity"), "{raw}");
+    assert!(!raw.contains(CANARY), "{raw}");
+    assert!(!raw.contains("Bearer"), "{raw}");
+    let reason = h.sink.last().reason.unwrap();
+    assert!(!reason.contains("Bearer"), "{reason}");
+    h.assert_events_clean();
 }
 
 // ---------------------------------------------------------------------------------------

@@ -152,7 +152,7 @@ fn turn_events(turn: u32, index: u32) -> Vec<Event> {
             usage: TokenUsage::new(12_000, 180),
             cost: MicroUsd(38_700),
             tool_calls: vec!["shell".into()],
-            finish: "tool_calls".into(),
+            finish: nerve_core::FinishReason::ToolCalls,
             duration_ms: 1_900,
         }),
     ]

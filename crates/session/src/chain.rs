@@ -3,6 +3,8 @@
 
 use ring::digest::{Context, SHA256};
 
+use crate::store::StoredEvent;
+
 /// The `prev_hash` of an execution's first event.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -227,6 +229,18 @@ impl ChainCheck {
             }
         }
     }
+}
+
+/// Recomputes the hash chain of one execution's `events` (as [`crate::Store::events`] or
+/// any backend returns them, in order): the number of events verified, or the first break.
+/// What `resume`, `chat ID` and `run --continue` check before they trust a log, whatever
+/// backend it came from.
+pub fn verify_events(events: &[StoredEvent]) -> Result<u64, ChainError> {
+    let mut check = ChainCheck::default();
+    for event in events {
+        check.push(&event.fields());
+    }
+    check.finish().map_err(|(error, _)| error)
 }
 
 #[cfg(test)]

@@ -56,6 +56,17 @@ pub trait EventStore: EventSink {
     /// Every event of `execution`, in order. [`SessionError::UnknownExecution`] when none.
     async fn events(&self, execution: ExecutionId) -> Result<Vec<StoredEvent>, SessionError>;
 
+    /// Every event of `execution`, in order, once their hash chain verifies
+    /// ([`SessionError::BrokenChain`] otherwise): what a resume builds on.
+    async fn verified_events(
+        &self,
+        execution: ExecutionId,
+    ) -> Result<Vec<StoredEvent>, SessionError> {
+        let events = self.events(execution).await?;
+        crate::chain::verify_events(&events).map_err(SessionError::BrokenChain)?;
+        Ok(events)
+    }
+
     /// The replay of `execution`'s log.
     async fn replay(&self, execution: ExecutionId) -> Result<Replay, SessionError>;
 

@@ -14,7 +14,7 @@ mod wal;
 mod writer;
 
 pub use archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
-pub use chain::{ChainError, GENESIS_HASH};
+pub use chain::{ChainError, GENESIS_HASH, verify_events};
 pub use event_store::EventStore;
 pub use replay::{
     COMPLETE_AT, CheckpointMark, CompactionRecord, Gap, GapKind, PendingApproval, ProxyTally,
@@ -57,6 +57,12 @@ pub enum SessionError {
     /// by [`Store::latest_checkpoint`], [`Store::archive_block`], [`Store::search_archive`].
     #[error("event log record is corrupt: {0}")]
     Corrupt(String),
+    /// The execution's hash chain does not verify: an event was edited, removed or
+    /// reordered. Returned by [`Store::verified_events`] and
+    /// [`EventStore::verified_events`], which refuse to hand such a log to a resume. Not
+    /// retryable: the log needs a human (`nerve verify` names the same sequence).
+    #[error(transparent)]
+    BrokenChain(ChainError),
     /// The transaction holding this write failed (the message says why); nothing of it was
     /// written. Returned by the writes of [`SqliteSink`] and [`Store`].
     #[error("event log write failed: {0}")]
@@ -69,6 +75,22 @@ pub enum SessionError {
     /// Returned by the reads of [`SqliteSink`].
     #[error("event log reader stopped")]
     ReaderGone,
+}
+
+/// The engine's port speaks [`nerve_core::SinkError`]; the message stays this error's text.
+impl From<SessionError> for nerve_core::SinkError {
+    fn from(error: SessionError) -> Self {
+        let message = error.to_string();
+        match error {
+            SessionError::WriterGone | SessionError::ReaderGone => Self::Unavailable(message),
+            SessionError::Encode(_) => Self::Encode(message),
+            SessionError::Corrupt(_) | SessionError::BrokenChain(_) => Self::Corrupt(message),
+            SessionError::Sqlite { .. }
+            | SessionError::SchemaTooNew { .. }
+            | SessionError::UnknownExecution(_)
+            | SessionError::Write(_) => Self::Write(message),
+        }
+    }
 }
 
 #[cfg(test)]

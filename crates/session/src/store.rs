@@ -20,7 +20,9 @@ use serde::Serialize;
 
 use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
-use crate::chain::{ChainCheck, ChainError, Fields, GENESIS_HASH, content_matches, event_hash};
+use crate::chain::{
+    ChainCheck, ChainError, Fields, GENESIS_HASH, content_matches, event_hash, verify_events,
+};
 use crate::encode::{
     IndexUpdate, RowWrite, Write, Written, encode_blocks, encode_checkpoint, encode_event,
     sha256_hex,
@@ -607,6 +609,19 @@ impl Store {
         if events.is_empty() {
             return Err(SessionError::UnknownExecution(execution.to_string()));
         }
+        Ok(events)
+    }
+
+    /// Every event of `execution`, in order, once their hash chain verifies:
+    /// [`SessionError::BrokenChain`] names the first bad sequence otherwise. What anything
+    /// that continues an execution (`resume`, `chat ID`, `run --continue`) reads, so that a
+    /// tampered log never reaches the model.
+    pub fn verified_events(
+        &self,
+        execution: &ExecutionId,
+    ) -> Result<Vec<StoredEvent>, SessionError> {
+        let events = self.events(execution)?;
+        verify_events(&events).map_err(SessionError::BrokenChain)?;
         Ok(events)
     }
 

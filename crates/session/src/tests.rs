@@ -53,7 +53,7 @@ fn turn(n: u32) -> Event {
         usage: TokenUsage::new(100, 10),
         cost: MicroUsd(5),
         tool_calls: vec![],
-        finish: "stop".into(),
+        finish: nerve_core::FinishReason::Stop,
         duration_ms: 1,
     })
 }
@@ -764,14 +764,11 @@ async fn stored_kinds(sink: &SqliteSink, id: ExecutionId) -> Vec<String> {
     events.into_iter().map(|e| e.kind).collect()
 }
 
-/// The port's order contract: a batch takes its place when its commit is first polled. The
-/// engine issues a turn's end, then the next intent, and only then awaits the first.
+/// The port's order contract: a batch takes its place when `enqueue` returns, whenever its
+/// commit is awaited. The engine issues a turn's end, then the next intent, and only then
+/// awaits the first.
 #[tokio::test]
-async fn commits_keep_the_order_of_their_first_poll_not_of_their_awaits() {
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::task::Poll;
-
+async fn enqueued_batches_keep_the_order_of_their_enqueue_not_of_their_awaits() {
     let (_dir, path) = temp_db();
     let sink = Arc::new(SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap());
     let id = ExecutionId::new();
@@ -781,14 +778,11 @@ async fn commits_keep_the_order_of_their_first_poll_not_of_their_awaits() {
         vec![model_called(1)],
         vec![turn(1)],
     ] {
-        let port = Arc::clone(&sink);
-        let mut commit: Pin<Box<dyn Future<Output = _> + Send>> =
-            Box::pin(async move { port.commit(id, batch, None).await });
-        // One poll queues the batch; it is awaited only later (a commit that finished within
-        // the poll, if the thread was preempted that long, is kept as its result).
-        match std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await {
-            Poll::Pending => issued.push(commit),
-            Poll::Ready(done) => issued.push(Box::pin(std::future::ready(done))),
+        match sink.enqueue(id, batch, None) {
+            nerve_core::Enqueued::Placed(commit) => issued.push(commit),
+            deferred @ nerve_core::Enqueued::Deferred { .. } => {
+                panic!("the SQLite sink places every batch, got {deferred:?}")
+            }
         }
     }
     // Awaited last to first.
@@ -948,6 +942,12 @@ async fn update_and_delete_are_refused_and_tampering_is_detected() {
     )
     .await
     .unwrap();
+    let intact = Store::open_read_only(&path).unwrap();
+    assert_eq!(
+        intact.verified_events(&id).unwrap(),
+        intact.events(&id).unwrap()
+    );
+    drop(intact);
     let conn = rusqlite::Connection::open(&path).unwrap();
     for table in ["events", "archive_blocks"] {
         let update = conn
@@ -976,6 +976,16 @@ async fn update_and_delete_are_refused_and_tampering_is_detected() {
     let broken = store.verify(&id).unwrap().unwrap_err();
     assert_eq!(broken.seq, 4, "{broken}");
     assert!(broken.reason.contains("content"), "{broken}");
+    // What a resume reads refuses the log, naming the same sequence; an intact chain of
+    // the same events would have been handed over.
+    match store.verified_events(&id) {
+        Err(SessionError::BrokenChain(refused)) => assert_eq!(refused, broken),
+        other => panic!("a tampered log was handed to a resume: {other:?}"),
+    }
+    assert_eq!(
+        crate::verify_events(&store.events(&id).unwrap()).unwrap_err(),
+        broken
+    );
     let replayed = replay(&id.to_string(), &store.events(&id).unwrap());
     assert_eq!(replayed.gaps[0].kind, GapKind::BrokenChain);
     assert!(

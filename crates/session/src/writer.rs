@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use nerve_core::event::Compaction;
 use nerve_core::{
-    ArchivedBlock, BlockId, ContextArchive, Event, EventSink, ExecutionId, RecallHit, Redactor,
-    SinkError, Snapshot,
+    ArchivedBlock, BlockId, ContextArchive, Enqueued, Event, EventSink, ExecutionId, RecallHit,
+    Redactor, SinkError, Snapshot,
 };
 use tokio::sync::oneshot;
 
@@ -528,16 +528,16 @@ fn write_batches(
 impl EventSink for SqliteSink {
     async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
         let event = encode_event(&event, &self.redactor)
-            .map_err(|e| SinkError(SessionError::Encode(e).to_string()))?;
+            .map_err(|e| SinkError::from(SessionError::Encode(e)))?;
         let written = self
             .submit(Write::events(execution.to_string(), vec![event]))
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
+            .map_err(SinkError::from)?;
         written
             .seqs
             .first()
             .copied()
-            .ok_or_else(|| SinkError("the writer returned no sequence number".into()))
+            .ok_or_else(|| SinkError::Write("the writer returned no sequence number".into()))
     }
 
     async fn checkpoint(
@@ -549,7 +549,7 @@ impl EventSink for SqliteSink {
         EventStore::write_checkpoint(self, execution, turn, snapshot)
             .await
             .map(Some)
-            .map_err(|e| SinkError(e.to_string()))
+            .map_err(SinkError::from)
     }
 
     async fn commit(
@@ -558,9 +558,54 @@ impl EventSink for SqliteSink {
         events: Vec<Event>,
         checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
-        let sink_error = |e: SessionError| SinkError(e.to_string());
-        let encoded = self.encode_all(&events).map_err(sink_error)?;
-        let write = match &checkpoint {
+        let has_checkpoint = checkpoint.is_some();
+        let Some(write) = self.batch_write(execution, &events, checkpoint)? else {
+            return Ok(None);
+        };
+        let written = self.submit(write).await.map_err(SinkError::from)?;
+        Ok(has_checkpoint.then_some(written.head))
+    }
+
+    /// Encodes the batch here and queues it at once: its place in the order is taken
+    /// before this returns.
+    fn enqueue(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Enqueued {
+        let has_checkpoint = checkpoint.is_some();
+        let write = match self.batch_write(execution, &events, checkpoint) {
+            Ok(Some(write)) => write,
+            Ok(None) => return Enqueued::Placed(Box::pin(std::future::ready(Ok(None)))),
+            Err(error) => return Enqueued::Placed(Box::pin(std::future::ready(Err(error)))),
+        };
+        let (reply, answer) = oneshot::channel();
+        let queued = self.jobs.push(Job { write, reply });
+        Enqueued::Placed(Box::pin(async move {
+            if !queued {
+                return Err(SinkError::from(SessionError::WriterGone));
+            }
+            match answer.await {
+                Ok((Ok(written), _)) => Ok(has_checkpoint.then_some(written.head)),
+                Ok((Err(message), _)) => Err(SessionError::Write(message).into()),
+                Err(_) => Err(SessionError::WriterGone.into()),
+            }
+        }))
+    }
+}
+
+impl SqliteSink {
+    /// The write of one batch (`None` when there is nothing to write), encoded and redacted
+    /// on the caller's thread.
+    fn batch_write(
+        &self,
+        execution: ExecutionId,
+        events: &[Event],
+        checkpoint: Option<Snapshot>,
+    ) -> Result<Option<Write>, SinkError> {
+        let encoded = self.encode_all(events)?;
+        Ok(Some(match &checkpoint {
             Some(snapshot) => encode_checkpoint_after(
                 execution.to_string(),
                 encoded,
@@ -568,12 +613,10 @@ impl EventSink for SqliteSink {
                 &snapshot.state,
                 &self.redactor,
             )
-            .map_err(|e| sink_error(SessionError::Encode(e)))?,
+            .map_err(|e| SinkError::from(SessionError::Encode(e)))?,
             None if encoded.is_empty() => return Ok(None),
             None => Write::events(execution.to_string(), encoded),
-        };
-        let written = self.submit(write).await.map_err(sink_error)?;
-        Ok(checkpoint.map(|_| written.head))
+        }))
     }
 }
 
@@ -689,7 +732,7 @@ impl ContextArchive for SqliteSink {
         self.put_blocks(execution, vec![block])
             .await
             .map(|_| ())
-            .map_err(|e| SinkError(e.to_string()))
+            .map_err(SinkError::from)
     }
 
     async fn fetch(
@@ -700,7 +743,7 @@ impl ContextArchive for SqliteSink {
         let block = self
             .archive_block(execution, id)
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
+            .map_err(SinkError::from)?;
         Ok(block.map(|block| ArchivedBlock {
             id: block.block_id,
             messages: block.messages,
@@ -717,7 +760,7 @@ impl ContextArchive for SqliteSink {
         let hits = self
             .search_archive(execution, query.to_owned(), limit)
             .await
-            .map_err(|e| SinkError(e.to_string()))?;
+            .map_err(SinkError::from)?;
         Ok(hits
             .into_iter()
             .map(|hit| RecallHit {

@@ -92,7 +92,7 @@ fn turn_events(turn: u32) -> Vec<Event> {
             usage: TokenUsage::new(1000, 50),
             cost: MicroUsd(30),
             tool_calls: vec!["shell".into()],
-            finish: "tool_calls".into(),
+            finish: nerve_core::FinishReason::ToolCalls,
             duration_ms: 5,
         }),
     ]

@@ -3,12 +3,13 @@
 //! A body arrives in chunks, and a secret may straddle two of them. [`StreamScrubber`] keeps
 //! back the last `longest pattern - 1` bytes of what it has seen: a match that starts
 //! earlier fits entirely in what is already there, so the leftmost-longest choice there is
-//! final, and whatever starts later waits for the next chunk. Patterns are the secrets' raw
-//! values and the forms they take when an upstream reflects them inside JSON (escaped once
-//! or twice, with or without `\/`) or in a URL (percent-encoded).
+//! final, and whatever starts later waits for the next chunk. Patterns are the forms of
+//! [`nerve_core::redact::encoded_forms`], the list the log's redactor uses too: the raw
+//! value, JSON-escaped once and twice in every encoder's flavour, and percent-encoded.
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use bytes::{Bytes, BytesMut};
+use nerve_core::redact::encoded_forms;
 use secrecy::ExposeSecret;
 
 use crate::proxy::rules::Credential;
@@ -37,6 +38,7 @@ impl Scrubber {
         let mut replacements = Vec::new();
         for credential in credentials {
             for form in encoded_forms(credential.secret.expose_secret()) {
+                let form = form.into_bytes();
                 if !form.is_empty() && !patterns.contains(&form) {
                     patterns.push(form);
                     replacements.push(format!("[REDACTED:{}]", credential.name).into_bytes());
@@ -76,6 +78,15 @@ impl Scrubber {
             true
         });
         Some(out)
+    }
+
+    /// `text` with every secret replaced (a text of the proxy's own that may quote
+    /// something an upstream said).
+    pub(crate) fn scrub_text(&self, text: &str) -> String {
+        match self.scrub(text.as_bytes()) {
+            Some(scrubbed) => String::from_utf8_lossy(&scrubbed).into_owned(),
+            None => text.to_owned(),
+        }
     }
 
     /// A scrubber for one body.
@@ -136,31 +147,6 @@ impl StreamScrubber {
             None => held.freeze(),
         }
     }
-}
-
-/// The raw value, its JSON-escaped forms (once and twice, with and without `\/`), and its
-/// percent-encoded form.
-fn encoded_forms(value: &str) -> Vec<Vec<u8>> {
-    let mut forms = vec![value.as_bytes().to_vec()];
-    let mut current = value.to_owned();
-    for _ in 0..2 {
-        let quoted = serde_json::Value::String(current.clone()).to_string();
-        current = quoted[1..quoted.len() - 1].to_owned();
-        forms.push(current.clone().into_bytes());
-        forms.push(current.replace('/', "\\/").into_bytes());
-    }
-    let mut percent = String::new();
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            percent.push(byte as char);
-        } else {
-            percent.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    forms.push(percent.into_bytes());
-    forms.sort();
-    forms.dedup();
-    forms
 }
 
 #[cfg(test)]
@@ -227,7 +213,109 @@ mod tests {
         assert_eq!(streamed(&none, &[b"abc", b"def"]), b"abcdef");
     }
 
+    /// `text` with every non-ASCII character as `\uxxxx` (PHP, Python's `ensure_ascii`),
+    /// applied to what serde_json wrote.
+    fn ascii_only(json: &str) -> String {
+        let mut out = String::new();
+        for c in json.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
+        out
+    }
+
+    /// What one real encoder makes of `secret`, written independently of
+    /// `encoded_forms`: serde_json for JSON (with PHP's, Python's and Go's additions made
+    /// by hand on its output), the `percent-encoding` and `form_urlencoded` crates for URLs.
+    fn encode(secret: &str, encoder: usize) -> String {
+        use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+        const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+            .remove(b'-')
+            .remove(b'.')
+            .remove(b'_')
+            .remove(b'~');
+        const COMPONENT: &AsciiSet = &UNRESERVED
+            .remove(b'!')
+            .remove(b'*')
+            .remove(b'\'')
+            .remove(b'(')
+            .remove(b')');
+        let json = |text: &str| {
+            let quoted = serde_json::Value::String(text.to_owned()).to_string();
+            quoted[1..quoted.len() - 1].to_owned()
+        };
+        let php = |text: &str| ascii_only(&json(text).replace('/', "\\/"));
+        let go = |text: &str| {
+            json(text)
+                .replace('<', "\\u003c")
+                .replace('>', "\\u003e")
+                .replace('&', "\\u0026")
+        };
+        let lower_hex = |text: String| {
+            let mut out = String::new();
+            let mut hex_left = 0;
+            for c in text.chars() {
+                if c == '%' {
+                    hex_left = 2;
+                    out.push(c);
+                } else if hex_left > 0 {
+                    hex_left -= 1;
+                    out.push(c.to_ascii_lowercase());
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        };
+        let form = || form_urlencoded::byte_serialize(secret.as_bytes()).collect::<String>();
+        match encoder {
+            0 => secret.to_owned(),
+            1 => json(secret),
+            2 => json(&json(secret)),
+            3 => php(secret),
+            4 => php(&php(secret)),
+            5 => ascii_only(&json(secret)),
+            6 => go(secret),
+            7 => json(&php(secret)),
+            8 => php(&go(secret)),
+            9 => utf8_percent_encode(secret, NON_ALPHANUMERIC).to_string(),
+            10 => lower_hex(utf8_percent_encode(secret, NON_ALPHANUMERIC).to_string()),
+            11 => utf8_percent_encode(secret, UNRESERVED).to_string(),
+            12 => lower_hex(utf8_percent_encode(secret, COMPONENT).to_string()),
+            13 => form(),
+            _ => lower_hex(form()),
+        }
+    }
+
     proptest! {
+        /// A secret in any form an encoder listed in `encoded_forms` produces is caught by
+        /// both the proxy's scrubber and the log's redactor, which share that list.
+        #[test]
+        fn any_encoded_secret_is_caught_by_the_scrubber_and_the_redactor(
+            secret in "[A-Za-z0-9 /\"\\\\<>&~!*'()+%._\u{e9}\u{20ac}\u{1F600}\t\n-]{6,20}",
+            before in "[a-z ]{0,16}",
+            after in "[a-z ]{0,16}",
+            encoder in 0usize..15,
+        ) {
+            let encoded = encode(&secret, encoder);
+            let text = format!("{before}{encoded}{after}");
+            let s = scrubber(&[("key", &secret)]);
+            let scrubbed = s.scrub(text.as_bytes()).unwrap_or_else(|| text.as_bytes().to_vec());
+            let scrubbed = String::from_utf8(scrubbed).unwrap();
+            prop_assert!(!scrubbed.contains(&encoded), "{} -> {}", text, scrubbed);
+            prop_assert!(scrubbed.contains("[REDACTED:key]"), "{}", scrubbed);
+            let value = SecretString::from(secret.clone());
+            let redactor = nerve_core::Redactor::with_secrets([("key", &value)]).unwrap();
+            let redacted = redactor.redact(&text);
+            prop_assert!(!redacted.contains(&encoded), "{} -> {}", text, redacted);
+            prop_assert!(redacted.contains("[REDACTED:key]"), "{}", redacted);
+        }
+
         /// However the body is cut into chunks, streaming gives exactly what scrubbing the
         /// whole body at once gives, and no secret survives.
         #[test]

@@ -278,6 +278,13 @@ async fn fail(
     failure: Failure,
     credential: Option<&str>,
 ) -> Response<ProxyBody> {
+    // A reason may carry an upstream's words (a TLS error naming what its certificate
+    // presents): whatever form of a secret it holds is scrubbed before it is recorded or
+    // answered.
+    let failure = Failure {
+        reason: shared.scrubber.scrub_text(&failure.reason),
+        ..failure
+    };
     tracing::debug!(host = %seen.host, reason = %failure.reason, "proxy refusal or failure");
     let recorded = shared
         .record(
@@ -475,7 +482,7 @@ async fn open(shared: &Shared, route: &Route<'_>) -> Result<Box<dyn Io>, (Status
                 let stream = tokio_rustls::TlsConnector::from(tls)
                     .connect(name, tcp)
                     .await
-                    .map_err(|e| (StatusCode::BAD_GATEWAY, format!("TLS with {host}: {e}")))?;
+                    .map_err(|e| (StatusCode::BAD_GATEWAY, tls_failure(host, &e)))?;
                 Ok(Box::new(stream) as Box<dyn Io>)
             }
         }
@@ -659,12 +666,12 @@ fn respond(
         && let Some(encoding) = head.headers.get(header::CONTENT_ENCODING)
         && !encoding.as_bytes().eq_ignore_ascii_case(b"identity")
     {
+        // The header's value is the upstream's to choose: named, never quoted.
         return Err((
             StatusCode::BAD_GATEWAY,
             format!(
-                "{} answered with a compressed body (Content-Encoding: {}), which cannot be scrubbed",
+                "{} answered with a compressed body (its Content-Encoding is not identity), which cannot be scrubbed",
                 route.target.host,
-                printable(&String::from_utf8_lossy(encoding.as_bytes()))
             ),
         ));
     }
@@ -686,8 +693,11 @@ fn respond(
         || head.status.is_informational();
     let mut headers = HeaderMap::new();
     for (name, value) in &head.headers {
+        // A header whose name holds a secret is dropped: a name cannot be rewritten into
+        // another valid one without changing what it means.
         if (is_hop_by_hop(name) && !(bodiless && *name == header::CONTENT_LENGTH))
             || named_by_connection.contains(name)
+            || shared.scrubber.scrub(name.as_str().as_bytes()).is_some()
         {
             continue;
         }
@@ -708,6 +718,11 @@ fn respond(
         headers.insert(header::CONTENT_LENGTH, length.clone());
     }
     head.headers = headers;
+    // The status line's reason phrase is the upstream's text (hyper keeps a non-canonical
+    // one in the extensions and writes it back out): dropping the extensions makes the
+    // sandbox see the canonical phrase for the code. Nothing else of the upstream's is
+    // carried there either.
+    head.extensions = http::Extensions::new();
     let body = ScrubbedBody {
         inner: body,
         scrubber: shared.scrubber.stream(),
@@ -763,6 +778,37 @@ async fn tunnel(
         }
     });
     Ok(Response::new(empty()))
+}
+
+/// Why a TLS handshake failed, in words of ours: a certificate error's text would quote the
+/// names the upstream's certificate presents.
+fn tls_failure(host: &str, error: &io::Error) -> String {
+    use rustls::CertificateError;
+    let rustls = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    match rustls {
+        Some(rustls::Error::InvalidCertificate(problem)) => {
+            // rustls's enum is non-exhaustive and most of its kinds need no words of their own.
+            #[allow(clippy::wildcard_enum_match_arm)]
+            let why = match problem {
+                CertificateError::NotValidForName
+                | CertificateError::NotValidForNameContext { .. } => "is not valid for that name",
+                CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                    "has expired"
+                }
+                CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                    "is not valid yet"
+                }
+                CertificateError::UnknownIssuer => "is issued by an unknown authority",
+                CertificateError::Revoked => "is revoked",
+                _ => "was rejected",
+            };
+            format!("TLS with {host}: its certificate {why}")
+        }
+        Some(other) => format!("TLS with {host}: {other}"),
+        None => format!("TLS with {host}: {error}"),
+    }
 }
 
 fn empty() -> ProxyBody {
@@ -852,5 +898,34 @@ impl Body for ScrubbedBody {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_failures_never_quote_the_certificate() {
+        let expected = rustls::pki_types::ServerName::try_from("good.test")
+            .unwrap()
+            .to_owned();
+        let error = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForNameContext {
+                expected,
+                presented: vec!["canary-presented-name".to_owned()],
+            }),
+        );
+        let text = tls_failure("good.test", &error);
+        assert_eq!(
+            text,
+            "TLS with good.test: its certificate is not valid for that name"
+        );
+        let other = io::Error::new(io::ErrorKind::ConnectionReset, "reset by peer");
+        assert_eq!(
+            tls_failure("good.test", &other),
+            "TLS with good.test: reset by peer"
+        );
     }
 }

@@ -1,0 +1,394 @@
+//! The turn's tool side: the agent's tool calls through the approval gate (allow, deny, or
+//! ask a person, parking when nobody is there), each one's intent durable before it runs
+//! and its outcome recorded after; the turn record that closes a turn; and the settling of
+//! a resumed execution's interrupted turn (in-doubt calls told to the model, decided
+//! approvals carried out).
+//!
+//! Invariants:
+//! - The approval branch is written once ([`through_gate`]): a live turn and a resumed one
+//!   go through the same code, the resumed one with the decision a person already made.
+//! - A tool runs only after its `tool_call_started` is durable; a refused or in-doubt call
+//!   still gets a result the model sees, recorded like any other.
+
+use std::time::Instant;
+
+use nerve_core::event::{
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider,
+    ToolCallFinished, ToolCallStarted, TurnCompleted,
+};
+use nerve_core::{
+    Event, FinishReason, Message, MessagePart, MessageRole, TerminationReason, TokenUsage,
+    ToolCall, ToolCallId, ToolResult, TurnRecord,
+};
+use tracing::Instrument;
+
+use crate::approval::{Approval, PolicyAction};
+use crate::compactor::{context_tool, run_context_tool};
+use crate::runner::Run;
+use crate::stop::Stop;
+use crate::telemetry;
+
+/// Runs `calls` in order through the approval gate. Returns the results; parks (as `Err`)
+/// when a call waits for a human.
+pub(crate) async fn run_calls(
+    run: &mut Run,
+    turn: u32,
+    calls: &[ToolCall],
+) -> Result<Vec<ToolResult>, Stop> {
+    let mut results = Vec::with_capacity(calls.len());
+    for call in calls {
+        results.push(through_gate(run, turn, call, None).await?);
+    }
+    Ok(results)
+}
+
+/// One call through the approval gate. `decided` is a person's decision already in the
+/// log (a resumed execution's); without one, an `ask` asks the approver now.
+async fn through_gate(
+    run: &mut Run,
+    turn: u32,
+    call: &ToolCall,
+    decided: Option<Approval>,
+) -> Result<ToolResult, Stop> {
+    if context_tool(&run.config, call).is_some() {
+        // recall and compress_context act on the conversation, not the workspace.
+        return execute_tool(run, turn, call).await;
+    }
+    let (action, rule) = run.config.policy.evaluate(call);
+    match action {
+        PolicyAction::Allow => execute_tool(run, turn, call).await,
+        PolicyAction::Deny => {
+            record_decision(
+                run,
+                turn,
+                call,
+                ApprovalDecision::Denied,
+                Decider::Policy,
+                &rule,
+                None,
+            );
+            deny(
+                run,
+                turn,
+                call,
+                &format!("denied by the tool policy ({rule})"),
+            )
+        }
+        PolicyAction::Ask => {
+            let approval = match decided {
+                Some(approval) => approval,
+                None => {
+                    run.journal
+                        .record(Event::ApprovalRequested(ApprovalRequested {
+                            turn,
+                            call: call.clone(),
+                            rule: rule.clone(),
+                        }));
+                    run.journal.flush().await?;
+                    let Some(approval) = run.hands.approver.decide(call, &rule).await else {
+                        return Err(Stop::new(
+                            TerminationReason::Parked,
+                            format!(
+                                "tool call {} ({}) waits for approval: nerve approve <id>",
+                                call.id, call.name
+                            ),
+                        ));
+                    };
+                    let decision = if approval.approved {
+                        ApprovalDecision::Approved
+                    } else {
+                        ApprovalDecision::Denied
+                    };
+                    record_decision(
+                        run,
+                        turn,
+                        call,
+                        decision,
+                        Decider::User,
+                        &rule,
+                        approval.reason.clone(),
+                    );
+                    approval
+                }
+            };
+            if approval.approved {
+                execute_tool(run, turn, call).await
+            } else {
+                let reason = approval.reason.unwrap_or_else(|| "no reason given".into());
+                deny(run, turn, call, &format!("denied by the user: {reason}"))
+            }
+        }
+    }
+}
+
+fn record_decision(
+    run: &mut Run,
+    turn: u32,
+    call: &ToolCall,
+    decision: ApprovalDecision,
+    decided_by: Decider,
+    rule: &str,
+    reason: Option<String>,
+) {
+    run.journal.record(Event::ApprovalDecided(ApprovalDecided {
+        turn,
+        call_id: call.id.clone(),
+        decision,
+        decided_by,
+        rule: rule.to_owned(),
+        reason,
+    }));
+}
+
+/// A refused call still gets a result the model sees (and it is recorded like any other).
+fn deny(run: &mut Run, turn: u32, call: &ToolCall, why: &str) -> Result<ToolResult, Stop> {
+    let result = ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: format!("The call was not run: {why}."),
+        is_error: true,
+    };
+    Ok(finish_tool(run, turn, result, 0))
+}
+
+/// Runs one call: its intent made durable, the tool (or context tool) run, the outcome
+/// recorded, an oversized output offloaded to the archive. Where a tool call begins and
+/// ends: inside its `execute_tool` span.
+async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
+    let span = telemetry::tool_span(run.execution_id, turn, call, &run.config.trace);
+    let result = execute_tool_in(run, turn, call)
+        .instrument(span.clone())
+        .await;
+    telemetry::record_tool_result(
+        &span,
+        &run.config.trace,
+        result
+            .as_ref()
+            .map_err(|stop| stop.error.as_deref().unwrap_or("the tool call failed")),
+    );
+    result
+}
+
+async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
+    run.journal.record(Event::ToolCallStarted(ToolCallStarted {
+        turn,
+        call: call.clone(),
+    }));
+    run.journal.flush().await?;
+    let started = Instant::now();
+    let context = context_tool(&run.config, call);
+    let (content, is_error) = match context {
+        Some(tool) => {
+            run_context_tool(tool, call, &mut run.window, &*run.archive, run.execution_id).await?
+        }
+        None => {
+            let output = run
+                .hands
+                .tools
+                .execute(call)
+                .await
+                .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
+            (output.content, output.is_error)
+        }
+    };
+    let result = ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content,
+        is_error,
+    };
+    let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    // An oversized output goes to the archive at once; the conversation keeps a preview.
+    // What recall returns stays whole: it was archived already.
+    let turns = run.progress.turn_count();
+    let offloaded = if context == Some(crate::builtin::BuiltinTool::Recall) {
+        None
+    } else {
+        run.compactor().offload(turns + 1, &result).await?
+    };
+    let Some((preview, block)) = offloaded else {
+        return Ok(finish_tool(run, turn, result, millis));
+    };
+    run.journal
+        .record(Event::ToolCallFinished(ToolCallFinished {
+            turn,
+            result: result.clone(),
+            duration_ms: millis,
+        }));
+    let before = run.window.fill() + run.window.counter().count_text(&result.content);
+    let kept = ToolResult {
+        content: preview,
+        ..result
+    };
+    run.push_message(Message::tool_result(kept.clone()));
+    let index = run.window.messages().len() - 1;
+    // The offload is a compaction inside the tool call's span.
+    telemetry::compaction_span(run.execution_id, turn, CompactionTrigger::OutputSize)
+        .in_scope(|| run.compactor().record_offload(turns, index, before, block));
+    Ok(kept)
+}
+
+/// Records a call's outcome and feeds it back to the model.
+pub(crate) fn finish_tool(
+    run: &mut Run,
+    turn: u32,
+    result: ToolResult,
+    duration_ms: u64,
+) -> ToolResult {
+    run.journal
+        .record(Event::ToolCallFinished(ToolCallFinished {
+            turn,
+            result: result.clone(),
+            duration_ms,
+        }));
+    run.push_message(Message::tool_result(result.clone()));
+    result
+}
+
+/// Records the end of turn `number` and issues its commit (with a checkpoint when one is
+/// due): where a turn ends.
+pub(crate) fn complete(
+    run: &mut Run,
+    number: u32,
+    usage: TokenUsage,
+    finish: FinishReason,
+    calls: &[ToolCall],
+    started: Instant,
+) {
+    let record = TurnRecord {
+        turn: number,
+        usage,
+        cost: run.caller.price(usage),
+        tool_calls: calls.to_vec(),
+        finish,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    };
+    run.journal.record(Event::TurnCompleted(TurnCompleted {
+        turn: record.turn,
+        usage: record.usage,
+        cost: record.cost,
+        tool_calls: calls.iter().map(|c| c.name.clone()).collect(),
+        finish: record.finish,
+        duration_ms: record.duration_ms,
+    }));
+    run.progress.turns.push(record);
+    run.checkpoint();
+}
+
+/// The turn a crash or a park interrupted, as the log left it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Interrupted<'a> {
+    /// Its number (completed turns + 1).
+    pub(crate) number: u32,
+    /// The usage of its model call, already charged.
+    pub(crate) usage: TokenUsage,
+    /// Calls started and never finished: their effect is unknown.
+    pub(crate) in_doubt: &'a [ToolCallId],
+    /// Decisions a person made on calls that were waiting for approval.
+    pub(crate) approvals: &'a [(ToolCallId, Approval)],
+    /// Calls of the turn that did finish.
+    pub(crate) finished: &'a [ToolCall],
+}
+
+/// Settles the interrupted turn: the calls of the last assistant message that have no
+/// result yet are told to the model when in doubt (never re-run), or go through the gate
+/// with the decision already made; then the turn is completed. When every call had
+/// finished, only the turn record was missing: it is written.
+///
+/// The settled turn is a `turn` span of the resumed execution (its model call is in the
+/// interrupted run's trace), and each call settled here an `execute_tool` span under it:
+/// an in-doubt call's span carries the error result the model is told, a decided call's
+/// is the one [`execute_tool`] opens (or none when the decision refused it).
+pub(crate) async fn settle(run: &mut Run, turn: Interrupted<'_>) -> Result<(), Stop> {
+    let started = Instant::now();
+    let pending = unanswered_calls(run.window.messages());
+    if pending.is_empty() && turn.finished.is_empty() {
+        return Ok(());
+    }
+    let span = telemetry::turn_span(telemetry::TurnInfo {
+        execution_id: run.execution_id,
+        turn: turn.number,
+        step: run.progress.step,
+        fill: run.window.fill(),
+        capacity: run.config.context_window,
+    });
+    let calls = settle_in(run, turn, pending, started)
+        .instrument(span.clone())
+        .await?;
+    telemetry::record_turn_end(
+        &span,
+        FinishReason::ToolCalls.as_str(),
+        calls,
+        turn.usage,
+        run.caller.price(turn.usage),
+    );
+    Ok(())
+}
+
+/// Settles `pending` and completes the turn; returns how many calls the turn made.
+async fn settle_in(
+    run: &mut Run,
+    turn: Interrupted<'_>,
+    pending: Vec<ToolCall>,
+    started: Instant,
+) -> Result<usize, Stop> {
+    for call in &pending {
+        if turn.in_doubt.contains(&call.id) {
+            let result = ToolResult {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                content: "[Nerve] The execution stopped while this call was running, so its effect is unknown. \
+                          Check the workspace before running it again."
+                    .into(),
+                is_error: true,
+            };
+            let span = telemetry::tool_span(run.execution_id, turn.number, call, &run.config.trace);
+            telemetry::record_tool_result(&span, &run.config.trace, Ok(&result));
+            span.in_scope(|| finish_tool(run, turn.number, result, 0));
+            continue;
+        }
+        let decided = turn
+            .approvals
+            .iter()
+            .find(|(id, _)| *id == call.id)
+            .map(|(_, approval)| approval.clone());
+        through_gate(run, turn.number, call, decided).await?;
+    }
+    let mut calls = turn.finished.to_vec();
+    calls.extend(pending);
+    complete(
+        run,
+        turn.number,
+        turn.usage,
+        FinishReason::ToolCalls,
+        &calls,
+        started,
+    );
+    Ok(calls.len())
+}
+
+/// The calls of the last assistant message that have no result yet.
+fn unanswered_calls(messages: &[Message]) -> Vec<ToolCall> {
+    let answered: Vec<&ToolCallId> = messages
+        .iter()
+        .flat_map(|m| &m.parts)
+        .filter_map(|part| match part {
+            MessagePart::ToolResult(result) => Some(&result.call_id),
+            MessagePart::Text { .. }
+            | MessagePart::ToolCall(_)
+            | MessagePart::Thinking { .. }
+            | MessagePart::CompactionSummary { .. } => None,
+        })
+        .collect();
+    messages
+        .iter()
+        .rev()
+        .find(|m| m.role == MessageRole::Assistant)
+        .map(|m| {
+            m.tool_calls()
+                .filter(|call| !answered.contains(&&call.id))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
