@@ -803,4 +803,236 @@ mod tests {
         assert_eq!(turn["nerve.context.fill_percent"], "75");
         assert_eq!(turn["nerve.tool_calls"], "2");
     }
+
+    /// A span as the engine left it: its name, fields and parent (an index into the list).
+    #[derive(Debug, Clone)]
+    struct Node {
+        name: String,
+        fields: BTreeMap<String, String>,
+        parent: Option<usize>,
+    }
+
+    /// Like [`Recorder`], and it knows each span's parent: the explicit one, or the span
+    /// entered when it opened (the engine's spans are all contextual).
+    #[derive(Default)]
+    struct Tree {
+        nodes: Mutex<Vec<Node>>,
+        entered: Mutex<Vec<usize>>,
+    }
+
+    impl Subscriber for &'static Tree {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &Attributes<'_>) -> Id {
+            let mut fields = BTreeMap::new();
+            span.record(&mut Fields(&mut fields));
+            let parent = match span.parent() {
+                Some(id) => Some(usize::try_from(id.into_u64()).unwrap() - 1),
+                None if span.is_contextual() => self.entered.lock().unwrap().last().copied(),
+                None => None,
+            };
+            let mut nodes = self.nodes.lock().unwrap();
+            nodes.push(Node {
+                name: span.metadata().name().to_owned(),
+                fields,
+                parent,
+            });
+            Id::from_u64(nodes.len() as u64)
+        }
+        fn record(&self, id: &Id, values: &Record<'_>) {
+            let mut nodes = self.nodes.lock().unwrap();
+            let index = usize::try_from(id.into_u64()).unwrap() - 1;
+            values.record(&mut Fields(&mut nodes[index].fields));
+        }
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, id: &Id) {
+            let index = usize::try_from(id.into_u64()).unwrap() - 1;
+            self.entered.lock().unwrap().push(index);
+        }
+        fn exit(&self, id: &Id) {
+            let index = usize::try_from(id.into_u64()).unwrap() - 1;
+            let mut entered = self.entered.lock().unwrap();
+            let at = entered.iter().rposition(|&i| i == index).unwrap();
+            entered.remove(at);
+        }
+    }
+
+    /// Runs `body` on this thread with a [`Tree`] as the subscriber; returns the spans.
+    async fn traced<F: std::future::Future>(body: F) -> (F::Output, Vec<Node>) {
+        let tree: &'static Tree = Box::leak(Box::default());
+        let _default = tracing::subscriber::set_default(tree);
+        let output = body.await;
+        let nodes = tree.nodes.lock().unwrap().clone();
+        (output, nodes)
+    }
+
+    fn engine(cassette: &str, config: crate::EngineConfig) -> crate::AgentEngine {
+        crate::AgentEngine::new(
+            Arc::new(crate::ScriptedProvider::parse("test", cassette).unwrap()),
+            Arc::new(crate::testing::EchoTools::default()),
+            Arc::new(crate::testing::MemorySink::default()),
+            config,
+        )
+    }
+
+    fn task() -> crate::engine::Task {
+        crate::engine::Task {
+            id: nerve_core::TaskId::new(),
+            description: "do it".into(),
+            metadata: serde_json::Value::Null,
+            status: TaskStatus::Created,
+            workspace: "/w".into(),
+        }
+    }
+
+    const TOOL: &str = r#"{"tool_calls":[{"name":"shell","arguments":{"command":"ls"}}]}"#;
+    const DONE: &str = r#"{"text":"done"}"#;
+
+    fn parent_name(nodes: &[Node], node: &Node) -> String {
+        node.parent
+            .map_or_else(|| "<root>".into(), |p| nodes[p].name.clone())
+    }
+
+    #[tokio::test]
+    async fn an_execution_is_a_tree_of_turns_with_their_model_and_tool_calls() {
+        let engine = engine(&format!("{TOOL}\n{DONE}"), crate::EngineConfig::default());
+        let run = engine.run(
+            ExecutionId::new(),
+            task(),
+            tokio_util::sync::CancellationToken::new(),
+        );
+        let (result, nodes) = traced(run).await;
+        assert_eq!(
+            result.unwrap().termination_reason,
+            TerminationReason::Completed
+        );
+        let shape: Vec<(String, String, Option<&str>)> = nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.name.clone(),
+                    parent_name(&nodes, n),
+                    n.fields.get(attr::TURN).map(String::as_str),
+                )
+            })
+            .collect();
+        let expected = [
+            ("invoke_agent", "<root>", None),
+            ("turn", "invoke_agent", Some("1")),
+            ("chat", "turn", Some("1")),
+            ("execute_tool", "turn", Some("1")),
+            ("turn", "invoke_agent", Some("2")),
+            ("chat", "turn", Some("2")),
+        ];
+        let expected: Vec<(String, String, Option<&str>)> = expected
+            .iter()
+            .map(|(n, p, t)| ((*n).to_owned(), (*p).to_owned(), *t))
+            .collect();
+        assert_eq!(shape, expected);
+        assert_eq!(nodes[0].fields[attr::TERMINATION_REASON], "completed");
+        assert_eq!(nodes[1].fields[attr::RESPONSE_FINISH_REASONS], "tool_calls");
+        assert_eq!(nodes[3].fields[attr::TOOL_NAME], "shell");
+        assert_eq!(nodes[5].fields[attr::RESPONSE_FINISH_REASONS], "stop");
+    }
+
+    #[tokio::test]
+    async fn a_model_call_cut_off_by_the_deadline_is_an_error_span() {
+        let config = crate::EngineConfig {
+            timeout: Some(std::time::Duration::from_millis(50)),
+            ..crate::EngineConfig::default()
+        };
+        let engine = engine(r#"{"text":"late","delay_ms":60000}"#, config);
+        let run = engine.run(
+            ExecutionId::new(),
+            task(),
+            tokio_util::sync::CancellationToken::new(),
+        );
+        let (result, nodes) = traced(run).await;
+        assert_eq!(
+            result.unwrap().termination_reason,
+            TerminationReason::TimedOut
+        );
+        let chat = nodes.iter().find(|n| n.name == "chat").unwrap();
+        assert_eq!(parent_name(&nodes, chat), "turn");
+        assert_eq!(chat.fields[attr::ERROR_TYPE], "timeout");
+        assert_eq!(chat.fields["otel.status_code"], "error");
+        assert_eq!(nodes[0].fields[attr::TERMINATION_REASON], "timed_out");
+    }
+
+    #[tokio::test]
+    async fn a_resumed_turn_settles_its_in_doubt_call_under_a_turn_span() {
+        // The first run asked for a tool; the resume finds the call without a result.
+        let first = engine(TOOL, crate::EngineConfig::default())
+            .run(
+                ExecutionId::new(),
+                task(),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+        let mut messages = first.context.messages.clone();
+        while messages
+            .last()
+            .is_some_and(|m| m.role != MessageRole::Assistant)
+        {
+            messages.pop();
+        }
+        let call = messages
+            .last()
+            .unwrap()
+            .tool_calls()
+            .next()
+            .unwrap()
+            .clone();
+        let state = crate::engine::ResumeState {
+            task_id: first.context.task_id,
+            messages,
+            turns: 0,
+            usage: TokenUsage::default(),
+            cost: MicroUsd::ZERO,
+            task_status: TaskStatus::InProgress,
+            pending_turn_usage: TokenUsage::new(10, 2),
+            in_doubt: vec![call.id.clone()],
+            approvals: Vec::new(),
+            attempt: 1,
+            from_checkpoint_seq: None,
+            finished_in_incomplete_turn: Vec::new(),
+        };
+        let engine = engine(DONE, crate::EngineConfig::default());
+        let resume = engine.resume(
+            ExecutionId::new(),
+            state,
+            tokio_util::sync::CancellationToken::new(),
+        );
+        let (result, nodes) = traced(resume).await;
+        assert_eq!(
+            result.unwrap().termination_reason,
+            TerminationReason::Completed
+        );
+        let names: Vec<(&str, String)> = nodes
+            .iter()
+            .map(|n| (n.name.as_str(), parent_name(&nodes, n)))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("invoke_agent", "<root>".to_owned()),
+                ("turn", "invoke_agent".to_owned()),
+                ("execute_tool", "turn".to_owned()),
+                ("turn", "invoke_agent".to_owned()),
+                ("chat", "turn".to_owned()),
+            ]
+        );
+        assert_eq!(nodes[0].fields[attr::RESUME_ATTEMPT], "1");
+        let settled = &nodes[1].fields;
+        assert_eq!(settled[attr::TURN], "1");
+        assert_eq!(settled[attr::TOOL_CALLS], "1");
+        assert_eq!(settled[attr::USAGE_INPUT_TOKENS], "10");
+        let tool = &nodes[2].fields;
+        assert_eq!(tool[attr::TOOL_CALL_ID], call.id.0);
+        assert_eq!(tool[attr::TOOL_IS_ERROR], "true");
+        assert_eq!(nodes[3].fields[attr::TURN], "2");
+    }
 }
