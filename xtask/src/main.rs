@@ -7,6 +7,8 @@
 //! - `image`         (re)build the default sandbox image `nerve-sandbox:latest` and the static
 //!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
+//! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
+//!   `~/.cache/nerve/` when missing, and print where it is
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
 //!   sandbox, proxy, e2e)
 //! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
@@ -16,6 +18,7 @@
 
 mod bench_e2e;
 mod fuzz;
+mod phoenix;
 mod real;
 
 use std::path::{Path, PathBuf};
@@ -24,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image | demo | bench [core|session|brain|compaction|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image | demo | phoenix | bench [core|session|brain|compaction|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -42,6 +45,7 @@ fn main() -> Result<()> {
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
+        Some("phoenix") => phoenix::ensure().map(|venv| println!("{}", venv.display())),
         Some(other) => bail!("unknown task `{other}`\n{USAGE}"),
         None => bail!("{USAGE}"),
     }
@@ -95,6 +99,8 @@ fn ci() -> Result<()> {
         "warnings",
     ]))?;
     let executor = image(false)?;
+    // The tracing test's trace backend.
+    let phoenix = phoenix::ensure()?;
     // The end-to-end tests drive the real binary, with the kill points that
     // tests/e2e/killpoints.rs arms.
     run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
@@ -104,6 +110,7 @@ fn ci() -> Result<()> {
         .args(["test", "--workspace"])
         .env("NERVE_REQUIRE_DOCKER", "1")
         .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
+        .env("NERVE_PHOENIX_VENV", &phoenix)
         .env(nerve_hands::EXECUTOR_ENV, &executor))
     // `test-real` joins this list once it has passed against the real servers on this
     // kind of machine: its first llama-cpp-python build did not finish in the session that
@@ -151,6 +158,7 @@ const KILL_POINTS: &str = "nerve-session/kill-points,nerve-hands/kill-points";
 
 fn test_sandbox() -> Result<()> {
     let executor = image(false)?;
+    let phoenix = phoenix::ensure()?;
     // The end-to-end tests drive the real `nerve` binary, with the kill points that
     // tests/e2e/killpoints.rs arms.
     run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
@@ -167,6 +175,7 @@ fn test_sandbox() -> Result<()> {
             "nerve-tests",
         ])
         .env("NERVE_REQUIRE_DOCKER", "1")
+        .env("NERVE_PHOENIX_VENV", &phoenix)
         .env(nerve_hands::EXECUTOR_ENV, &executor))
 }
 
@@ -355,10 +364,7 @@ fn bench(area: Option<&str>) -> Result<()> {
 /// test) and a running Docker engine. Installed
 /// or started when missing and we are root; otherwise a clear explanation.
 fn ensure_prerequisites() -> Result<()> {
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let is_root = is_root();
     let busybox_ok = Command::new("dpkg")
         .args(["-s", "busybox-static"])
         .output()
@@ -398,6 +404,13 @@ fn ensure_prerequisites() -> Result<()> {
         apt_install(&["docker.io"])?;
     }
     start_dockerd()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"))
 }
 
 fn apt_install(packages: &[&str]) -> Result<()> {

@@ -223,7 +223,6 @@ impl Provider for AnthropicProvider {
         &self.config.model
     }
 
-    #[tracing::instrument(skip_all, fields(provider = "anthropic", model = %self.config.model, purpose = ?request.purpose))]
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
         let estimate = self.endpoint.estimate(&request);
         let body = self.wire_request(&request, &estimate, false);
@@ -232,7 +231,6 @@ impl Provider for AnthropicProvider {
             .await
     }
 
-    #[tracing::instrument(skip_all, fields(provider = "anthropic", model = %self.config.model, purpose = ?request.purpose))]
     async fn stream(&self, request: ModelRequest<'_>) -> ModelStream {
         let estimate = self.endpoint.estimate(&request);
         let body = self.wire_request(&request, &estimate, true);

@@ -18,14 +18,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nerve_core::event::{CallPurpose, ModelCalled, Retry};
-use nerve_core::{Event, Message, MicroUsd, TerminationReason, TokenUsage, ToolDefinition};
+use nerve_core::{
+    Event, ExecutionId, Message, MicroUsd, TerminationReason, TokenUsage, ToolDefinition,
+};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::EngineConfig;
 use crate::journal::Journal;
 use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use crate::retry::RetryPolicy;
 use crate::stop::Stop;
+use crate::telemetry::{self, TraceConfig};
 
 /// A model call that failed: a stop, or a context overflow the caller may compact for.
 #[derive(Debug)]
@@ -41,6 +45,8 @@ impl From<Stop> for CallError {
 }
 
 pub(crate) struct ModelCaller {
+    /// On every model call's span.
+    execution_id: ExecutionId,
     provider: Arc<dyn Provider>,
     /// Answers `plan` calls when set.
     planner: Option<Arc<dyn Provider>>,
@@ -51,6 +57,8 @@ pub(crate) struct ModelCaller {
     /// Spent so far by every call of the execution (and, resumed, before it).
     usage: TokenUsage,
     cost: MicroUsd,
+    /// What an attempt's span carries.
+    trace: TraceConfig,
 }
 
 /// The limits and prices the caller charges by.
@@ -63,6 +71,7 @@ struct Budgets {
 
 impl ModelCaller {
     pub(crate) fn new(
+        execution_id: ExecutionId,
         provider: Arc<dyn Provider>,
         planner: Option<Arc<dyn Provider>>,
         config: &EngineConfig,
@@ -70,6 +79,7 @@ impl ModelCaller {
         spent: (TokenUsage, MicroUsd),
     ) -> Self {
         Self {
+            execution_id,
             provider,
             planner,
             retry: config.retry,
@@ -82,7 +92,13 @@ impl ModelCaller {
             cancel,
             usage: spent.0,
             cost: spent.1,
+            trace: config.trace.clone(),
         }
+    }
+
+    /// The provider of the execution's agent calls.
+    pub(crate) fn provider(&self) -> &dyn Provider {
+        &*self.provider
     }
 
     pub(crate) fn usage(&self) -> TokenUsage {
@@ -183,7 +199,7 @@ impl ModelCaller {
                 tools,
                 purpose,
             };
-            let result = self.attempt(&*provider, request).await?;
+            let result = self.attempt(&*provider, request, turn, attempt).await?;
             let (outcome, usage) = match &result {
                 Ok(response) => ("ok", response.usage),
                 Err(error) => (error.kind(), TokenUsage::default()),
@@ -243,24 +259,53 @@ impl ModelCaller {
     }
 
     /// One attempt: the provider asked once, within the wall-clock deadline. `Err` only
-    /// when the deadline passed; the provider's own failure is the inner result.
+    /// when the deadline passed; the provider's own failure is the inner result. Each
+    /// attempt is one `chat` span, a deadline cut-off included (an error span).
     async fn attempt(
         &self,
         provider: &dyn Provider,
         request: ModelRequest<'_>,
+        turn: u32,
+        attempt: u32,
     ) -> Result<Result<ModelResponse, ProviderError>, Stop> {
-        let call = provider.complete(request);
-        match self.deadline {
-            Some(deadline) => tokio::time::timeout_at(deadline.into(), call)
-                .await
-                .map_err(|_| {
-                    Stop::new(
-                        TerminationReason::TimedOut,
-                        "wall-clock timeout reached during a model call",
-                    )
-                }),
-            None => Ok(call.await),
-        }
+        let span = telemetry::chat_span(
+            telemetry::ChatInfo {
+                execution_id: self.execution_id,
+                provider: provider.name(),
+                model: provider.model(),
+                purpose: request.purpose,
+                turn,
+                attempt,
+            },
+            &self.trace,
+            request.messages,
+        );
+        let call = provider.complete(request).instrument(span.clone());
+        let result = match self.deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline.into(), call).await {
+                Ok(result) => result,
+                Err(_) => {
+                    let why = "wall-clock timeout reached during a model call";
+                    telemetry::record_chat_error(
+                        &span,
+                        &self.trace,
+                        crate::provider::kind::TIMEOUT,
+                        why,
+                    );
+                    return Err(Stop::new(TerminationReason::TimedOut, why));
+                }
+            },
+            None => call.await,
+        };
+        let usage = result.as_ref().map(|r| r.usage).unwrap_or_default();
+        telemetry::record_chat_result(
+            &span,
+            &self.trace,
+            provider.model(),
+            &result,
+            self.config.pricing.cost(usage),
+        );
+        Ok(result)
     }
 }
 

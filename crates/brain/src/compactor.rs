@@ -7,6 +7,7 @@ use nerve_core::{
     ArchivedBlock, BlockId, ContextArchive, Event, ExecutionId, Message, MessagePart, MessageRole,
     TerminationReason, ToolCall, ToolResult,
 };
+use tracing::Instrument;
 
 use crate::builtin::{BuiltinTool, CompressArgs, CompressStrategy, RecallArgs};
 use crate::caller::{CallError, ModelCaller};
@@ -17,6 +18,7 @@ use crate::compaction::{
 use crate::config::EngineConfig;
 use crate::journal::Journal;
 use crate::stop::Stop;
+use crate::telemetry;
 use crate::window::Window;
 
 /// The longest extractive summary, in characters.
@@ -204,7 +206,7 @@ impl Compactor<'_> {
     ) {
         let replacement = vec![self.window.messages()[index].clone()];
         self.window.compaction.count += 1;
-        self.journal.record(Event::Compaction(Compaction {
+        let compaction = Compaction {
             turn: turns,
             strategy: CompactionStrategy::Offload,
             trigger: CompactionTrigger::OutputSize,
@@ -216,7 +218,9 @@ impl Compactor<'_> {
             tokens_after: self.window.fill(),
             summary: None,
             extractive: false,
-        }));
+        };
+        telemetry::record_compaction(&compaction);
+        self.journal.record(Event::Compaction(compaction));
     }
 
     /// The layers at a turn boundary: a requested compaction, then the hard threshold
@@ -229,7 +233,9 @@ impl Compactor<'_> {
         if let Some(request) = self.window.compaction.requested.take() {
             let trigger = CompactionTrigger::Agent;
             let note = request.archive_only.then_some(request.reason);
+            let span = telemetry::compaction_span(self.execution, turn, trigger);
             self.summarise(turn, trigger, note, request.preserve_markers, true)
+                .instrument(span)
                 .await?;
             return Ok(());
         }
@@ -248,10 +254,17 @@ impl Compactor<'_> {
                 .exhausted_at
                 .is_none_or(|at| fill > at + at / 10)
         {
-            self.summarise(turn, CompactionTrigger::HardThreshold, None, true, false)
+            let trigger = CompactionTrigger::HardThreshold;
+            let span = telemetry::compaction_span(self.execution, turn, trigger);
+            self.summarise(turn, trigger, None, true, false)
+                .instrument(span)
                 .await?;
         } else if at_or_above(fill, capacity, config.soft_percent) {
-            self.mask(turn, capacity * MASK_MIN_PERCENT / 100).await?;
+            let span =
+                telemetry::compaction_span(self.execution, turn, CompactionTrigger::SoftThreshold);
+            self.mask(turn, capacity * MASK_MIN_PERCENT / 100)
+                .instrument(span)
+                .await?;
         }
         Ok(())
     }
@@ -260,8 +273,12 @@ impl Compactor<'_> {
     /// nothing could be taken out.
     pub(crate) async fn compact_for_overflow(&mut self, turn: u32) -> Result<bool, Stop> {
         let before = self.window.fill();
-        self.mask(turn, 0).await?;
-        self.summarise(turn, CompactionTrigger::Overflow, None, true, true)
+        let trigger = CompactionTrigger::Overflow;
+        let span = telemetry::compaction_span(self.execution, turn, trigger);
+        self.mask(turn, 0).instrument(span).await?;
+        let span = telemetry::compaction_span(self.execution, turn, trigger);
+        self.summarise(turn, trigger, None, true, true)
+            .instrument(span)
             .await?;
         Ok(self.window.fill() < before)
     }
@@ -558,7 +575,7 @@ impl Compactor<'_> {
         extractive: bool,
     ) -> Result<(), Stop> {
         self.window.compaction.count += 1;
-        self.journal.record(Event::Compaction(Compaction {
+        let compaction = Compaction {
             turn,
             strategy,
             trigger,
@@ -570,7 +587,9 @@ impl Compactor<'_> {
             tokens_after: self.window.fill(),
             summary,
             extractive,
-        }));
+        };
+        telemetry::record_compaction(&compaction);
+        self.journal.record(Event::Compaction(compaction));
         self.window.refresh_indicator(self.journal);
         Ok(())
     }

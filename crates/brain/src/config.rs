@@ -12,6 +12,7 @@ use crate::compaction::CompactionConfig;
 use crate::prompt::PromptProfile;
 use crate::retry::RetryPolicy;
 use crate::stagnation::StagnationConfig;
+use crate::telemetry::TraceConfig;
 
 /// Prices in micro-dollars per million tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -76,6 +77,8 @@ pub struct EngineConfig {
     pub prompt_profile: Option<PromptProfile>,
     /// Settings worth recording in the start event (never secrets).
     pub recorded_config: serde_json::Value,
+    /// What the tracing spans carry (content only when opted in, always redacted).
+    pub trace: TraceConfig,
 }
 
 impl Default for EngineConfig {
@@ -105,6 +108,7 @@ impl Default for EngineConfig {
             plan_max_steps: 20,
             prompt_profile: None,
             recorded_config: serde_json::Value::Null,
+            trace: TraceConfig::default(),
         }
     }
 }

@@ -12,6 +12,7 @@ use nerve_core::{
     validate_metadata,
 };
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::approval::{Approval, Approver, Unattended};
 use crate::archive::MemoryArchive;
@@ -27,6 +28,7 @@ use crate::react;
 use crate::runner::{Guards, Hands, Progress, Run};
 use crate::stagnation::StagnationDetector;
 use crate::stop::Stop;
+use crate::telemetry::{self, TraceConfig};
 use crate::tokens::{TokenCounter, counter_for_model};
 use crate::turn::{self, Interrupted};
 
@@ -157,6 +159,7 @@ impl AgentEngine {
                 self.config.context_window,
             ),
             caller: ModelCaller::new(
+                execution_id,
                 Arc::clone(&self.provider),
                 self.planner.clone(),
                 &self.config,
@@ -321,8 +324,28 @@ enum Begin<'a> {
     Resumed(&'a ResumeState),
 }
 
-/// One execution from its first event to its finish: where an execution begins and ends.
-async fn execute(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
+/// One execution from its first event to its finish: where an execution begins and ends,
+/// inside its `invoke_agent` span (the root of its trace).
+async fn execute(run: Run, begin: Begin<'_>) -> ExecutionResult {
+    let provider = run.caller.provider();
+    let span = telemetry::execution_span(telemetry::ExecutionInfo {
+        execution_id: run.execution_id,
+        task_id: run.progress.task_id,
+        provider: provider.name(),
+        model: provider.model(),
+        loop_type: run.progress.loop_type,
+        resume_attempt: match &begin {
+            Begin::Fresh { .. } => None,
+            Begin::Resumed(state) => Some(state.attempt),
+        },
+    });
+    let trace = run.config.trace.clone();
+    let result = execute_in(run, begin).instrument(span.clone()).await;
+    trace_end(&span, &trace, &result);
+    result
+}
+
+async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
     let outcome = match begin {
         Begin::Fresh { engine, task } => match engine.start(&mut run, task) {
             // Durable before the first model call, however long that takes: the run is listed.
@@ -338,6 +361,24 @@ async fn execute(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
         },
     };
     finish(run, outcome).await
+}
+
+/// Records how the execution ended on its span.
+fn trace_end(span: &tracing::Span, config: &TraceConfig, result: &ExecutionResult) {
+    let ctx = &result.context;
+    telemetry::record_execution_end(
+        span,
+        config,
+        telemetry::ExecutionEnd {
+            reason: result.termination_reason,
+            task_status: ctx.task_status,
+            turns: ctx.turn_count(),
+            usage: ctx.usage,
+            cost: ctx.cost,
+            compactions: ctx.compactions,
+            error: result.error.as_deref(),
+        },
+    );
 }
 
 async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {

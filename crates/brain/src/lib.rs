@@ -31,6 +31,7 @@ pub mod sse;
 pub mod stagnation;
 mod stop;
 pub mod stream;
+pub mod telemetry;
 pub mod tokens;
 mod turn;
 mod window;
@@ -58,4 +59,5 @@ pub use provider::{
 };
 pub use scripted::{ScriptError, ScriptedProvider};
 pub use stream::{Delta, ModelStream, StreamChunk};
+pub use telemetry::TraceConfig;
 pub use tokens::{TokenCounter, counter_for_model};

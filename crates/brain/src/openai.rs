@@ -163,7 +163,6 @@ impl Provider for OpenAiProvider {
         &self.config.model
     }
 
-    #[tracing::instrument(skip_all, fields(provider = "openai", model = %self.config.model, purpose = ?request.purpose))]
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
         let estimate = self.endpoint.estimate(&request);
         let body = self.wire_request(&request, &estimate, false);
@@ -172,7 +171,6 @@ impl Provider for OpenAiProvider {
             .await
     }
 
-    #[tracing::instrument(skip_all, fields(provider = "openai", model = %self.config.model, purpose = ?request.purpose))]
     async fn stream(&self, request: ModelRequest<'_>) -> ModelStream {
         let estimate = self.endpoint.estimate(&request);
         let body = self.wire_request(&request, &estimate, true);

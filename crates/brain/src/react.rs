@@ -9,10 +9,12 @@ use nerve_core::event::{CallPurpose, Stagnation, StagnationAction};
 use nerve_core::{
     FinishReason, Message, MessagePart, MessageRole, TerminationReason, ToolCall, ToolResult,
 };
+use tracing::Instrument;
 
 use crate::runner::Run;
 use crate::stagnation::{TurnSignature, Verdict, corrective_message};
 use crate::stop::Stop;
+use crate::telemetry;
 use crate::turn;
 
 /// How a turn ended.
@@ -41,9 +43,21 @@ pub(crate) async fn run(run: &mut Run) -> Stop {
 
 /// One turn: the boundary checks, one model call, its tool calls, the turn record, and the
 /// guardrails that look at the result (stagnation, max-tokens, premature end). Where a
-/// turn begins (after the boundary's compaction) and ends (`turn::complete`).
+/// turn begins (after the boundary's compaction) and ends (`turn::complete`). Its `turn`
+/// span opens after the boundary checks, so the boundary's compaction is its child.
 pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
     run.check_boundary()?;
+    let span = telemetry::turn_span(telemetry::TurnInfo {
+        execution_id: run.execution_id,
+        turn: run.progress.turn_count() + 1,
+        step: run.progress.step,
+        fill: run.window.fill(),
+        capacity: run.config.context_window,
+    });
+    turn_in(run, &span).instrument(span.clone()).await
+}
+
+async fn turn_in(run: &mut Run, span: &tracing::Span) -> Result<TurnEnd, Stop> {
     let turns = run.progress.turn_count();
     run.compactor().maybe_compact(turns).await?;
     run.warn_near_budget();
@@ -62,6 +76,13 @@ pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
         response.finish,
         &calls,
         started,
+    );
+    telemetry::record_turn_end(
+        span,
+        response.finish.as_str(),
+        calls.len(),
+        response.usage,
+        run.caller.price(response.usage),
     );
     after_turn(run, number, &calls, &results, response.finish, text)
 }

@@ -13,18 +13,20 @@
 use std::time::Instant;
 
 use nerve_core::event::{
-    ApprovalDecided, ApprovalDecision, ApprovalRequested, Decider, ToolCallFinished,
-    ToolCallStarted, TurnCompleted,
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider,
+    ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use nerve_core::{
     Event, FinishReason, Message, MessagePart, MessageRole, TerminationReason, TokenUsage,
     ToolCall, ToolCallId, ToolResult, TurnRecord,
 };
+use tracing::Instrument;
 
 use crate::approval::{Approval, PolicyAction};
 use crate::compactor::{context_tool, run_context_tool};
 use crate::runner::Run;
 use crate::stop::Stop;
+use crate::telemetry;
 
 /// Runs `calls` in order through the approval gate. Returns the results; parks (as `Err`)
 /// when a call waits for a human.
@@ -151,8 +153,23 @@ fn deny(run: &mut Run, turn: u32, call: &ToolCall, why: &str) -> Result<ToolResu
 
 /// Runs one call: its intent made durable, the tool (or context tool) run, the outcome
 /// recorded, an oversized output offloaded to the archive. Where a tool call begins and
-/// ends.
+/// ends: inside its `execute_tool` span.
 async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
+    let span = telemetry::tool_span(run.execution_id, turn, call, &run.config.trace);
+    let result = execute_tool_in(run, turn, call)
+        .instrument(span.clone())
+        .await;
+    telemetry::record_tool_result(
+        &span,
+        &run.config.trace,
+        result
+            .as_ref()
+            .map_err(|stop| stop.error.as_deref().unwrap_or("the tool call failed")),
+    );
+    result
+}
+
+async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
     run.journal.record(Event::ToolCallStarted(ToolCallStarted {
         turn,
         call: call.clone(),
@@ -205,7 +222,9 @@ async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolR
     };
     run.push_message(Message::tool_result(kept.clone()));
     let index = run.window.messages().len() - 1;
-    run.compactor().record_offload(turns, index, before, block);
+    // The offload is a compaction inside the tool call's span.
+    telemetry::compaction_span(run.execution_id, turn, CompactionTrigger::OutputSize)
+        .in_scope(|| run.compactor().record_offload(turns, index, before, block));
     Ok(kept)
 }
 
@@ -275,12 +294,44 @@ pub(crate) struct Interrupted<'a> {
 /// result yet are told to the model when in doubt (never re-run), or go through the gate
 /// with the decision already made; then the turn is completed. When every call had
 /// finished, only the turn record was missing: it is written.
+///
+/// The settled turn is a `turn` span of the resumed execution (its model call is in the
+/// interrupted run's trace), and each call settled here an `execute_tool` span under it:
+/// an in-doubt call's span carries the error result the model is told, a decided call's
+/// is the one [`execute_tool`] opens (or none when the decision refused it).
 pub(crate) async fn settle(run: &mut Run, turn: Interrupted<'_>) -> Result<(), Stop> {
     let started = Instant::now();
     let pending = unanswered_calls(run.window.messages());
     if pending.is_empty() && turn.finished.is_empty() {
         return Ok(());
     }
+    let span = telemetry::turn_span(telemetry::TurnInfo {
+        execution_id: run.execution_id,
+        turn: turn.number,
+        step: run.progress.step,
+        fill: run.window.fill(),
+        capacity: run.config.context_window,
+    });
+    let calls = settle_in(run, turn, pending, started)
+        .instrument(span.clone())
+        .await?;
+    telemetry::record_turn_end(
+        &span,
+        FinishReason::ToolCalls.as_str(),
+        calls,
+        turn.usage,
+        run.caller.price(turn.usage),
+    );
+    Ok(())
+}
+
+/// Settles `pending` and completes the turn; returns how many calls the turn made.
+async fn settle_in(
+    run: &mut Run,
+    turn: Interrupted<'_>,
+    pending: Vec<ToolCall>,
+    started: Instant,
+) -> Result<usize, Stop> {
     for call in &pending {
         if turn.in_doubt.contains(&call.id) {
             let result = ToolResult {
@@ -291,7 +342,9 @@ pub(crate) async fn settle(run: &mut Run, turn: Interrupted<'_>) -> Result<(), S
                     .into(),
                 is_error: true,
             };
-            finish_tool(run, turn.number, result, 0);
+            let span = telemetry::tool_span(run.execution_id, turn.number, call, &run.config.trace);
+            telemetry::record_tool_result(&span, &run.config.trace, Ok(&result));
+            span.in_scope(|| finish_tool(run, turn.number, result, 0));
             continue;
         }
         let decided = turn
@@ -311,7 +364,7 @@ pub(crate) async fn settle(run: &mut Run, turn: Interrupted<'_>) -> Result<(), S
         &calls,
         started,
     );
-    Ok(())
+    Ok(calls.len())
 }
 
 /// The calls of the last assistant message that have no result yet.

@@ -18,6 +18,7 @@ mod provider;
 mod reap;
 mod resume;
 mod run;
+mod telemetry;
 mod transcript;
 mod transfer;
 
@@ -54,7 +55,10 @@ impl Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    let telemetry = match telemetry::init() {
+        Ok(telemetry) => telemetry,
+        Err(failure) => return report(&failure),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -69,6 +73,8 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(dispatch(cli));
     // Do not wait for stray blocking tasks (a hung Docker call) at exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    // Outside the runtime: the exporter's flush blocks.
+    telemetry.shutdown();
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(failure) => report(&failure),
@@ -129,16 +135,4 @@ fn one_line(message: &str) -> String {
         .filter(|line| !line.is_empty())
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// Logs go to stderr, filtered by `NERVE_LOG` (default: warnings), coloured only on a
-/// terminal and without `NO_COLOR`.
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("NERVE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(output::stderr_colour())
-        .try_init();
 }

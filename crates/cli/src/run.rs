@@ -264,7 +264,7 @@ impl Launch<'_> {
         sandbox: &Arc<Sandbox>,
         proxy: ProxyListener,
     ) -> Result<ExecutionResult, Failure> {
-        let log = crate::log::writer(self.db, redactor).await?;
+        let log = crate::log::writer(self.db, Arc::clone(&redactor)).await?;
         // The model table gives prices and the context window; --context-window wins.
         let model = self
             .config
@@ -292,6 +292,11 @@ impl Launch<'_> {
         let mut engine_config = self.engine_config;
         engine_config.context_window = context_window;
         engine_config.pricing = pricing;
+        // Spans go through the same redactor as the log.
+        engine_config.trace = nerve_brain::TraceConfig {
+            capture_content: crate::telemetry::capture_content()?,
+            redactor: Arc::clone(&redactor),
+        };
         if let Some(map) = engine_config.recorded_config.as_object_mut() {
             map.insert(
                 "container".into(),
