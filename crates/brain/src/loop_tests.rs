@@ -344,6 +344,135 @@ async fn ask_without_a_user_parks_and_an_approved_resume_completes() {
     assert_eq!(sink.kinds()[0], "resumed");
 }
 
+/// Answers every `ask` with a denial.
+struct Refuses;
+
+#[async_trait::async_trait]
+impl crate::approval::Approver for Refuses {
+    async fn decide(&self, _call: &nerve_core::ToolCall, _rule: &str) -> Option<Approval> {
+        Some(Approval {
+            approved: false,
+            reason: Some("not today".into()),
+        })
+    }
+}
+
+/// A live turn and a resumed one go through the same gate: a person's denial, asked now or
+/// already in the log, refuses the call with the same result; only the live one records
+/// the request and the decision (`nerve approve` recorded the other).
+#[tokio::test]
+async fn a_denial_asked_live_or_read_from_the_log_refuses_the_call_alike() {
+    let cassette = lines(&[tool("deploy prod"), text("ok")]);
+    let config = EngineConfig {
+        policy: policy(PolicyAction::Ask),
+        ..EngineConfig::default()
+    };
+    let tool_result = |messages: &[nerve_core::Message]| {
+        messages
+            .iter()
+            .flat_map(|m| &m.parts)
+            .find_map(|part| {
+                if let nerve_core::MessagePart::ToolResult(result) = part {
+                    Some(result.content.clone())
+                } else {
+                    None
+                }
+            })
+            .unwrap_or_default()
+    };
+
+    let sink = Arc::new(MemorySink::default());
+    let tools = Arc::new(EchoTools::default());
+    let mut engine = AgentEngine::new(
+        Arc::new(ScriptedProvider::parse("test", &cassette).unwrap()),
+        Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        config.clone(),
+    );
+    engine.approver = Arc::new(Refuses);
+    let task = Task {
+        id: TaskId::new(),
+        description: "do it".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/w".into(),
+    };
+    let live = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(live.termination_reason, TerminationReason::Completed);
+    assert!(
+        tools.calls.lock().unwrap().is_empty(),
+        "a denied call never runs"
+    );
+    let kinds = sink.kinds();
+    assert!(kinds.contains(&"approval_requested") && kinds.contains(&"approval_decided"));
+    let refused = tool_result(&live.context.messages);
+    assert!(
+        refused.contains("denied by the user: not today"),
+        "{refused}"
+    );
+
+    // The same call parked, then denied through `nerve approve`, then resumed.
+    let parked = run(&cassette, config.clone(), EchoTools::default()).await;
+    assert_eq!(parked.result.termination_reason, TerminationReason::Parked);
+    let call = parked
+        .result
+        .context
+        .messages
+        .iter()
+        .flat_map(|m| m.tool_calls())
+        .next()
+        .unwrap()
+        .clone();
+    let provider = ScriptedProvider::parse("test", &cassette).unwrap();
+    provider.skip(CallPurpose::Agent, 1);
+    let sink = Arc::new(MemorySink::default());
+    let tools = Arc::new(EchoTools::default());
+    let engine = AgentEngine::new(
+        Arc::new(provider),
+        Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        config,
+    );
+    let state = ResumeState {
+        task_id: parked.result.context.task_id,
+        messages: parked.result.context.messages.clone(),
+        turns: 0,
+        usage: parked.result.context.usage,
+        cost: parked.result.context.cost,
+        task_status: parked.result.context.task_status,
+        pending_turn_usage: nerve_core::TokenUsage::default(),
+        in_doubt: Vec::new(),
+        approvals: vec![(
+            call.id,
+            Approval {
+                approved: false,
+                reason: Some("not today".into()),
+            },
+        )],
+        attempt: 1,
+        from_checkpoint_seq: None,
+        finished_in_incomplete_turn: Vec::new(),
+    };
+    let resumed = engine
+        .resume(ExecutionId::new(), state, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(resumed.termination_reason, TerminationReason::Completed);
+    assert!(
+        tools.calls.lock().unwrap().is_empty(),
+        "a denied call never runs"
+    );
+    let kinds = sink.kinds();
+    assert!(
+        !kinds.contains(&"approval_requested") && !kinds.contains(&"approval_decided"),
+        "{kinds:?}"
+    );
+    assert_eq!(tool_result(&resumed.context.messages), refused);
+}
+
 #[tokio::test]
 async fn resume_tells_the_model_about_in_doubt_calls_instead_of_rerunning_them() {
     let cassette = lines(&[tool("rm -rf build"), text("checked")]);
