@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderValue};
 
-use crate::provider::{ProviderError, kind};
+use crate::answer::{ProviderError, kind};
 use crate::stream::ByteSource;
 
 /// Timeouts and transport choices of a provider's HTTP client.
@@ -126,7 +126,7 @@ impl HttpClient {
     ) -> Result<reqwest::Response, ProviderError> {
         let body = serde_json::to_vec(body).map_err(|e| {
             ProviderError::permanent(
-                crate::provider::kind::BAD_REQUEST,
+                crate::answer::kind::BAD_REQUEST,
                 format!("cannot encode the request: {e}"),
             )
         })?;

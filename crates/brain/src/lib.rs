@@ -3,6 +3,7 @@
 //! sandbox only through the ports of `nerve-core`, so every loop runs in-process against
 //! fakes in tests and against SQLite and Docker in production.
 
+mod answer;
 pub mod anthropic;
 pub mod approval;
 pub mod archive;

@@ -8,12 +8,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Edges left out of the check, each with why. The provider port's trait returns a
-/// `ModelStream` and the stream yields the port's `ModelResponse` and `ProviderError`: one
-/// port in two files, owned by the providers' work (issue 17), where the types they share
-/// will move below both. The test fails once the edge is gone, so that this goes too.
-const ALLOWED: [(&str, &str); 1] = [("stream", "provider")];
-
 /// Module name to the modules it names, from `(module, source)` pairs.
 fn graph(sources: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
     let modules: BTreeSet<&str> = sources.iter().map(|(name, _)| name.as_str()).collect();
@@ -40,10 +34,7 @@ fn graph(sources: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
                         ]
                     };
                     for target in names {
-                        if target != name
-                            && modules.contains(target)
-                            && !ALLOWED.contains(&(name.as_str(), target))
-                        {
+                        if target != name && modules.contains(target) {
                             edges.insert(target.to_owned());
                         }
                     }
@@ -150,15 +141,6 @@ fn brains_modules_import_each_other_without_a_circle() {
     let sources = brain_sources();
     let graph = graph(&sources);
     assert!(graph.len() > 20, "{} modules read", graph.len());
-    for (from, to) in ALLOWED {
-        let source = &sources.iter().find(|(name, _)| name == from).unwrap().1;
-        assert!(
-            library_code(source)
-                .iter()
-                .any(|line| line.contains(&format!("crate::{to}"))),
-            "{from} no longer imports {to}: drop the allowance"
-        );
-    }
     // The edges the restructuring rests on are seen at all.
     assert!(graph["engine"].contains("react"), "{:?}", graph["engine"]);
     assert!(

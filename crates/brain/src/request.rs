@@ -4,14 +4,14 @@
 //! ([`RawArguments`]), and tool-call ids a strict API accepts ([`safe_call_id`]).
 
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use reqwest::header::HeaderMap;
 
+use crate::answer::{ModelRequest, ModelResponse, ProviderError};
 use crate::http::{self, ClientError, HttpClient, HttpConfig, ResponseSource};
-use crate::provider::{ModelRequest, ModelResponse, ProviderError};
-use crate::stream::{ModelStream, StreamDecoder, arguments_text, parse_arguments};
+pub(crate) use crate::stream::RawArguments;
+use crate::stream::{ModelStream, StreamDecoder};
 use crate::tokens::{TokenCounter, UsageEstimate, counter_for_model};
 
 /// Decodes a whole response body.
@@ -113,51 +113,6 @@ pub(crate) fn output_limit(limit: Option<u64>, window: Option<u64>, prompt: u64)
     }
 }
 
-/// How many calls' raw arguments are kept; older ones fall back to compact JSON.
-const RAW_CAPACITY: usize = 1024;
-
-/// Tool-call arguments exactly as the server wrote them, by call id. A call goes back in
-/// later requests with these bytes (not re-serialized JSON, which may order keys and
-/// space differently), so the conversation a local server re-renders matches what its
-/// model wrote and its prompt cache stays valid. In memory only: a resumed run sends
-/// compact JSON for calls made before it.
-#[derive(Debug, Default)]
-pub(crate) struct RawArguments {
-    calls: Mutex<(HashMap<String, String>, VecDeque<String>)>,
-}
-
-impl RawArguments {
-    pub(crate) fn remember(&self, id: &str, raw: &str) {
-        let Ok(mut guard) = self.calls.lock() else {
-            return;
-        };
-        let (map, order) = &mut *guard;
-        if map.insert(id.to_owned(), raw.to_owned()).is_none() {
-            order.push_back(id.to_owned());
-        }
-        while order.len() > RAW_CAPACITY {
-            if let Some(oldest) = order.pop_front() {
-                map.remove(&oldest);
-            }
-        }
-    }
-
-    /// The text to send for a call's arguments: the server's own bytes when they still
-    /// say what `arguments` says, else compact JSON (or the raw string of arguments that
-    /// were not JSON).
-    pub(crate) fn text(&self, id: &str, name: &str, arguments: &serde_json::Value) -> String {
-        let raw = self
-            .calls
-            .lock()
-            .ok()
-            .and_then(|guard| guard.0.get(id).cloned());
-        match raw {
-            Some(raw) if parse_arguments(name, &raw) == *arguments && !raw.trim().is_empty() => raw,
-            Some(_) | None => arguments_text(arguments),
-        }
-    }
-}
-
 /// A tool-call id as an API with strict ids accepts it (Anthropic: `[A-Za-z0-9_-]+`;
 /// OpenAI: at most 40 characters). An id that already fits is kept; any other becomes
 /// `call_` and a hash of it, the same for the call and its result, so they still match.
@@ -199,27 +154,6 @@ mod tests {
         // A prompt that fills the window still asks for a little, for the server to refuse.
         check(Some(8192), Some(4096), 5000, Some(MIN_OUTPUT));
         check(Some(100), Some(4096), 5000, Some(100));
-    }
-
-    #[test]
-    fn raw_arguments_go_back_when_they_still_apply() {
-        let raw = RawArguments::default();
-        raw.remember("c1", r#"{ "path": "b",  "content": "x" }"#);
-        let arguments = serde_json::json!({"content": "x", "path": "b"});
-        assert_eq!(
-            raw.text("c1", "write_file", &arguments),
-            r#"{ "path": "b",  "content": "x" }"#
-        );
-        // Changed since (an edited log, a compaction): compact JSON of what is held now.
-        assert_eq!(
-            raw.text("c1", "write_file", &serde_json::json!({"path": "c"})),
-            r#"{"path":"c"}"#
-        );
-        assert_eq!(raw.text("c9", "x", &serde_json::json!({})), "{}");
-        for i in 0..RAW_CAPACITY + 10 {
-            raw.remember(&format!("id{i}"), "{}");
-        }
-        assert_eq!(raw.calls.lock().unwrap().0.len(), RAW_CAPACITY);
     }
 
     proptest::proptest! {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::provider::kind;
+use crate::answer::kind;
 
 /// How hard to retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

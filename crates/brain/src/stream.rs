@@ -9,14 +9,16 @@
 //! answer with the same [`Assembler`], which is also what the non-streaming paths use, so a
 //! streamed and a whole answer of the same content are the same `ModelResponse`.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use nerve_core::{Message, MessagePart, MessageRole, ToolCall, ToolCallId};
 
-use crate::provider::{FinishReason, ModelResponse, ProviderError, kind};
+use crate::answer::{ModelResponse, ProviderError, kind};
 use crate::sse::{SseEvent, SseParser};
+use nerve_core::FinishReason;
 
 /// A piece of an answer in progress.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -450,7 +452,7 @@ impl Assembler {
     }
 
     /// Remembers the raw arguments of every tool call in `memory`, if there is one.
-    pub(crate) fn remember_raw(&self, memory: Option<&crate::request::RawArguments>) {
+    pub(crate) fn remember_raw(&self, memory: Option<&RawArguments>) {
         if let Some(memory) = memory {
             for (id, raw) in self.raw_arguments() {
                 memory.remember(id, raw);
@@ -506,10 +508,76 @@ pub(crate) fn reconcile_finish(reported: FinishReason, has_tool_calls: bool) -> 
     }
 }
 
+/// How many calls' raw arguments are kept; older ones fall back to compact JSON.
+const RAW_CAPACITY: usize = 1024;
+
+/// Tool-call arguments exactly as the server wrote them, by call id. A call goes back in
+/// later requests with these bytes (not re-serialized JSON, which may order keys and
+/// space differently), so the conversation a local server re-renders matches what its
+/// model wrote and its prompt cache stays valid. In memory only: a resumed run sends
+/// compact JSON for calls made before it.
+#[derive(Debug, Default)]
+pub(crate) struct RawArguments {
+    calls: Mutex<(HashMap<String, String>, VecDeque<String>)>,
+}
+
+impl RawArguments {
+    pub(crate) fn remember(&self, id: &str, raw: &str) {
+        let Ok(mut guard) = self.calls.lock() else {
+            return;
+        };
+        let (map, order) = &mut *guard;
+        if map.insert(id.to_owned(), raw.to_owned()).is_none() {
+            order.push_back(id.to_owned());
+        }
+        while order.len() > RAW_CAPACITY {
+            if let Some(oldest) = order.pop_front() {
+                map.remove(&oldest);
+            }
+        }
+    }
+
+    /// The text to send for a call's arguments: the server's own bytes when they still
+    /// say what `arguments` says, else compact JSON (or the raw string of arguments that
+    /// were not JSON).
+    pub(crate) fn text(&self, id: &str, name: &str, arguments: &serde_json::Value) -> String {
+        let raw = self
+            .calls
+            .lock()
+            .ok()
+            .and_then(|guard| guard.0.get(id).cloned());
+        match raw {
+            Some(raw) if parse_arguments(name, &raw) == *arguments && !raw.trim().is_empty() => raw,
+            Some(_) | None => arguments_text(arguments),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use nerve_core::TokenUsage;
+
+    #[test]
+    fn raw_arguments_go_back_when_they_still_apply() {
+        let raw = RawArguments::default();
+        raw.remember("c1", r#"{ "path": "b",  "content": "x" }"#);
+        let arguments = serde_json::json!({"content": "x", "path": "b"});
+        assert_eq!(
+            raw.text("c1", "write_file", &arguments),
+            r#"{ "path": "b",  "content": "x" }"#
+        );
+        // Changed since (an edited log, a compaction): compact JSON of what is held now.
+        assert_eq!(
+            raw.text("c1", "write_file", &serde_json::json!({"path": "c"})),
+            r#"{"path":"c"}"#
+        );
+        assert_eq!(raw.text("c9", "x", &serde_json::json!({})), "{}");
+        for i in 0..RAW_CAPACITY + 10 {
+            raw.remember(&format!("id{i}"), "{}");
+        }
+        assert_eq!(raw.calls.lock().unwrap().0.len(), RAW_CAPACITY);
+    }
 
     /// Emits one text delta per event and ends on `[DONE]` or on `fail`.
     struct Echo {
