@@ -3,8 +3,6 @@
 //! retrying can help.
 
 use async_trait::async_trait;
-use nerve_core::event::CallPurpose;
-use nerve_core::{Message, TokenUsage};
 
 pub use crate::answer::{ModelRequest, ModelResponse, ProviderError, ToolChoice, kind};
 use crate::stream::ModelStream;
@@ -35,7 +33,8 @@ pub trait Provider: Send + Sync {
 mod tests {
     use super::*;
     use crate::stream::{Delta, StreamChunk};
-    use nerve_core::{MessagePart, MessageRole, ToolCall, ToolCallId};
+    use nerve_core::event::CallPurpose;
+    use nerve_core::{Message, MessagePart, MessageRole, TokenUsage, ToolCall, ToolCallId};
 
     struct Fixed(Result<ModelResponse, ProviderError>);
 
