@@ -270,19 +270,33 @@ fn every_flag_and_argument_of_every_command_has_help_text() {
     for command in &commands {
         let text = help(&[command]);
         let mut entries = 0;
-        for line in text.lines() {
+        let lines: Vec<&str> = text.lines().collect();
+        for (at, line) in lines.iter().enumerate() {
             let trimmed = line.trim_start();
-            // An option or argument line: its name, then (after two spaces) what it is for.
-            if !(trimmed.starts_with('-') || trimmed.starts_with('<')) || !line.starts_with("  ") {
+            // An option or argument line: its name, then (after two spaces) what it is for,
+            // or (clap's layout when some help is long) what it is for on the next line,
+            // indented further.
+            if !(trimmed.starts_with('-') || trimmed.starts_with('<'))
+                || !line.starts_with("  ")
+                // A possible value of the option above (`- queued: ...`), not an option.
+                || trimmed.starts_with("- ")
+            {
                 continue;
             }
             entries += 1;
-            let described = trimmed.split_once("  ").is_some_and(|(_, rest)| {
-                rest.trim()
+            let says = |text: &str| {
+                text.trim()
                     .chars()
                     .next()
                     .is_some_and(|c| c.is_alphanumeric() || c == '`')
-            });
+            };
+            let indent = line.len() - trimmed.len();
+            let described = match trimmed.split_once("  ") {
+                Some((_, rest)) => says(rest),
+                None => lines.get(at + 1).is_some_and(|next| {
+                    next.len() - next.trim_start().len() > indent && says(next)
+                }),
+            };
             assert!(
                 described,
                 "`nerve {command}`: no help for {trimmed:?}\n{text}"

@@ -111,7 +111,10 @@ pub(crate) enum Command {
         id: Option<String>,
     },
     /// Write an execution's log (events, hashes, snapshots, archive) as JSON Lines to stdout.
-    Export { id: String },
+    Export {
+        /// The execution (its id, or a unique prefix of it).
+        id: String,
+    },
     /// Load an exported execution into this log; it verifies as it did where it came from.
     Import {
         /// A file written by `nerve export` (`-` for stdin).

@@ -23,7 +23,7 @@ pub(crate) const CONTAINER_CONTROL_DIR: &str = "/run/nerve-control";
 /// How the host directory's name starts (the reaper removes those of dead processes).
 pub(crate) const CONTROL_DIR_PREFIX: &str = "nerve-control-";
 /// The socket's name in that directory.
-const SOCKET_NAME: &str = "executor.sock";
+pub(crate) const SOCKET_NAME: &str = "executor.sock";
 
 /// The numeric `uid` and optional `gid` of a `uid:gid` user string; `None` for a user
 /// name, which the host cannot map without the image's passwd file.

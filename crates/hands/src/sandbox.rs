@@ -1192,13 +1192,18 @@ pub async fn reap(
     Ok(report)
 }
 
-/// Removes the control directory of a dead process's sandbox: only an empty directory that
-/// is one of ours (its socket was removed once the executor connected).
+/// Removes the control directory of a dead process's sandbox: only a directory that is one
+/// of ours, holding nothing or the socket a killed host bound before its executor connected
+/// (once the executor connects the host removes it).
 fn remove_control_dir(dir: &Path) {
     let ours = dir
         .file_name()
         .is_some_and(|name| name.to_string_lossy().starts_with(CONTROL_DIR_PREFIX));
-    if ours && std::fs::remove_dir(dir).is_ok() {
+    if !ours {
+        return;
+    }
+    let _ = std::fs::remove_file(dir.join(crate::control::SOCKET_NAME));
+    if std::fs::remove_dir(dir).is_ok() {
         tracing::debug!(dir = %dir.display(), "removed a dead sandbox's control directory");
     }
 }
