@@ -591,6 +591,15 @@ mod tests {
     }
 
     impl Subscriber for &'static Recorder {
+        // Asked again at every span: tests run in parallel, each with its own subscriber, and
+        // an interest cached while another test's subscriber (or none) was current would
+        // hide this one's spans.
+        fn register_callsite(
+            &self,
+            _: &'static tracing::Metadata<'static>,
+        ) -> tracing::subscriber::Interest {
+            tracing::subscriber::Interest::sometimes()
+        }
         fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
             true
         }
@@ -614,7 +623,10 @@ mod tests {
 
     fn recorded(f: impl FnOnce()) -> Vec<(String, BTreeMap<String, String>)> {
         let recorder: &'static Recorder = Box::leak(Box::default());
-        tracing::subscriber::with_default(recorder, f);
+        tracing::subscriber::with_default(recorder, || {
+            tracing::callsite::rebuild_interest_cache();
+            f();
+        });
         recorder.spans.lock().unwrap().clone()
     }
 
@@ -821,6 +833,15 @@ mod tests {
     }
 
     impl Subscriber for &'static Tree {
+        // Asked again at every span: tests run in parallel, each with its own subscriber, and
+        // an interest cached while another test's subscriber (or none) was current would
+        // hide this one's spans.
+        fn register_callsite(
+            &self,
+            _: &'static tracing::Metadata<'static>,
+        ) -> tracing::subscriber::Interest {
+            tracing::subscriber::Interest::sometimes()
+        }
         fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
             true
         }
@@ -863,6 +884,7 @@ mod tests {
     async fn traced<F: std::future::Future>(body: F) -> (F::Output, Vec<Node>) {
         let tree: &'static Tree = Box::leak(Box::default());
         let _default = tracing::subscriber::set_default(tree);
+        tracing::callsite::rebuild_interest_cache();
         let output = body.await;
         let nodes = tree.nodes.lock().unwrap().clone();
         (output, nodes)
