@@ -145,9 +145,14 @@ fn a_full_log_filesystem_stops_the_run_and_a_resume_finishes_it_once_freed() {
     check_sequence(&before);
     verify(&db, &id);
     let replay = replay_json(&db, &id);
-    assert_eq!(
-        replay["gaps"].as_array().unwrap().last().unwrap()["kind"],
-        "no_finish",
+    // Where the disk filled decides which other gaps show (a turn begun, a call in doubt);
+    // a crashed run always lacks its finish.
+    assert!(
+        replay["gaps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|gap| gap["kind"] == "no_finish"),
         "{replay}"
     );
 
