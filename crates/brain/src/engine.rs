@@ -100,6 +100,8 @@ pub struct AgentEngine {
     pub approver: Arc<dyn Approver>,
     /// Where compaction archives context; in memory unless the log's archive is wired in.
     pub archive: Arc<dyn nerve_core::ContextArchive>,
+    /// Who sees answers as they stream; nobody unless the CLI wires a display in.
+    pub deltas: Arc<dyn crate::stream::DeltaObserver>,
     pub config: EngineConfig,
 }
 
@@ -127,6 +129,7 @@ impl AgentEngine {
             sink,
             approver: Arc::new(Unattended),
             archive: Arc::new(MemoryArchive::default()),
+            deltas: Arc::new(crate::stream::IgnoreDeltas),
             config,
         }
     }

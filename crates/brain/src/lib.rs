@@ -59,6 +59,6 @@ pub use provider::{
     FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice,
 };
 pub use scripted::{ScriptError, ScriptedProvider};
-pub use stream::{Delta, ModelStream, StreamChunk};
+pub use stream::{Delta, DeltaObserver, IgnoreDeltas, ModelStream, StreamChunk};
 pub use telemetry::TraceConfig;
 pub use tokens::{TokenCounter, counter_for_model};

@@ -37,6 +37,27 @@ pub enum Delta {
     ToolCallArguments { index: usize, fragment: String },
 }
 
+/// Who watches answers as the model writes them: the terminal transcript, `nerve run
+/// --jsonl`, `nerve chat`. Deltas are shown, never recorded: the log keeps whole messages.
+/// Called in order from the task driving the run, so an observer must not block.
+pub trait DeltaObserver: Send + Sync {
+    /// `delta` of the answer to a call made for `purpose` in `execution_id`.
+    fn delta(
+        &self,
+        execution_id: nerve_core::ExecutionId,
+        purpose: nerve_core::event::CallPurpose,
+        delta: &Delta,
+    );
+}
+
+/// The observer of a run nobody watches live.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IgnoreDeltas;
+
+impl DeltaObserver for IgnoreDeltas {
+    fn delta(&self, _: nerve_core::ExecutionId, _: nerve_core::event::CallPurpose, _: &Delta) {}
+}
+
 /// What a stream yields.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamChunk {
