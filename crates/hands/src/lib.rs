@@ -11,6 +11,7 @@
 
 mod account;
 pub mod build;
+pub mod caches;
 mod control;
 pub mod debian;
 pub mod devcontainer;

@@ -109,6 +109,12 @@ pub struct SandboxConfig {
     /// The auth proxy to reach from inside, if any; without one the sandbox has no network
     /// at all.
     pub proxy: Option<ProxyMount>,
+    /// The account name of the command uid in the generated passwd (a devcontainer's
+    /// `remoteUser`); `None` is `nerve`. The uid itself never changes with it.
+    pub account_name: Option<String>,
+    /// Package caches to mount in the home (`[sandbox.caches]`); only with a numeric
+    /// command uid, which owns them.
+    pub caches: Vec<crate::caches::CacheVolume>,
     /// How the host talks to the executor. With [`Transport::Socket`] (the default) a start
     /// whose socket cannot be used falls back to [`Transport::Attach`], with a warning;
     /// benchmarks and tests ask for the attach stream directly.
@@ -135,6 +141,8 @@ impl SandboxConfig {
             max_open_files: 4096,
             env: Vec::new(),
             proxy: None,
+            account_name: None,
+            caches: Vec::new(),
             transport: Transport::Socket,
         }
     }
@@ -251,6 +259,7 @@ impl Sandbox {
             Some((uid, gid)) => Some(Account::prepare(
                 config.execution_id,
                 (uid, gid.unwrap_or(uid)),
+                config.account_name.as_deref(),
             )?),
             None => None,
         };
@@ -283,6 +292,12 @@ impl Sandbox {
         let mut workspace_binds = vec![format!("{}:/workspace:rw", path_str(&workspace)?)];
         if let Some(account) = &account {
             workspace_binds.extend(account.binds()?);
+            if let Some((uid, gid)) = numeric_user(&user) {
+                workspace_binds.extend(
+                    crate::caches::prepare(&docker, &config.caches, (uid, gid.unwrap_or(uid)))
+                        .await?,
+                );
+            }
         }
         if let Some(proxy) = &config.proxy {
             workspace_binds.push(format!(
