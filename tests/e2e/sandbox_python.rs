@@ -409,3 +409,82 @@ fn bad_environments_are_one_line_exit_2_and_nothing_written() {
         "has no /bin/sh, so the shell tool cannot run in it",
     );
 }
+
+#[test]
+fn package_caches_last_between_runs_and_are_shared_only_by_name() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shared = format!("nerve-test-{}", std::process::id());
+    let config = dir.path().join("nerve.toml");
+    std::fs::write(
+        &config,
+        format!("[sandbox.caches]\npip = true\nnpm = \"{shared}\"\n"),
+    )
+    .unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for workspace in [&a, &b] {
+        std::fs::create_dir_all(workspace).unwrap();
+        if is_root() {
+            let status = Command::new("chown")
+                .arg(format!("{OWNER}:{OWNER}"))
+                .arg(workspace)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+    }
+    let run = |workspace: &Path, name: &str, command: &str| -> String {
+        let provider = cassette(dir.path(), name, &[shell(command), json!({"text": "done"})]);
+        let run = nerve_run(dir.path(), workspace, &provider, Some(&config))
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{}", stderr(&run));
+        let id = last_json(&run)["execution_id"].as_str().unwrap().to_owned();
+        let events = events_json(&dir.path().join("nerve.db"), &id);
+        events
+            .iter()
+            .find(|e| e["kind"] == "tool_call_finished")
+            .map(|e| {
+                e["payload"]["result"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .unwrap()
+    };
+    let wrote = run(
+        &a,
+        "write.jsonl",
+        "echo pip-a > ~/.cache/pip/marker && echo npm-a > ~/.npm/marker && echo written",
+    );
+    assert!(wrote.contains("written"), "{wrote}");
+    let read = "cat ~/.cache/pip/marker 2>/dev/null || echo no-pip; cat ~/.npm/marker 2>/dev/null || echo no-npm";
+    // The same workspace, a new execution (a new home): both caches are still there.
+    let again = run(&a, "again.jsonl", read);
+    assert!(
+        again.contains("pip-a") && again.contains("npm-a"),
+        "{again}"
+    );
+    // Another workspace: its own pip cache, the npm cache shared by name.
+    let other = run(&b, "other.jsonl", read);
+    assert!(
+        other.contains("no-pip") && other.contains("npm-a"),
+        "{other}"
+    );
+
+    use nerve_hands::caches::{CacheTool, CacheVolume};
+    let volumes = [
+        CacheVolume::for_workspace(CacheTool::Pip, &a),
+        CacheVolume::for_workspace(CacheTool::Pip, &b),
+        CacheVolume::shared(CacheTool::Npm, &shared).unwrap(),
+    ];
+    for volume in volumes {
+        let name = volume.volume_name();
+        assert!(docker_cli(&["volume", "inspect", &name]).contains(&name));
+        docker_cli(&["volume", "rm", &name]);
+        let _ =
+            std::fs::remove_dir_all(nerve_hands::debian::cache_dir().join("volumes").join(&name));
+    }
+}

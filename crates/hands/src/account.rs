@@ -109,6 +109,55 @@ pub fn discard(execution_id: ExecutionId) -> std::io::Result<()> {
     }
 }
 
+/// How long an execution's account directory is kept after its last start when no
+/// container of it exists any more: long enough for any resume a person would make.
+pub(crate) const HOME_RETENTION: std::time::Duration =
+    std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Removes the account directories (`nerve-env-*` in `temp`, this user's) untouched for
+/// `retention` whose execution is not in `in_use`, and returns the execution ids removed.
+/// A directory's modification time is its last start (passwd and group are rewritten into
+/// it at every start).
+pub(crate) fn sweep_stale(
+    temp: &Path,
+    retention: std::time::Duration,
+    in_use: &std::collections::HashSet<String>,
+) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(me) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(execution) = name.strip_prefix(PREFIX) else {
+            continue;
+        };
+        if in_use.contains(execution) {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        let stale = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age >= retention);
+        if meta.is_dir()
+            && meta.uid() == me
+            && stale
+            && std::fs::remove_dir_all(entry.path()).is_ok()
+        {
+            removed.push(execution.to_owned());
+        }
+    }
+    removed
+}
+
 fn dir_of(execution_id: ExecutionId) -> PathBuf {
     std::env::temp_dir().join(format!("{PREFIX}{execution_id}"))
 }
@@ -168,6 +217,38 @@ fn write_file(path: &Path, content: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_homes_are_swept_unless_in_use_or_recent() {
+        let temp = tempfile::tempdir().unwrap();
+        for name in [
+            "nerve-env-old",
+            "nerve-env-used",
+            "nerve-env-new",
+            "other-old",
+        ] {
+            std::fs::create_dir(temp.path().join(name)).unwrap();
+            std::fs::write(temp.path().join(name).join("passwd"), "x").unwrap();
+        }
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for name in ["nerve-env-old", "nerve-env-used", "other-old"] {
+            std::fs::File::open(temp.path().join(name))
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        let in_use = std::collections::HashSet::from(["used".to_owned()]);
+        let removed = sweep_stale(temp.path(), std::time::Duration::from_secs(60), &in_use);
+        assert_eq!(removed, ["old"]);
+        for (name, kept) in [
+            ("nerve-env-old", false),
+            ("nerve-env-used", true),
+            ("nerve-env-new", true),
+            ("other-old", true),
+        ] {
+            assert_eq!(temp.path().join(name).exists(), kept, "{name}");
+        }
+    }
 
     #[test]
     fn the_uid_gets_a_named_entry_with_the_home() {

@@ -1131,6 +1131,10 @@ pub struct ReapReport {
     pub removed: Vec<String>,
     /// Names (or ids) of the containers left alone, and why.
     pub kept: Vec<(String, String)>,
+    /// Executions whose sandbox home (`$TMPDIR/nerve-env-<id>`) was removed: no container
+    /// of theirs is left and none started for a week (a resume after that starts with an
+    /// empty home).
+    pub homes_removed: Vec<String>,
 }
 
 /// Removes Nerve containers whose owning process is gone (killed, crashed), and returns how
@@ -1162,7 +1166,13 @@ pub async fn reap(
         .filters(&filters)
         .build();
     let mut report = ReapReport::default();
-    for container in docker.list_containers(Some(options)).await? {
+    let containers = docker.list_containers(Some(options)).await?;
+    // Executions that still have a container (until it is removed below) keep their home.
+    let mut in_use: std::collections::HashSet<String> = containers
+        .iter()
+        .filter_map(|c| c.labels.as_ref()?.get(LABEL_EXECUTION).cloned())
+        .collect();
+    for container in containers {
         let Some(id) = container.id.clone() else {
             continue;
         };
@@ -1196,6 +1206,7 @@ pub async fn reap(
         }
         remove_container(docker, &id).await?;
         report.removed.push(shown);
+        in_use.remove(label(LABEL_EXECUTION).unwrap_or_default());
         let mounts = container.mounts.iter().flatten();
         if let Some(dir) = mounts
             .filter(|m| m.destination.as_deref() == Some(CONTAINER_CONTROL_DIR))
@@ -1203,6 +1214,14 @@ pub async fn reap(
         {
             remove_control_dir(Path::new(dir));
         }
+    }
+    // Only a sweep over every execution knows which still have containers.
+    if execution.is_none() {
+        report.homes_removed = crate::account::sweep_stale(
+            &std::env::temp_dir(),
+            crate::account::HOME_RETENTION,
+            &in_use,
+        );
     }
     Ok(report)
 }
