@@ -26,6 +26,7 @@ mod resume;
 mod sandbox;
 mod sandbox_env;
 mod sandbox_python;
+mod stream;
 mod support;
 mod traces;
 mod transfer;
