@@ -135,10 +135,20 @@ async fn build_image(
     build: &DockerfileBuild,
     quiet: bool,
 ) -> Result<BuildOutcome, Failure> {
+    let mut announced = false;
     let mut progress = |line: &str| {
-        if !quiet {
-            output::error_line(&format!("build: {line}"));
+        if quiet {
+            return;
         }
+        // Said only when something is built: a reused image prints nothing.
+        if !announced {
+            announced = true;
+            output::error_line(&format!(
+                "building the sandbox image from {} (once per change)",
+                build.dockerfile.display()
+            ));
+        }
+        output::error_line(&format!("build: {line}"));
     };
     build_dockerfile(docker, build, &mut progress)
         .await
