@@ -213,21 +213,6 @@ fn image(force: bool) -> Result<PathBuf> {
 /// are root). Returns its tag.
 fn python_image() -> Result<String> {
     ensure_prerequisites()?;
-    let has_debootstrap = Command::new("sh")
-        .args([
-            "-c",
-            "command -v debootstrap || test -x /usr/sbin/debootstrap",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_debootstrap {
-        if !is_root() {
-            bail!(
-                "the Python image is made with debootstrap, as root: sudo apt-get install debootstrap"
-            );
-        }
-        apt_install(&["debootstrap"])?;
-    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -424,6 +409,22 @@ fn ensure_prerequisites() -> Result<()> {
             );
         }
         apt_install(&["busybox-static"])?;
+    }
+    // The Debian Python image of the sandbox tests and benchmark is made with debootstrap.
+    let debootstrap_ok = Command::new("sh")
+        .args([
+            "-c",
+            "command -v debootstrap || test -x /usr/sbin/debootstrap",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !debootstrap_ok {
+        if !is_root {
+            bail!(
+                "the Python sandbox image is made with Debian's debootstrap, as root: sudo apt-get install debootstrap"
+            );
+        }
+        apt_install(&["debootstrap"])?;
     }
     // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium.
     let chromium_ok = Command::new("sh")
