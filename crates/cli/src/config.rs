@@ -698,6 +698,24 @@ mod tests {
 
     /// The `[compaction]` section reaches the engine; keys left out keep the defaults.
     #[test]
+    fn stream_is_on_unless_a_provider_turns_it_off() {
+        let settings = |text: &str| {
+            let config: Config = toml::from_str(text).unwrap();
+            let settings = config.provider_settings(None).unwrap();
+            (settings.openai_stream, settings.anthropic_stream)
+        };
+        assert_eq!(settings(""), (None, None));
+        assert_eq!(
+            settings("[providers.openai]\nstream = false\n[providers.anthropic]\nstream = true"),
+            (Some(false), Some(true))
+        );
+        let error = toml::from_str::<Config>("[providers.openai]\nstreaming = false")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown field `streaming`"), "{error}");
+    }
+
+    #[test]
     fn the_compaction_section_reaches_the_engine() {
         let check = |text: &str, digest_chars: usize, soft: u32| {
             let config: Config = toml::from_str(text).unwrap();
