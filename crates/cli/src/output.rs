@@ -44,6 +44,14 @@ pub(crate) fn stderr_colour() -> bool {
     )
 }
 
+/// Whether stdout may carry colour (the live transcript): the same rule as stderr's.
+pub(crate) fn stdout_colour() -> bool {
+    colour(
+        std::io::stdout().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
 fn colour(terminal: bool, no_color: Option<&OsStr>) -> bool {
     terminal && no_color.is_none_or(OsStr::is_empty)
 }
