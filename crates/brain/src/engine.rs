@@ -435,11 +435,12 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
             Ok(()) => react::run(&mut run).await,
             Err(stop) => stop,
         },
-        Begin::FollowUp(state, follow_up) => match follow_up_start(&mut run, state, follow_up).await
-        {
-            Ok(()) => drive(&mut run).await,
-            Err(stop) => stop,
-        },
+        Begin::FollowUp(state, follow_up) => {
+            match follow_up_start(&mut run, state, follow_up).await {
+                Ok(()) => drive(&mut run).await,
+                Err(stop) => stop,
+            }
+        }
     };
     finish(run, outcome).await
 }

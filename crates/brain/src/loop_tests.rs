@@ -961,7 +961,11 @@ async fn a_follow_up_continues_the_same_execution_with_the_next_message() {
         "{:?}",
         second.error
     );
-    assert_eq!(second.context.turn_count(), 4, "turns 3 and 4 follow 1 and 2");
+    assert_eq!(
+        second.context.turn_count(),
+        4,
+        "turns 3 and 4 follow 1 and 2"
+    );
     assert!(second.context.usage.input_tokens > first.context.usage.input_tokens);
     assert_eq!(tools.calls.lock().unwrap().len(), 2);
     let kinds = sink.kinds();
@@ -974,9 +978,12 @@ async fn a_follow_up_continues_the_same_execution_with_the_next_message() {
     let turns: Vec<u32> = sink
         .events()
         .iter()
-        .filter_map(|e| match e {
-            Event::TurnCompleted(t) => Some(t.turn),
-            _ => None,
+        .filter_map(|e| {
+            if let Event::TurnCompleted(t) = e {
+                Some(t.turn)
+            } else {
+                None
+            }
         })
         .collect();
     assert_eq!(turns, [1, 2, 3, 4]);
@@ -988,5 +995,8 @@ async fn a_follow_up_continues_the_same_execution_with_the_next_message() {
         .find(|m| m.role == MessageRole::User)
         .unwrap();
     assert_eq!(last_user.text_content(), "now the other thing");
-    assert_eq!(second.context.messages.last().unwrap().text_content(), "second done");
+    assert_eq!(
+        second.context.messages.last().unwrap().text_content(),
+        "second done"
+    );
 }

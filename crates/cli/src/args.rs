@@ -38,8 +38,12 @@ pub(crate) fn default_db() -> Result<PathBuf, Failure> {
     let state = std::env::var_os("XDG_STATE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".local").join("state")))
-        .ok_or_else(|| Failure::usage("cannot locate a state directory: set --db, NERVE_DB or HOME"))?;
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| Path::new(&home).join(".local").join("state"))
+        })
+        .ok_or_else(|| {
+            Failure::usage("cannot locate a state directory: set --db, NERVE_DB or HOME")
+        })?;
     Ok(state.join("nerve").join("nerve.db"))
 }
 

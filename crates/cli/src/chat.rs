@@ -38,7 +38,11 @@ const HELP: &[&str] = &[
 ];
 
 /// `nerve chat [--workspace DIR] [ID]`.
-pub(crate) async fn chat(args: ChatArgs, db: &Path, config_path: Option<&Path>) -> Result<u8, Failure> {
+pub(crate) async fn chat(
+    args: ChatArgs,
+    db: &Path,
+    config_path: Option<&Path>,
+) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
     let mode = Mode::detect(false, false);
     if let Some(id) = &args.id {
@@ -81,9 +85,8 @@ pub(crate) async fn chat(args: ChatArgs, db: &Path, config_path: Option<&Path>) 
     let workspace = match &args.workspace {
         Some(dir) => crate::run::validate_workspace(dir)?,
         None => {
-            let here = std::env::current_dir().map_err(|e| {
-                Failure::usage(format!("cannot read the current directory: {e}"))
-            })?;
+            let here = std::env::current_dir()
+                .map_err(|e| Failure::usage(format!("cannot read the current directory: {e}")))?;
             crate::run::validate_workspace(&here)?
         }
     };
@@ -305,7 +308,9 @@ pub(crate) async fn converse(
         match outcome {
             Ok(result) => {
                 started = true;
-                display.lines(&message_ending(&result));
+                let mut lines = message_ending(&result);
+                lines.push((Style::Dim, display.status_text(&display.status())));
+                display.lines(&lines);
             }
             Err(failure) => display.lines(&[(Style::Error, format!("error: {}", failure.message))]),
         }
@@ -354,7 +359,10 @@ fn message_ending(result: &ExecutionResult) -> Vec<Line> {
     match result.termination_reason {
         TerminationReason::Completed => {}
         TerminationReason::Shutdown => {
-            lines.push((Style::Note, "· stopped: the agent's turn was interrupted".to_owned()));
+            lines.push((
+                Style::Note,
+                "· stopped: the agent's turn was interrupted".to_owned(),
+            ));
         }
         reason @ (TerminationReason::MaxTurns
         | TerminationReason::BudgetExhausted
@@ -385,7 +393,10 @@ fn styled(style: Style, lines: impl Iterator<Item = String>) -> Vec<Line> {
 /// Ctrl-C while the agent works stops its turn at the next boundary (a model call in
 /// flight is abandoned); a second one while it stops aborts, as in `run`. At the prompt
 /// the line editor owns the terminal and Ctrl-C only clears the line.
-async fn stop_turns(current: Arc<Mutex<Option<CancellationToken>>>, display: Arc<crate::progress::Display>) {
+async fn stop_turns(
+    current: Arc<Mutex<Option<CancellationToken>>>,
+    display: Arc<crate::progress::Display>,
+) {
     while tokio::signal::ctrl_c().await.is_ok() {
         let token = current.lock().ok().and_then(|slot| slot.clone());
         let Some(token) = token else {
@@ -423,16 +434,12 @@ impl Approver for ChatApprover {
             });
         }
         self.display.pause();
-        self.display.lines(&[(
-            Style::Note,
-            format!("allow {}? (rule `{rule}`)", key_argument(call)),
-        )]);
+        let question = format!(
+            "allow {}? [y]es / [n]o / [a]lways for this session › ",
+            key_argument(call)
+        );
         let approval = loop {
-            match self
-                .terminal
-                .read("[y]es / [n]o / [a]lways for this session › ", false)
-                .await
-            {
+            match self.terminal.read(&question, false).await {
                 Input::Line(answer) => match answer.trim().to_ascii_lowercase().as_str() {
                     "y" | "yes" => {
                         break Approval {

@@ -16,8 +16,7 @@ use async_trait::async_trait;
 use nerve_brain::Delta;
 use nerve_core::event::{ApprovalDecision, CallPurpose, ProxyVerdict, StagnationAction};
 use nerve_core::{
-    Enqueued, Event, EventSink, ExecutionId, MessageRole, MicroUsd, SinkError, Snapshot,
-    TokenUsage,
+    Enqueued, Event, EventSink, ExecutionId, MessageRole, MicroUsd, SinkError, Snapshot, TokenUsage,
 };
 
 use crate::output;
@@ -254,7 +253,8 @@ impl Display {
         if self.mode == Mode::Answer {
             return;
         }
-        let message_ended = matches!(event, Event::MessageAppended(m) if m.message.role == MessageRole::Assistant);
+        let message_ended =
+            matches!(event, Event::MessageAppended(m) if m.message.role == MessageRole::Assistant);
         if state.mid_line && (message_ended || !lines.is_empty()) {
             // A streamed message ends before what follows it.
             self.write("\n");
@@ -368,7 +368,9 @@ impl Display {
                 Style::Note,
                 match stagnation.action {
                     StagnationAction::Corrected => "· the agent is repeating itself: corrected",
-                    StagnationAction::Terminated => "· the agent is still repeating itself: stopping",
+                    StagnationAction::Terminated => {
+                        "· the agent is still repeating itself: stopping"
+                    }
                 }
                 .to_owned(),
             )),

@@ -87,7 +87,8 @@ pub(crate) fn continuable(db: &Path, id: &str) -> Result<(Resumable, Replay), Fa
         )));
     }
     let task_status = replay.task_status.unwrap_or(TaskStatus::InProgress);
-    if !task_status.can_transition_to(TaskStatus::InProgress) && task_status != TaskStatus::InProgress
+    if !task_status.can_transition_to(TaskStatus::InProgress)
+        && task_status != TaskStatus::InProgress
     {
         return Err(Failure::usage(format!(
             "execution {execution} left its task {task_status}, which cannot be taken up again"
@@ -150,7 +151,14 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
             "execution {execution} left its task {task_status}, which a resume cannot take up again"
         )));
     }
-    Ok(rebuild(execution, started, &events, &replay, task_status, attempt))
+    Ok(rebuild(
+        execution,
+        started,
+        &events,
+        &replay,
+        task_status,
+        attempt,
+    ))
 }
 
 /// What the engine needs to continue `execution` from its events and their replay.

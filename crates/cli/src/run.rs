@@ -436,6 +436,14 @@ impl Launch<'_> {
             }
             Start::Once(start) => start,
         };
+        if let Once::Resume(state) | Once::FollowUp(state, _) = &start {
+            display.seed(crate::progress::Status {
+                turn: state.turns,
+                usage: state.usage,
+                cost: state.cost,
+                ..crate::progress::Status::default()
+            });
+        }
         display.lines(&[(
             Style::Dim,
             match &start {
@@ -618,7 +626,10 @@ pub(crate) fn next_steps(id: ExecutionId, db: &Path) -> Vec<Line> {
         format!("--db {} ", db.display())
     };
     let mut lines = vec![
-        (Style::Dim, format!("log: execution {id} in {}", db.display())),
+        (
+            Style::Dim,
+            format!("log: execution {id} in {}", db.display()),
+        ),
         (Style::Dim, "next:".to_owned()),
     ];
     for (command, what) in [

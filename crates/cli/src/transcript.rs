@@ -72,9 +72,21 @@ pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<Strin
                             answer = Some(text);
                         }
                     }
-                    // The task is shown above; later user messages are the engine's notes.
+                    // The task is shown above; later user messages are the engine's notes
+                    // or a person's follow-ups (`nerve chat`, `run --continue`).
                     MessageRole::User if appended.index > 1 && !text.is_empty() => {
-                        lines.push(format!("  note: {}", clip_line(&text)));
+                        match text.strip_prefix("[Nerve] ") {
+                            Some(note) => lines.push(format!("  note: {}", clip_line(note))),
+                            None => {
+                                // The answer to the previous message, before the next one.
+                                if let Some(previous) = answer.take() {
+                                    lines.extend(previous.lines().map(|line| format!("  {line}")));
+                                }
+                                lines.push(String::new());
+                                lines.push("you".to_owned());
+                                lines.extend(text.lines().map(|line| format!("  {line}")));
+                            }
+                        }
                     }
                     MessageRole::User | MessageRole::System | MessageRole::Tool => {}
                 }
@@ -366,12 +378,26 @@ mod tests {
     fn a_live_outcome_shows_head_and_tail() {
         check_lines("", false, &["  ok · no output"]);
         check_lines("[exit code: 0]", false, &["  exit 0 · no output"]);
-        check_lines("no such file: a.txt", true, &["  error: no such file: a.txt"]);
-        check_lines("ok\n[exit code: 0]", false, &["  exit 0 · 1 line", "  │ ok"]);
+        check_lines(
+            "no such file: a.txt",
+            true,
+            &["  error: no such file: a.txt"],
+        );
+        check_lines(
+            "ok\n[exit code: 0]",
+            false,
+            &["  exit 0 · 1 line", "  │ ok"],
+        );
         check_lines(
             "1\n2\n3\n4\n[stderr]\nboom\n[exit code: 2]",
             true,
-            &["  exit 2 · 5 lines", "  │ 1", "  │ 2", "  │ … 2 more lines", "  │ boom"],
+            &[
+                "  exit 2 · 5 lines",
+                "  │ 1",
+                "  │ 2",
+                "  │ … 2 more lines",
+                "  │ boom",
+            ],
         );
         check_lines(
             "1\n2\n3\n4",

@@ -243,7 +243,10 @@ fn a_follow_up_after_the_finish_reopens_the_execution_until_it_finishes_again() 
         turn(3),
     ]);
     let open = check(&log, 100, &[GapKind::NoFinish]);
-    assert_eq!(open.termination_reason, None, "the follow-up has not finished");
+    assert_eq!(
+        open.termination_reason, None,
+        "the follow-up has not finished"
+    );
     assert_eq!(open.task_status, Some(TaskStatus::InProgress));
     assert_eq!(open.total_turns, 3);
 
