@@ -165,6 +165,21 @@ fn setup(cassette: &str) -> Setup {
     }
 }
 
+/// `nerve chat <args>` in a terminal, on the setup's log and policy, with its history in
+/// the setup's state directory.
+fn chat_in_tmux(s: &Setup, args: &[&str]) -> Tmux {
+    let state = s.state.display().to_string();
+    let mut all = vec![
+        "--db",
+        s.db.to_str().unwrap(),
+        "--config",
+        s.config.to_str().unwrap(),
+        "chat",
+    ];
+    all.extend(args);
+    Tmux::start(&all, &[("XDG_STATE_HOME", state.as_str())])
+}
+
 fn the_only_execution(db: &Path) -> String {
     let list = nerve(db, &["list", "--json"]);
     let list: serde_json::Value = serde_json::from_str(stdout(&list).trim()).unwrap();
@@ -185,21 +200,14 @@ fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
         return;
     }
     let s = setup(CHAT_CASSETTE);
-    let state = s.state.display().to_string();
-    let env = [("XDG_STATE_HOME", state.as_str())];
-    let term = Tmux::start(
+    let term = chat_in_tmux(
+        &s,
         &[
-            "--db",
-            s.db.to_str().unwrap(),
-            "--config",
-            s.config.to_str().unwrap(),
-            "chat",
             "--workspace",
             s.workspace.to_str().unwrap(),
             "--provider",
             &s.provider,
         ],
-        &env,
     );
     term.wait_for("type a message");
 
@@ -275,17 +283,7 @@ fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
 
     // Reopened by a prefix of its id: the same execution goes on.
     let prefix = &id[..13];
-    let term = Tmux::start(
-        &[
-            "--db",
-            s.db.to_str().unwrap(),
-            "--config",
-            s.config.to_str().unwrap(),
-            "chat",
-            prefix,
-        ],
-        &env,
-    );
+    let term = chat_in_tmux(&s, &[prefix]);
     term.wait_for("reopened after turn 6");
     term.type_line("once more");
     term.wait_for("Reopened answer.");
@@ -309,6 +307,48 @@ fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
     ] {
         assert!(show.contains(said), "{said} in {show}");
     }
+}
+
+#[test]
+fn a_run_on_a_terminal_shows_its_transcript_and_final_answer() {
+    if !docker_available() {
+        return;
+    }
+    let s = setup(&std::fs::read_to_string(root().join("examples/demo/cassette.jsonl")).unwrap());
+    let task = root().join("examples/demo/task.txt");
+    let term = Tmux::start(
+        &[
+            "--db",
+            s.db.to_str().unwrap(),
+            "run",
+            "--workspace",
+            s.workspace.to_str().unwrap(),
+            "--task-file",
+            task.to_str().unwrap(),
+            "--provider",
+            &s.provider,
+        ],
+        &[],
+    );
+    let screen = term.wait_for("nerve exited 0");
+    let id = the_only_execution(&s.db);
+    for shown in [
+        "Let me look at the workspace and run the test.".to_owned(),
+        "→ shell ls -l && sh test.sh".to_owned(),
+        "  exit 1 · 4 lines".to_owned(),
+        "→ shell sh test.sh".to_owned(),
+        "The test passes: greet.sh now prints \"Hello, Nerve!\".".to_owned(),
+        "completed after 5 turns".to_owned(),
+        format!("log: execution {id} in {}", s.db.display()),
+        format!("chat   {id}   talk to the agent about it"),
+    ] {
+        assert!(
+            screen.contains(&shown),
+            "{shown:?} not on the screen:\n{screen}"
+        );
+    }
+    // The status line is redrawn in place, never left behind as a line of its own.
+    assert!(!screen.contains("\nturn 5 · "), "{screen}");
 }
 
 /// Ids, paths and `ls -l` dates differ per run; the rest of the transcript does not.

@@ -309,7 +309,10 @@ pub(crate) async fn converse(
             Ok(result) => {
                 started = true;
                 let mut lines = message_ending(&result);
-                lines.push((Style::Dim, display.status_text(&display.status())));
+                if display.mode() == Mode::Live {
+                    // Off a terminal the last turn's line said as much already.
+                    lines.push((Style::Dim, display.status_text(&display.status())));
+                }
                 display.lines(&lines);
             }
             Err(failure) => display.lines(&[(Style::Error, format!("error: {}", failure.message))]),

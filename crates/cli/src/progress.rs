@@ -9,7 +9,6 @@
 //! same content comes as plain lines (whole messages, a status line per turn), never with
 //! an escape sequence. `--quiet` prints only the final answer, `--json` nothing.
 
-use std::io::Write;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -501,9 +500,7 @@ impl Display {
     }
 
     fn write(&self, text: &str) {
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(text.as_bytes());
-        let _ = out.flush();
+        output::raw(text);
     }
 }
 
