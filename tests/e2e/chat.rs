@@ -422,8 +422,13 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut cassette =
-        std::fs::read_to_string(root().join("examples/demo/cassette.jsonl")).unwrap();
+    // The demo's run, then answers of this test's own (not the demo's answer to a chat).
+    let demo = std::fs::read_to_string(root().join("examples/demo/cassette.jsonl")).unwrap();
+    let mut cassette: String = demo
+        .lines()
+        .filter(|line| !line.contains("knows nothing more"))
+        .map(|line| format!("{line}\n"))
+        .collect();
     cassette.push_str(
         r#"{"text": "Checking.", "tool_calls": [{"name": "shell", "arguments": {"command": "cat greet.sh"}}]}
 {"text": "Still fixed."}

@@ -50,6 +50,9 @@ pub(crate) fn default_db() -> Result<PathBuf, Failure> {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Run a task on a workspace in a fresh sandbox.
+    #[command(
+        override_usage = "nerve run [OPTIONS] --workspace <DIR> <--task <TEXT>|--task-file <FILE>>\n       nerve run [OPTIONS] --continue <ID> <--task <TEXT>|--task-file <FILE>>"
+    )]
     Run(RunArgs),
     /// Reconstruct an execution from the log: completeness and gaps.
     Replay {

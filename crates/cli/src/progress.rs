@@ -222,6 +222,8 @@ impl Display {
             self.write("\n");
             state.mid_line = false;
         }
+        // The run is over: what follows (its ending, a chat's prompt) has no status line.
+        state.paused = true;
         state.status.tool = None;
         let answer = state.answer.clone().filter(|a| !a.trim().is_empty());
         match (self.mode, &answer) {

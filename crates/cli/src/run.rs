@@ -457,7 +457,7 @@ impl Launch<'_> {
             },
         )]);
         let cancel = CancellationToken::new();
-        let watcher = tokio::spawn(watch_interrupts(cancel.clone()));
+        let watcher = tokio::spawn(watch_interrupts(cancel.clone(), Arc::clone(&display)));
         let result = match start {
             Once::Fresh(task) => engine.run(id, task, cancel).await,
             Once::Resume(state) => engine.resume(id, *state, cancel).await,
@@ -470,11 +470,17 @@ impl Launch<'_> {
 }
 
 /// First Ctrl-C: stop at the next turn boundary. Second: abort at once.
-async fn watch_interrupts(cancel: CancellationToken) {
+async fn watch_interrupts(cancel: CancellationToken, display: Arc<Display>) {
     if tokio::signal::ctrl_c().await.is_err() {
         return;
     }
-    output::error_line("nerve: stopping at the next turn boundary (Ctrl-C again to abort)");
+    let note = "nerve: stopping at the next turn boundary (Ctrl-C again to abort)";
+    if display.mode() == Mode::Live {
+        // Above the status line, not through it.
+        display.lines(&[(Style::Note, format!("· {note}"))]);
+    } else {
+        output::error_line(note);
+    }
     cancel.cancel();
     if tokio::signal::ctrl_c().await.is_ok() {
         output::error_line("nerve: aborted");
