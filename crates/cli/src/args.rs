@@ -106,8 +106,12 @@ pub(crate) enum Command {
         #[arg(long, value_name = "SPEC")]
         provider: Option<String>,
         /// Print one JSON object as the last line of stdout; no progress.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "jsonl")]
         json: bool,
+        /// Print one JSON object per line as things happen (events, answer deltas), the
+        /// summary last; no progress (see docs/cli.md).
+        #[arg(long)]
+        jsonl: bool,
     },
     /// Talk to the agent: each message continues the same execution (one log, one sandbox,
     /// one context). Ctrl-C stops the agent's turn, Ctrl-D or /exit ends; /help for more.
@@ -262,8 +266,12 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "IMAGE")]
     pub(crate) image: Option<String>,
     /// Print one JSON object as the last line of stdout; no progress.
-    #[arg(long, conflicts_with = "quiet")]
+    #[arg(long, conflicts_with_all = ["jsonl", "quiet"])]
     pub(crate) json: bool,
+    /// Print one JSON object per line as things happen (events, answer deltas), the
+    /// summary last; no progress (see docs/cli.md).
+    #[arg(long, conflicts_with = "quiet")]
+    pub(crate) jsonl: bool,
     /// Print only the final answer.
     #[arg(long, short = 'q')]
     pub(crate) quiet: bool,

@@ -77,6 +77,7 @@ pub(crate) async fn chat(
             engine_config,
             image,
             mode,
+            jsonl: false,
             execution_id: resumable.execution,
             start: Start::Chat(Some(Box::new(resumable))),
         };
@@ -115,6 +116,7 @@ pub(crate) async fn chat(
         engine_config,
         image: args.image.clone(),
         mode,
+        jsonl: false,
         execution_id: ExecutionId::new(),
         start: Start::Chat(None),
     };

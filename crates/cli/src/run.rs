@@ -96,7 +96,8 @@ pub(crate) async fn run(
         provider,
         engine_config,
         image: args.image.clone(),
-        mode: Mode::detect(args.json, args.quiet),
+        mode: Mode::detect(args.json || args.jsonl, args.quiet),
+        jsonl: args.jsonl,
         execution_id: ExecutionId::new(),
         start: Start::Once(Once::Fresh(task)),
     };
@@ -152,7 +153,8 @@ async fn follow_up(
         provider,
         engine_config,
         image: args.image.clone().or(image),
-        mode: Mode::detect(args.json, args.quiet),
+        mode: Mode::detect(args.json || args.jsonl, args.quiet),
+        jsonl: args.jsonl,
         execution_id: continuable.execution,
         start: Start::Once(Once::FollowUp(Box::new(continuable.state), follow)),
     };
@@ -223,7 +225,7 @@ pub(crate) async fn resume(
     config_path: Option<&Path>,
     id: &str,
     provider_spec: Option<&str>,
-    json: bool,
+    output: Output,
 ) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
     let resumable = crate::resume::resumable(db, id)?;
@@ -238,11 +240,33 @@ pub(crate) async fn resume(
         provider,
         engine_config,
         image,
-        mode: Mode::detect(json, false),
+        mode: Mode::detect(output != Output::Text, false),
+        jsonl: output == Output::Jsonl,
         execution_id: resumable.execution,
         start: Start::Once(Once::Resume(Box::new(resumable.state))),
     };
     launch.go().await
+}
+
+/// What `resume` prints on stdout (`run` says the same with `--quiet` besides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// The transcript.
+    Text,
+    /// `--json`: one JSON object at the end; no progress.
+    Json,
+    /// `--jsonl`: JSON lines as things happen (crate::jsonl), the summary last; no progress.
+    Jsonl,
+}
+
+impl Output {
+    pub(crate) fn from_flags(json: bool, jsonl: bool) -> Self {
+        match (json, jsonl) {
+            (_, true) => Self::Jsonl,
+            (true, false) => Self::Json,
+            (false, false) => Self::Text,
+        }
+    }
 }
 
 /// What a launch does once the sandbox is up: run the engine once, or hold a chat.
@@ -285,6 +309,8 @@ pub(crate) struct Launch<'a> {
     pub(crate) engine_config: EngineConfig,
     pub(crate) image: Option<String>,
     pub(crate) mode: Mode,
+    /// `--jsonl`: events and deltas as JSON lines (the mode is silent).
+    pub(crate) jsonl: bool,
     pub(crate) execution_id: ExecutionId,
     pub(crate) start: Start,
 }
@@ -341,6 +367,7 @@ impl Launch<'_> {
         );
         let execution_id = self.execution_id;
         let db = self.db;
+        let jsonl = self.jsonl;
         let outcome = self.in_sandbox(redactor, &sandbox, proxy).await;
         if let Err(error) = sandbox.remove().await {
             tracing::warn!(%error, "could not remove the sandbox; the reaper will at the next start");
@@ -356,7 +383,7 @@ impl Launch<'_> {
         {
             tracing::warn!(%error, "could not remove the sandbox's home directory");
         }
-        report(&result, &display, db);
+        report(&result, &display, db, jsonl);
         Ok(
             if result.termination_reason == nerve_core::TerminationReason::Completed {
                 0
@@ -388,8 +415,14 @@ impl Launch<'_> {
             .map(nerve_brain::ModelInfo::pricing)
             .unwrap_or_default();
         let display = Arc::new(Display::new(self.mode, context_window));
-        let sink: Arc<dyn EventSink> =
+        let mut sink: Arc<dyn EventSink> =
             Arc::new(ProgressSink::new(Arc::clone(&log), Arc::clone(&display)));
+        let jsonl = self
+            .jsonl
+            .then(|| Arc::new(crate::jsonl::Jsonl::new(Arc::clone(&redactor))));
+        if let Some(jsonl) = &jsonl {
+            sink = Arc::new(crate::jsonl::JsonlSink::new(Arc::clone(jsonl), sink));
+        }
         // Serves until it is dropped at the end of this function, after the engine is done.
         let proxy = proxy
             .serve(Arc::clone(&sink), self.execution_id)
@@ -419,7 +452,10 @@ impl Launch<'_> {
         );
         // Compaction archives into the log, so `recall` survives a crash and a resume.
         engine.archive = Arc::clone(&log) as Arc<dyn nerve_core::ContextArchive>;
-        engine.deltas = Arc::clone(&display) as Arc<dyn nerve_brain::DeltaObserver>;
+        engine.deltas = match jsonl {
+            Some(jsonl) => jsonl,
+            None => Arc::clone(&display) as Arc<dyn nerve_brain::DeltaObserver>,
+        };
         let id = self.execution_id;
         let start = match self.start {
             Start::Chat(reopened) => {
@@ -567,11 +603,11 @@ fn describe_io(error: &std::io::Error) -> String {
     }
 }
 
-fn report(result: &ExecutionResult, display: &Display, db: &Path) {
+fn report(result: &ExecutionResult, display: &Display, db: &Path, jsonl: bool) {
     let ctx = &result.context;
     let mode = display.mode();
     if mode == Mode::Silent {
-        output::json(&serde_json::json!({
+        let summary = serde_json::json!({
             "execution_id": ctx.execution_id.to_string(),
             "termination_reason": result.termination_reason,
             "task_status": ctx.task_status,
@@ -581,7 +617,12 @@ fn report(result: &ExecutionResult, display: &Display, db: &Path) {
             "cost_usd": ctx.cost.as_usd(),
             "compactions": ctx.compactions,
             "error": result.error,
-        }));
+        });
+        output::json(&if jsonl {
+            crate::jsonl::summary_line(&summary)
+        } else {
+            summary
+        });
         return;
     }
     display.finish();
