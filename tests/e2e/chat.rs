@@ -238,7 +238,14 @@ fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
     term.type_line("/exit");
     let screen = term.wait_for("nerve exited 0");
     assert!(screen.contains("log: execution "), "{screen}");
-    assert!(!screen.contains("answer.\nanswer."), "{screen}");
+    for said in [
+        "First answer.",
+        "Second answer.",
+        "Third answer.",
+        "Let me look.",
+    ] {
+        assert_eq!(screen.matches(said).count(), 1, "{said} once:\n{screen}");
+    }
     drop(term);
 
     let id = the_only_execution(&s.db);
@@ -347,6 +354,14 @@ fn a_run_on_a_terminal_shows_its_transcript_and_final_answer() {
             "{shown:?} not on the screen:\n{screen}"
         );
     }
+    // The answer streamed onto the screen once, and is not printed again at the end.
+    assert_eq!(
+        screen
+            .matches("The test passes: greet.sh now prints")
+            .count(),
+        1,
+        "{screen}"
+    );
     // The status line is redrawn in place, never left behind as a line of its own.
     assert!(!screen.contains("\nturn 5 · "), "{screen}");
 }
