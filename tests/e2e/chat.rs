@@ -448,6 +448,9 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
         r#"{"text": "Checking.", "tool_calls": [{"name": "shell", "arguments": {"command": "cat greet.sh"}}]}
 {"text": "Still fixed."}
 {"text": "Chatted."}
+{"text": "After compaction."}
+{"call": "plan", "tool_calls": [{"name": "submit_plan", "arguments": {"steps": ["Say it is done."]}}]}
+{"text": "Step done."}
 "#,
     );
     let (run, db) = run_plain(dir.path(), &cassette, &["--quiet"]);
@@ -499,13 +502,19 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
     {
         use std::io::Write;
         let mut input = chat.stdin.take().unwrap();
-        input.write_all(b"Anything else?\n/cost\n/exit\n").unwrap();
+        input
+            .write_all(b"Anything else?\n/cost\n/compact\nGo on.\n/plan\nPlan this.\n/exit\n")
+            .unwrap();
     }
     let chat = chat.wait_with_output().unwrap();
     assert_eq!(chat.status.code(), Some(0), "{}", stderr(&chat));
     let text = stdout(&chat);
     assert!(text.contains("Chatted."), "{text}");
     assert!(text.contains("8 turns · "), "/cost: {text}");
+    // /compact: the next message runs on a compacted context; /plan: planned first.
+    assert!(text.contains("· context compacted ("), "/compact: {text}");
+    assert!(text.contains("After compaction."), "{text}");
+    assert!(text.contains("Step done."), "/plan: {text}");
     for (what, bytes) in [
         ("run --quiet", &run.stdout),
         ("run --continue stdout", &more.stdout),
@@ -522,6 +531,17 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
     let replayed = replay_json(&db, &id);
     assert_eq!(replayed["complete"], true, "{replayed}");
     assert_eq!(replayed["gaps"], serde_json::json!([]), "{replayed}");
-    assert_eq!(replayed["total_turns"], 8, "{replayed}");
+    assert_eq!(replayed["total_turns"], 10, "{replayed}");
     assert_eq!(the_only_execution(&db), id);
+    let events = events_json(&db, &id);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "model_called" && e["payload"]["purpose"] == "plan"),
+        "the /plan message was planned"
+    );
+    assert!(
+        events.iter().any(|e| e["kind"] == "compaction"),
+        "/compact compacted"
+    );
 }
