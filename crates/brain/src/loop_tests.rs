@@ -1000,3 +1000,54 @@ async fn a_follow_up_continues_the_same_execution_with_the_next_message() {
         "second done"
     );
 }
+
+/// A follow-up on an execution whose last attempt crashed (no finish in the log) settles it
+/// first, as a resume does: the `resumed` event comes before the person's message.
+#[tokio::test]
+async fn a_follow_up_on_a_crashed_execution_is_recorded_as_a_resume_first() {
+    let sink = Arc::new(MemorySink::default());
+    let engine = AgentEngine::new(
+        Arc::new(ScriptedProvider::parse("test", r#"{"text":"recovered"}"#).unwrap()),
+        Arc::new(EchoTools::default()) as Arc<dyn nerve_core::ToolExecutor>,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig::default(),
+    );
+    let state = ResumeState {
+        task_id: TaskId::new(),
+        messages: vec![
+            nerve_core::Message::system("sys"),
+            nerve_core::Message::user("do it").pinned(),
+        ],
+        turns: 0,
+        usage: nerve_core::TokenUsage::default(),
+        cost: nerve_core::MicroUsd::ZERO,
+        task_status: TaskStatus::InProgress,
+        pending_turn_usage: nerve_core::TokenUsage::default(),
+        in_doubt: Vec::new(),
+        approvals: Vec::new(),
+        attempt: 1,
+        from_checkpoint_seq: None,
+        finished_in_incomplete_turn: Vec::new(),
+    };
+    let follow_up = crate::engine::FollowUp {
+        message: "are you there?".into(),
+        loop_type: LoopType::React,
+        recover: true,
+        compact: false,
+    };
+    let result = engine
+        .follow_up(
+            ExecutionId::new(),
+            state,
+            follow_up,
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.termination_reason, TerminationReason::Completed);
+    let kinds = sink.kinds();
+    assert_eq!(kinds[0], "resumed", "{kinds:?}");
+    let message = kinds.iter().position(|k| *k == "message_appended").unwrap();
+    assert!(message < kinds.iter().position(|k| *k == "model_called").unwrap());
+    assert_eq!(kinds.last(), Some(&"finish"));
+}
