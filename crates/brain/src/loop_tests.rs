@@ -932,25 +932,16 @@ async fn a_follow_up_continues_the_same_execution_with_the_next_message() {
     assert_eq!(first.termination_reason, TerminationReason::Completed);
     let recorded = sink.events().len();
     let state = ResumeState {
-        task_id: first.context.task_id,
-        messages: first.context.messages.clone(),
-        turns: first.context.turn_count(),
         usage: first.context.usage,
         cost: first.context.cost,
-        task_status: first.context.task_status,
-        pending_turn_usage: nerve_core::TokenUsage::default(),
-        in_doubt: Vec::new(),
-        approvals: Vec::new(),
-        attempt: 1,
-        from_checkpoint_seq: None,
-        finished_in_incomplete_turn: Vec::new(),
+        ..state_after(
+            first.context.task_id,
+            first.context.messages.clone(),
+            first.context.task_status,
+            first.context.turn_count(),
+        )
     };
-    let follow_up = crate::engine::FollowUp {
-        message: "now the other thing".into(),
-        loop_type: LoopType::React,
-        recover: false,
-        compact: false,
-    };
+    let follow_up = message("now the other thing", false);
     let second = engine
         .follow_up(execution, state, follow_up, CancellationToken::new())
         .await
@@ -1012,29 +1003,12 @@ async fn a_follow_up_on_a_crashed_execution_is_recorded_as_a_resume_first() {
         Arc::clone(&sink) as Arc<dyn EventSink>,
         EngineConfig::default(),
     );
-    let state = ResumeState {
-        task_id: TaskId::new(),
-        messages: vec![
-            nerve_core::Message::system("sys"),
-            nerve_core::Message::user("do it").pinned(),
-        ],
-        turns: 0,
-        usage: nerve_core::TokenUsage::default(),
-        cost: nerve_core::MicroUsd::ZERO,
-        task_status: TaskStatus::InProgress,
-        pending_turn_usage: nerve_core::TokenUsage::default(),
-        in_doubt: Vec::new(),
-        approvals: Vec::new(),
-        attempt: 1,
-        from_checkpoint_seq: None,
-        finished_in_incomplete_turn: Vec::new(),
-    };
-    let follow_up = crate::engine::FollowUp {
-        message: "are you there?".into(),
-        loop_type: LoopType::React,
-        recover: true,
-        compact: false,
-    };
+    let messages = vec![
+        nerve_core::Message::system("sys"),
+        nerve_core::Message::user("do it").pinned(),
+    ];
+    let state = state_after(TaskId::new(), messages, TaskStatus::InProgress, 0);
+    let follow_up = message("are you there?", true);
     let result = engine
         .follow_up(
             ExecutionId::new(),
@@ -1050,4 +1024,36 @@ async fn a_follow_up_on_a_crashed_execution_is_recorded_as_a_resume_first() {
     let message = kinds.iter().position(|k| *k == "message_appended").unwrap();
     assert!(message < kinds.iter().position(|k| *k == "model_called").unwrap());
     assert_eq!(kinds.last(), Some(&"finish"));
+}
+
+/// The state a follow-up starts from: `messages` after `turns` turns, nothing spent.
+fn state_after(
+    task_id: TaskId,
+    messages: Vec<nerve_core::Message>,
+    task_status: TaskStatus,
+    turns: u32,
+) -> ResumeState {
+    ResumeState {
+        task_id,
+        messages,
+        turns,
+        usage: nerve_core::TokenUsage::default(),
+        cost: nerve_core::MicroUsd::ZERO,
+        task_status,
+        pending_turn_usage: nerve_core::TokenUsage::default(),
+        in_doubt: Vec::new(),
+        approvals: Vec::new(),
+        attempt: 1,
+        from_checkpoint_seq: None,
+        finished_in_incomplete_turn: Vec::new(),
+    }
+}
+
+fn message(text: &str, recover: bool) -> crate::engine::FollowUp {
+    crate::engine::FollowUp {
+        message: text.into(),
+        loop_type: LoopType::React,
+        recover,
+        compact: false,
+    }
 }
