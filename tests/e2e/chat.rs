@@ -384,7 +384,12 @@ fn masked(text: &str, id: &str, dir: &Path) -> String {
         .join("\n")
 }
 
-fn run_plain(dir: &Path, cassette: &str, extra: &[&str]) -> (std::process::Output, PathBuf) {
+fn run_plain(
+    dir: &Path,
+    cassette: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::Output, PathBuf) {
     let workspace = copy_example("demo", dir);
     let db = dir.join("nerve.db");
     let script = dir.join("cassette.jsonl");
@@ -400,7 +405,9 @@ fn run_plain(dir: &Path, cassette: &str, extra: &[&str]) -> (std::process::Outpu
     args.push(task.to_str().unwrap());
     args.extend(["--provider", &provider]);
     args.extend(extra);
-    (nerve_env(&db, &args, &[("NO_COLOR", "")]), db)
+    let mut all_env = vec![("NO_COLOR", "")];
+    all_env.extend(env);
+    (nerve_env(&db, &args, &all_env), db)
 }
 
 /// Runs the demo task on `cassette` in a pipe; expects exit `code` and the plain
@@ -410,7 +417,7 @@ fn check_transcript(name: &str, cassette: &str, code: i32) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (run, db) = run_plain(dir.path(), cassette, &[]);
+    let (run, db) = run_plain(dir.path(), cassette, &[], &[]);
     assert_eq!(run.status.code(), Some(code), "{}", stderr(&run));
     assert!(!run.stdout.contains(&0x1b), "no escape sequence in a pipe");
     let id = the_only_execution(&db);
@@ -453,7 +460,7 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
 {"text": "Step done."}
 "#,
     );
-    let (run, db) = run_plain(dir.path(), &cassette, &["--quiet"]);
+    let (run, db) = run_plain(dir.path(), &cassette, &["--quiet"], &[]);
     assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
     assert_eq!(
         stdout(&run),
@@ -544,4 +551,64 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
         events.iter().any(|e| e["kind"] == "compaction"),
         "/compact compacted"
     );
+}
+
+#[test]
+fn a_crashed_run_continues_with_a_message_after_its_resume() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = std::fs::read_to_string(root().join("examples/demo/cassette.jsonl")).unwrap();
+    // Killed (SIGKILL) once the first tool call's intent is durable: no finish in the log.
+    let (crashed, db) = run_plain(
+        dir.path(),
+        &cassette,
+        &[],
+        &[("NERVE_KILL_AFTER_EVENT", "9")],
+    );
+    assert_eq!(crashed.status.code(), None, "killed: {}", stderr(&crashed));
+    let id = the_only_execution(&db);
+    let provider = format!("script:{}", dir.path().join("cassette.jsonl").display());
+    let more = nerve_env(
+        &db,
+        &[
+            "run",
+            "--continue",
+            &id,
+            "--task",
+            "Finish it.",
+            "--provider",
+            &provider,
+        ],
+        &[],
+    );
+    assert_eq!(more.status.code(), Some(0), "{}", stderr(&more));
+    let text = stdout(&more);
+    assert!(
+        text.contains("· resumed after turn 0 (attempt 1)"),
+        "{text}"
+    );
+    assert!(text.contains("The test passes"), "{text}");
+    let kinds: Vec<String> = events_json(&db, &id)
+        .iter()
+        .map(|e| {
+            let kind = e["kind"].as_str().unwrap().to_owned();
+            if kind == "message_appended" && e["payload"]["message"]["role"] == "user" {
+                format!("user: {}", e["payload"]["message"])
+            } else {
+                kind
+            }
+        })
+        .collect();
+    let resumed = kinds.iter().position(|k| k == "resumed").expect("a resume");
+    let asked = kinds
+        .iter()
+        .position(|k| k.contains("Finish it."))
+        .expect("the message");
+    assert!(resumed < asked, "{kinds:?}");
+    let replayed = replay_json(&db, &id);
+    assert_eq!(replayed["complete"], true, "{replayed}");
+    assert_eq!(replayed["gaps"], serde_json::json!([]), "{replayed}");
+    assert_eq!(replayed["termination_reason"], "completed", "{replayed}");
 }
