@@ -128,7 +128,7 @@ const CHAT_CASSETTE: &str = r#"{"text": "Let me look.", "tool_calls": [{"name": 
 {"text": "First answer."}
 {"text": "Touching.", "tool_calls": [{"name": "shell", "arguments": {"command": "touch approved.txt"}}]}
 {"text": "Second answer."}
-{"text": "Sleeping.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 4 && echo slept"}}]}
+{"text": "Sleeping.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 8 && echo slept"}}]}
 {"text": "Third answer."}
 {"text": "Reopened answer."}
 "#;
@@ -180,6 +180,31 @@ fn chat_in_tmux(s: &Setup, args: &[&str]) -> Tmux {
     Tmux::start(&all, &[("XDG_STATE_HOME", state.as_str())])
 }
 
+/// `nerve run --continue ID --task MESSAGE`, expected to complete; its output and stdout.
+fn continue_with(
+    db: &Path,
+    id: &str,
+    message: &str,
+    provider: &str,
+) -> (std::process::Output, String) {
+    let more = nerve_env(
+        db,
+        &[
+            "run",
+            "--continue",
+            id,
+            "--task",
+            message,
+            "--provider",
+            provider,
+        ],
+        &[],
+    );
+    assert_eq!(more.status.code(), Some(0), "{}", stderr(&more));
+    let text = stdout(&more);
+    (more, text)
+}
+
 fn the_only_execution(db: &Path) -> String {
     let list = nerve(db, &["list", "--json"]);
     let list: serde_json::Value = serde_json::from_str(stdout(&list).trim()).unwrap();
@@ -225,7 +250,7 @@ fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
 
     // Ctrl-C while the tool runs: the turn stops at its boundary, back to the prompt.
     term.type_line("sleep a while");
-    term.wait_for("→ shell sleep 4 && echo slept");
+    term.wait_for("→ shell sleep 8 && echo slept");
     term.keys("C-c");
     term.wait_for("stopped: the agent's turn was interrupted");
 
@@ -471,21 +496,7 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
     let provider = format!("script:{}", dir.path().join("cassette.jsonl").display());
 
     // The next message, headless: same execution, a recorded follow-up.
-    let more = nerve_env(
-        &db,
-        &[
-            "run",
-            "--continue",
-            &id[..12],
-            "--task",
-            "Check it again.",
-            "--provider",
-            &provider,
-        ],
-        &[],
-    );
-    assert_eq!(more.status.code(), Some(0), "{}", stderr(&more));
-    let text = stdout(&more);
+    let (more, text) = continue_with(&db, &id[..12], "Check it again.", &provider);
     assert!(
         text.contains(&format!("continuing execution {id} after turn 5")),
         "{text}"
@@ -570,21 +581,7 @@ fn a_crashed_run_continues_with_a_message_after_its_resume() {
     assert_eq!(crashed.status.code(), None, "killed: {}", stderr(&crashed));
     let id = the_only_execution(&db);
     let provider = format!("script:{}", dir.path().join("cassette.jsonl").display());
-    let more = nerve_env(
-        &db,
-        &[
-            "run",
-            "--continue",
-            &id,
-            "--task",
-            "Finish it.",
-            "--provider",
-            &provider,
-        ],
-        &[],
-    );
-    assert_eq!(more.status.code(), Some(0), "{}", stderr(&more));
-    let text = stdout(&more);
+    let (_, text) = continue_with(&db, &id, "Finish it.", &provider);
     assert!(
         text.contains("· resumed after turn 0 (attempt 1)"),
         "{text}"
