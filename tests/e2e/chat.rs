@@ -109,6 +109,30 @@ impl Tmux {
     fn wait_for(&self, text: &str) -> String {
         self.wait_for_count(text, 1)
     }
+
+    /// Waits until the chat's prompt is the last line: the line editor owns the terminal
+    /// (typing earlier could be lost when it switches the terminal to raw mode).
+    fn wait_for_prompt(&self) {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            let last = screen.lines().rev().find(|line| !line.trim().is_empty());
+            if last.is_some_and(|line| line.trim_end() == "›") {
+                return;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "the terminal never showed the prompt:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for the prompt, then types `text` and Enter.
+    fn say(&self, text: &str) {
+        self.wait_for_prompt();
+        self.type_line(text);
+    }
 }
 
 impl Drop for Tmux {
@@ -236,12 +260,12 @@ fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
     );
     term.wait_for("type a message");
 
-    term.type_line("hello there");
+    term.say("hello there");
     let screen = term.wait_for("First answer.");
     assert!(screen.contains("→ shell echo one"), "{screen}");
 
     // An `ask` rule: the question comes inline; yes runs the call.
-    term.type_line("now touch the file");
+    term.say("now touch the file");
     term.wait_for("allow shell touch approved.txt? [y]es / [n]o / [a]lways");
     term.type_line("y");
     let screen = term.wait_for("Second answer.");
@@ -249,18 +273,18 @@ fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
     assert!(s.workspace.join("approved.txt").exists());
 
     // Ctrl-C while the tool runs: the turn stops at its boundary, back to the prompt.
-    term.type_line("sleep a while");
+    term.say("sleep a while");
     term.wait_for("→ shell sleep 8 && echo slept");
     term.keys("C-c");
     term.wait_for("stopped: the agent's turn was interrupted");
 
-    term.type_line("third message");
+    term.say("third message");
     term.wait_for("Third answer.");
-    term.type_line("/cost");
+    term.say("/cost");
     term.wait_for("6 turns · ");
-    term.type_line("/context");
+    term.say("/context");
     term.wait_for("context: ");
-    term.type_line("/exit");
+    term.say("/exit");
     let screen = term.wait_for("nerve exited 0");
     assert!(screen.contains("log: execution "), "{screen}");
     for said in [
@@ -317,8 +341,9 @@ fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
     let prefix = &id[..13];
     let term = chat_in_tmux(&s, &[prefix]);
     term.wait_for("reopened after turn 6");
-    term.type_line("once more");
+    term.say("once more");
     term.wait_for("Reopened answer.");
+    term.wait_for_prompt();
     term.keys("C-d");
     term.wait_for("nerve exited 0");
     drop(term);
