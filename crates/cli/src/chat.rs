@@ -277,17 +277,14 @@ pub(crate) async fn converse(
             LoopType::React
         };
         let outcome = if started {
-            follow_up(
-                &engine,
-                db,
-                execution_id,
-                text,
+            let next = FollowUp {
+                message: text.to_owned(),
                 loop_type,
-                std::mem::take(&mut compact_next),
-                per_message_turns,
-                cancel,
-            )
-            .await
+                // Decided from the log when the message runs.
+                recover: false,
+                compact: std::mem::take(&mut compact_next),
+            };
+            follow_up(&engine, db, execution_id, next, per_message_turns, cancel).await
         } else {
             let mut engine = engine.clone();
             engine.config.loop_type = loop_type;
@@ -330,27 +327,20 @@ pub(crate) async fn converse(
     Ok(0)
 }
 
-/// The next message of a running chat: the execution as its log left it, continued.
-#[allow(clippy::too_many_arguments)]
+/// The next message of a running chat: the execution as its log left it, continued (a
+/// crashed last attempt recovered first).
 async fn follow_up(
     engine: &AgentEngine,
     db: &Path,
     execution_id: ExecutionId,
-    message: &str,
-    loop_type: LoopType,
-    compact: bool,
+    mut follow: FollowUp,
     per_message_turns: u32,
     cancel: CancellationToken,
 ) -> Result<ExecutionResult, Failure> {
     let (continuable, replay) = crate::resume::continuable(db, &execution_id.to_string())?;
     let mut engine = engine.clone();
     engine.config.max_turns = continuable.state.turns.saturating_add(per_message_turns);
-    let follow = FollowUp {
-        message: message.to_owned(),
-        loop_type,
-        recover: replay.termination_reason.is_none(),
-        compact,
-    };
+    follow.recover = replay.termination_reason.is_none();
     engine
         .follow_up(execution_id, continuable.state, follow, cancel)
         .await
