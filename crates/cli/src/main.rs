@@ -10,6 +10,7 @@ mod chat;
 mod config;
 #[cfg(test)]
 mod config_doc_test;
+mod environment;
 mod html;
 mod inspect;
 mod jsonl;
