@@ -7,6 +7,7 @@
 
 mod anthropic;
 mod bad_input;
+mod chat;
 mod compaction;
 mod contracts;
 mod crash;
