@@ -102,6 +102,8 @@ struct State {
     answer_streamed: bool,
     /// Text of the current agent call shown as it streamed.
     streamed: String,
+    /// Streamed text held back because the next delta could make it part of a secret.
+    held: nerve_core::StreamRedaction,
     /// The cursor is in the middle of a streamed line (live).
     mid_line: bool,
     /// The status line is on the screen (live).
@@ -117,15 +119,22 @@ pub(crate) struct Display {
     mode: Mode,
     colour: bool,
     context_window: Option<u64>,
+    /// The log's redactor: nothing reaches the screen that the log would not keep.
+    redactor: std::sync::Arc<nerve_core::Redactor>,
     state: Mutex<State>,
 }
 
 impl Display {
-    pub(crate) fn new(mode: Mode, context_window: Option<u64>) -> Self {
+    pub(crate) fn new(
+        mode: Mode,
+        context_window: Option<u64>,
+        redactor: std::sync::Arc<nerve_core::Redactor>,
+    ) -> Self {
         Self {
             mode,
             colour: mode == Mode::Live && output::stdout_colour(),
             context_window,
+            redactor,
             state: Mutex::new(State::default()),
         }
     }
@@ -225,7 +234,11 @@ impl Display {
         // The run is over: what follows (its ending, a chat's prompt) has no status line.
         state.paused = true;
         state.status.tool = None;
-        let answer = state.answer.clone().filter(|a| !a.trim().is_empty());
+        let answer = state
+            .answer
+            .as_deref()
+            .map(|a| self.redactor.redact(a).into_owned())
+            .filter(|a| !a.trim().is_empty());
         match (self.mode, &answer) {
             (Mode::Answer, Some(answer)) => output::line(answer.trim_end()),
             (Mode::Plain | Mode::Live, Some(answer)) if !state.answer_streamed => {
@@ -250,6 +263,12 @@ impl Display {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
+        // Whatever streamed text was held back is complete now.
+        let rest = state.held.finish(&self.redactor);
+        if !rest.is_empty() && self.mode == Mode::Live {
+            self.write(&rest);
+            state.mid_line = !rest.ends_with('\n');
+        }
         let lines = self.describe(&mut state, event);
         if self.mode == Mode::Answer {
             return;
@@ -445,10 +464,14 @@ impl Display {
         if text.is_empty() {
             return;
         }
-        self.clear_status(&mut state);
         state.streamed.push_str(text);
-        self.write(text);
-        state.mid_line = !text.ends_with('\n');
+        let shown = state.held.push(&self.redactor, text);
+        if shown.is_empty() {
+            return;
+        }
+        self.clear_status(&mut state);
+        self.write(&shown);
+        state.mid_line = !shown.ends_with('\n');
         if !state.mid_line {
             self.draw_status(&mut state);
         }
@@ -467,6 +490,7 @@ impl Display {
     fn print_lines(&self, lines: &[Line]) {
         let mut out = String::new();
         for (style, text) in lines {
+            let text = self.redactor.redact(text);
             match style.colour().filter(|_| self.colour) {
                 Some(code) => out.push_str(&format!("{code}{text}\x1b[0m\n")),
                 None => {
@@ -614,7 +638,7 @@ mod tests {
 
     /// The plain lines `events` print, then the answer `finish` returns.
     fn check(events: &[Event], expected: &[&str], answer: Option<&str>) {
-        let display = Display::new(Mode::Plain, Some(10_000));
+        let display = Display::new(Mode::Plain, Some(10_000), Default::default());
         let mut state = State::default();
         let lines: Vec<String> = events
             .iter()
