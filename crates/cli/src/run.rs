@@ -420,7 +420,11 @@ impl Launch<'_> {
             .as_ref()
             .map(nerve_brain::ModelInfo::pricing)
             .unwrap_or_default();
-        let display = Arc::new(Display::new(self.mode, context_window, Arc::clone(&redactor)));
+        let display = Arc::new(Display::new(
+            self.mode,
+            context_window,
+            Arc::clone(&redactor),
+        ));
         let mut sink: Arc<dyn EventSink> =
             Arc::new(ProgressSink::new(Arc::clone(&log), Arc::clone(&display)));
         let jsonl = self
