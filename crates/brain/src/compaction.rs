@@ -104,6 +104,73 @@ impl CompactionConfig {
     }
 }
 
+/// Characters per token assumed when a token budget becomes a character budget: fewer than
+/// the three to four of prose, so that code and logs (denser in tokens) still fit.
+pub const CHARS_PER_TOKEN: u64 = 3;
+
+/// The sizes that scale with the window, so that a 4,096-token window works as well as a
+/// 200,000-token one. Without a known window they are the configured ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// The most a request's prompt (messages and tool definitions) may take: the window
+    /// less [`reply_reserve`]. `u64::MAX` when the window is unknown.
+    pub prompt: u64,
+    /// A tool output over this many tokens is offloaded at once (`offload_tokens`, at most
+    /// [`OUTPUT_WINDOW_PERCENT`] of the window).
+    pub output_tokens: u64,
+    /// Characters of an offloaded output kept as its preview (head and tail).
+    pub preview_chars: usize,
+    /// Characters of the digest a placeholder or a preview carries.
+    pub digest_chars: usize,
+    /// Characters of one page of `recall`: what one tool output may take.
+    pub page_chars: usize,
+}
+
+/// The share of the window (percent) one tool output (or one page of `recall`) may take.
+pub const OUTPUT_WINDOW_PERCENT: u64 = 15;
+/// The share of the window (percent) an offloaded output's preview may take.
+const PREVIEW_WINDOW_PERCENT: u64 = 5;
+/// The share of the window (percent) a digest may take.
+const DIGEST_WINDOW_PERCENT: u64 = 3;
+/// A page of `recall` never exceeds this many characters, whatever the window.
+pub const MAX_PAGE_CHARS: usize = 24_000;
+
+/// Tokens kept free for the reply: an eighth of the window, between 256 and 4,096.
+pub fn reply_reserve(capacity: u64) -> u64 {
+    (capacity / 8).clamp(256, 4_096).min(capacity / 2)
+}
+
+impl CompactionConfig {
+    /// The sizes in force for a window of `capacity` tokens.
+    pub fn budget(&self, capacity: Option<u64>) -> Budget {
+        let Some(capacity) = capacity.filter(|c| *c > 0) else {
+            return Budget {
+                prompt: u64::MAX,
+                output_tokens: self.offload_tokens,
+                preview_chars: self.preview_chars,
+                digest_chars: self.mask_digest_chars,
+                page_chars: MAX_PAGE_CHARS,
+            };
+        };
+        let share = |percent: u64| {
+            usize::try_from(capacity * percent / 100 * CHARS_PER_TOKEN).unwrap_or(usize::MAX)
+        };
+        let output_tokens = self
+            .offload_tokens
+            .min(capacity * OUTPUT_WINDOW_PERCENT / 100)
+            .max(1);
+        Budget {
+            prompt: capacity - reply_reserve(capacity),
+            output_tokens,
+            preview_chars: self.preview_chars.min(share(PREVIEW_WINDOW_PERCENT)),
+            digest_chars: self.mask_digest_chars.min(share(DIGEST_WINDOW_PERCENT)),
+            page_chars: usize::try_from(output_tokens * CHARS_PER_TOKEN)
+                .unwrap_or(usize::MAX)
+                .clamp(200, MAX_PAGE_CHARS),
+        }
+    }
+}
+
 /// `fill * 100 >= capacity * percent`, in integers.
 pub fn at_or_above(fill: u64, capacity: u64, percent: u32) -> bool {
     capacity > 0 && u128::from(fill) * 100 >= u128::from(capacity) * u128::from(percent)
@@ -308,26 +375,32 @@ pub(crate) const ARCHIVED: &str = "[archived output: ";
 /// of the characters, more than the third (of the tokens) `compactor.rs` asks before it
 /// masks. (A bare placeholder can be longer than a tiny output, which is then left alone.)
 pub fn masked(message: &Message, tokens: u64, block: BlockId, digest_chars: usize) -> Message {
+    with_results(message, |result| {
+        let what = format!(
+            "{MASKED}the output of {} ({tokens} tokens) was archived as block {block}; call recall with this block_id to see it",
+            result.name
+        );
+        let room =
+            (result.content.len() * 3 / 5).saturating_sub(what.len() + DIGEST_HEADER.len() + 2);
+        let digest = digest(&result.content, digest_chars.min(room));
+        if digest.is_empty() {
+            format!("{what}]")
+        } else {
+            format!("{what}{DIGEST_HEADER}]\n{digest}")
+        }
+    })
+}
+
+/// `message` with the content of each of its tool results replaced by `content` of it.
+pub(crate) fn with_results(message: &Message, content: impl Fn(&ToolResult) -> String) -> Message {
     let parts = message
         .parts
         .iter()
         .map(|part| match part {
-            MessagePart::ToolResult(result) => {
-                let mut result = result.clone();
-                let what = format!(
-                    "{MASKED}the output of {} ({tokens} tokens) was archived as block {block}; call recall with this block_id to see it",
-                    result.name
-                );
-                let room = (result.content.len() * 3 / 5)
-                    .saturating_sub(what.len() + DIGEST_HEADER.len() + 2);
-                let digest = digest(&result.content, digest_chars.min(room));
-                result.content = if digest.is_empty() {
-                    format!("{what}]")
-                } else {
-                    format!("{what}{DIGEST_HEADER}]\n{digest}")
-                };
-                MessagePart::ToolResult(result)
-            }
+            MessagePart::ToolResult(result) => MessagePart::ToolResult(ToolResult {
+                content: content(result),
+                ..result.clone()
+            }),
             other @ (MessagePart::Text { .. }
             | MessagePart::ToolCall(_)
             | MessagePart::Thinking { .. }
@@ -559,7 +632,7 @@ pub fn transcript(messages: &[&Message], earlier: Option<&str>) -> String {
     out
 }
 
-fn role(role: MessageRole) -> &'static str {
+pub(crate) fn role(role: MessageRole) -> &'static str {
     match role {
         MessageRole::System => "system",
         MessageRole::User => "user",
@@ -734,7 +807,7 @@ impl Items {
                 continue;
             };
             if line.starts_with("[Nerve: ")
-                || line.starts_with("Archived blocks: ")
+                || line.starts_with("Archived blocks")
                 || line.starts_with("[... ")
             {
                 continue;
@@ -1064,20 +1137,41 @@ pub fn extractive_summary(
     out
 }
 
-/// The summary message that replaces the middle of the conversation.
-pub fn summary_message(summary: &str, summarised: usize, archived: Vec<BlockId>) -> Message {
+/// Block ids a summary lists at most: the most recent; the rest stay findable by
+/// `recall`'s search, so the list never grows with the run.
+pub const LISTED_BLOCKS: usize = 8;
+
+/// The summary message that replaces the middle of the conversation. It lists the most
+/// recent of the `archived` blocks (at most [`LISTED_BLOCKS`]) and how many blocks the run
+/// archived in all (`total_blocks`).
+pub fn summary_message(
+    summary: &str,
+    summarised: usize,
+    archived: Vec<BlockId>,
+    total_blocks: usize,
+) -> Message {
+    let listed = archived[archived.len().saturating_sub(LISTED_BLOCKS)..].to_vec();
+    let total_blocks = total_blocks.max(listed.len());
+    let ids = listed
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let list = if total_blocks > listed.len() {
+        format!(
+            "Archived blocks (the {} most recent of {total_blocks}; recall with a query finds the others): {ids}",
+            listed.len()
+        )
+    } else {
+        format!("Archived blocks: {ids}")
+    };
     Message {
         role: MessageRole::User,
         parts: vec![MessagePart::CompactionSummary {
             text: format!(
-                "[Nerve: {summarised} earlier messages, compacted; recall returns the originals (block ids below).]\n{summary}\nArchived blocks: {}",
-                archived
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "[Nerve: {summarised} earlier messages, compacted; recall returns the originals (block ids below).]\n{summary}\n{list}"
             ),
-            archived,
+            archived: listed,
         }],
         pinned: false,
     }
