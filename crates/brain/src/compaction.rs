@@ -4,6 +4,9 @@
 //! boundaries, archives the originals and records the events.
 //!
 //! The layers, cheapest first:
+//! Sizes scale with the window ([`Budget`]), and before every request the compactor makes
+//! the prompt fit the window less the reply's reserve, whatever the thresholds say.
+//!
 //! 1. **Offload**: a tool output over `offload_tokens` goes to the archive at once; the
 //!    conversation keeps a preview (head, tail and a digest of the middle) and the block id.
 //! 2. **Mask** (soft threshold, 60%): old tool results, outside the recent turns, are
@@ -31,9 +34,11 @@ use crate::epistemic::{keep_threshold, marker_groups};
 #[serde(default, deny_unknown_fields)]
 pub struct CompactionConfig {
     pub enabled: bool,
-    /// A tool output over this many tokens is archived at once.
+    /// A tool output over this many tokens (at most [`OUTPUT_WINDOW_PERCENT`] of the window,
+    /// see [`CompactionConfig::budget`]) is archived at once.
     pub offload_tokens: u64,
-    /// Characters of an offloaded output kept in the conversation (head and tail).
+    /// Characters of an offloaded output kept in the conversation (head and tail; at most
+    /// 5% of the window).
     pub preview_chars: usize,
     pub soft_percent: u32,
     pub hard_percent: u32,
