@@ -353,11 +353,13 @@ fn good_summary(trajectory: &Trajectory, transcript: &str) -> String {
             out.push_str(&format!("- {}\n", fact.statement));
         }
     };
-    section(
-        &mut out,
-        "Findings",
-        &[Kind::Path, Kind::Error, Kind::Number],
-    );
+    let findings: Vec<Kind> = Kind::ALL
+        .iter()
+        .chain(&trajectory::second::KINDS)
+        .copied()
+        .filter(|kind| !matches!(kind, Kind::Decision | Kind::Constraint))
+        .collect();
+    section(&mut out, "Findings", &findings);
     section(&mut out, "Decisions", &[Kind::Decision, Kind::Constraint]);
     out.push_str("## Open questions\n- none\n## Next steps\n");
     out.push_str(&format!("- {next}\n"));

@@ -429,7 +429,8 @@ const DIGEST_HEADER: &str = "; its notable lines:";
 // once, and rules in general words.
 const DIGEST_ERROR: u8 = 0;
 const DIGEST_RULE: u8 = 1;
-const DIGEST_FOUND: u8 = 2;
+const DIGEST_RARE: u8 = 2;
+const DIGEST_FOUND: u8 = 3;
 /// Characters of one digest line at most.
 const DIGEST_LINE_CHARS: usize = 160;
 
@@ -469,6 +470,14 @@ pub fn digest(content: &str, max_chars: usize) -> String {
         candidates.push((DIGEST_ERROR, content.len(), status));
     }
     if cost < max_chars {
+        for (start, line) in rare_lines(content) {
+            if seen.insert(line) {
+                cost += digest_cost(line);
+                candidates.push((DIGEST_RARE, start, line));
+            }
+        }
+    }
+    if cost < max_chars {
         let mut keys: HashSet<&str> = HashSet::new();
         let mut start = 0;
         while start < content.len() && cost < max_chars + DIGEST_LINE_CHARS {
@@ -500,6 +509,72 @@ pub fn digest(content: &str, max_chars: usize) -> String {
         .map(|(_, line)| line)
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Lines of an output looked at for their shape, at most.
+const SHAPE_LINES: usize = 4_000;
+/// Rare lines kept at most, so that a listing whose every line is odd does not fill a
+/// digest with noise.
+const RARE_LINES: usize = 6;
+
+/// The lines of an output that say most: in an output made of one repeated template (a
+/// log, a listing, a table, `pip freeze`, `env`), the lines whose shape occurs once. A
+/// line's shape is its sequence of word runs and punctuation, whatever the words and
+/// numbers: `{"level":"info",…,"ms":12}` lines share one, the `warn` line with other keys
+/// does not. Only when one shape makes up at least half of at least eight lines, and at
+/// most [`RARE_LINES`], in the output's order: an output without a dominant template
+/// (source code, prose) has no rare lines. No list of formats: what is kept is what
+/// differs from the rest.
+fn rare_lines(content: &str) -> Vec<(usize, &str)> {
+    let mut lines: Vec<(usize, &str, u64)> = Vec::new();
+    let mut counts: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+    let mut start = 0;
+    while start < content.len() && lines.len() < SHAPE_LINES {
+        let end = memchr::memchr(b'\n', &content.as_bytes()[start..])
+            .map_or(content.len(), |i| start + i);
+        let line = content[start..end].trim();
+        if !line.is_empty() {
+            let shape = line_shape(line);
+            *counts.entry(shape).or_default() += 1;
+            lines.push((start, line, shape));
+        }
+        start = end + 1;
+    }
+    let dominant = counts.values().copied().max().unwrap_or(0);
+    if lines.len() < 8 || (dominant as usize) * 2 < lines.len() {
+        return Vec::new();
+    }
+    let rare: Vec<(usize, &str)> = lines
+        .into_iter()
+        .filter(|(_, _, shape)| counts.get(shape) == Some(&1))
+        .map(|(start, line, _)| (start, line))
+        .collect();
+    if rare.len() > RARE_LINES {
+        Vec::new()
+    } else {
+        rare
+    }
+}
+
+/// The shape of a line: each run of letters, digits and `_` is one word, whatever it
+/// holds; punctuation and spacing runs stay as they are (a run of spaces counts once).
+fn line_shape(line: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = foldhash::quality::FixedState::with_seed(0x7368_6170).build_hasher();
+    let mut last = 0_u8;
+    for byte in line.bytes() {
+        let class = if byte.is_ascii_alphanumeric() || byte == b'_' || byte >= 0x80 {
+            b'w'
+        } else {
+            byte
+        };
+        if class == last && (class == b'w' || class == b' ') {
+            continue;
+        }
+        hasher.write_u8(class);
+        last = class;
+    }
+    hasher.finish()
 }
 
 /// What a line found, as (key, text): a path at its start, with the line number when one
@@ -660,7 +735,7 @@ static ERROR: LazyLock<Regex> = LazyLock::new(|| {
 /// source code and logs `Error` is mostly a type name (`Result<T, Error>`, `Error::Missing`),
 /// so here "error" counts only as a label (`error:`, `error[E0308]:`, `TypeError:`,
 /// `ERROR`), beside the words that only failures use.
-const TOOL_ERROR_PATTERN: &str = r"(?i)error(?:\[[^\]\n]*\])?:(?:[^:]|$)|(?-i:\bERROR\b)|\b(?:failed|failure|fatal|exception|panic|panicked|traceback|denied|not found|cannot|refused|timed out)\b";
+const TOOL_ERROR_PATTERN: &str = r"(?i)(?:error(?:\[[^\]\n]*\])?|exception):(?:[^:]|$)|(?-i:\bERROR\b)|\b(?:failed|failure|fatal|exception|panic|panicked|traceback|denied|not found|cannot|refused|timed out)\b";
 const DECISION_PATTERN: &str = r"(?i)\b(?:decided|decide|will use|instead|because|chose|choose|must|must not|never|always|constraint|require[sd]?)\b";
 static TOOL_ERROR: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
@@ -678,6 +753,11 @@ static TOOL_LINE: LazyLock<Regex> = LazyLock::new(|| {
         r"(?:{TOOL_ERROR_PATTERN})|(?:{DECISION_PATTERN})|(?i:\b(?:do not|don't)\b)"
     ))
     .expect("tool line pattern")
+});
+/// A file and a line: `x.py", line 214`, `Posting.java:118`, `src/x.rs:41:9`.
+static LOCATION: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // Constant pattern.
+    Regex::new(r#"\w\.[A-Za-z][A-Za-z0-9]{0,5}(?:"?,? line \d+|:\d+)"#).expect("location pattern")
 });
 static NUMBER: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
@@ -871,9 +951,12 @@ fn notable_lines(content: &str, error: u8, rule: u8) -> BTreeMap<usize, (u8, &st
         last_error = Some(start);
         let line = content[start..end].trim();
         picked.insert(start, (error, line));
+
         // A header that ends in `:` (`panicked at src/x.rs:88:5:`) continues on the next
         // line: the message.
         let mut introduces = line.ends_with(':');
+        let mut located = false;
+        let error_start = start;
         let mut at = end + 1;
         let mut context = 0;
         while context < 3 && at < content.len() {
@@ -885,11 +968,31 @@ fn notable_lines(content: &str, error: u8, rule: u8) -> BTreeMap<usize, (u8, &st
                     && !is_snippet(line)
                     && (introduces || PATH.is_match(line) || NUMBER.is_match(line))
                 {
+                    located |= LOCATION.is_match(line);
                     picked.insert(start, (error, line));
                 }
                 introduces = false;
             }
             at = end + 1;
+        }
+        // Some languages give the location before the error (a Python traceback's last
+        // `File "…", line N, in f`): when none follows it, the nearest of the three lines
+        // before it that gives a file and a line.
+        let mut back = if located { 0 } else { error_start };
+        for _ in 0..3 {
+            if back == 0 {
+                break;
+            }
+            let (before_start, before_end) = line_bounds(content, back - 1);
+            let before = content[before_start..before_end].trim();
+            if !is_snippet(before)
+                && LOCATION.is_match(before)
+                && !picked.contains_key(&before_start)
+            {
+                picked.insert(before_start, (error, before));
+                break;
+            }
+            back = before_start;
         }
     }
     picked
@@ -946,8 +1049,9 @@ fn is_label(content: &str, line_start: usize, at: usize, end: usize, hit: Option
         return word.to_ascii_lowercase().starts_with("error") && matches!(label, "" | "fatal");
     }
     // `ValueError:`, `TypeError:`: the label is the whole word.
+    // A qualified name is one word too: `java.lang.IllegalStateException:`.
     let head = before
-        .trim_end_matches(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        .trim_end_matches(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.')
         .trim();
     let uppercase = word.bytes().any(|b| b.is_ascii_uppercase())
         && !word.bytes().any(|b| b.is_ascii_lowercase());
@@ -1510,6 +1614,29 @@ mod tests {
             build,
             60,
             &["error[E0308]: mismatched types", "--> src/x.rs:41:9"],
+        );
+        // A Python traceback gives the location before the error; a Java exception names
+        // its class before the colon and its cause on a `Caused by:` line.
+        check_digest(
+            "DEBUG loaded 40 rows\nTraceback (most recent call last):\n  File \"/usr/lib/python3.12/x/y.py\", line 12, in run\n    return fn()\n  File \"app/billing/invoice.py\", line 214, in render_total\n    total = rows[0].amount / count\nZeroDivisionError: division by zero",
+            300,
+            &[
+                "Traceback (most recent call last):",
+                "File \"/usr/lib/python3.12/x/y.py\", line 12, in run",
+                "File \"app/billing/invoice.py\", line 214, in render_total",
+                "total = rows[0].amount / count",
+                "ZeroDivisionError: division by zero",
+            ],
+        );
+        check_digest(
+            "2026-11-04 10:00:01 INFO  [main] started\njava.lang.RuntimeException: posting failed\n\tat com.acme.ledger.Posting.apply(Posting.java:118)\nCaused by: java.lang.IllegalStateException: period 2024 is closed\n\t... 12 more",
+            300,
+            &[
+                "java.lang.RuntimeException: posting failed",
+                "at com.acme.ledger.Posting.apply(Posting.java:118)",
+                "Caused by: java.lang.IllegalStateException: period 2024 is closed",
+                "... 12 more",
+            ],
         );
         // A failing assertion: where it panicked and the values.
         check_digest(

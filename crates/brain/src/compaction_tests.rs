@@ -128,7 +128,7 @@ fn config(window: u64) -> EngineConfig {
 async fn a_large_output_is_offloaded_and_recall_returns_it() {
     let first = run(
         &[
-            big(3_000, "the port is 8443"),
+            big(3_000, "the port is 8443, carry on"),
             r#"{"text":"done"}"#.to_owned(),
         ]
         .join("\n"),
@@ -163,7 +163,7 @@ async fn a_large_output_is_offloaded_and_recall_returns_it() {
     // The agent gets it back with recall.
     let second = run(
         &[
-            big(3_000, "the port is 8443"),
+            big(3_000, "the port is 8443, carry on"),
             recall(&block.to_string()),
             r#"{"text":"done"}"#.to_owned(),
         ]
@@ -184,7 +184,7 @@ async fn a_large_output_is_offloaded_and_recall_returns_it() {
     // ...and recall of its own block returns the output.
     let own = second.compactions()[0].archived[0];
     let third_cassette = [
-        big(3_000, "the port is 8443"),
+        big(3_000, "the port is 8443, carry on"),
         r#"{"tool_calls":[{"name":"recall","arguments":{"query":"port 8443"}}]}"#.to_owned(),
         r#"{"text":"done"}"#.to_owned(),
     ]
@@ -514,6 +514,31 @@ proptest! {
         prop_assert!(with.contains(&block.to_string()));
         prop_assert!(with.len() <= bare.len().max(content.len() * 3 / 5), "{} characters for {}", with.len(), content.len());
     }
+}
+
+/// In an output made of one repeated line shape, the line that differs is what a preview's
+/// digest keeps of the middle it leaves out, whatever its format.
+#[tokio::test]
+async fn an_odd_line_among_repeated_ones_stays_in_the_preview() {
+    let outcome = run(
+        &[
+            big(3_000, "the port is 8443 (owner: dana)"),
+            r#"{"text":"done"}"#.to_owned(),
+        ]
+        .join("\n"),
+        config(1_000_000),
+    )
+    .await;
+    let tool_message = outcome
+        .result
+        .context
+        .messages
+        .iter()
+        .find(|m| m.role == MessageRole::Tool)
+        .unwrap();
+    let kept = format!("{tool_message:?}");
+    assert!(kept.contains("[archived output: "), "offloaded");
+    assert!(kept.contains("the port is 8443 (owner: dana)"), "{kept}");
 }
 
 /// A provider that enforces the window as vLLM and OpenAI do: a request whose prompt
