@@ -25,6 +25,8 @@ mod reaper;
 mod resume;
 mod sandbox;
 mod sandbox_env;
+mod sandbox_python;
+mod stream;
 mod support;
 mod traces;
 mod transfer;

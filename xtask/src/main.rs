@@ -6,11 +6,13 @@
 //! - `test-real`     the providers against real servers: llama.cpp's and LiteLLM's (see `real.rs`)
 //! - `image`         (re)build the default sandbox image `nerve-sandbox:latest` and the static
 //!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
+//! - `image python`  make sure of the Debian image with Python (debootstrap, imported; tagged by
+//!   a hash of its inputs, cached under `~/.cache/nerve/debian/`) and print its tag
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
 //! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
 //!   `~/.cache/nerve/` when missing, and print where it is
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
-//!   sandbox, proxy, e2e)
+//!   stream, sandbox, proxy, e2e)
 //! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
 //!   of: session, brain, executor)
 
@@ -27,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image | demo | phoenix | bench [core|session|brain|compaction|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -41,6 +43,9 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("test-sandbox") => test_sandbox(),
         Some("test-real") => test_real(),
+        Some("image") if args.get(1).map(String::as_str) == Some("python") => {
+            python_image().map(|tag| println!("{tag}"))
+        }
         Some("image") => image(true).map(drop),
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
@@ -203,6 +208,31 @@ fn image(force: bool) -> Result<PathBuf> {
     Ok(executor)
 }
 
+/// Makes sure of the Debian image with Python (built with debootstrap when neither the
+/// image nor its cached root filesystem exists; installs debootstrap when missing and we
+/// are root). Returns its tag.
+fn python_image() -> Result<String> {
+    ensure_prerequisites()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let docker = nerve_hands::connect_docker().await?;
+        let spec = nerve_hands::DebianImage::python();
+        eprintln!(
+            "making sure of the Debian Python image (debootstrap takes minutes when uncached)"
+        );
+        let build = nerve_hands::ensure_debian_image(&docker, &spec, None).await?;
+        eprintln!(
+            "{}: {:?} (rootfs {})",
+            build.tag,
+            build.work,
+            build.rootfs.display()
+        );
+        Ok(build.tag)
+    })
+}
+
 /// Builds `nerve-executor` static and stripped, and installs it as
 /// `<target dir>/sandbox/nerve-executor`, where `nerve` and the tests look for it. It is
 /// built in its own target directory (`<target dir>/executor`) so that its RUSTFLAGS do not
@@ -335,6 +365,9 @@ fn bench(area: Option<&str>) -> Result<()> {
             ("nerve-brain", Some("compaction_retention")),
             ("nerve-brain", Some("compaction_speed")),
         ],
+        // The engine's streaming path against a bare reqwest loop (issue 17), also part of
+        // `brain`.
+        Some("stream") => vec![("nerve-brain", Some("stream"))],
         Some("sandbox") => vec![("nerve-hands", Some("sandbox"))],
         // The proxy benchmark needs neither Docker nor the image: in-process upstream,
         // proxy and relay on the loopback.
@@ -376,6 +409,22 @@ fn ensure_prerequisites() -> Result<()> {
             );
         }
         apt_install(&["busybox-static"])?;
+    }
+    // The Debian Python image of the sandbox tests and benchmark is made with debootstrap.
+    let debootstrap_ok = Command::new("sh")
+        .args([
+            "-c",
+            "command -v debootstrap || test -x /usr/sbin/debootstrap",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !debootstrap_ok {
+        if !is_root {
+            bail!(
+                "the Python sandbox image is made with Debian's debootstrap, as root: sudo apt-get install debootstrap"
+            );
+        }
+        apt_install(&["debootstrap"])?;
     }
     // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium.
     let chromium_ok = Command::new("sh")

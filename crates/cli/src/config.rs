@@ -38,7 +38,17 @@ pub(crate) struct Config {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ProvidersSection {
     #[serde(default)]
+    pub(crate) openai: OpenAiSection,
+    #[serde(default)]
     pub(crate) anthropic: AnthropicSection,
+}
+
+/// `[providers.openai]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OpenAiSection {
+    /// Stream answers (default true); `false` asks every call for the whole answer.
+    pub(crate) stream: Option<bool>,
 }
 
 /// `[providers.anthropic]`.
@@ -48,6 +58,8 @@ pub(crate) struct AnthropicSection {
     /// Cache breakpoints in requests; `false` for a gateway in front of a model that is
     /// not Claude.
     pub(crate) prompt_caching: Option<bool>,
+    /// Stream answers (default true); `false` asks every call for the whole answer.
+    pub(crate) stream: Option<bool>,
 }
 
 /// `[guardrails]`: limits and recoveries of every run (command-line flags win).
@@ -101,6 +113,30 @@ pub(crate) struct SandboxSection {
     pub(crate) cpus: Option<f64>,
     /// Size of the `/tmp` tmpfs: bytes or a size (`"256MiB"`).
     pub(crate) tmp_size: Option<Size>,
+    /// A Dockerfile (relative to the workspace) to build the image from, when neither an
+    /// image nor a devcontainer.json names one; its directory is the build context.
+    pub(crate) dockerfile: Option<std::path::PathBuf>,
+    /// Caches that last between runs, opt-in per tool.
+    #[serde(default)]
+    pub(crate) caches: CachesSection,
+}
+
+/// `[sandbox.caches]`: `pip`, `npm`, `cargo` = `true` (a volume for this workspace) or a
+/// name (a volume shared by every workspace configured with that name).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CachesSection {
+    pub(crate) pip: Option<CacheSetting>,
+    pub(crate) npm: Option<CacheSetting>,
+    pub(crate) cargo: Option<CacheSetting>,
+}
+
+/// One tool's cache setting.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum CacheSetting {
+    Enabled(bool),
+    Shared(String),
 }
 
 /// A size in the config: a number of bytes, or a string with a binary unit (`"512MiB"`,
@@ -150,6 +186,36 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 impl SandboxSection {
     /// Lays the file's limits over `config`'s defaults; a limit that cannot work is an error
     /// naming the key.
+    /// The cache volumes `[sandbox.caches]` asks for, for `workspace`.
+    pub(crate) fn cache_volumes(
+        &self,
+        workspace: &std::path::Path,
+    ) -> Result<Vec<nerve_hands::caches::CacheVolume>, Failure> {
+        use nerve_hands::caches::{CacheTool, CacheVolume};
+        let mut volumes = Vec::new();
+        for (tool, setting) in [
+            (CacheTool::Pip, &self.caches.pip),
+            (CacheTool::Npm, &self.caches.npm),
+            (CacheTool::Cargo, &self.caches.cargo),
+        ] {
+            match setting {
+                None | Some(CacheSetting::Enabled(false)) => {}
+                Some(CacheSetting::Enabled(true)) => {
+                    volumes.push(CacheVolume::for_workspace(tool, workspace));
+                }
+                Some(CacheSetting::Shared(name)) => {
+                    volumes.push(CacheVolume::shared(tool, name).ok_or_else(|| {
+                        Failure::usage(format!(
+                            "sandbox.caches.{}: `{name}` is not a cache name (letters, digits, `_`, `.`, `-`; at most 64)",
+                            tool.as_str()
+                        ))
+                    })?);
+                }
+            }
+        }
+        Ok(volumes)
+    }
+
     pub(crate) fn apply_limits(
         &self,
         config: &mut nerve_hands::SandboxConfig,
@@ -255,7 +321,7 @@ impl Config {
     }
 
     /// What the provider's client needs from the file: the model table, the window
-    /// (`--context-window` as given), the Anthropic cache setting.
+    /// (`--context-window` as given), the Anthropic cache setting, whether to stream.
     pub(crate) fn provider_settings(
         &self,
         context_window: Option<u64>,
@@ -264,6 +330,8 @@ impl Config {
             table: self.model_table()?,
             context_window,
             anthropic_prompt_caching: self.providers.anthropic.prompt_caching,
+            openai_stream: self.providers.openai.stream,
+            anthropic_stream: self.providers.anthropic.stream,
         })
     }
 
@@ -629,6 +697,24 @@ mod tests {
     }
 
     /// The `[compaction]` section reaches the engine; keys left out keep the defaults.
+    #[test]
+    fn stream_is_on_unless_a_provider_turns_it_off() {
+        let settings = |text: &str| {
+            let config: Config = toml::from_str(text).unwrap();
+            let settings = config.provider_settings(None).unwrap();
+            (settings.openai_stream, settings.anthropic_stream)
+        };
+        assert_eq!(settings(""), (None, None));
+        assert_eq!(
+            settings("[providers.openai]\nstream = false\n[providers.anthropic]\nstream = true"),
+            (Some(false), Some(true))
+        );
+        let error = toml::from_str::<Config>("[providers.openai]\nstreaming = false")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown field `streaming`"), "{error}");
+    }
+
     #[test]
     fn the_compaction_section_reaches_the_engine() {
         let check = |text: &str, digest_chars: usize, soft: u32| {

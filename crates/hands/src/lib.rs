@@ -10,7 +10,11 @@
 //! the network, through a unix socket mounted into the container.
 
 mod account;
+pub mod build;
+pub mod caches;
 mod control;
+pub mod debian;
+pub mod devcontainer;
 mod executor;
 mod image;
 #[cfg(feature = "kill-points")]
@@ -23,6 +27,7 @@ mod sandbox;
 mod tools;
 
 pub use account::discard as discard_sandbox_home;
+pub use debian::{BuildWork, DebianBuild, DebianImage, ensure_debian_image};
 pub use executor::Transport;
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
 pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};
