@@ -511,7 +511,8 @@ pub fn digest(content: &str, max_chars: usize) -> String {
         .join("\n")
 }
 
-/// Lines of an output looked at for their shape, at most.
+/// Lines of an output looked at for their shape, at most (the first ones): enough for a
+/// listing or a log page, and a bound on the cost over a 1M-token conversation.
 const SHAPE_LINES: usize = 400;
 /// Rare lines kept at most, so that a listing whose every line is odd does not fill a
 /// digest with noise.

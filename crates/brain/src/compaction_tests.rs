@@ -522,11 +522,13 @@ proptest! {
 async fn an_odd_line_among_repeated_ones_stays_in_the_preview() {
     let outcome = run(
         &[
-            big(3_000, "the port is 8443 (owner: dana)"),
+            big(350, "the port is 8443 (owner: dana)"),
             r#"{"text":"done"}"#.to_owned(),
         ]
         .join("\n"),
-        config(1_000_000),
+        // An output budget of 2,400 tokens: the 350 lines are offloaded, and the odd line
+        // is within the first 400 lines of the middle the preview leaves out.
+        config(16_000),
     )
     .await;
     let tool_message = outcome
