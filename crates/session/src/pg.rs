@@ -1204,7 +1204,7 @@ impl EventStore for PgStore {
                                     'StartSel=\"\", StopSel=\"\", MaxWords=24, MinWords=8, FragmentDelimiter=\"…\", MaxFragments=1')
                  FROM archive_blocks b, plainto_tsquery('english', $1) q
                  WHERE b.execution_id = $2 AND b.search @@ q
-                 ORDER BY ts_rank(b.search, q) DESC, b.created_seq, b.block_id
+                 ORDER BY b.note LIKE 'summary%', ts_rank(b.search, q) DESC, b.created_seq, b.block_id
                  LIMIT $3",
                 &[&text, &execution.to_string(), &to_i64(limit as u64)],
             )

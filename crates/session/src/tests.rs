@@ -1807,3 +1807,32 @@ async fn the_writer_serves_id_prefixes_like_the_store() {
 }
 
 mod backends;
+
+/// A summary restating an output ranks below the output itself, however well it matches.
+#[tokio::test]
+async fn the_archive_ranks_original_outputs_above_summaries() {
+    use nerve_core::{ArchivedBlock, ContextArchive};
+    let (_dir, path) = temp_db();
+    let sink = SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap();
+    let id = ExecutionId::new();
+    let summary = ArchivedBlock {
+        id: BlockId::new(),
+        messages: vec![Message::user(
+            "## Findings\n- ledger port 8443, ledger port 8443, ledger port 8443",
+        )],
+        note: "summary, folded into a new one at turn 30".into(),
+    };
+    let original = ArchivedBlock {
+        id: BlockId::new(),
+        messages: vec![Message::user(
+            "listen address 0.0.0.0, the ledger port is 8443, with many other lines around it \
+             that make this block a much weaker match by bm25 than the summary's repetitions",
+        )],
+        note: "output of shell masked at turn 12".into(),
+    };
+    sink.archive(id, summary.clone()).await.unwrap();
+    sink.archive(id, original.clone()).await.unwrap();
+    let hits = sink.search(id, "ledger 8443", 5).await.unwrap();
+    let ids: Vec<BlockId> = hits.iter().map(|h| h.id).collect();
+    assert_eq!(ids, vec![original.id, summary.id]);
+}
