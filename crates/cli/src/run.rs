@@ -33,8 +33,20 @@ pub(crate) async fn run(
     config_path: Option<&Path>,
 ) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
+    let launch = fresh(&args, db, &config, ExecutionId::new()).await?;
+    launch.go().await
+}
+
+/// A fresh execution of `args` as `execution_id`, validated and ready to launch (`run`, and
+/// a worker taking up a submitted execution).
+pub(crate) async fn fresh<'a>(
+    args: &RunArgs,
+    db: &'a Path,
+    config: &'a Config,
+    execution_id: ExecutionId,
+) -> Result<Launch<'a>, Failure> {
     let workspace = validate_workspace(&args.workspace)?;
-    let description = read_task(&args)?;
+    let description = read_task(args)?;
     let provider = crate::provider::build(
         &args.provider,
         args.model.as_deref(),
@@ -86,18 +98,19 @@ pub(crate) async fn run(
         status: TaskStatus::Created,
         workspace: workspace.display().to_string(),
     };
-    let launch = Launch {
+    Ok(Launch {
         db,
-        config: &config,
+        config,
         workspace,
         provider,
         engine_config,
         image: args.image.clone(),
         json: args.json,
-        execution_id: ExecutionId::new(),
+        execution_id,
         start: Start::Fresh(task),
-    };
-    launch.go().await
+        log: None,
+        cancel: None,
+    })
 }
 
 /// `nerve resume ID`: a fresh sandbox on the same workspace, the conversation rebuilt from
@@ -110,9 +123,28 @@ pub(crate) async fn resume(
     json: bool,
 ) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
-    let resumable = crate::resume::resumable(db, id)?;
+    let resumable = crate::resume::resumable(db, id).await?;
+    crate::resume::not_in_a_worker(db, resumable.execution).await?;
+    let mut launch = resumed(db, &config, resumable, provider_spec, None).await?;
+    launch.json = json;
+    launch.go().await
+}
+
+/// A resume of `resumable`, ready to launch: on the workspace its log names, or on
+/// `workspace` (a worker's fresh clone of a `--git` workspace).
+pub(crate) async fn resumed<'a>(
+    db: &'a Path,
+    config: &'a Config,
+    resumable: crate::resume::Resumable,
+    provider_spec: Option<&str>,
+    workspace: Option<PathBuf>,
+) -> Result<Launch<'a>, Failure> {
     let started = &resumable.started;
-    let workspace = validate_workspace(Path::new(&started.workspace))?;
+    let workspace = validate_workspace(
+        workspace
+            .as_deref()
+            .unwrap_or_else(|| Path::new(&started.workspace)),
+    )?;
     let spec = provider_spec.unwrap_or(&started.provider);
     let model = (started.model != "scripted").then_some(started.model.as_str());
     let provider = if let Some(path) = spec.strip_prefix("script:") {
@@ -151,41 +183,61 @@ pub(crate) async fn resume(
         .get("image")
         .and_then(serde_json::Value::as_str)
         .map(str::to_owned);
-    let launch = Launch {
+    Ok(Launch {
         db,
-        config: &config,
+        config,
         workspace,
         provider,
         engine_config,
         image,
-        json,
+        json: false,
         execution_id: resumable.execution,
         start: Start::Resume(Box::new(resumable.state)),
-    };
-    launch.go().await
+        log: None,
+        cancel: None,
+    })
 }
 
 /// What differs between a fresh run and a resume.
-enum Start {
+pub(crate) enum Start {
     Fresh(Task),
     Resume(Box<ResumeState>),
 }
 
 /// Everything needed to run the engine in a sandbox, fresh or resumed.
-struct Launch<'a> {
+pub(crate) struct Launch<'a> {
     db: &'a Path,
     config: &'a Config,
     workspace: PathBuf,
     provider: Arc<dyn Provider>,
     engine_config: EngineConfig,
     image: Option<String>,
-    json: bool,
-    execution_id: ExecutionId,
+    /// Machine output: no progress display, the summary as JSON.
+    pub(crate) json: bool,
+    pub(crate) execution_id: ExecutionId,
     start: Start,
+    /// A log opened already (a worker shares one among its executions); `db` otherwise.
+    pub(crate) log: Option<Arc<dyn crate::log::Log>>,
+    /// Cancelled by the caller (a draining worker) instead of by Ctrl-C.
+    pub(crate) cancel: Option<CancellationToken>,
 }
 
 impl Launch<'_> {
     async fn go(self) -> Result<u8, Failure> {
+        let json = self.json;
+        let result = self.execute().await?;
+        report(&result, json);
+        Ok(
+            if result.termination_reason == nerve_core::TerminationReason::Completed {
+                0
+            } else {
+                1
+            },
+        )
+    }
+
+    /// Runs the engine in a fresh sandbox and removes the sandbox afterwards.
+    pub(crate) async fn execute(self) -> Result<ExecutionResult, Failure> {
         // The proxy's rules and secrets are read before anything starts; its secrets are
         // registered with the redactor, so the log scrubs them too.
         let proxy = self.config.proxy.build(&|name| std::env::var(name).ok())?;
@@ -234,7 +286,6 @@ impl Launch<'_> {
                 .await
                 .map_err(Failure::usage)?,
         );
-        let json = self.json;
         let execution_id = self.execution_id;
         let outcome = self.in_sandbox(redactor, &sandbox, proxy).await;
         if let Err(error) = sandbox.remove().await {
@@ -248,14 +299,7 @@ impl Launch<'_> {
         {
             tracing::warn!(%error, "could not remove the sandbox's home directory");
         }
-        report(&result, json);
-        Ok(
-            if result.termination_reason == nerve_core::TerminationReason::Completed {
-                0
-            } else {
-                1
-            },
-        )
+        Ok(result)
     }
 
     async fn in_sandbox(
@@ -264,7 +308,10 @@ impl Launch<'_> {
         sandbox: &Arc<Sandbox>,
         proxy: ProxyListener,
     ) -> Result<ExecutionResult, Failure> {
-        let log = crate::log::writer(self.db, Arc::clone(&redactor)).await?;
+        let log = match &self.log {
+            Some(log) => Arc::clone(log),
+            None => crate::log::writer(self.db, Arc::clone(&redactor)).await?,
+        };
         // The model table gives prices and the context window; --context-window wins.
         let model = self
             .config
@@ -317,14 +364,22 @@ impl Launch<'_> {
         if !self.json {
             output::error_line(&format!("execution {}", self.execution_id));
         }
-        let cancel = CancellationToken::new();
-        let watcher = tokio::spawn(watch_interrupts(cancel.clone()));
+        let (cancel, watcher) = match self.cancel {
+            Some(cancel) => (cancel, None),
+            None => {
+                let cancel = CancellationToken::new();
+                let watcher = tokio::spawn(watch_interrupts(cancel.clone()));
+                (cancel, Some(watcher))
+            }
+        };
         let result = match self.start {
             Start::Fresh(task) => engine.run(self.execution_id, task, cancel).await,
             Start::Resume(state) => engine.resume(self.execution_id, *state, cancel).await,
         }
         .map_err(Failure::usage);
-        watcher.abort();
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
         progress.finish();
         result
     }
@@ -343,7 +398,7 @@ async fn watch_interrupts(cancel: CancellationToken) {
     }
 }
 
-fn validate_workspace(path: &Path) -> Result<PathBuf, Failure> {
+pub(crate) fn validate_workspace(path: &Path) -> Result<PathBuf, Failure> {
     let resolved = std::fs::canonicalize(path).map_err(|e| {
         Failure::usage(format!("workspace {}: {}", path.display(), describe_io(&e)))
     })?;
@@ -356,7 +411,7 @@ fn validate_workspace(path: &Path) -> Result<PathBuf, Failure> {
     Ok(resolved)
 }
 
-fn read_task(args: &RunArgs) -> Result<String, Failure> {
+pub(crate) fn read_task(args: &RunArgs) -> Result<String, Failure> {
     let text = match (&args.task, &args.task_file) {
         (Some(text), _) => text.clone(),
         (None, Some(file)) => std::fs::read_to_string(file).map_err(|e| {
@@ -372,6 +427,12 @@ fn read_task(args: &RunArgs) -> Result<String, Failure> {
         return Err(Failure::usage("the task is empty"));
     }
     Ok(text)
+}
+
+/// The redactor every run with `config` uses (a worker opens its shared log with it).
+pub(crate) fn config_redactor(config: &Config) -> Result<Arc<Redactor>, Failure> {
+    let proxy = config.proxy.build(&|name| std::env::var(name).ok())?;
+    Ok(Arc::new(build_redactor(&proxy.secrets)?))
 }
 
 /// The redactor of the run: the provider keys found in the environment and the proxy's
