@@ -12,6 +12,7 @@ mod contracts;
 mod crash;
 mod demo;
 mod faults;
+mod fleet;
 mod inspect;
 mod interrupt;
 mod json;

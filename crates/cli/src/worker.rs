@@ -11,6 +11,9 @@
 //! the in-doubt rules of `nerve resume` apply). An execution that already finished (its
 //! worker died before releasing it) is released as it is.
 //!
+//! A worker that takes an execution over removes the earlier claim's sandbox from its
+//! Docker engine first, also one whose worker is alive but lost the lease.
+//!
 //! SIGTERM (or Ctrl-C) drains the worker: it stops claiming, its executions stop at their
 //! next turn boundary (`shutdown`, resumable), and it gives their claims back to the
 //! queue, where other workers resume them. A second signal aborts at once.
@@ -246,6 +249,11 @@ async fn take_up(worker: &Worker, claim: &Claim, cancel: CancellationToken) -> O
         Ok(dir) => dir,
         Err(message) => return Outcome::Failed(message),
     };
+    if claim.claims > 1
+        && let Err(message) = take_over_sandboxes(id).await
+    {
+        return Outcome::Failed(message);
+    }
     let verified = EventStore::verified_events(worker.store.as_ref(), id).await;
     let launched = match verified {
         Err(SessionError::UnknownExecution(_)) => {
@@ -298,6 +306,28 @@ async fn take_up(worker: &Worker, claim: &Claim, cancel: CancellationToken) -> O
         Ok(result) => Outcome::Ended(result.termination_reason, result.context.turn_count()),
         Err(failure) => Outcome::Failed(failure.message),
     }
+}
+
+/// Removes the sandboxes an earlier claim of `id` left on this Docker engine, also one
+/// whose worker is still alive: this worker holds the lease now, so that worker can no
+/// longer append to the execution, and its container only holds the name a resume needs.
+async fn take_over_sandboxes(id: ExecutionId) -> Result<(), String> {
+    let docker = nerve_hands::connect_docker()
+        .await
+        .map_err(|e| e.to_string())?;
+    let report = nerve_hands::reap(
+        &docker,
+        nerve_hands::ReapScope::All,
+        Some(&id.to_string()),
+    )
+    .await
+    .map_err(|e| format!("cannot remove the sandbox of its earlier claim: {e}"))?;
+    if let Some((name, reason)) = report.kept.first() {
+        return Err(format!(
+            "cannot remove the sandbox {name} of its earlier claim: {reason}"
+        ));
+    }
+    Ok(())
 }
 
 /// The directory the execution works on: the shared path, or this worker's clone of the
