@@ -315,13 +315,9 @@ async fn take_over_sandboxes(id: ExecutionId) -> Result<(), String> {
     let docker = nerve_hands::connect_docker()
         .await
         .map_err(|e| e.to_string())?;
-    let report = nerve_hands::reap(
-        &docker,
-        nerve_hands::ReapScope::All,
-        Some(&id.to_string()),
-    )
-    .await
-    .map_err(|e| format!("cannot remove the sandbox of its earlier claim: {e}"))?;
+    let report = nerve_hands::reap(&docker, nerve_hands::ReapScope::All, Some(&id.to_string()))
+        .await
+        .map_err(|e| format!("cannot remove the sandbox of its earlier claim: {e}"))?;
     if let Some((name, reason)) = report.kept.first() {
         return Err(format!(
             "cannot remove the sandbox {name} of its earlier claim: {reason}"
