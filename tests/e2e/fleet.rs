@@ -49,6 +49,18 @@ fn workspace(dir: &Path, name: &str) -> PathBuf {
     workspace
 }
 
+/// A fresh PostgreSQL database, a temporary directory and the cassette in it; `None` (the
+/// test skips, or fails under `NERVE_REQUIRE_DOCKER=1`) without a sandbox or a server.
+fn setup() -> Option<(String, tempfile::TempDir, String)> {
+    if !sandbox_available() {
+        return None;
+    }
+    let pg = postgres_url()?;
+    let dir = tempfile::tempdir().unwrap();
+    let provider = cassette(dir.path());
+    Some((pg, dir, provider))
+}
+
 /// The workspace after an uninterrupted `nerve run` of the cassette, without its seed.
 fn uninterrupted(dir: &Path, provider: &str) -> BTreeMap<String, Vec<u8>> {
     let reference = workspace(dir, "reference");
@@ -237,16 +249,21 @@ fn check_execution(pg: &str, id: &str) -> Vec<Value> {
     events
 }
 
+/// What `events --follow --json` printed (one object per line) once it exited by itself.
+fn followed(follower: Running) -> Vec<Value> {
+    let output = follower.wait();
+    assert!(output.status.success(), "{}", stderr(&output));
+    stdout(&output)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
 fn thirty_tasks_on_three_workers_survive_a_kill_and_a_drain() {
-    if !sandbox_available() {
-        return;
-    }
-    let Some(pg) = postgres_url() else {
+    let Some((pg, dir, provider)) = setup() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let provider = cassette(dir.path());
     let base = uninterrupted(dir.path(), &provider);
     let tasks: Vec<(String, PathBuf)> = (0..30)
         .map(|i| {
@@ -326,14 +343,9 @@ fn thirty_tasks_on_three_workers_survive_a_kill_and_a_drain() {
 
 #[test]
 fn a_worker_paused_past_its_lease_cannot_append_again() {
-    if !sandbox_available() {
-        return;
-    }
-    let Some(pg) = postgres_url() else {
+    let Some((pg, dir, provider)) = setup() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let provider = cassette(dir.path());
     let base = uninterrupted(dir.path(), &provider);
     let workspace = workspace(dir.path(), "stale");
     let id = submit(&pg, &workspace, &provider);
@@ -371,11 +383,95 @@ fn a_worker_paused_past_its_lease_cannot_append_again() {
     let left = containers_of(&id);
     assert!(left.is_empty(), "containers of {id} left behind: {left:?}");
 
-    let followed = follower.wait();
-    assert!(followed.status.success(), "{}", stderr(&followed));
-    let lines: Vec<Value> = stdout(&followed)
+    assert_eq!(
+        followed(follower),
+        after,
+        "--follow printed every event once, in order"
+    );
+}
+
+#[test]
+fn cancel_ends_a_queued_execution_at_once_and_a_running_one_at_its_next_boundary() {
+    // The queue lives in the PostgreSQL log only: said in one line.
+    let sqlite = tempfile::tempdir().unwrap();
+    let refused = nerve(
+        &sqlite.path().join("nerve.db"),
+        &["submit", "--workspace", ".", "--task", "t"],
+    );
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert_eq!(stderr(&refused).lines().count(), 1);
+    assert!(stderr(&refused).contains("needs a PostgreSQL log"));
+    let Some((pg, dir, provider)) = setup() else {
+        return;
+    };
+    let running = submit(&pg, &workspace(dir.path(), "running"), &provider);
+    let waiting = submit(&pg, &workspace(dir.path(), "waiting"), &provider);
+    let cancel = |id: &str| nerve(Path::new(&pg), &["cancel", id]);
+    let cancelled = cancel(&waiting);
+    assert!(cancelled.status.success(), "{}", stderr(&cancelled));
+    assert!(stdout(&cancelled).contains("it had not started"));
+    let again = cancel(&waiting);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(stderr(&again).contains("neither queued nor running: it is cancelled"));
+    let queued = nerve(Path::new(&pg), &["list", "--status", "queued", "--json"]);
+    assert_eq!(last_json(&queued)[0]["execution_id"], running.as_str());
+    assert_eq!(last_json(&queued).as_array().unwrap().len(), 1);
+
+    let mut worker = worker(&pg, 1, 3);
+    wait_for_sleep(&pg, &mut worker, "the sleep");
+    let asked = cancel(&running);
+    assert!(asked.status.success(), "{}", stderr(&asked));
+    assert!(stdout(&asked).contains("stops it at the next turn boundary"));
+    worker.wait_for_stderr("the cancelled execution to end", |text| {
+        text.contains(&format!("{running} ended shutdown"))
+    });
+    worker.signal("TERM");
+    let worker = worker.wait();
+    assert_eq!(worker.status.code(), Some(0), "{}", stderr(&worker));
+    assert!(stderr(&worker).contains(&format!("{running} was cancelled")));
+    let events = events_json(Path::new(&pg), &running);
+    assert_eq!(events.last().unwrap()["kind"], "finish");
+    assert_eq!(
+        events.last().unwrap()["payload"]["termination_reason"],
+        "shutdown"
+    );
+    // Never started, never claimed again: the waiting one has no log at all.
+    let none = nerve(Path::new(&pg), &["events", &waiting]);
+    assert_eq!(none.status.code(), Some(2), "{}", stderr(&none));
+    let queued = nerve(Path::new(&pg), &["list", "--status", "queued", "--json"]);
+    assert_eq!(last_json(&queued), json!([]));
+}
+
+#[test]
+fn events_follow_tails_a_run_on_a_sqlite_log() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let provider = cassette(dir.path());
+    let workspace = workspace(dir.path(), "followed");
+    let db = dir.path().join("nerve.db");
+    let mut run = spawn_nerve(
+        &db,
+        &[
+            "run",
+            "--workspace",
+            workspace.to_str().unwrap(),
+            "--task",
+            "Edit the result.",
+            "--provider",
+            &provider,
+        ],
+    );
+    run.wait_for_stderr("the execution id", |text| text.contains("execution "));
+    let id = run
+        .stderr_so_far()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines, after, "--follow printed every event once, in order");
+        .find_map(|l| l.strip_prefix("execution "))
+        .map(|rest| rest.trim().to_owned())
+        .unwrap();
+    let follower = spawn_nerve(&db, &["events", &id, "--follow", "--json"]);
+    let ran = run.wait();
+    assert!(ran.status.success(), "{}", stderr(&ran));
+    assert_eq!(followed(follower), events_json(&db, &id));
 }

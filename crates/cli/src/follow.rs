@@ -1,7 +1,8 @@
 //! `nerve events ID --follow`: the timeline so far, then each event as it is appended,
 //! until the execution's `finish` event. On PostgreSQL the log's commits notify
 //! (`LISTEN nerve_events`, one notification per execution a commit appended to); a SQLite
-//! log is polled through a read-only connection, which never blocks its writer.
+//! log is polled through a read-only connection, which never blocks its writer. An
+//! execution without events yet is waited for (on PostgreSQL only while the queue holds it).
 
 use std::path::Path;
 use std::time::Duration;
@@ -32,9 +33,10 @@ pub(crate) async fn follow(db: &Path, id: &str, json: bool, full: bool) -> Resul
     loop {
         let new = match events_after(&store, execution, after).await {
             Ok(new) => new,
-            // Not started yet: wait for it when the queue holds it.
+            // Not started yet: wait for it when the queue holds it, or, on SQLite (no
+            // queue to ask), when the whole id was given (a `run` about to write it).
             Err(SessionError::UnknownExecution(_)) if after == 0 => {
-                if !queued(&store, execution).await? {
+                if !may_start(&store, execution).await? {
                     return Err(Failure::usage(format!("no execution with id {execution}")));
                 }
                 Vec::new()
@@ -86,10 +88,11 @@ async fn events_after(
     Ok(events)
 }
 
-/// Whether the task queue holds `execution`, waiting for a worker or being started.
-async fn queued(store: &Reader, execution: ExecutionId) -> Result<bool, Failure> {
+/// Whether `execution`, which has no event yet, may still start: the PostgreSQL task queue
+/// holds it waiting for a worker (or being started); a SQLite log cannot tell, so yes.
+async fn may_start(store: &Reader, execution: ExecutionId) -> Result<bool, Failure> {
     let Reader::Postgres(pg) = store else {
-        return Ok(false);
+        return Ok(true);
     };
     let entry = pg.queue_entry(execution).await.map_err(Failure::usage)?;
     Ok(entry.is_some_and(|e| e.state == "queued" || e.state == "claimed"))
