@@ -380,6 +380,8 @@ async fn commit_latency(url: &str) -> Result<Commits> {
                         purpose: CallPurpose::Agent,
                         outcome: "ok".into(),
                         usage: TokenUsage::new(100, 10),
+                        time_to_first_token_ms: None,
+                        tokens_per_second: None,
                     }),
                     Event::ToolCallStarted(ToolCallStarted {
                         turn,

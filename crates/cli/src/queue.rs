@@ -62,6 +62,11 @@ impl Spec {
     /// The spec of `args`, checked as `run` checks them, with paths made absolute.
     fn from_args(args: &SubmitArgs) -> Result<Self, Failure> {
         let run = &args.run;
+        if run.jsonl {
+            return Err(Failure::usage(
+                "submit prints the execution id only; follow the run with `nerve events ID --follow`",
+            ));
+        }
         let workspace = match &args.git {
             Some(url) => {
                 if url.trim().is_empty() || url.starts_with('-') {
@@ -144,6 +149,7 @@ impl Spec {
             context_window: self.context_window,
             image: self.image.clone(),
             json: true,
+            jsonl: false,
         })
     }
 }

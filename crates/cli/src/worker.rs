@@ -299,7 +299,7 @@ async fn take_up(worker: &Worker, claim: &Claim, cancel: CancellationToken) -> O
         Ok(launch) => launch,
         Err(failure) => return Outcome::Failed(failure.message),
     };
-    launch.json = true;
+    launch.output = crate::run::Output::Json;
     launch.log = Some(Arc::clone(&worker.store) as Arc<dyn crate::log::Log>);
     launch.cancel = Some(cancel);
     match launch.execute().await {
