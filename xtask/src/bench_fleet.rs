@@ -42,8 +42,13 @@ const ANCHOR_PACKAGES: [&str; 4] = [
 
 pub(crate) fn bench() -> Result<()> {
     let executor = crate::image(false)?;
-    crate::run(crate::cargo().args(["build", "--release", "--package", "nerve-cli"]))?;
-    let nerve = crate::target_dir().join("release").join("nerve");
+    // NERVE_BENCH_PROFILE=debug measures the debug `nerve` already built (slower than the
+    // release one: a conservative figure when a release build does not fit).
+    let profile = std::env::var("NERVE_BENCH_PROFILE").unwrap_or_else(|_| "release".into());
+    if profile == "release" {
+        crate::run(crate::cargo().args(["build", "--release", "--package", "nerve-cli"]))?;
+    }
+    let nerve = crate::target_dir().join(&profile).join("nerve");
     let work = crate::target_dir().join("bench-fleet");
     if work.exists() {
         std::fs::remove_dir_all(&work)
@@ -137,7 +142,7 @@ pub(crate) fn bench() -> Result<()> {
     let mut report = String::new();
     writeln!(
         report,
-        "\n## Fleet ({rounds} rounds of the per-turn runs)\n"
+        "\n## Fleet ({rounds} rounds of the per-turn runs, {profile} `nerve`)\n"
     )?;
     writeln!(
         report,
