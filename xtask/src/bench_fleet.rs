@@ -71,6 +71,18 @@ pub(crate) fn bench() -> Result<()> {
         .filter(|&n: &usize| n > 0)
         .unwrap_or(2);
     let load_before = load_average();
+    // NERVE_BENCH_FLEET_PART=store: only the commit latency at the store (no sandbox).
+    if std::env::var("NERVE_BENCH_FLEET_PART").is_ok_and(|p| p == "store") {
+        let commits = runtime.block_on(commit_latency(&database()?))?;
+        println!(
+            "store: {EXECUTIONS} executions on {WORKERS} stores, {FLEET_TURNS} turns each: {:.0} turns/s, commit p50 {:.2} ms, p99 {:.2} ms; load average {load_before} before, {} after",
+            commits.turns_per_s,
+            commits.p50_ms,
+            commits.p99_ms,
+            load_average()
+        );
+        return Ok(());
+    }
 
     // 1. PostgreSQL against SQLite, rounds interleaved.
     let (mut sqlite, mut postgres) = (Vec::new(), Vec::new());
@@ -302,7 +314,18 @@ fn fleet_run(nerve: &Path, executor: &Path, dir: &Path, db: &str) -> Result<Flee
             .output()?;
         let done: serde_json::Value =
             serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null);
-        if done.as_array().map_or(0, Vec::len) == EXECUTIONS {
+        // An execution a worker could not start (it says `failed:`) ends the wait too.
+        let failed: usize = (0..WORKERS)
+            .map(|w| {
+                std::fs::read_to_string(dir.join(format!("worker{w}.log")))
+                    .map(|log| log.matches(" failed: ").count())
+                    .unwrap_or(0)
+            })
+            .sum();
+        if done.as_array().map_or(0, Vec::len) + failed >= EXECUTIONS {
+            if failed > 0 {
+                eprintln!("fleet: {failed} execution(s) failed to start (see the worker logs)");
+            }
             break;
         }
         if Instant::now() > deadline {
@@ -317,10 +340,15 @@ fn fleet_run(nerve: &Path, executor: &Path, dir: &Path, db: &str) -> Result<Flee
     drop(workers);
     // The log's busy span: the first task in progress to the last turn completed.
     let (mut first, mut last) = (f64::MAX, f64::MIN);
+    let mut completed = 0;
     for id in &ids {
         let output = Command::new(nerve)
             .args(["--db", db, "events", id, "--json"])
             .output()?;
+        if !output.status.success() {
+            continue; // never started
+        }
+        completed += 1;
         let events: serde_json::Value =
             serde_json::from_slice(&output.stdout).with_context(|| format!("events of {id}"))?;
         for event in events.as_array().context("events are not a list")? {
@@ -340,7 +368,7 @@ fn fleet_run(nerve: &Path, executor: &Path, dir: &Path, db: &str) -> Result<Flee
             }
         }
     }
-    let turns = (EXECUTIONS * FLEET_TURNS) as f64;
+    let turns = (completed * FLEET_TURNS) as f64;
     Ok(Fleet {
         wall_turns_per_s: turns / wall,
         span_turns_per_s: turns / (last - first),
