@@ -12,7 +12,7 @@
 //! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
 //!   `~/.cache/nerve/` when missing, and print where it is
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
-//!   sandbox, proxy, e2e, fleet)
+//!   stream, sandbox, proxy, e2e, fleet)
 //! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
 //!   of: session, brain, executor)
 
@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|sandbox|proxy|e2e|fleet] | fuzz [--minutes N] [session|brain|executor]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|e2e|fleet] | fuzz [--minutes N] [session|brain|executor]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -214,21 +214,6 @@ fn image(force: bool) -> Result<PathBuf> {
 /// are root). Returns its tag.
 fn python_image() -> Result<String> {
     ensure_prerequisites()?;
-    let has_debootstrap = Command::new("sh")
-        .args([
-            "-c",
-            "command -v debootstrap || test -x /usr/sbin/debootstrap",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_debootstrap {
-        if !is_root() {
-            bail!(
-                "the Python image is made with debootstrap, as root: sudo apt-get install debootstrap"
-            );
-        }
-        apt_install(&["debootstrap"])?;
-    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -386,6 +371,9 @@ fn bench(area: Option<&str>) -> Result<()> {
             ("nerve-brain", Some("compaction_retention")),
             ("nerve-brain", Some("compaction_speed")),
         ],
+        // The engine's streaming path against a bare reqwest loop (issue 17), also part of
+        // `brain`.
+        Some("stream") => vec![("nerve-brain", Some("stream"))],
         Some("sandbox") => vec![("nerve-hands", Some("sandbox"))],
         // The proxy benchmark needs neither Docker nor the image: in-process upstream,
         // proxy and relay on the loopback.
@@ -427,6 +415,22 @@ fn ensure_prerequisites() -> Result<()> {
             );
         }
         apt_install(&["busybox-static"])?;
+    }
+    // The Debian Python image of the sandbox tests and benchmark is made with debootstrap.
+    let debootstrap_ok = Command::new("sh")
+        .args([
+            "-c",
+            "command -v debootstrap || test -x /usr/sbin/debootstrap",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !debootstrap_ok {
+        if !is_root {
+            bail!(
+                "the Python sandbox image is made with Debian's debootstrap, as root: sudo apt-get install debootstrap"
+            );
+        }
+        apt_install(&["debootstrap"])?;
     }
     // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium.
     let chromium_ok = Command::new("sh")

@@ -9,6 +9,7 @@ mod args;
 mod config;
 #[cfg(test)]
 mod config_doc_test;
+mod environment;
 mod follow;
 mod html;
 mod inspect;

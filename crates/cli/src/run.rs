@@ -9,9 +9,7 @@ use nerve_brain::{AgentEngine, EngineConfig, ExecutionResult, Provider, ResumeSt
 use nerve_core::{
     Complexity, EventSink, ExecutionId, LoopType, MicroUsd, Redactor, TaskId, TaskStatus,
 };
-use nerve_hands::{
-    DEFAULT_IMAGE, ImageSource, ProxyListener, Sandbox, SandboxConfig, SandboxTools,
-};
+use nerve_hands::{ProxyListener, Sandbox, SandboxConfig, SandboxTools};
 use secrecy::SecretString;
 use tokio_util::sync::CancellationToken;
 
@@ -275,37 +273,41 @@ impl Launch<'_> {
         if let Err(error) = nerve_hands::reap_orphans(&docker).await {
             tracing::warn!(%error, "could not reap orphaned sandboxes");
         }
-        let image = self
-            .image
-            .clone()
-            .or(self.config.sandbox.image.clone())
-            .unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
-        if image == DEFAULT_IMAGE
-            && !nerve_hands::image_exists(&docker, &image)
-                .await
-                .map_err(Failure::usage)?
-        {
-            if !self.output.is_json() {
-                output::error_line(&format!("building the sandbox image {image} (once)"));
-            }
-            let source = self
-                .config
-                .sandbox
-                .busybox
-                .clone()
-                .map_or_else(ImageSource::default, |busybox| ImageSource { busybox });
-            nerve_hands::build_default_image(&docker, &source, &image)
-                .await
-                .map_err(Failure::usage)?;
-        }
+        let environment = crate::environment::resolve(
+            &docker,
+            self.image.as_deref(),
+            self.config,
+            &self.workspace,
+            self.output.is_json(),
+        )
+        .await?;
+        let caches = self.config.sandbox.cache_volumes(&self.workspace)?;
 
         // The socket exists before the container that mounts it; it serves once the log is
         // open (every decision is an event).
         let proxy = ProxyListener::bind(proxy.config).map_err(Failure::usage)?;
-        let mut sandbox_config =
-            SandboxConfig::new(image, self.workspace.clone(), self.execution_id);
+        let mut sandbox_config = SandboxConfig::new(
+            environment.image.clone(),
+            self.workspace.clone(),
+            self.execution_id,
+        );
         sandbox_config.proxy = Some(proxy.mount());
-        sandbox_config.env = sandbox_env(&redactor);
+        // The devcontainer's `containerEnv` first, the host's variables after: both pass
+        // the credential filter (with the run's secrets) before they reach the container.
+        let (devcontainer_env, dropped) =
+            nerve_core::filter_sandbox_env(environment.env.iter().cloned(), &redactor);
+        if !dropped.is_empty() {
+            tracing::warn!(
+                ?dropped,
+                "containerEnv variables kept out of the sandbox by the credential filter"
+            );
+        }
+        sandbox_config.env = devcontainer_env
+            .into_iter()
+            .chain(sandbox_env(&redactor))
+            .collect();
+        sandbox_config.account_name = environment.user_name.clone();
+        sandbox_config.caches = caches;
         self.config.sandbox.apply_limits(&mut sandbox_config)?;
         let sandbox = Arc::new(
             Sandbox::start(docker, &sandbox_config)
@@ -313,7 +315,11 @@ impl Launch<'_> {
                 .map_err(Failure::usage)?,
         );
         let execution_id = self.execution_id;
-        let outcome = self.in_sandbox(redactor, &sandbox, proxy).await;
+        let mut launch = self;
+        if let Some(map) = launch.engine_config.recorded_config.as_object_mut() {
+            map.insert("sandbox_image".into(), environment.record);
+        }
+        let outcome = launch.in_sandbox(redactor, &sandbox, proxy).await;
         if let Err(error) = sandbox.remove().await {
             tracing::warn!(%error, "could not remove the sandbox; the reaper will at the next start");
         }
