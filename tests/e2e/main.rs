@@ -13,6 +13,7 @@ mod contracts;
 mod crash;
 mod demo;
 mod faults;
+mod fleet;
 mod inspect;
 mod interrupt;
 mod json;

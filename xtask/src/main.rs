@@ -12,13 +12,14 @@
 //! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
 //!   `~/.cache/nerve/` when missing, and print where it is
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
-//!   stream, sandbox, proxy, e2e)
+//!   stream, sandbox, proxy, e2e, fleet)
 //! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
 //!   of: session, brain, executor)
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
 mod bench_e2e;
+mod bench_fleet;
 mod fuzz;
 mod phoenix;
 mod real;
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|e2e|fleet] | fuzz [--minutes N] [session|brain|executor]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -351,6 +352,11 @@ fn bench(area: Option<&str>) -> Result<()> {
     // End to end: the release `nerve` in the real sandbox against LangGraph (bench_e2e.rs).
     if area == Some("e2e") {
         return bench_e2e::bench();
+    }
+    // Fleets: the PostgreSQL log and `nerve worker` against LangGraph's PostgreSQL
+    // checkpointer (bench_fleet.rs).
+    if area == Some("fleet") {
+        return bench_fleet::bench();
     }
     // (package, bench target); `None` runs every bench of the package.
     let selected: Vec<(&str, Option<&str>)> = match area {

@@ -92,6 +92,10 @@ pub(crate) enum Command {
         /// Print every payload whole instead of clipped to a line.
         #[arg(long)]
         full: bool,
+        /// Keep printing events as they are appended until the execution finishes (with
+        /// `--json`: one object per line).
+        #[arg(long)]
+        follow: bool,
     },
     /// Check the log's hash chain; exits 1 when it was tampered with.
     Verify {
@@ -135,6 +139,35 @@ pub(crate) enum Command {
         /// A file written by `nerve export` (`-` for stdin).
         file: PathBuf,
     },
+    /// Queue an execution for `nerve worker` (PostgreSQL log); prints its id.
+    // The run options are `run`'s; `--workspace` is optional here because `--git` may name
+    // the workspace instead (clap keeps a default out of its conflict checks).
+    #[command(mut_arg("workspace", |arg| arg
+        .required(false)
+        .default_value("")
+        .hide_default_value(true)
+        .help("The directory the agent works on: a path every worker reaches (a shared filesystem)")))]
+    Submit(SubmitArgs),
+    /// Claim queued executions and run them in sandboxes on this machine's Docker, until
+    /// SIGTERM (or Ctrl-C) drains it.
+    Worker {
+        /// How many executions this worker runs at once.
+        #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+        concurrency: u32,
+        /// How long a claim holds without being renewed (renewed every third of it). A
+        /// worker that dies is replaced this long after its last renewal.
+        #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        lease: u64,
+        /// Where `--git` workspaces are cloned (default: $XDG_STATE_HOME/nerve/workspaces).
+        #[arg(long, value_name = "DIR")]
+        workspaces: Option<PathBuf>,
+    },
+    /// Stop a queued execution, or ask the worker running one to stop it at its next turn
+    /// boundary.
+    Cancel {
+        /// The execution id, or a unique prefix of it.
+        id: String,
+    },
     /// Decide the pending approvals of a parked execution.
     Approve {
         /// The execution id, or a unique prefix of it.
@@ -148,10 +181,22 @@ pub(crate) enum Command {
     },
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    /// A git repository each worker clones into a fresh directory (instead of --workspace).
+    #[arg(long, value_name = "URL", conflicts_with = "workspace")]
+    pub(crate) git: Option<String>,
+    /// The branch, tag or commit of --git to check out (default: the remote's HEAD).
+    #[arg(long = "ref", value_name = "REF", requires = "git")]
+    pub(crate) git_ref: Option<String>,
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
 /// What `list --status` selects: a state, or one termination reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum StatusArg {
-    /// Submitted and not yet claimed by a worker (the task queue; none before it exists).
+    /// Submitted and waiting for a worker (the task queue of a PostgreSQL log).
     Queued,
     /// Not finished: running now, or stopped without a finish event (crashed).
     Running,

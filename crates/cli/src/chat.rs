@@ -46,7 +46,7 @@ pub(crate) async fn chat(
     let config = Config::load(config_path)?;
     let mode = Mode::detect(false, false);
     if let Some(id) = &args.id {
-        let (resumable, _) = crate::resume::continuable(db, id)?;
+        let (resumable, _) = crate::resume::continuable(db, id).await?;
         let workspace = crate::run::validate_workspace(Path::new(&resumable.started.workspace))?;
         if let Some(given) = &args.workspace
             && crate::run::validate_workspace(given)? != workspace
@@ -80,6 +80,8 @@ pub(crate) async fn chat(
             jsonl: false,
             execution_id: resumable.execution,
             start: Start::Chat(Some(Box::new(resumable))),
+            log: None,
+            cancel: None,
         };
         return launch.go().await;
     }
@@ -119,6 +121,8 @@ pub(crate) async fn chat(
         jsonl: false,
         execution_id: ExecutionId::new(),
         start: Start::Chat(None),
+        log: None,
+        cancel: None,
     };
     launch.go().await
 }
@@ -337,7 +341,7 @@ async fn follow_up(
     per_message_turns: u32,
     cancel: CancellationToken,
 ) -> Result<ExecutionResult, Failure> {
-    let (continuable, replay) = crate::resume::continuable(db, &execution_id.to_string())?;
+    let (continuable, replay) = crate::resume::continuable(db, &execution_id.to_string()).await?;
     let mut engine = engine.clone();
     engine.config.max_turns = continuable.state.turns.saturating_add(per_message_turns);
     follow.recover = replay.termination_reason.is_none();

@@ -12,7 +12,7 @@ use nerve_core::{
     Event, EventSink, ExecutionId, MAX_RESUMES, MessageRole, Redactor, TaskStatus,
     TerminationReason, TokenUsage, may_resume,
 };
-use nerve_session::{Replay, SessionError, SqliteSink, Store, StoredEvent};
+use nerve_session::{EventStore, PgStore, Replay, SessionError, SqliteSink, Store, StoredEvent};
 
 use crate::Failure;
 use crate::output;
@@ -30,23 +30,39 @@ pub(crate) struct Resumable {
 /// Reads `id`'s events once their hash chain verifies, and replays them. Every command
 /// that continues an execution or appends to its log (`resume`, `approve`; `chat ID` and
 /// `run --continue` when they come) goes through here.
-pub(crate) fn load(
+pub(crate) async fn load(
     db: &Path,
     id: &str,
 ) -> Result<(ExecutionId, Vec<StoredEvent>, Replay), Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
-    if !db.exists() {
-        return Err(Failure::usage(format!(
-            "no event log at {} (pass --db)",
-            db.display()
-        )));
-    }
-    let store = Store::open_read_only(db).map_err(Failure::usage)?;
-    // Nothing is built on, or appended to, a log whose chain does not verify: the model
-    // would see whatever an editor of the database put there.
-    let events = store
-        .verified_events(&execution)
-        .map_err(|error| {
+    let verified = if crate::log::is_postgres(db) {
+        let crate::log::Reader::Postgres(store) = crate::log::reader(db).await? else {
+            return Err(Failure::usage("not a PostgreSQL log"));
+        };
+        EventStore::verified_events(&store, execution).await
+    } else {
+        if !db.exists() {
+            return Err(Failure::usage(format!(
+                "no event log at {} (pass --db)",
+                db.display()
+            )));
+        }
+        let store = Store::open_read_only(db).map_err(Failure::usage)?;
+        store.verified_events(&execution)
+    };
+    let events = checked(execution, verified)?;
+    let replay = nerve_session::replay(&execution.to_string(), &events);
+    Ok((execution, events, replay))
+}
+
+/// The events of a verified read, or why the execution cannot be continued. Nothing is
+/// built on, or appended to, a log whose chain does not verify: the model would see
+/// whatever an editor of the database put there.
+pub(crate) fn checked(
+    execution: ExecutionId,
+    verified: Result<Vec<StoredEvent>, SessionError>,
+) -> Result<Vec<StoredEvent>, Failure> {
+    verified.map_err(|error| {
             if let SessionError::BrokenChain(broken) = &error {
                 Failure::usage(format!(
                     "execution {execution} cannot be continued: its log is tampered or damaged ({broken}); see `nerve verify {execution}`"
@@ -54,17 +70,15 @@ pub(crate) fn load(
             } else {
                 Failure::usage(error)
             }
-        })?;
-    let replay = nerve_session::replay(&execution.to_string(), &events);
-    Ok((execution, events, replay))
+        })
 }
 
 /// Reads `id` from the log and checks that a person may continue it with a message
 /// (`nerve chat ID`, `run --continue ID`): any ending will do, and a crash is recovered
 /// first (which counts as a resume). Refused: a broken chain, pending approvals, a task
 /// closed for good.
-pub(crate) fn continuable(db: &Path, id: &str) -> Result<(Resumable, Replay), Failure> {
-    let (execution, events, replay) = load(db, id)?;
+pub(crate) async fn continuable(db: &Path, id: &str) -> Result<(Resumable, Replay), Failure> {
+    let (execution, events, replay) = load(db, id).await?;
     let Some(started) = replay.started.clone() else {
         return Err(Failure::usage(format!(
             "execution {execution} has no start event; nothing to continue"
@@ -106,8 +120,37 @@ pub(crate) fn continuable(db: &Path, id: &str) -> Result<(Resumable, Replay), Fa
 }
 
 /// Reads `id` from the log and checks that it can be resumed.
-pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
-    let (execution, events, replay) = load(db, id)?;
+pub(crate) async fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
+    let (execution, events, replay) = load(db, id).await?;
+    resumable_from(execution, &events, &replay)
+}
+
+/// On a PostgreSQL log, refuses an execution the task queue holds for a worker: the worker
+/// (or the next one) continues it, and two writers would fork its conversation.
+pub(crate) async fn not_in_a_worker(db: &Path, execution: ExecutionId) -> Result<(), Failure> {
+    let crate::log::Reader::Postgres(store) = crate::log::reader(db).await? else {
+        return Ok(());
+    };
+    let entry = store.queue_entry(execution).await.map_err(Failure::usage)?;
+    match entry {
+        Some(entry) if entry.state == "queued" || entry.state == "claimed" => {
+            Err(Failure::usage(format!(
+                "execution {execution} is {} in the task queue{}; a worker continues it (or `nerve cancel {execution}` first)",
+                entry.state,
+                entry.worker.map(|w| format!(" by {w}")).unwrap_or_default()
+            )))
+        }
+        Some(_) | None => Ok(()),
+    }
+}
+
+/// Checks that the execution whose verified log is `events` can be resumed, and rebuilds
+/// what the engine needs to continue it.
+pub(crate) fn resumable_from(
+    execution: ExecutionId,
+    events: &[StoredEvent],
+    replay: &Replay,
+) -> Result<Resumable, Failure> {
     let Some(started) = replay.started.clone() else {
         return Err(Failure::usage(format!(
             "execution {execution} has no start event; nothing to resume"
@@ -257,7 +300,7 @@ pub(crate) async fn approve(
     deny: bool,
     reason: Option<String>,
 ) -> Result<u8, Failure> {
-    let (execution, _, replay) = load(db, id)?;
+    let (execution, _, replay) = load(db, id).await?;
     if replay.pending_approvals.is_empty() {
         let ended = replay
             .termination_reason
@@ -271,7 +314,18 @@ pub(crate) async fn approve(
             "execution {execution} is not parked; approvals are decided on parked executions"
         )));
     }
-    let sink = SqliteSink::open(db, Arc::new(Redactor::new())).map_err(Failure::usage)?;
+    let (sink, queue): (Arc<dyn EventSink>, Option<Arc<PgStore>>) =
+        if let Some(url) = db.to_str().filter(|_| crate::log::is_postgres(db)) {
+            let store = Arc::new(
+                PgStore::connect(url, Arc::new(Redactor::new()))
+                    .await
+                    .map_err(Failure::usage)?,
+            );
+            (Arc::clone(&store) as Arc<dyn EventSink>, Some(store))
+        } else {
+            let sink = SqliteSink::open(db, Arc::new(Redactor::new())).map_err(Failure::usage)?;
+            (Arc::new(sink), None)
+        };
     let decision = if deny {
         ApprovalDecision::Denied
     } else {
@@ -298,6 +352,13 @@ pub(crate) async fn approve(
             pending.call.id,
             pending.rule
         ));
+    }
+    // In a fleet, the decided execution goes back to the queue, where a worker resumes it.
+    if let Some(queue) = queue
+        && queue.requeue(execution).await.map_err(Failure::runtime)?
+    {
+        output::line(&format!("queued again: a worker resumes {execution}"));
+        return Ok(0);
     }
     output::line(&format!("continue it with: nerve resume {execution}"));
     Ok(0)

@@ -36,11 +36,23 @@ pub(crate) async fn run(
         return follow_up(args, db, config_path, &id).await;
     }
     let config = Config::load(config_path)?;
+    let launch = fresh(&args, db, &config, ExecutionId::new()).await?;
+    launch.go().await
+}
+
+/// A fresh execution of `args` as `execution_id`, validated and ready to launch (`run`, and
+/// a worker taking up a submitted execution).
+pub(crate) async fn fresh<'a>(
+    args: &RunArgs,
+    db: &'a Path,
+    config: &'a Config,
+    execution_id: ExecutionId,
+) -> Result<Launch<'a>, Failure> {
     let Some(workspace) = &args.workspace else {
         return Err(Failure::usage("give the workspace with --workspace DIR"));
     };
     let workspace = validate_workspace(workspace)?;
-    let description = read_task(&args)?;
+    let description = read_task(args)?;
     let provider = crate::provider::build(
         args.provider.as_deref().unwrap_or("openai"),
         args.model.as_deref(),
@@ -87,19 +99,20 @@ pub(crate) async fn run(
         status: TaskStatus::Created,
         workspace: workspace.display().to_string(),
     };
-    let launch = Launch {
+    Ok(Launch {
         db,
-        config: &config,
+        config,
         workspace,
         provider,
         engine_config,
         image: args.image.clone(),
         mode: Mode::detect(args.json || args.jsonl, args.quiet),
         jsonl: args.jsonl,
-        execution_id: ExecutionId::new(),
+        execution_id,
         start: Start::Once(Once::Fresh(task)),
-    };
-    launch.go().await
+        log: None,
+        cancel: None,
+    })
 }
 
 fn loop_type(arg: LoopArg) -> LoopType {
@@ -121,7 +134,7 @@ async fn follow_up(
 ) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
     let message = read_task(&args)?;
-    let (continuable, replay) = crate::resume::continuable(db, id)?;
+    let (continuable, replay) = crate::resume::continuable(db, id).await?;
     let workspace = validate_workspace(Path::new(&continuable.started.workspace))?;
     if let Some(given) = &args.workspace
         && validate_workspace(given)? != workspace
@@ -155,6 +168,8 @@ async fn follow_up(
         jsonl: args.jsonl,
         execution_id: continuable.execution,
         start: Start::Once(Once::FollowUp(Box::new(continuable.state), follow)),
+        log: None,
+        cancel: None,
     };
     launch.go().await
 }
@@ -226,24 +241,45 @@ pub(crate) async fn resume(
     output: Output,
 ) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
-    let resumable = crate::resume::resumable(db, id)?;
-    let workspace = validate_workspace(Path::new(&resumable.started.workspace))?;
-    let provider = provider_for(&config, &resumable, provider_spec).await?;
-    let engine_config = recorded_engine_config(&config, &resumable.started)?;
+    let resumable = crate::resume::resumable(db, id).await?;
+    crate::resume::not_in_a_worker(db, resumable.execution).await?;
+    let mut launch = resumed(db, &config, resumable, provider_spec, None).await?;
+    launch.mode = Mode::detect(output != Output::Text, false);
+    launch.jsonl = output == Output::Jsonl;
+    launch.go().await
+}
+
+/// A resume of `resumable`, ready to launch: on the workspace its log names, or on
+/// `workspace` (a worker's fresh clone of a `--git` workspace).
+pub(crate) async fn resumed<'a>(
+    db: &'a Path,
+    config: &'a Config,
+    resumable: crate::resume::Resumable,
+    provider_spec: Option<&str>,
+    workspace: Option<PathBuf>,
+) -> Result<Launch<'a>, Failure> {
+    let workspace = validate_workspace(
+        workspace
+            .as_deref()
+            .unwrap_or_else(|| Path::new(&resumable.started.workspace)),
+    )?;
+    let provider = provider_for(config, &resumable, provider_spec).await?;
+    let engine_config = recorded_engine_config(config, &resumable.started)?;
     let image = recorded_image(&resumable.started);
-    let launch = Launch {
+    Ok(Launch {
         db,
-        config: &config,
+        config,
         workspace,
         provider,
         engine_config,
         image,
-        mode: Mode::detect(output != Output::Text, false),
-        jsonl: output == Output::Jsonl,
+        mode: Mode::detect(false, false),
+        jsonl: false,
         execution_id: resumable.execution,
         start: Start::Once(Once::Resume(Box::new(resumable.state))),
-    };
-    launch.go().await
+        log: None,
+        cancel: None,
+    })
 }
 
 /// What `resume` prints on stdout (`run` says the same with `--quiet` besides).
@@ -311,10 +347,41 @@ pub(crate) struct Launch<'a> {
     pub(crate) jsonl: bool,
     pub(crate) execution_id: ExecutionId,
     pub(crate) start: Start,
+    /// A log opened already (a worker shares one among its executions); `db` otherwise.
+    pub(crate) log: Option<Arc<dyn crate::log::Log>>,
+    /// Cancelled by the caller (a draining worker) instead of by Ctrl-C.
+    pub(crate) cancel: Option<CancellationToken>,
 }
 
 impl Launch<'_> {
+    /// Launches, reports on stdout as the mode says, and returns the exit code.
     pub(crate) async fn go(self) -> Result<u8, Failure> {
+        let db = self.db;
+        let jsonl = self.jsonl;
+        let (result, display) = match self.launch().await? {
+            (Ended::Result(result), display) => (result, display),
+            (Ended::Chat(code), _) => return Ok(code),
+        };
+        report(&result, &display, db, jsonl);
+        Ok(
+            if result.termination_reason == nerve_core::TerminationReason::Completed {
+                0
+            } else {
+                1
+            },
+        )
+    }
+
+    /// Runs the engine once in a fresh sandbox and removes the sandbox afterwards (a
+    /// worker: it reports on its own).
+    pub(crate) async fn execute(self) -> Result<ExecutionResult, Failure> {
+        match self.launch().await? {
+            (Ended::Result(result), _) => Ok(*result),
+            (Ended::Chat(_), _) => Err(Failure::usage("a chat cannot run unattended")),
+        }
+    }
+
+    async fn launch(self) -> Result<(Ended, Arc<Display>), Failure> {
         // The proxy's rules and secrets are read before anything starts; its secrets are
         // registered with the redactor, so the log scrubs them too.
         let proxy = self.config.proxy.build(&|name| std::env::var(name).ok())?;
@@ -368,8 +435,6 @@ impl Launch<'_> {
                 .map_err(Failure::usage)?,
         );
         let execution_id = self.execution_id;
-        let db = self.db;
-        let jsonl = self.jsonl;
         let mut launch = self;
         if let Some(map) = launch.engine_config.recorded_config.as_object_mut() {
             map.insert("sandbox_image".into(), environment.record);
@@ -378,25 +443,16 @@ impl Launch<'_> {
         if let Err(error) = sandbox.remove().await {
             tracing::warn!(%error, "could not remove the sandbox; the reaper will at the next start");
         }
-        let (result, display) = match outcome? {
-            (Ended::Result(result), display) => (result, display),
-            (Ended::Chat(code), _) => return Ok(code),
-        };
+        let outcome = outcome?;
         // A completed execution is never resumed: its home goes with it. Any other ending
         // keeps the home for a resume.
-        if result.termination_reason == nerve_core::TerminationReason::Completed
+        if let (Ended::Result(result), _) = &outcome
+            && result.termination_reason == nerve_core::TerminationReason::Completed
             && let Err(error) = nerve_hands::discard_sandbox_home(execution_id)
         {
             tracing::warn!(%error, "could not remove the sandbox's home directory");
         }
-        report(&result, &display, db, jsonl);
-        Ok(
-            if result.termination_reason == nerve_core::TerminationReason::Completed {
-                0
-            } else {
-                1
-            },
-        )
+        Ok(outcome)
     }
 
     async fn in_sandbox(
@@ -405,7 +461,10 @@ impl Launch<'_> {
         sandbox: &Arc<Sandbox>,
         proxy: ProxyListener,
     ) -> Result<(Ended, Arc<Display>), Failure> {
-        let log = crate::log::writer(self.db, Arc::clone(&redactor)).await?;
+        let log = match &self.log {
+            Some(log) => Arc::clone(log),
+            None => crate::log::writer(self.db, Arc::clone(&redactor)).await?,
+        };
         // The model table gives prices and the context window; --context-window wins.
         let model = self
             .config
@@ -502,15 +561,23 @@ impl Launch<'_> {
                 }
             },
         )]);
-        let cancel = CancellationToken::new();
-        let watcher = tokio::spawn(watch_interrupts(cancel.clone(), Arc::clone(&display)));
+        let (cancel, watcher) = match self.cancel {
+            Some(cancel) => (cancel, None),
+            None => {
+                let cancel = CancellationToken::new();
+                let watcher = tokio::spawn(watch_interrupts(cancel.clone(), Arc::clone(&display)));
+                (cancel, Some(watcher))
+            }
+        };
         let result = match start {
             Once::Fresh(task) => engine.run(id, task, cancel).await,
             Once::Resume(state) => engine.resume(id, *state, cancel).await,
             Once::FollowUp(state, follow) => engine.follow_up(id, *state, follow, cancel).await,
         }
         .map_err(Failure::usage);
-        watcher.abort();
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
         Ok((Ended::Result(Box::new(result?)), display))
     }
 }
@@ -547,7 +614,7 @@ pub(crate) fn validate_workspace(path: &Path) -> Result<PathBuf, Failure> {
     Ok(resolved)
 }
 
-fn read_task(args: &RunArgs) -> Result<String, Failure> {
+pub(crate) fn read_task(args: &RunArgs) -> Result<String, Failure> {
     let text = match (&args.task, &args.task_file) {
         (Some(text), _) => text.clone(),
         (None, Some(file)) => std::fs::read_to_string(file).map_err(|e| {
@@ -563,6 +630,12 @@ fn read_task(args: &RunArgs) -> Result<String, Failure> {
         return Err(Failure::usage("the task is empty"));
     }
     Ok(text)
+}
+
+/// The redactor every run with `config` uses (a worker opens its shared log with it).
+pub(crate) fn config_redactor(config: &Config) -> Result<Arc<Redactor>, Failure> {
+    let proxy = config.proxy.build(&|name| std::env::var(name).ok())?;
+    Ok(Arc::new(build_redactor(&proxy.secrets)?))
 }
 
 /// The redactor of the run: the provider keys found in the environment and the proxy's
