@@ -92,7 +92,19 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let continues = match &cli.command {
         Command::Chat(_) => true,
         Command::Run(args) => args.continue_id.is_some(),
-        _ => false,
+        Command::Replay { .. }
+        | Command::List { .. }
+        | Command::Show { .. }
+        | Command::Events { .. }
+        | Command::Verify { .. }
+        | Command::Resume { .. }
+        | Command::Reap { .. }
+        | Command::Export { .. }
+        | Command::Import { .. }
+        | Command::Submit(_)
+        | Command::Worker { .. }
+        | Command::Cancel { .. }
+        | Command::Approve { .. } => false,
     };
     if log::is_postgres(&db) && continues {
         return Err(Failure::usage(

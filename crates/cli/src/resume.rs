@@ -197,8 +197,8 @@ pub(crate) fn resumable_from(
     Ok(rebuild(
         execution,
         started,
-        &events,
-        &replay,
+        events,
+        replay,
         task_status,
         attempt,
     ))
