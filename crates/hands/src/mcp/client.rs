@@ -102,9 +102,12 @@ impl Client {
         arguments: serde_json::Map<String, Value>,
     ) -> Result<Value, CallError> {
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
-        let result = self.service.call_tool(params).await.map_err(|e| match e {
-            rmcp::ServiceError::McpError(error) => CallError::Refused(error.message.to_string()),
-            other => CallError::Broken(other.to_string()),
+        let result = self.service.call_tool(params).await.map_err(|e| {
+            if let rmcp::ServiceError::McpError(error) = &e {
+                CallError::Refused(error.message.to_string())
+            } else {
+                CallError::Broken(e.to_string())
+            }
         })?;
         serde_json::to_value(&result).map_err(|e| CallError::Broken(e.to_string()))
     }

@@ -34,8 +34,9 @@ use client::{CallError, Client, OnToolsChanged};
 
 /// How long a call may take when the server's config names no `timeout_secs`.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
-/// How long a server may take to start and list its tools.
-const START_LIMIT: Duration = Duration::from_secs(60);
+/// How long a server may take at least to start and list its tools (its call timeout when
+/// longer).
+const START_LIMIT: Duration = Duration::from_secs(30);
 /// Restarts after a fault before the server's tools are withdrawn.
 const MAX_RESTARTS: u32 = 1;
 /// How much of a server's stderr is kept, and how much of it a fault's result shows.
@@ -47,6 +48,9 @@ const MAX_TOOL_NAME: usize = 64;
 const MAX_RESULT_BYTES: usize = 256 * 1024;
 /// The largest input schema passed to the model.
 const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+
+type Reader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type Writer = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 
 /// One `[[mcp.servers]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -426,64 +430,61 @@ impl Server {
 
     /// Starts the process, runs the handshake and lists the tools.
     async fn start(&self) -> Result<Live, String> {
-        let (read, write, stderr, process): (
-            Box<dyn tokio::io::AsyncRead + Send + Unpin>,
-            Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
-            Box<dyn tokio::io::AsyncRead + Send + Unpin>,
-            Process,
-        ) = match self.config.trust {
-            Trust::Sandbox => {
-                let Some(sandbox) = &self.sandbox else {
-                    return Err("there is no sandbox to run it in".to_owned());
-                };
-                let mut argv = vec![self.config.command.clone().unwrap_or_default()];
-                argv.extend(self.config.args.iter().cloned());
-                let spawned = sandbox
-                    .spawn_process(argv, self.env.clone())
-                    .await
-                    .map_err(|e| e.to_string())??;
-                let (read, write) = spawned.stdio.into_split();
-                (
-                    Box::new(read),
-                    Box::new(write),
-                    Box::new(spawned.stderr),
-                    Process::Sandbox(spawned.pid),
-                )
-            }
-            Trust::Host => {
-                let program = self.config.command.clone().unwrap_or_default();
-                let mut command = tokio::process::Command::new(&program);
-                command
-                    .args(&self.config.args)
-                    .env_clear()
-                    .envs(host_base_env())
-                    .envs(&self.env)
-                    .stdin(std::process::Stdio::piped())
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .kill_on_drop(true);
-                if let Some(dir) = &self.workspace {
-                    command.current_dir(dir);
+        let (read, write, stderr, process): (Reader, Writer, Reader, Process) =
+            match self.config.trust {
+                Trust::Sandbox => {
+                    let Some(sandbox) = &self.sandbox else {
+                        return Err("there is no sandbox to run it in".to_owned());
+                    };
+                    let mut argv = vec![self.config.command.clone().unwrap_or_default()];
+                    argv.extend(self.config.args.iter().cloned());
+                    let spawned = sandbox
+                        .spawn_process(argv, self.env.clone())
+                        .await
+                        .map_err(|e| e.to_string())??;
+                    let (read, write) = spawned.stdio.into_split();
+                    (
+                        Box::new(read),
+                        Box::new(write),
+                        Box::new(spawned.stderr),
+                        Process::Sandbox(spawned.pid),
+                    )
                 }
-                let mut child = command
-                    .spawn()
-                    .map_err(|e| format!("cannot start `{program}`: {e}"))?;
-                let (Some(stdin), Some(stdout), Some(stderr)) =
-                    (child.stdin.take(), child.stdout.take(), child.stderr.take())
-                else {
-                    return Err("the server's stdio is missing".to_owned());
-                };
-                (
-                    Box::new(stdout),
-                    Box::new(stdin),
-                    Box::new(stderr),
-                    Process::Host(child),
-                )
-            }
-        };
+                Trust::Host => {
+                    let program = self.config.command.clone().unwrap_or_default();
+                    let mut command = tokio::process::Command::new(&program);
+                    command
+                        .args(&self.config.args)
+                        .env_clear()
+                        .envs(host_base_env())
+                        .envs(&self.env)
+                        .stdin(std::process::Stdio::piped())
+                        .stdout(std::process::Stdio::piped())
+                        .stderr(std::process::Stdio::piped())
+                        .kill_on_drop(true);
+                    if let Some(dir) = &self.workspace {
+                        command.current_dir(dir);
+                    }
+                    let mut child = command
+                        .spawn()
+                        .map_err(|e| format!("cannot start `{program}`: {e}"))?;
+                    let (Some(stdin), Some(stdout), Some(stderr)) =
+                        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+                    else {
+                        return Err("the server's stdio is missing".to_owned());
+                    };
+                    (
+                        Box::new(stdout),
+                        Box::new(stdin),
+                        Box::new(stderr),
+                        Process::Host(child),
+                    )
+                }
+            };
         let drain = self.stderr.drain(stderr, self.config.name.clone());
         let on_change = self.on_tools_changed();
-        let started = tokio::time::timeout(START_LIMIT, async {
+        let start_limit = START_LIMIT.max(self.config.timeout());
+        let started = tokio::time::timeout(start_limit, async {
             let client = Client::connect(read, write, on_change).await?;
             let listed = client.list_tools().await?;
             Ok::<_, String>((client, listed))
@@ -494,7 +495,7 @@ impl Server {
             Ok(Err(reason)) => Err(reason),
             Err(_) => Err(format!(
                 "it did not finish its handshake within {}s",
-                START_LIMIT.as_secs()
+                start_limit.as_secs()
             )),
         };
         match live_parts {
@@ -554,7 +555,7 @@ impl Server {
         let arguments = match arguments {
             Value::Object(map) => map.clone(),
             Value::Null => serde_json::Map::new(),
-            other => {
+            other @ (Value::Bool(_) | Value::Number(_) | Value::String(_) | Value::Array(_)) => {
                 return ToolOutput::error(format!(
                     "{exposed}: arguments must be a JSON object, not {other}"
                 ));
@@ -651,11 +652,7 @@ fn host_base_env() -> Vec<(String, String)> {
 struct StderrTail(Arc<Mutex<Vec<u8>>>);
 
 impl StderrTail {
-    fn drain(
-        &self,
-        mut stream: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
-        server: String,
-    ) -> JoinHandle<()> {
+    fn drain(&self, mut stream: Reader, server: String) -> JoinHandle<()> {
         let tail = self.clone();
         tokio::spawn(async move {
             let mut buffer = vec![0u8; 4096];
