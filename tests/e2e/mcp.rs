@@ -179,6 +179,27 @@ fn server(name: &str, command: &str, args: &[&str]) -> McpServerSpec {
     }
 }
 
+/// `dir/workspace`, a git repository whose one commit ("first commit") adds a README with
+/// `readme`, open to the sandbox's user.
+fn git_workspace(dir: &std::path::Path, readme: &str) -> PathBuf {
+    let workspace = dir.join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("README.md"), readme).unwrap();
+    let git = |args: &[&str]| {
+        run(Command::new("git")
+            .arg("-C")
+            .arg(&workspace)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.org"])
+            .args(args))
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "README.md"]);
+    git(&["commit", "-q", "-m", "first commit"]);
+    // The sandbox's user must be able to read the repository and write its index.
+    run(Command::new("chmod").arg("-R").arg("a+rwX").arg(&workspace));
+    workspace
+}
+
 /// The fault server with a 5 s call timeout.
 fn faults_server() -> McpServerSpec {
     let mut faults = server("faults", "python3", &["/workspace/faults.py"]);
@@ -198,32 +219,8 @@ impl Fixture {
             .prefix("mcp-e2e-")
             .tempdir()
             .unwrap();
-        let workspace = dir.path().join("workspace");
-        std::fs::create_dir_all(&workspace).unwrap();
-        std::fs::write(workspace.join("README.md"), "hello\n").unwrap();
+        let workspace = git_workspace(dir.path(), "hello\n");
         std::fs::write(workspace.join("faults.py"), FAULT_SERVER).unwrap();
-        let git = |args: &[&str]| run(Command::new("git").arg("-C").arg(&workspace).args(args));
-        git(&["init", "-q", "-b", "main"]);
-        git(&[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@example.org",
-            "add",
-            "README.md",
-        ]);
-        git(&[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@example.org",
-            "commit",
-            "-q",
-            "-m",
-            "first commit",
-        ]);
-        // The sandbox's user must be able to read the repository and write its index.
-        run(Command::new("chmod").arg("-R").arg("a+rwX").arg(&workspace));
         let docker = nerve_hands::connect_docker().await.unwrap();
         let config = SandboxConfig::new(python_image(), &workspace, nerve_core::ExecutionId::new());
         let sandbox = Arc::new(Sandbox::start(docker, &config).await.unwrap());
@@ -460,4 +457,195 @@ fn garbage_on_stdout_is_a_fault_and_a_server_that_never_speaks_is_withdrawn() {
         assert_eq!(echo, ToolOutput::ok("still here"));
         fx.finish(tools).await;
     });
+}
+
+/// A value registered as a secret (through a proxy credential) that a workspace file holds.
+const MCP_SECRET: &str = "mcp-e2e-Secret-4f9a2c77d1";
+
+#[test]
+fn a_scripted_run_calls_each_server_parks_on_ask_resumes_and_redacts() {
+    if !sandbox_available() {
+        return;
+    }
+    let image = python_image();
+    let host_time = host_time_server();
+    let dir = tempfile::Builder::new()
+        .prefix("mcp-cli-")
+        .tempdir()
+        .unwrap();
+    let workspace = git_workspace(dir.path(), &format!("token {MCP_SECRET}\n"));
+    let config = dir.path().join("nerve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[policy]
+rules = [{{ tool = "git__git_log", action = "ask" }}]
+
+[[proxy.rules]]
+host = "api.example.org"
+[proxy.rules.credential]
+env = "MCP_E2E_TOKEN"
+
+[[mcp.servers]]
+name = "time"
+command = "mcp-server-time"
+args = ["--local-timezone", "UTC"]
+
+[[mcp.servers]]
+name = "git"
+command = "mcp-server-git"
+args = ["--repository", "/workspace"]
+tools = {{ deny = ["git_commit", "git_reset", "git_add"] }}
+
+[[mcp.servers]]
+name = "hosttime"
+command = "{}"
+args = ["--local-timezone", "UTC"]
+trust = "host"
+timeout_secs = 30
+"#,
+            host_time.display()
+        ),
+    )
+    .unwrap();
+    let cassette = dir.path().join("cassette.jsonl");
+    let lines = [
+        json!({"tool_calls": [{"name": "time__get_current_time", "arguments": {"timezone": "UTC"}}]}),
+        json!({"tool_calls": [{"name": "hosttime__get_current_time", "arguments": {"timezone": "Europe/Paris"}}]}),
+        json!({"tool_calls": [{"name": "git__git_show", "arguments": {"repo_path": "/workspace", "revision": "HEAD"}}]}),
+        json!({"tool_calls": [{"name": "git__git_log", "arguments": {"repo_path": "/workspace"}}]}),
+        json!({"text": "done"}),
+    ];
+    std::fs::write(
+        &cassette,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let db = dir.path().join("nerve.db");
+    let provider = format!("script:{}", cassette.display());
+    let config = config.to_str().unwrap();
+    let env = [("MCP_E2E_TOKEN", MCP_SECRET)];
+
+    let listed = crate::support::nerve_env(
+        &db,
+        &[
+            "--config",
+            config,
+            "mcp",
+            "list",
+            "--workspace",
+            workspace.to_str().unwrap(),
+            "--image",
+            image,
+            "--json",
+        ],
+        &env,
+    );
+    assert!(
+        listed.status.success(),
+        "{}",
+        crate::support::stderr(&listed)
+    );
+    let servers = crate::support::last_json(&listed);
+    let runs: Vec<_> = servers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), s["runs"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("time", "sandbox"),
+            ("git", "sandbox"),
+            ("hosttime", "host")
+        ]
+    );
+    assert!(
+        servers[1]["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("git__git_show")),
+        "{servers}"
+    );
+
+    let started = crate::support::nerve_env(
+        &db,
+        &[
+            "--config",
+            config,
+            "run",
+            "--workspace",
+            workspace.to_str().unwrap(),
+            "--task",
+            "look at the repository",
+            "--provider",
+            &provider,
+            "--image",
+            image,
+            "--json",
+        ],
+        &env,
+    );
+    let parked = crate::support::last_json(&started);
+    assert_eq!(
+        parked["termination_reason"],
+        "parked",
+        "{parked} {}",
+        crate::support::stderr(&started)
+    );
+    let id = parked["execution_id"].as_str().unwrap().to_owned();
+    let approve = crate::support::nerve(&db, &["approve", &id]);
+    assert!(
+        approve.status.success(),
+        "{}",
+        crate::support::stderr(&approve)
+    );
+    let resumed =
+        crate::support::nerve_env(&db, &["--config", config, "resume", &id, "--json"], &env);
+    let done = crate::support::last_json(&resumed);
+    assert_eq!(
+        done["termination_reason"],
+        "completed",
+        "{done} {}",
+        crate::support::stderr(&resumed)
+    );
+
+    let replay = crate::support::last_json(&crate::support::nerve(&db, &["replay", &id, "--json"]));
+    assert_eq!(replay["complete"], true, "{replay}");
+    assert_eq!(replay["gaps"], json!([]), "{replay}");
+    let events = crate::support::events_json(&db, &id);
+    let results: Vec<(String, String)> = events
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished")
+        .map(|e| (e["payload"].to_string(), String::new()))
+        .collect();
+    let all = results
+        .iter()
+        .map(|r| r.0.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(results.len(), 4, "{all}");
+    assert!(
+        all.contains("\\\"timezone\\\": \\\"UTC\\\"") || all.contains("UTC"),
+        "{all}"
+    );
+    assert!(all.contains("Europe/Paris"), "{all}");
+    assert!(all.contains("first commit"), "{all}");
+    let everything = serde_json::to_string(&events).unwrap();
+    assert!(
+        !everything.contains(MCP_SECRET),
+        "the secret reached the log"
+    );
+    assert!(all.contains("[REDACTED"), "{all}");
+    let started_event = events.iter().find(|e| e["kind"] == "started").unwrap();
+    assert!(
+        started_event.to_string().contains("trust = \\\"host\\\""),
+        "{started_event}"
+    );
+    assert!(
+        crate::support::nerve(&db, &["verify", &id])
+            .status
+            .success()
+    );
 }

@@ -120,6 +120,12 @@ pub(crate) enum Command {
         /// A file written by `nerve export` (`-` for stdin).
         file: PathBuf,
     },
+    /// MCP servers: `nerve mcp list` shows each configured server, where it runs and its
+    /// tools, starting them in a throwaway sandbox.
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
     /// Decide the pending approvals of a parked execution.
     Approve {
         /// The execution id, or a unique prefix of it.
@@ -130,6 +136,23 @@ pub(crate) enum Command {
         /// Shown to the model with a denial, recorded in the log.
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
+    },
+}
+
+/// `nerve mcp ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum McpCommand {
+    /// Each configured server, where it runs (sandbox or host) and the tools it offers.
+    List {
+        /// The workspace mounted in the throwaway sandbox (default: an empty directory).
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// The sandbox image (default: the config's, else the built-in one).
+        #[arg(long, value_name = "IMAGE")]
+        image: Option<String>,
+        /// Print one JSON array of servers.
+        #[arg(long)]
+        json: bool,
     },
 }
 

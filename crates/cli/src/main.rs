@@ -12,6 +12,7 @@ mod config_doc_test;
 mod html;
 mod inspect;
 mod log;
+mod mcp;
 mod output;
 mod progress;
 mod provider;
@@ -103,7 +104,11 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Resume { id, .. }
         | Command::Approve { id, .. }
         | Command::Export { id } => *id = inspect::resolve(&db, id).await?,
-        Command::Run(_) | Command::List { .. } | Command::Reap { .. } | Command::Import { .. } => {}
+        Command::Run(_)
+        | Command::List { .. }
+        | Command::Reap { .. }
+        | Command::Import { .. }
+        | Command::Mcp { .. } => {}
     }
     match command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
@@ -119,6 +124,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Approve { id, deny, reason } => resume::approve(&db, &id, deny, reason).await,
         Command::Reap { all, id } => reap::reap(all, id.as_deref()).await,
+        Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
     }
 }
 
