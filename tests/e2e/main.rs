@@ -26,6 +26,7 @@ mod reaper;
 mod resume;
 mod sandbox;
 mod sandbox_env;
+mod stream;
 mod support;
 mod traces;
 mod transfer;
