@@ -354,7 +354,7 @@ impl Launch<'_> {
             .await;
             let reports = tools.reports();
             for report in &reports {
-                if !self.json {
+                if !self.output.is_json() {
                     if let Some(warning) = &report.warning {
                         output::error_line(&format!("warning: {warning}"));
                     }
