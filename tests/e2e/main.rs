@@ -7,6 +7,7 @@
 
 mod anthropic;
 mod bad_input;
+mod chat;
 mod compaction;
 mod contracts;
 mod crash;
@@ -26,6 +27,7 @@ mod reaper;
 mod resume;
 mod sandbox;
 mod sandbox_env;
+mod sandbox_python;
 mod stream;
 mod support;
 mod traces;

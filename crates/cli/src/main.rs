@@ -6,9 +6,11 @@
 //! on stderr, nothing written to the log), 130 when aborted by a second Ctrl-C.
 
 mod args;
+mod chat;
 mod config;
 #[cfg(test)]
 mod config_doc_test;
+mod environment;
 mod html;
 mod inspect;
 mod jsonl;
@@ -85,14 +87,22 @@ fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let db = cli.db_path()?;
-    if log::is_postgres(&db)
-        && matches!(
-            cli.command,
-            Command::Resume { .. } | Command::Approve { .. }
-        )
-    {
+    let continues = match &cli.command {
+        Command::Resume { .. } | Command::Approve { .. } | Command::Chat(_) => true,
+        Command::Run(args) => args.continue_id.is_some(),
+        Command::Replay { .. }
+        | Command::List { .. }
+        | Command::Show { .. }
+        | Command::Events { .. }
+        | Command::Verify { .. }
+        | Command::Reap { .. }
+        | Command::Export { .. }
+        | Command::Import { .. }
+        | Command::Mcp { .. } => false,
+    };
+    if log::is_postgres(&db) && continues {
         return Err(Failure::usage(
-            "resume and approve do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
+            "resume, approve, chat and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
         ));
     }
     let mut command = cli.command;
@@ -105,14 +115,24 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Resume { id, .. }
         | Command::Approve { id, .. }
         | Command::Export { id } => *id = inspect::resolve(&db, id).await?,
-        Command::Run(_)
-        | Command::List { .. }
+        Command::Run(args) => {
+            if let Some(id) = &mut args.continue_id {
+                *id = inspect::resolve(&db, id).await?;
+            }
+        }
+        Command::Chat(args) => {
+            if let Some(id) = &mut args.id {
+                *id = inspect::resolve(&db, id).await?;
+            }
+        }
+        Command::List { .. }
         | Command::Reap { .. }
         | Command::Import { .. }
         | Command::Mcp { .. } => {}
     }
     match command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
+        Command::Chat(args) => chat::chat(args, &db, cli.config.as_deref()).await,
         Command::Replay { id, json } => inspect::replay(&db, &id, json).await,
         Command::List { json, status } => inspect::list(&db, json, status).await,
         Command::Show { id, json, html } => inspect::show(&db, &id, json, html.as_deref()).await,

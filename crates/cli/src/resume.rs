@@ -59,6 +59,52 @@ pub(crate) fn load(
     Ok((execution, events, replay))
 }
 
+/// Reads `id` from the log and checks that a person may continue it with a message
+/// (`nerve chat ID`, `run --continue ID`): any ending will do, and a crash is recovered
+/// first (which counts as a resume). Refused: a broken chain, pending approvals, a task
+/// closed for good.
+pub(crate) fn continuable(db: &Path, id: &str) -> Result<(Resumable, Replay), Failure> {
+    let (execution, events, replay) = load(db, id)?;
+    let Some(started) = replay.started.clone() else {
+        return Err(Failure::usage(format!(
+            "execution {execution} has no start event; nothing to continue"
+        )));
+    };
+    if !replay.pending_approvals.is_empty() {
+        return Err(Failure::usage(format!(
+            "execution {execution} waits for approval of {}: decide with `nerve approve {execution}` (or --deny) first",
+            replay
+                .pending_approvals
+                .iter()
+                .map(|p| p.call.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    if replay.messages.is_empty() {
+        return Err(Failure::usage(format!(
+            "execution {execution} recorded no conversation; nothing to continue"
+        )));
+    }
+    let task_status = replay.task_status.unwrap_or(TaskStatus::InProgress);
+    if !task_status.can_transition_to(TaskStatus::InProgress)
+        && task_status != TaskStatus::InProgress
+    {
+        return Err(Failure::usage(format!(
+            "execution {execution} left its task {task_status}, which cannot be taken up again"
+        )));
+    }
+    let attempt = u32::try_from(replay.resumes.len() + 1).unwrap_or(u32::MAX);
+    if replay.termination_reason.is_none() && attempt > MAX_RESUMES {
+        return Err(Failure::usage(format!(
+            "execution {execution} crashed and was already resumed {} times; inspect it with `nerve replay {execution}`",
+            replay.resumes.len()
+        )));
+    }
+    let resumable = rebuild(execution, started, &events, &replay, task_status, attempt);
+    Ok((resumable, replay))
+}
+
 /// Reads `id` from the log and checks that it can be resumed.
 pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
     let (execution, events, replay) = load(db, id)?;
@@ -105,6 +151,25 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
             "execution {execution} left its task {task_status}, which a resume cannot take up again"
         )));
     }
+    Ok(rebuild(
+        execution,
+        started,
+        &events,
+        &replay,
+        task_status,
+        attempt,
+    ))
+}
+
+/// What the engine needs to continue `execution` from its events and their replay.
+fn rebuild(
+    execution: ExecutionId,
+    started: Started,
+    events: &[StoredEvent],
+    replay: &Replay,
+    task_status: TaskStatus,
+    attempt: u32,
+) -> Resumable {
     // Decisions by a human, and usage of the turn that began but never completed.
     let mut approvals = Vec::new();
     let mut pending_turn_usage = TokenUsage::default();
@@ -117,7 +182,7 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
     // Calls of the turn that began but never completed, and those of them that finished.
     let mut started_calls: Vec<nerve_core::ToolCall> = Vec::new();
     let mut finished_calls: Vec<nerve_core::ToolCall> = Vec::new();
-    for stored in &events {
+    for stored in events {
         let Ok(event) = serde_json::from_str::<Event>(&stored.payload) else {
             continue;
         };
@@ -176,12 +241,12 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
         from_checkpoint_seq: replay.checkpoints.last().map(|c| c.seq),
         finished_in_incomplete_turn: finished_calls,
     };
-    Ok(Resumable {
+    Resumable {
         execution,
         started,
         state,
         model_calls,
-    })
+    }
 }
 
 /// `nerve approve ID [--deny] [--reason TEXT]`: records a human decision for every pending

@@ -236,6 +236,35 @@ fn replay_scores_table() {
 }
 
 #[test]
+fn a_follow_up_after_the_finish_reopens_the_execution_until_it_finishes_again() {
+    let mut log = full_log();
+    // `nerve chat`'s next message: the task back in progress, the message, a turn.
+    log.extend([
+        transition(TaskStatus::InReview, TaskStatus::InProgress),
+        message(1, Message::user("and now this")),
+        turn(3),
+    ]);
+    let open = check(&log, 100, &[GapKind::NoFinish]);
+    assert_eq!(
+        open.termination_reason, None,
+        "the follow-up has not finished"
+    );
+    assert_eq!(open.task_status, Some(TaskStatus::InProgress));
+    assert_eq!(open.total_turns, 3);
+
+    log.push(finish(TerminationReason::Completed));
+    let done = check(&log, 100, &[]);
+    assert_eq!(done.termination_reason, Some(TerminationReason::Completed));
+    assert_eq!(done.messages.len(), 2);
+
+    // Without a transition (the task never left in_progress) the message alone reopens it.
+    let mut log = full_log();
+    log.extend([message(1, Message::user("more")), turn(3)]);
+    let open = check(&log, 100, &[GapKind::NoFinish]);
+    assert_eq!(open.termination_reason, None);
+}
+
+#[test]
 fn replay_skips_malformed_and_duplicate_turns() {
     let mut events = stored(&[started(), turn(1), turn(1), turn(2)]);
     events[1].payload = r#"{"kind":"turn_completed","turn":"one"}"#.into();
