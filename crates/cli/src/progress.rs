@@ -494,7 +494,7 @@ impl Display {
             match style.colour().filter(|_| self.colour) {
                 Some(code) => out.push_str(&format!("{code}{text}\x1b[0m\n")),
                 None => {
-                    out.push_str(text);
+                    out.push_str(&text);
                     out.push('\n');
                 }
             }
