@@ -19,6 +19,7 @@ mod interrupt;
 mod json;
 mod killpoints;
 mod loops;
+mod mcp;
 mod parked;
 mod phoenix;
 mod proxy;

@@ -22,7 +22,7 @@ const LIVENESS: Duration = Duration::from_secs(300);
 
 const SECRET: &str = "TOPSECRET-host-only";
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

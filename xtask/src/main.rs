@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|e2e|fleet] | fuzz [--minutes N] [session|brain|executor]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -379,6 +379,8 @@ fn bench(area: Option<&str>) -> Result<()> {
         // `brain`.
         Some("stream") => vec![("nerve-brain", Some("stream"))],
         Some("sandbox") => vec![("nerve-hands", Some("sandbox"))],
+        // Needs the image with Python MCP servers that the e2e tests build.
+        Some("mcp") => vec![("nerve-hands", Some("mcp"))],
         // The proxy benchmark needs neither Docker nor the image: in-process upstream,
         // proxy and relay on the loopback.
         Some("proxy") => vec![("nerve-hands", Some("proxy"))],
@@ -390,7 +392,7 @@ fn bench(area: Option<&str>) -> Result<()> {
         if let Some(target) = target {
             command.args(["--bench", target]);
         }
-        if target == Some("sandbox") {
+        if target == Some("sandbox") || target == Some("mcp") {
             // The sandbox benchmark needs the engine, the image and the executor.
             let executor = image(false)?;
             command.env(nerve_hands::EXECUTOR_ENV, &executor);

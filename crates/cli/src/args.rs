@@ -168,6 +168,12 @@ pub(crate) enum Command {
         /// The execution id, or a unique prefix of it.
         id: String,
     },
+    /// MCP servers: `nerve mcp list` shows each configured server, where it runs and its
+    /// tools, starting them in a throwaway sandbox.
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
     /// Decide the pending approvals of a parked execution.
     Approve {
         /// The execution id, or a unique prefix of it.
@@ -191,6 +197,23 @@ pub(crate) struct SubmitArgs {
     pub(crate) git_ref: Option<String>,
     #[command(flatten)]
     pub(crate) run: RunArgs,
+}
+
+/// `nerve mcp ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum McpCommand {
+    /// Each configured server, where it runs (sandbox or host) and the tools it offers.
+    List {
+        /// The workspace mounted in the throwaway sandbox (default: an empty directory).
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// The sandbox image (default: the config's, else the built-in one).
+        #[arg(long, value_name = "IMAGE")]
+        image: Option<String>,
+        /// Print one JSON array of servers.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// What `list --status` selects: a state, or one termination reason.

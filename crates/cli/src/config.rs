@@ -31,6 +31,59 @@ pub(crate) struct Config {
     /// Per-provider settings.
     #[serde(default)]
     pub(crate) providers: ProvidersSection,
+    /// MCP servers whose tools the model gets (docs/mcp.md).
+    #[serde(default)]
+    pub(crate) mcp: McpSection,
+}
+
+/// `[mcp]`: the `[[mcp.servers]]` list.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct McpSection {
+    #[serde(default)]
+    pub(crate) servers: Vec<nerve_hands::mcp::McpServerConfig>,
+}
+
+impl McpSection {
+    /// Checks every entry and that names are unique.
+    pub(crate) fn validate(&self) -> Result<(), Failure> {
+        let mut seen = std::collections::BTreeSet::new();
+        for server in &self.servers {
+            server.validate().map_err(Failure::usage)?;
+            if !seen.insert(server.name.as_str()) {
+                return Err(Failure::usage(format!(
+                    "MCP server `{}` is configured twice",
+                    server.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The servers with their environment: each named variable's host value, through the
+    /// credential filter (a name or value that looks like a credential stays out).
+    pub(crate) fn specs(
+        &self,
+        redactor: &nerve_core::Redactor,
+    ) -> Vec<nerve_hands::mcp::McpServerSpec> {
+        self.servers
+            .iter()
+            .map(|server| {
+                let vars = server
+                    .env
+                    .iter()
+                    .filter_map(|name| std::env::var(name).ok().map(|v| (name.clone(), v)));
+                let (kept, dropped) = nerve_core::filter_sandbox_env(vars, redactor);
+                if !dropped.is_empty() {
+                    tracing::warn!(server = %server.name, ?dropped, "variables kept from an MCP server by the credential filter");
+                }
+                nerve_hands::mcp::McpServerSpec {
+                    config: server.clone(),
+                    env: kept.into_iter().collect(),
+                }
+            })
+            .collect()
+    }
 }
 
 /// `[providers.NAME]`: settings of one provider's client.
@@ -357,6 +410,7 @@ impl Config {
         };
         config.engine_config().map_err(invalid)?;
         config.model_table().map_err(invalid)?;
+        config.mcp.validate().map_err(invalid)?;
         let mut probe = nerve_hands::SandboxConfig::new("", "", nerve_core::ExecutionId::new());
         config.sandbox.apply_limits(&mut probe).map_err(invalid)?;
         Ok(config)

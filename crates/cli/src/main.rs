@@ -16,6 +16,7 @@ mod html;
 mod inspect;
 mod jsonl;
 mod log;
+mod mcp;
 mod output;
 mod progress;
 mod provider;
@@ -104,7 +105,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Submit(_)
         | Command::Worker { .. }
         | Command::Cancel { .. }
-        | Command::Approve { .. } => false,
+        | Command::Approve { .. }
+        | Command::Mcp { .. } => false,
     };
     if log::is_postgres(&db) && continues {
         return Err(Failure::usage(
@@ -136,7 +138,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Reap { .. }
         | Command::Import { .. }
         | Command::Submit(_)
-        | Command::Worker { .. } => {}
+        | Command::Worker { .. }
+        | Command::Mcp { .. } => {}
     }
     match command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
@@ -184,6 +187,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Approve { id, deny, reason } => resume::approve(&db, &id, deny, reason).await,
         Command::Reap { all, id } => reap::reap(all, id.as_deref()).await,
+        Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
     }
 }
 

@@ -11,6 +11,7 @@ use nerve_brain::{
 use nerve_core::{
     Complexity, EventSink, ExecutionId, LoopType, MicroUsd, Redactor, TaskId, TaskStatus,
 };
+use nerve_hands::mcp::McpTools;
 use nerve_hands::{ProxyListener, Sandbox, SandboxConfig, SandboxTools};
 use secrecy::SecretString;
 use tokio_util::sync::CancellationToken;
@@ -510,15 +511,46 @@ impl Launch<'_> {
                 serde_json::json!(sandbox.container_id()),
             );
         }
-        let mut engine = AgentEngine::new(
-            self.provider,
-            Arc::new(SandboxTools::with_proxy(
-                Arc::clone(sandbox),
-                proxy.client(),
-            )),
-            sink,
-            engine_config,
-        );
+        let builtin: Arc<dyn nerve_core::ToolExecutor> = Arc::new(SandboxTools::with_proxy(
+            Arc::clone(sandbox),
+            proxy.client(),
+        ));
+        // MCP servers start before the engine, so their tools are in the first turn and
+        // where each runs is recorded with the run's configuration.
+        let specs = self.config.mcp.specs(&redactor);
+        let mcp = if specs.is_empty() {
+            None
+        } else {
+            let tools = McpTools::start(
+                Arc::clone(&builtin),
+                specs,
+                Some(Arc::clone(sandbox)),
+                Some(self.workspace.clone()),
+            )
+            .await;
+            let reports = tools.reports();
+            for report in &reports {
+                if self.mode != Mode::Silent {
+                    if let Some(warning) = &report.warning {
+                        output::error_line(&format!("warning: {warning}"));
+                    }
+                    if let Some(error) = &report.error {
+                        output::error_line(&format!(
+                            "warning: MCP server `{}` offers no tools: {error}",
+                            report.name
+                        ));
+                    }
+                }
+            }
+            if let Some(map) = engine_config.recorded_config.as_object_mut() {
+                map.insert("mcp".into(), serde_json::json!(reports));
+            }
+            Some(Arc::new(tools))
+        };
+        let tools = mcp
+            .clone()
+            .map_or(builtin, |mcp| mcp as Arc<dyn nerve_core::ToolExecutor>);
+        let mut engine = AgentEngine::new(self.provider, tools, sink, engine_config);
         // Compaction archives into the log, so `recall` survives a crash and a resume.
         engine.archive = Arc::clone(&log) as Arc<dyn nerve_core::ContextArchive>;
         engine.deltas = match jsonl {
@@ -577,6 +609,9 @@ impl Launch<'_> {
         .map_err(Failure::usage);
         if let Some(watcher) = watcher {
             watcher.abort();
+        }
+        if let Some(mcp) = mcp {
+            mcp.shutdown().await;
         }
         Ok((Ended::Result(Box::new(result?)), display))
     }

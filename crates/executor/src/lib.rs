@@ -7,6 +7,8 @@
 //! [`Response`] per line out, in order. It runs shell commands in their own process groups with deadlines and bounded
 //! output ([`ExecRequest`]), and file operations confined to the workspace root, refusing `..`,
 //! absolute paths elsewhere and symlinks that leave it ([`Workspace`]). End of input ends it.
+//! `spawn` starts a long-lived process (an MCP server) whose stdio goes to a one-off host
+//! socket instead of through the request loop ([`SpawnRequest`]).
 //! With `--proxy-socket` it also relays TCP connections on the container's loopback to the
 //! host's auth proxy ([`spawn_relay`]), the sandbox's only way to the network.
 //!
@@ -25,6 +27,7 @@ mod output;
 mod protocol;
 mod relay;
 mod server;
+mod spawn;
 
 pub use args::{Invocation, ROOT_ENV, USAGE, parse_args};
 pub use confine::{CONTAINER_ROOT, Workspace};
@@ -33,8 +36,8 @@ pub use exec::{kill_remaining_children, reap_children};
 pub use protocol::{
     Decoded, DirEntry, EditFileOutput, EditFileRequest, EntryKind, ExecOutput, ExecRequest,
     GrepOutput, GrepRequest, ListDirOutput, ListDirRequest, Op, Pong, ReadFileOutput,
-    ReadFileRequest, Reply, Request, Response, VERSION, WriteFileOutput, WriteFileRequest,
-    decode_response,
+    ReadFileRequest, Reply, Request, Response, SignalOutput, SignalRequest, SpawnOutput,
+    SpawnRequest, StreamHello, VERSION, WriteFileOutput, WriteFileRequest, decode_response,
 };
 pub use relay::{DEFAULT_RELAY_LISTEN, Relay, RelayConfig, spawn_relay};
 pub use server::{Config, Executor, Limits, connect_control, wait_for_hangup};

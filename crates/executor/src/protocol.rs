@@ -45,6 +45,63 @@ pub enum Op {
     Grep(GrepRequest),
     /// Readiness check; answered with [`Pong`].
     Ping,
+    /// Start a long-lived process whose stdio goes to a one-off host socket; answered with
+    /// [`SpawnOutput`].
+    Spawn(SpawnRequest),
+    /// Signal a spawned process's group; answered with [`SignalOutput`].
+    Signal(SignalRequest),
+}
+
+/// `spawn`: start `argv` in its own process group, in the workspace, with its stdin and
+/// stdout on one connection to `socket` and its stderr on another. Each connection first
+/// carries a [`StreamHello`] line. The executor does not wait for the process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// The program and its arguments; the program is looked up in `PATH`.
+    pub argv: Vec<String>,
+    /// Added to (or overriding) the executor's own environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory inside the workspace; the workspace root when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// The host's one-off unix socket, as a path inside the container.
+    pub socket: String,
+    /// Echoed in each connection's hello line, so the host can tell the executor's
+    /// connections from anyone else's. At least 16 characters.
+    pub nonce: String,
+}
+
+/// The first line on each connection a `spawn` makes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamHello {
+    /// The request's nonce.
+    pub nonce: String,
+    /// `stdio` (the process's stdin and stdout) or `stderr`.
+    pub stream: String,
+}
+
+/// `signal`: send `term` or `kill` to a spawned process's group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalRequest {
+    /// The pid `spawn` answered (the group's id).
+    pub pid: u32,
+    /// `term` or `kill`.
+    pub signal: String,
+}
+
+/// The answer to `spawn`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnOutput {
+    /// The process's pid inside the container, also its process group's id.
+    pub pid: u32,
+}
+
+/// The answer to `signal`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalOutput {
+    /// Some member of the group was still there to receive it.
+    pub delivered: bool,
 }
 
 /// `exec`: run `/bin/sh -c command` in its own process group.
@@ -249,6 +306,10 @@ pub enum Reply {
     Grep(GrepOutput),
     /// From `ping`.
     Pong(Pong),
+    /// From `spawn`.
+    Spawned(SpawnOutput),
+    /// From `signal`.
+    Signalled(SignalOutput),
 }
 
 /// One response line as the executor writes it.

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use crate::confine::{CONTAINER_ROOT, Workspace};
 use crate::error::Error;
 use crate::protocol::{ExecOutput, ExecRequest, Op, Pong, Reply, Request, Response, VERSION};
-use crate::{exec, files, grep};
+use crate::{exec, files, grep, spawn};
 
 /// Size and count caps. Every one bounds either the executor's memory or a response's size.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,6 +196,8 @@ impl Executor {
             Op::Ping => Ok(Reply::Pong(Pong {
                 version: VERSION.to_owned(),
             })),
+            Op::Spawn(r) => spawn::spawn(workspace, r).map(Reply::Spawned),
+            Op::Signal(r) => spawn::signal(r).map(Reply::Signalled),
         };
         Response {
             id: Some(request.id),
@@ -402,7 +404,7 @@ mod tests {
             ),
             &[
                 r#"{"id":null,"ok":false,"error":"malformed request: expected ident at line 1 column 2"}"#,
-                r#"{"id":5,"ok":false,"error":"malformed request: unknown variant `launch`, expected one of `exec`, `read_file`, `write_file`, `edit_file`, `list_dir`, `grep`, `ping` at line 1 column 22"}"#,
+                r#"{"id":5,"ok":false,"error":"malformed request: unknown variant `launch`, expected one of `exec`, `read_file`, `write_file`, `edit_file`, `list_dir`, `grep`, `ping`, `spawn`, `signal` at line 1 column 22"}"#,
                 r#"{"id":6,"ok":false,"error":"malformed request: missing field `command` at line 1 column 20"}"#,
                 r#"{"id":null,"ok":false,"error":"malformed request: invalid type: string \"seven\", expected u64 at line 1 column 13"}"#,
                 r#"{"id":null,"ok":false,"error":"malformed request: expected value at line 1 column 1"}"#,

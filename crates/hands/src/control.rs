@@ -22,6 +22,8 @@ use tokio::net::UnixStream;
 pub(crate) const CONTAINER_CONTROL_DIR: &str = "/run/nerve-control";
 /// How the host directory's name starts (the reaper removes those of dead processes).
 pub(crate) const CONTROL_DIR_PREFIX: &str = "nerve-control-";
+/// How long a connection to a spawn socket may take to say its hello line.
+const HELLO_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// The socket's name in that directory.
 pub(crate) const SOCKET_NAME: &str = "executor.sock";
 
@@ -110,6 +112,133 @@ impl ControlDir {
             .map_err(fail)?;
         Ok(listener)
     }
+}
+
+/// A one-off socket for the stdio of one process the executor spawns (an MCP server):
+/// the executor connects twice (stdio, stderr), each connection introduced by a hello line
+/// with the nonce the host sent on the control connection. Commands of the sandbox can
+/// reach the socket too, which is why the nonce decides, not the order of arrival. Dropping
+/// it removes the file.
+#[derive(Debug)]
+pub(crate) struct SpawnListener {
+    path: PathBuf,
+    listener: tokio::net::UnixListener,
+    uid: u32,
+    /// The socket's path inside the container.
+    pub(crate) container_path: String,
+    pub(crate) nonce: String,
+}
+
+/// The two connections of a spawned process.
+#[derive(Debug)]
+pub(crate) struct SpawnStreams {
+    pub(crate) stdio: UnixStream,
+    pub(crate) stderr: UnixStream,
+}
+
+impl ControlDir {
+    /// Binds a fresh one-off socket (mode 0600, the sandbox user's) with a random name and
+    /// nonce. Must run on a tokio runtime.
+    pub(crate) fn listen_spawn(&self) -> Result<SpawnListener, String> {
+        let nonce = random_hex()?;
+        let name = format!("spawn-{}.sock", &nonce[..16]);
+        let path = self.dir.path().join(&name);
+        let shown = path.display().to_string();
+        let fail = |e: std::io::Error| format!("cannot listen on {shown}: {e}");
+        let bound = std::os::unix::net::UnixListener::bind(&path).map_err(fail)?;
+        let cleanup = |e| {
+            let _ = std::fs::remove_file(&path);
+            fail(e)
+        };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| hand_over(&path, self.owner))
+            .and_then(|()| bound.set_nonblocking(true))
+            .map_err(cleanup)?;
+        let listener = tokio::net::UnixListener::from_std(bound).map_err(cleanup)?;
+        Ok(SpawnListener {
+            path,
+            listener,
+            uid: self.owner.0,
+            container_path: format!("{CONTAINER_CONTROL_DIR}/{name}"),
+            nonce,
+        })
+    }
+}
+
+impl SpawnListener {
+    /// Accepts connections until both of the executor's have introduced themselves with the
+    /// nonce; others (a wrong uid, a wrong or missing hello) are closed. The error says why
+    /// the streams did not arrive.
+    pub(crate) async fn accept(self, limit: std::time::Duration) -> Result<SpawnStreams, String> {
+        use tokio::io::AsyncReadExt;
+        let work = async {
+            let (mut stdio, mut stderr) = (None, None);
+            while stdio.is_none() || stderr.is_none() {
+                let (mut stream, _) = self
+                    .listener
+                    .accept()
+                    .await
+                    .map_err(|e| format!("cannot accept the spawned process's stream: {e}"))?;
+                let Ok(peer) = stream.peer_cred() else {
+                    continue;
+                };
+                if check_peer(peer.uid(), self.uid, peer.pid()).is_err() {
+                    continue;
+                }
+                // The hello line, read a byte at a time so nothing after it is consumed; a
+                // connection that does not say it at once cannot hold up the executor's.
+                let mut hello = Vec::new();
+                let read_hello = async {
+                    let mut byte = [0u8; 1];
+                    while hello.len() < 256 {
+                        match stream.read(&mut byte).await {
+                            Ok(1) if byte[0] == b'\n' => break,
+                            Ok(1) => hello.push(byte[0]),
+                            _ => break,
+                        }
+                    }
+                };
+                if tokio::time::timeout(HELLO_LIMIT, read_hello).await.is_err() {
+                    continue;
+                }
+                let Ok(hello) = serde_json::from_slice::<nerve_executor::StreamHello>(&hello)
+                else {
+                    continue;
+                };
+                if hello.nonce != self.nonce {
+                    continue;
+                }
+                match hello.stream.as_str() {
+                    "stdio" => stdio = Some(stream),
+                    "stderr" => stderr = Some(stream),
+                    _ => {}
+                }
+            }
+            match (stdio, stderr) {
+                (Some(stdio), Some(stderr)) => Ok(SpawnStreams { stdio, stderr }),
+                _ => Err("the spawned process's streams did not arrive".to_owned()),
+            }
+        };
+        tokio::time::timeout(limit, work)
+            .await
+            .map_err(|_| format!("the spawned process's streams did not arrive within {limit:?}"))?
+    }
+}
+
+impl Drop for SpawnListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// 32 random hex digits from the kernel.
+fn random_hex() -> Result<String, String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut bytes))
+        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A bound control socket waiting for the executor. Dropping it (accepted, timed out,
@@ -218,6 +347,54 @@ mod tests {
         let dir = control.host_dir().to_path_buf();
         drop(control);
         assert!(!dir.exists());
+    }
+
+    #[tokio::test]
+    async fn a_spawn_socket_takes_only_connections_with_the_nonce() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let control = ControlDir::create(&own_user()).unwrap();
+        let listener = control.listen_spawn().unwrap();
+        let name = listener
+            .container_path
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let socket = control.host_dir().join(&name);
+        assert_eq!(std::fs::metadata(&socket).unwrap().mode() & 0o777, 0o600);
+        let nonce = listener.nonce.clone();
+        assert_eq!(nonce.len(), 32);
+        let connect = |hello: String| {
+            let socket = socket.clone();
+            async move {
+                let mut stream = UnixStream::connect(&socket).await.unwrap();
+                stream.write_all(hello.as_bytes()).await.unwrap();
+                stream
+            }
+        };
+        let intruder = connect(format!(
+            "{{\"nonce\":\"{}\",\"stream\":\"stdio\"}}\n",
+            "f".repeat(32)
+        ))
+        .await;
+        let garbage = connect("hello\n".to_owned()).await;
+        let mut stdio = connect(format!(
+            "{{\"nonce\":\"{nonce}\",\"stream\":\"stdio\"}}\nfirst bytes"
+        ))
+        .await;
+        let _stderr = connect(format!("{{\"nonce\":\"{nonce}\",\"stream\":\"stderr\"}}\n")).await;
+        let mut streams = listener
+            .accept(std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(!socket.exists(), "the one-off socket is removed");
+        let mut first = [0u8; 11];
+        streams.stdio.read_exact(&mut first).await.unwrap();
+        assert_eq!(&first, b"first bytes");
+        stdio.write_all(b"!").await.unwrap();
+        streams.stdio.read_exact(&mut first[..1]).await.unwrap();
+        assert_eq!(first[0], b'!');
+        drop((intruder, garbage));
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@ mod image;
 #[cfg(feature = "kill-points")]
 pub mod kill_points;
 mod locate;
+pub mod mcp;
 mod owner;
 mod percall;
 pub mod proxy;
@@ -33,7 +34,8 @@ pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
 pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};
 pub use proxy::{Proxy, ProxyClient, ProxyConfig, ProxyListener, ProxyMount, ProxyRule};
 pub use sandbox::{
-    Backend, ReapReport, ReapScope, Sandbox, SandboxConfig, connect_docker, reap, reap_orphans,
+    Backend, ReapReport, ReapScope, Sandbox, SandboxConfig, SpawnedProcess, connect_docker, reap,
+    reap_orphans,
 };
 pub use tools::{
     EditFileArgs, GrepArgs, HttpRequestArgs, ListDirArgs, ReadFileArgs, SandboxTools, ShellArgs,

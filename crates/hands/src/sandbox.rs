@@ -34,7 +34,7 @@ use nerve_core::ExecutionId;
 use nerve_executor::{
     EditFileOutput, EditFileRequest, ExecOutput, ExecRequest, GrepOutput, GrepRequest,
     ListDirOutput, ListDirRequest, Op, Pong, ReadFileOutput, ReadFileRequest, Request,
-    WriteFileOutput, WriteFileRequest,
+    SignalOutput, SignalRequest, SpawnOutput, SpawnRequest, WriteFileOutput, WriteFileRequest,
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
@@ -69,6 +69,20 @@ const FILE_OP_LIMIT: Duration = Duration::from_secs(120);
 /// Executor starts per sandbox (the first and the restarts after it died) before the
 /// sandbox is given up as lost.
 const MAX_EXECUTOR_STARTS: u32 = 5;
+/// How long a spawned process's streams may take to reach the host.
+const SPAWN_STREAMS_LIMIT: Duration = Duration::from_secs(15);
+
+/// A process running inside the sandbox with its stdio on the host
+/// ([`Sandbox::spawn_process`]). Dropping the streams closes its stdin and stdout.
+#[derive(Debug)]
+pub struct SpawnedProcess {
+    /// Its pid inside the container (and its process group's id).
+    pub pid: u32,
+    /// Its stdin (write) and stdout (read).
+    pub stdio: tokio::net::UnixStream,
+    /// Its stderr.
+    pub stderr: tokio::net::UnixStream,
+}
 
 /// What the container runs as its main process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -579,6 +593,63 @@ impl Sandbox {
         }
     }
 
+    /// Starts a long-lived process (an MCP server) inside the sandbox, in the workspace,
+    /// with its stdin and stdout on one unix stream and its stderr on another, both going
+    /// straight from the process to the host (see the executor's `spawn`). It runs as the
+    /// sandbox's user, confined like any command, until its stdin closes, it exits, or
+    /// [`Sandbox::signal_process`] ends it. `Ok(Err(reason))`: it could not be started (a
+    /// missing program, no control socket).
+    pub async fn spawn_process(
+        &self,
+        argv: Vec<String>,
+        env: std::collections::BTreeMap<String, String>,
+    ) -> Result<Result<SpawnedProcess, String>, HandsError> {
+        let Some(control) = &self.control else {
+            return Ok(Err(
+                "a process inside the sandbox needs the executor's control socket, which this sandbox does not use".to_owned(),
+            ));
+        };
+        let listener = match control.listen_spawn() {
+            Ok(listener) => listener,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let request = SpawnRequest {
+            argv,
+            env,
+            workdir: None,
+            socket: listener.container_path.clone(),
+            nonce: listener.nonce.clone(),
+        };
+        let spawned: SpawnOutput = match self.call(Op::Spawn(request), FILE_OP_LIMIT).await? {
+            Ok(spawned) => spawned,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        Ok(match listener.accept(SPAWN_STREAMS_LIMIT).await {
+            Ok(streams) => Ok(SpawnedProcess {
+                pid: spawned.pid,
+                stdio: streams.stdio,
+                stderr: streams.stderr,
+            }),
+            Err(reason) => {
+                let _ = self.signal_process(spawned.pid, true).await;
+                Err(reason)
+            }
+        })
+    }
+
+    /// Ends a process [`Sandbox::spawn_process`] started, with its whole process group:
+    /// `SIGKILL` when `kill`, else `SIGTERM`. Returns whether anything was left to signal.
+    pub async fn signal_process(&self, pid: u32, kill: bool) -> Result<bool, HandsError> {
+        let signal = if kill { "kill" } else { "term" }.to_owned();
+        match self
+            .call::<SignalOutput>(Op::Signal(SignalRequest { pid, signal }), FILE_OP_LIMIT)
+            .await?
+        {
+            Ok(output) => Ok(output.delivered),
+            Err(refused) => Err(HandsError::Executor(refused)),
+        }
+    }
+
     /// Stops and removes the container, with everything running in it. Idempotent.
     pub async fn remove(&self) -> Result<(), HandsError> {
         // A call still in flight holds the channel; the removal below ends it anyway.
@@ -677,6 +748,10 @@ impl Sandbox {
                 .await?
                 .map(|output| serde_json::to_value(output).unwrap_or_default()),
             Op::Ping => Ok(serde_json::json!({ "version": nerve_executor::VERSION })),
+            Op::Spawn(_) | Op::Signal(_) => Err(
+                "long-lived processes need the persistent executor, which this sandbox lost"
+                    .to_owned(),
+            ),
             file_op @ (Op::ReadFile(_)
             | Op::WriteFile(_)
             | Op::EditFile(_)

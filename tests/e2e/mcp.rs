@@ -1,0 +1,651 @@
+//! MCP tools against real servers from the Python package index (`mcp-server-time`,
+//! `mcp-server-git`), run inside a real sandbox whose image has Python (built here from
+//! Debian packages and wheels, no registry), and one on the host with `trust = "host"`.
+//! Faults use a small server on the official Python SDK that crashes, hangs or writes
+//! garbage when asked.
+//!
+//! Bounds on time are liveness bounds only.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use nerve_core::{ToolCall, ToolCallId, ToolExecutor, ToolOutput};
+use nerve_hands::mcp::{McpServerConfig, McpServerSpec, McpTools, ToolFilter, Trust};
+use nerve_hands::{Sandbox, SandboxConfig, SandboxTools};
+use serde_json::{Value, json};
+
+use crate::sandbox::runtime;
+use crate::support::sandbox_available;
+
+/// A hung call fails the test after this long (a liveness bound, not a timing assertion).
+const LIVENESS: Duration = Duration::from_secs(600);
+/// The sandbox image with Python and the three servers.
+pub(crate) const PYTHON_IMAGE: &str = "nerve-mcp-python:latest";
+const PACKAGES: [&str; 3] = ["mcp-server-time", "mcp-server-git", "mcp-server-fetch"];
+
+fn cache() -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+    home.join(".cache/nerve")
+}
+
+fn run(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The servers' wheels for Debian bookworm's Python (3.11.2), downloaded once.
+fn wheels() -> PathBuf {
+    let dir = cache().join("mcp-wheels-py3.11.2");
+    if !dir.join(".complete").exists() {
+        run(Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11.2",
+                "--dest",
+            ])
+            .arg(&dir)
+            .args(PACKAGES));
+        std::fs::write(dir.join(".complete"), "").unwrap();
+    }
+    dir
+}
+
+/// Builds [`PYTHON_IMAGE`] when missing: Debian bookworm with Python and git by
+/// debootstrap, imported (no registry), then the servers installed from the wheels offline.
+pub(crate) fn python_image() -> &'static str {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let exists = Command::new("docker")
+            .args(["image", "inspect", PYTHON_IMAGE])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if exists {
+            return;
+        }
+        let wheels = wheels();
+        let work = tempfile::Builder::new().prefix("nerve-mcp-image-").tempdir().unwrap();
+        let base_tar = cache().join("mcp-python-rootfs.tar");
+        if !base_tar.exists() {
+            let rootfs = work.path().join("rootfs");
+            run(Command::new("debootstrap")
+                .args([
+                    "--variant=minbase",
+                    "--include=python3,python3-pip,git,ca-certificates",
+                    "bookworm",
+                ])
+                .arg(&rootfs)
+                .arg("http://deb.debian.org/debian"));
+            let _ = std::fs::remove_dir_all(rootfs.join("var/cache/apt/archives"));
+            let partial = base_tar.with_extension("partial");
+            run(Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&partial).arg("."));
+            std::fs::rename(&partial, &base_tar).unwrap();
+        }
+        run(Command::new("docker")
+            .args(["import", "--change", "ENV PATH=/usr/local/bin:/usr/bin:/bin"])
+            .arg(&base_tar)
+            .arg("nerve-mcp-python-base:latest"));
+        let context = work.path().join("context");
+        std::fs::create_dir_all(&context).unwrap();
+        run(Command::new("cp").arg("-r").arg(&wheels).arg(context.join("wheels")));
+        std::fs::write(
+            context.join("Dockerfile"),
+            format!(
+                "FROM nerve-mcp-python-base:latest\nCOPY wheels /tmp/wheels\nRUN pip install --no-index --find-links /tmp/wheels --break-system-packages {} && rm -rf /tmp/wheels\n",
+                PACKAGES.join(" ")
+            ),
+        )
+        .unwrap();
+        run(Command::new("docker").args(["build", "-q", "-t", PYTHON_IMAGE]).arg(&context));
+    });
+    PYTHON_IMAGE
+}
+
+/// A host virtualenv with `mcp-server-time`, for the `trust = "host"` case.
+fn host_time_server() -> PathBuf {
+    let venv = cache().join("mcp-host-venv");
+    let program = venv.join("bin/mcp-server-time");
+    if !program.exists() {
+        run(Command::new("python3").arg("-m").arg("venv").arg(&venv));
+        run(Command::new(venv.join("bin/pip"))
+            .args(["install", "-q", "--no-index", "--find-links"])
+            .arg(wheels())
+            .arg("mcp-server-time"));
+    }
+    program
+}
+
+/// A fault-injecting server on the official Python SDK: `crash` exits mid-call,
+/// `sleep` hangs, `garbage` answers with a line that is not JSON-RPC.
+const FAULT_SERVER: &str = r#"
+import os, sys, time
+from mcp.server.mcpserver import MCPServer
+server = MCPServer("faults")
+
+@server.tool()
+def echo(text: str) -> str:
+    "Echo the text."
+    return text
+
+@server.tool()
+def crash() -> str:
+    "Exit in the middle of the call."
+    sys.stderr.write("about to crash\n"); sys.stderr.flush()
+    os._exit(3)
+
+@server.tool()
+def sleep(seconds: float) -> str:
+    "Sleep."
+    time.sleep(seconds)
+    return "slept"
+
+@server.tool()
+def garbage() -> str:
+    "Write garbage on stdout."
+    sys.stdout.write("this is not JSON-RPC\n"); sys.stdout.flush()
+    time.sleep(600)
+    return "unreachable"
+
+server.run()
+"#;
+
+fn server(name: &str, command: &str, args: &[&str]) -> McpServerSpec {
+    McpServerSpec {
+        config: McpServerConfig {
+            name: name.to_owned(),
+            command: Some(command.to_owned()),
+            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            url: None,
+            env: Vec::new(),
+            tools: ToolFilter::default(),
+            timeout_secs: None,
+            trust: Trust::Sandbox,
+        },
+        env: BTreeMap::new(),
+    }
+}
+
+/// `dir/workspace`, a git repository whose one commit ("first commit") adds a README with
+/// `readme`, open to the sandbox's user.
+fn git_workspace(dir: &std::path::Path, readme: &str) -> PathBuf {
+    let workspace = dir.join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("README.md"), readme).unwrap();
+    let git = |args: &[&str]| {
+        run(Command::new("git")
+            .arg("-C")
+            .arg(&workspace)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.org"])
+            .args(args))
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "README.md"]);
+    git(&["commit", "-q", "-m", "first commit"]);
+    // The sandbox's user must be able to read the repository and write its index.
+    run(Command::new("chmod").arg("-R").arg("a+rwX").arg(&workspace));
+    workspace
+}
+
+/// The fault server with a 5 s call timeout.
+fn faults_server() -> McpServerSpec {
+    let mut faults = server("faults", "python3", &["/workspace/faults.py"]);
+    faults.config.timeout_secs = Some(5);
+    faults
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    workspace: PathBuf,
+    sandbox: Arc<Sandbox>,
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-e2e-")
+            .tempdir()
+            .unwrap();
+        let workspace = git_workspace(dir.path(), "hello\n");
+        std::fs::write(workspace.join("faults.py"), FAULT_SERVER).unwrap();
+        let docker = nerve_hands::connect_docker().await.unwrap();
+        let config = SandboxConfig::new(python_image(), &workspace, nerve_core::ExecutionId::new());
+        let sandbox = Arc::new(Sandbox::start(docker, &config).await.unwrap());
+        Self {
+            _dir: dir,
+            workspace,
+            sandbox,
+        }
+    }
+
+    async fn finish(self, tools: McpTools) {
+        tools.shutdown().await;
+        self.sandbox.remove().await.unwrap();
+    }
+
+    async fn tools(&self, specs: Vec<McpServerSpec>) -> McpTools {
+        let inner = Arc::new(SandboxTools::new(Arc::clone(&self.sandbox)));
+        tokio::time::timeout(
+            LIVENESS,
+            McpTools::start(
+                inner,
+                specs,
+                Some(Arc::clone(&self.sandbox)),
+                Some(self.workspace.clone()),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("starting the MCP servers hung"))
+    }
+}
+
+async fn call(tools: &McpTools, name: &str, arguments: Value) -> ToolOutput {
+    let call = ToolCall {
+        id: ToolCallId("call".to_owned()),
+        name: name.to_owned(),
+        arguments,
+    };
+    tokio::time::timeout(LIVENESS, tools.execute(&call))
+        .await
+        .unwrap_or_else(|_| panic!("{name} hung"))
+        .unwrap_or_else(|e| panic!("{name}: the sandbox failed: {e}"))
+}
+
+#[test]
+fn real_servers_in_the_sandbox_and_on_the_host() {
+    if !sandbox_available() {
+        return;
+    }
+    let host_time = host_time_server();
+    runtime().block_on(async {
+        let fx = Fixture::start().await;
+        let mut host = server(
+            "hosttime",
+            host_time.to_str().unwrap(),
+            &["--local-timezone", "UTC"],
+        );
+        host.config.trust = Trust::Host;
+        let mut git = server("git", "mcp-server-git", &["--repository", "/workspace"]);
+        git.config.tools.deny = vec!["git_commit".to_owned(), "git_reset".to_owned()];
+        let tools = fx
+            .tools(vec![
+                server("time", "mcp-server-time", &["--local-timezone", "UTC"]),
+                git,
+                host,
+            ])
+            .await;
+        let reports = tools.reports();
+        for report in &reports {
+            assert_eq!(report.error, None, "{report:?}");
+        }
+        assert_eq!(
+            reports
+                .iter()
+                .map(|r| (r.name.as_str(), r.runs))
+                .collect::<Vec<_>>(),
+            [
+                ("time", "sandbox"),
+                ("git", "sandbox"),
+                ("hosttime", "host")
+            ]
+        );
+        assert!(
+            reports[2]
+                .warning
+                .as_deref()
+                .unwrap()
+                .contains("on the host")
+        );
+        let names: Vec<String> = tools.definitions().into_iter().map(|d| d.name).collect();
+        for expected in [
+            "shell",
+            "time__get_current_time",
+            "time__convert_time",
+            "git__git_status",
+            "git__git_log",
+            "hosttime__get_current_time",
+        ] {
+            assert!(
+                names.iter().any(|n| n == expected),
+                "{expected} missing from {names:?}"
+            );
+        }
+        assert!(
+            !names.iter().any(|n| n == "git__git_commit"),
+            "denied tool offered: {names:?}"
+        );
+
+        let now = call(&tools, "time__get_current_time", json!({"timezone": "UTC"})).await;
+        assert!(!now.is_error, "{now:?}");
+        let parsed: Value = serde_json::from_str(&now.content).unwrap();
+        assert_eq!(parsed["timezone"], "UTC", "{now:?}");
+        let converted = call(
+            &tools,
+            "time__convert_time",
+            json!({"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"}),
+        )
+        .await;
+        assert!(converted.content.contains("Asia/Tokyo"), "{converted:?}");
+
+        let log = call(&tools, "git__git_log", json!({"repo_path": "/workspace"})).await;
+        assert!(!log.is_error, "{log:?}");
+        assert!(log.content.contains("first commit"), "{log:?}");
+        // The server runs in the sandbox: a path of the host is not there.
+        let outside = call(
+            &tools,
+            "git__git_status",
+            json!({"repo_path": fx.workspace.to_str().unwrap()}),
+        )
+        .await;
+        assert!(outside.is_error, "{outside:?}");
+
+        let host_now = call(
+            &tools,
+            "hosttime__get_current_time",
+            json!({"timezone": "Europe/Paris"}),
+        )
+        .await;
+        assert!(host_now.content.contains("Europe/Paris"), "{host_now:?}");
+
+        // A bad argument is the server's refusal, not a fault: the server stays.
+        let refused = call(
+            &tools,
+            "time__get_current_time",
+            json!({"timezone": "Not/AZone"}),
+        )
+        .await;
+        assert!(refused.is_error, "{refused:?}");
+        let again = call(&tools, "time__get_current_time", json!({"timezone": "UTC"})).await;
+        assert!(!again.is_error, "{again:?}");
+
+        fx.finish(tools).await;
+    });
+}
+
+#[test]
+fn a_crash_restarts_once_then_the_tools_are_withdrawn() {
+    if !sandbox_available() {
+        return;
+    }
+    runtime().block_on(async {
+        let fx = Fixture::start().await;
+        let faults = faults_server();
+        let tools = fx.tools(vec![faults]).await;
+        assert_eq!(tools.reports()[0].error, None, "{:?}", tools.reports());
+        let echo = call(&tools, "faults__echo", json!({"text": "hi"})).await;
+        assert_eq!(echo, ToolOutput::ok("hi"));
+
+        // Killed mid-call: an error result naming the fault and the stderr; restarted.
+        let crash = call(&tools, "faults__crash", json!({})).await;
+        assert!(crash.is_error, "{crash:?}");
+        assert!(
+            crash.content.contains("failed during the call"),
+            "{crash:?}"
+        );
+        assert!(crash.content.contains("restarted"), "{crash:?}");
+        assert!(crash.content.contains("about to crash"), "{crash:?}");
+        let echo = call(&tools, "faults__echo", json!({"text": "back"})).await;
+        assert_eq!(echo, ToolOutput::ok("back"));
+
+        // Hangs past its timeout: the second fault withdraws the tools.
+        let hang = call(&tools, "faults__sleep", json!({"seconds": 600})).await;
+        assert!(hang.is_error, "{hang:?}");
+        assert!(
+            hang.content.contains("did not answer within 5s"),
+            "{hang:?}"
+        );
+        assert!(hang.content.contains("withdrawn"), "{hang:?}");
+        assert!(
+            !tools
+                .definitions()
+                .iter()
+                .any(|d| d.name.starts_with("faults__"))
+        );
+        let after = call(&tools, "faults__echo", json!({"text": "x"})).await;
+        assert!(
+            after.is_error && after.content.contains("was withdrawn"),
+            "{after:?}"
+        );
+        // The built-in tools are untouched.
+        let shell = call(&tools, "shell", json!({"command": "echo fine"})).await;
+        assert!(shell.content.starts_with("fine\n"), "{shell:?}");
+
+        fx.finish(tools).await;
+    });
+}
+
+#[test]
+fn garbage_on_stdout_is_a_fault_and_a_server_that_never_speaks_is_withdrawn() {
+    if !sandbox_available() {
+        return;
+    }
+    runtime().block_on(async {
+        let fx = Fixture::start().await;
+        let faults = faults_server();
+        let mut liar = server(
+            "liar",
+            "sh",
+            &["-c", "while read line; do echo 'not json'; done"],
+        );
+        liar.config.timeout_secs = Some(5);
+        let missing = server("missing", "no-such-server", &[]);
+        let tools = fx.tools(vec![faults, liar, missing]).await;
+        let reports = tools.reports();
+        assert_eq!(reports[0].error, None, "{reports:?}");
+        let liar = reports[1].error.as_deref().unwrap();
+        assert!(liar.contains("could not start"), "{liar}");
+        let missing = reports[2].error.as_deref().unwrap();
+        assert!(missing.contains("no-such-server"), "{missing}");
+        assert!(reports[1].tools.is_empty() && reports[2].tools.is_empty());
+
+        let garbage = call(&tools, "faults__garbage", json!({})).await;
+        assert!(garbage.is_error, "{garbage:?}");
+        let echo = call(&tools, "faults__echo", json!({"text": "still here"})).await;
+        assert_eq!(echo, ToolOutput::ok("still here"));
+        fx.finish(tools).await;
+    });
+}
+
+/// A value registered as a secret (through a proxy credential) that a workspace file holds.
+const MCP_SECRET: &str = "mcp-e2e-Secret-4f9a2c77d1";
+
+#[test]
+fn a_scripted_run_calls_each_server_parks_on_ask_resumes_and_redacts() {
+    if !sandbox_available() {
+        return;
+    }
+    let image = python_image();
+    let host_time = host_time_server();
+    let dir = tempfile::Builder::new()
+        .prefix("mcp-cli-")
+        .tempdir()
+        .unwrap();
+    let workspace = git_workspace(dir.path(), &format!("token {MCP_SECRET}\n"));
+    let config = dir.path().join("nerve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[policy]
+rules = [{{ tool = "git__git_log", action = "ask" }}]
+
+[[proxy.rules]]
+host = "api.example.org"
+[proxy.rules.credential]
+env = "MCP_E2E_TOKEN"
+
+[[mcp.servers]]
+name = "time"
+command = "mcp-server-time"
+args = ["--local-timezone", "UTC"]
+
+[[mcp.servers]]
+name = "git"
+command = "mcp-server-git"
+args = ["--repository", "/workspace"]
+tools = {{ deny = ["git_commit", "git_reset", "git_add"] }}
+
+[[mcp.servers]]
+name = "hosttime"
+command = "{}"
+args = ["--local-timezone", "UTC"]
+trust = "host"
+timeout_secs = 30
+"#,
+            host_time.display()
+        ),
+    )
+    .unwrap();
+    let cassette = dir.path().join("cassette.jsonl");
+    let lines = [
+        json!({"tool_calls": [{"name": "time__get_current_time", "arguments": {"timezone": "UTC"}}]}),
+        json!({"tool_calls": [{"name": "hosttime__get_current_time", "arguments": {"timezone": "Europe/Paris"}}]}),
+        json!({"tool_calls": [{"name": "git__git_show", "arguments": {"repo_path": "/workspace", "revision": "HEAD"}}]}),
+        json!({"tool_calls": [{"name": "git__git_log", "arguments": {"repo_path": "/workspace"}}]}),
+        json!({"text": "done"}),
+    ];
+    std::fs::write(
+        &cassette,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let db = dir.path().join("nerve.db");
+    let provider = format!("script:{}", cassette.display());
+    let config = config.to_str().unwrap();
+    let env = [("MCP_E2E_TOKEN", MCP_SECRET)];
+
+    let listed = crate::support::nerve_env(
+        &db,
+        &[
+            "--config",
+            config,
+            "mcp",
+            "list",
+            "--workspace",
+            workspace.to_str().unwrap(),
+            "--image",
+            image,
+            "--json",
+        ],
+        &env,
+    );
+    assert!(
+        listed.status.success(),
+        "{}",
+        crate::support::stderr(&listed)
+    );
+    let servers = crate::support::last_json(&listed);
+    let runs: Vec<_> = servers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), s["runs"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("time", "sandbox"),
+            ("git", "sandbox"),
+            ("hosttime", "host")
+        ]
+    );
+    assert!(
+        servers[1]["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("git__git_show")),
+        "{servers}"
+    );
+
+    let started = crate::support::nerve_env(
+        &db,
+        &[
+            "--config",
+            config,
+            "run",
+            "--workspace",
+            workspace.to_str().unwrap(),
+            "--task",
+            "look at the repository",
+            "--provider",
+            &provider,
+            "--image",
+            image,
+            "--json",
+        ],
+        &env,
+    );
+    let parked = crate::support::last_json(&started);
+    assert_eq!(
+        parked["termination_reason"],
+        "parked",
+        "{parked} {}",
+        crate::support::stderr(&started)
+    );
+    let id = parked["execution_id"].as_str().unwrap().to_owned();
+    let approve = crate::support::nerve(&db, &["approve", &id]);
+    assert!(
+        approve.status.success(),
+        "{}",
+        crate::support::stderr(&approve)
+    );
+    let resumed =
+        crate::support::nerve_env(&db, &["--config", config, "resume", &id, "--json"], &env);
+    let done = crate::support::last_json(&resumed);
+    assert_eq!(
+        done["termination_reason"],
+        "completed",
+        "{done} {}",
+        crate::support::stderr(&resumed)
+    );
+
+    let replay = crate::support::last_json(&crate::support::nerve(&db, &["replay", &id, "--json"]));
+    assert_eq!(replay["complete"], true, "{replay}");
+    assert_eq!(replay["gaps"], json!([]), "{replay}");
+    let events = crate::support::events_json(&db, &id);
+    let results: Vec<(String, String)> = events
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished")
+        .map(|e| (e["payload"].to_string(), String::new()))
+        .collect();
+    let all = results
+        .iter()
+        .map(|r| r.0.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(results.len(), 4, "{all}");
+    assert!(
+        all.contains("\\\"timezone\\\": \\\"UTC\\\"") || all.contains("UTC"),
+        "{all}"
+    );
+    assert!(all.contains("Europe/Paris"), "{all}");
+    assert!(all.contains("first commit"), "{all}");
+    let everything = serde_json::to_string(&events).unwrap();
+    assert!(
+        !everything.contains(MCP_SECRET),
+        "the secret reached the log"
+    );
+    assert!(all.contains("[REDACTED"), "{all}");
+    let started_event = events.iter().find(|e| e["kind"] == "started").unwrap();
+    assert!(
+        started_event.to_string().contains("trust = \\\"host\\\""),
+        "{started_event}"
+    );
+    assert!(
+        crate::support::nerve(&db, &["verify", &id])
+            .status
+            .success()
+    );
+}
