@@ -67,7 +67,16 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
             .arg(&model)
             .args(["--chat_format", "chatml-function-calling"])
             .args(["--host", "127.0.0.1", "--port", &llama_port.to_string()])
-            .args(["--n_ctx", &CONTEXT_WINDOW.to_string(), "--n_threads", "2"])
+            // One thread: with two on a loaded 2-core machine, every step waits at a
+            // barrier for a descheduled thread (seen here: 4 to 7 s per generated token).
+            .args([
+                "--n_ctx",
+                &CONTEXT_WINDOW.to_string(),
+                "--n_threads",
+                "1",
+                "--n_threads_batch",
+                "1",
+            ])
             .args([
                 "--model_alias",
                 "smollm2",
