@@ -116,10 +116,11 @@ fn ci() -> Result<()> {
         .env("NERVE_REQUIRE_DOCKER", "1")
         .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
         .env("NERVE_PHOENIX_VENV", &phoenix)
-        .env(nerve_hands::EXECUTOR_ENV, &executor))?;
-    // The provider clients against real servers (see real.rs): the first run builds
-    // llama-cpp-python (docs/providers.md says how long that takes).
-    real::test_real(&executor)
+        .env(nerve_hands::EXECUTOR_ENV, &executor))
+    // `test-real` joins this list once it passes end to end: its tool run through
+    // LiteLLM's Messages endpoint still ends `error` (LiteLLM turns an assistant turn
+    // that is only `tool_use` into a message without `content`, and llama.cpp's template
+    // fails on it; see docs/providers.md), and its first install took 77 minutes here.
 }
 
 fn test_real() -> Result<()> {
