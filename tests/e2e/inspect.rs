@@ -309,7 +309,7 @@ fn every_flag_and_argument_of_every_command_has_help_text() {
     let run = help(&["run"]);
     assert!(
         run.contains(
-            "Usage: nerve run [OPTIONS] --workspace <DIR> <--task <TEXT>|--task-file <FILE>>"
+            "Usage: nerve run [OPTIONS] --workspace <DIR> <--task <TEXT>|--task-file <FILE>>\n       nerve run [OPTIONS] --continue <ID> <--task <TEXT>|--task-file <FILE>>"
         ),
         "{run}"
     );
@@ -594,4 +594,58 @@ fn the_html_page_is_self_contained_and_counts_what_the_log_holds() {
         inlined.as_array().unwrap().len(),
         events.as_array().unwrap().len()
     );
+}
+
+/// Nothing reaches the screen that the log would redact: a token a command prints and the
+/// model repeats in its answer, in a pipe and on a terminal (where the answer streams).
+#[test]
+fn the_transcript_shows_no_secret_the_log_redacts() {
+    if !docker_available() {
+        return;
+    }
+    const TOKEN: &str = "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = dir.path().join("workspace");
+    std::fs::create_dir(&workspace).unwrap();
+    std::fs::write(workspace.join("notes.txt"), format!("token={TOKEN}\n")).unwrap();
+    let cassette = dir.path().join("leaky.jsonl");
+    std::fs::write(
+        &cassette,
+        format!(
+            "{}\n{}\n",
+            r#"{"text": "Reading the notes.", "tool_calls": [{"name": "shell", "arguments": {"command": "cat notes.txt"}}], "usage": {"input_tokens": 700, "output_tokens": 15}}"#,
+            serde_json::json!({
+                "text": format!("The token is {TOKEN}, keep it safe."),
+                "usage": {"input_tokens": 800, "output_tokens": 15},
+            }),
+        ),
+    )
+    .unwrap();
+    let provider = format!("script:{}", cassette.display());
+    let args = [
+        "run",
+        "--workspace",
+        workspace.to_str().unwrap(),
+        "--task",
+        "What is in the notes?",
+        "--provider",
+        &provider,
+    ];
+    let db = dir.path().join("nerve.db");
+    let piped = nerve(&db, &args);
+    assert!(piped.status.success(), "{}", stderr(&piped));
+    let shown = stdout(&piped);
+    assert!(
+        shown.contains("The token is [REDACTED:github_token], keep it safe."),
+        "{shown}"
+    );
+    let terminal = String::from_utf8_lossy(&on_a_terminal(&db, &args, &[])).into_owned();
+    assert!(terminal.contains("[REDACTED:github_token]"), "{terminal}");
+    for (what, text) in [
+        ("pipe", &shown),
+        ("stderr", &stderr(&piped)),
+        ("terminal", &terminal),
+    ] {
+        assert!(!text.contains(&TOKEN[..12]), "{what}: {text}");
+    }
 }

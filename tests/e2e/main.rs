@@ -7,11 +7,13 @@
 
 mod anthropic;
 mod bad_input;
+mod chat;
 mod compaction;
 mod contracts;
 mod crash;
 mod demo;
 mod faults;
+mod fleet;
 mod inspect;
 mod interrupt;
 mod json;
@@ -25,6 +27,7 @@ mod reaper;
 mod resume;
 mod sandbox;
 mod sandbox_env;
+mod sandbox_python;
 mod stream;
 mod support;
 mod traces;

@@ -254,6 +254,23 @@ fn a_tampered_log_is_reported_by_verify_and_refused_by_resume() {
     assert_eq!(approve.status.code(), Some(2), "{}", stderr(&approve));
     assert!(stderr(&approve).contains(&broken), "{}", stderr(&approve));
     assert_eq!(read_log(&db).len(), before, "a refused approve appended");
+    // Nor does a person's next message go on it, in a chat or headless.
+    for args in [
+        vec!["chat", id.as_str()],
+        vec!["run", "--continue", id.as_str(), "--task", "Go on."],
+    ] {
+        let refused = nerve(&db, &args);
+        assert_eq!(
+            refused.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&refused)
+        );
+        let message = stderr(&refused);
+        assert_eq!(message.lines().count(), 1, "{message}");
+        assert!(message.contains(&broken), "{args:?}: {message}");
+    }
+    assert_eq!(read_log(&db).len(), before, "a refused follow-up appended");
     assert_eq!(
         containers_of(&id),
         Vec::<String>::new(),

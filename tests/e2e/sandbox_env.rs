@@ -15,7 +15,7 @@ use crate::support::{docker_cli, events_json, last_json, nerve_bin, sandbox_avai
 const LIVENESS: Duration = Duration::from_secs(120);
 
 /// Writes a cassette of `lines` and returns the `--provider` spec for it.
-fn cassette(dir: &Path, name: &str, lines: &[Value]) -> String {
+pub(crate) fn cassette(dir: &Path, name: &str, lines: &[Value]) -> String {
     let path = dir.join(name);
     let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
     std::fs::write(&path, text).unwrap();

@@ -314,12 +314,13 @@ fn a_stream_cut_mid_answer_is_retried_and_jsonl_shows_it_live() {
     for call in &calls[1..] {
         assert!(call["time_to_first_token_ms"].is_u64(), "{call}");
     }
-    let cut = position(&lines, |l| {
-        l["type"] == "delta" && l["text"] == "Half an ans"
-    });
     let retry = position(&lines, |l| {
         l["kind"] == "retry" && l["payload"]["error"] == "truncated_stream"
     });
+    // The cut attempt's text is all shown before the retry (the last word held back until
+    // the answer ended, in case it was the start of a secret).
+    assert_eq!(delta_text(&lines[..retry]), "Half an ans");
+    let cut = position(&lines, |l| l["type"] == "delta" && l["kind"] == "text");
     let tool_start = position(&lines, |l| {
         l["type"] == "delta" && l["kind"] == "tool_call" && l["name"] == "write_file"
     });

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::support::{last_json, nerve, sandbox_available, stderr, stdout};
 
 /// A fresh database on a real PostgreSQL server. Panics in CI when there is none.
-fn postgres_url() -> Option<String> {
+pub(crate) fn postgres_url() -> Option<String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -221,11 +221,11 @@ fn a_run_writes_its_log_to_postgres_when_db_is_a_url() {
     for other in ["running", "failed", "queued", "max_turns"] {
         assert_eq!(with_status(other), json!([]), "--status {other}");
     }
-    // Resuming from PostgreSQL is not built yet: said plainly, nothing created on disk.
+    // Resume reads the PostgreSQL log as it reads SQLite: a completed run is refused.
     let refused = nerve(Path::new(&pg), &["resume", &id]);
     assert_eq!(refused.status.code(), Some(2));
     assert!(
-        stderr(&refused).contains("PostgreSQL"),
+        stderr(&refused).contains("ended with completed, which cannot be resumed"),
         "{}",
         stderr(&refused)
     );

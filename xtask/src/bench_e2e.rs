@@ -28,14 +28,14 @@ const ANCHOR_PACKAGES: [&str; 3] = ["langgraph", "langgraph-checkpoint-sqlite", 
 
 /// One Nerve run of `turns` tool turns, measured from its log.
 #[derive(Debug, Clone)]
-struct NerveRun {
+pub(crate) struct NerveRun {
     /// The whole durable loop, per tool turn.
-    per_turn_us: f64,
+    pub(crate) per_turn_us: f64,
     /// Median turn length over the first and the last 100 turns.
-    first_100_us: f64,
-    last_100_us: f64,
+    pub(crate) first_100_us: f64,
+    pub(crate) last_100_us: f64,
     /// The process, start-up and sandbox included.
-    wall_s: f64,
+    pub(crate) wall_s: f64,
     /// Events in the log, per turn.
     events_per_turn: f64,
     /// Per pair of consecutive event kinds, the median time between their commits (each
@@ -181,6 +181,18 @@ pub(crate) fn bench() -> Result<()> {
 /// A workspace of `turns` 200-byte files, a cassette reading one per turn and then
 /// answering, a fresh log: one `nerve run`, measured.
 fn nerve_run(nerve: &Path, executor: &Path, dir: &Path, turns: usize) -> Result<NerveRun> {
+    let db = dir.join("nerve.db");
+    nerve_run_on(nerve, executor, dir, turns, &db.display().to_string())
+}
+
+/// [`nerve_run`] on the log `db` (a SQLite path or a PostgreSQL URL).
+pub(crate) fn nerve_run_on(
+    nerve: &Path,
+    executor: &Path,
+    dir: &Path,
+    turns: usize,
+    db: &str,
+) -> Result<NerveRun> {
     let workspace = dir.join("workspace");
     std::fs::create_dir_all(&workspace)?;
     let mut cassette = String::new();
@@ -199,12 +211,11 @@ fn nerve_run(nerve: &Path, executor: &Path, dir: &Path, turns: usize) -> Result<
     )?;
     let script = dir.join("cassette.jsonl");
     std::fs::write(&script, cassette)?;
-    let db = dir.join("nerve.db");
     let started = Instant::now();
     let output = Command::new(nerve)
         .env(nerve_hands::EXECUTOR_ENV, executor)
         .arg("--db")
-        .arg(&db)
+        .arg(db)
         .arg("run")
         .arg("--workspace")
         .arg(&workspace)
@@ -231,7 +242,7 @@ fn nerve_run(nerve: &Path, executor: &Path, dir: &Path, turns: usize) -> Result<
     let id = result["execution_id"].as_str().context("no execution id")?;
     let events = Command::new(nerve)
         .arg("--db")
-        .arg(&db)
+        .arg(db)
         .args(["events", id, "--json"])
         .output()
         .context("cannot run nerve events")?;
@@ -294,7 +305,7 @@ fn nerve_run(nerve: &Path, executor: &Path, dir: &Path, turns: usize) -> Result<
     })
 }
 
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     match sorted.len() {
@@ -393,14 +404,14 @@ fn anchor_run(python: &Path, turns: usize) -> Result<f64> {
         .with_context(|| format!("the anchor printed no us_per_turn: {stdout}"))
 }
 
-fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|l| l.split_whitespace().next().map(str::to_owned))
         .unwrap_or_else(|| "?".to_owned())
 }
 
-fn machine_note() -> String {
+pub(crate) fn machine_note() -> String {
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()

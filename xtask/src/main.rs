@@ -12,13 +12,14 @@
 //! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
 //!   `~/.cache/nerve/` when missing, and print where it is
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
-//!   sandbox, proxy, e2e)
+//!   stream, sandbox, proxy, e2e, fleet)
 //! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
 //!   of: session, brain, executor)
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
 mod bench_e2e;
+mod bench_fleet;
 mod fuzz;
 mod phoenix;
 mod real;
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|e2e|fleet] | fuzz [--minutes N] [session|brain|executor]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -189,6 +190,7 @@ fn test_sandbox() -> Result<()> {
 /// unless `force`). Returns where the executor is.
 fn image(force: bool) -> Result<PathBuf> {
     ensure_prerequisites()?;
+    phase("building the in-sandbox executor (static, release: a minute or two the first time)");
     let executor = build_executor()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -196,7 +198,10 @@ fn image(force: bool) -> Result<PathBuf> {
     runtime.block_on(async {
         let docker = nerve_hands::connect_docker().await?;
         if force || !nerve_hands::image_exists(&docker, nerve_hands::DEFAULT_IMAGE).await? {
-            eprintln!("building {}", nerve_hands::DEFAULT_IMAGE);
+            phase(&format!(
+                "building the sandbox image {} (busybox and the executor, no registry)",
+                nerve_hands::DEFAULT_IMAGE
+            ));
             nerve_hands::build_default_image(
                 &docker,
                 &nerve_hands::ImageSource::default(),
@@ -214,21 +219,6 @@ fn image(force: bool) -> Result<PathBuf> {
 /// are root). Returns its tag.
 fn python_image() -> Result<String> {
     ensure_prerequisites()?;
-    let has_debootstrap = Command::new("sh")
-        .args([
-            "-c",
-            "command -v debootstrap || test -x /usr/sbin/debootstrap",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_debootstrap {
-        if !is_root() {
-            bail!(
-                "the Python image is made with debootstrap, as root: sudo apt-get install debootstrap"
-            );
-        }
-        apt_install(&["debootstrap"])?;
-    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -293,8 +283,18 @@ fn build_executor() -> Result<PathBuf> {
     Ok(installed)
 }
 
+/// Says on stderr what a slow step is doing, before it starts.
+fn phase(what: &str) {
+    eprintln!("==> {what}");
+}
+
+/// The README's first command: build what the demo needs (each phase announced), then run
+/// the scripted demo task in a real sandbox with its transcript on the terminal, which ends
+/// with where the log is and three commands to try next.
 fn demo() -> Result<()> {
+    phase("checking the prerequisites (Debian's busybox-static, a Docker engine)");
     let executor = image(false)?;
+    phase("building nerve (debug)");
     run(cargo().args(["build", "--quiet", "--package", "nerve-cli"]))?;
     let demo = Path::new("target").join("demo");
     let workspace = demo.join("workspace");
@@ -305,7 +305,11 @@ fn demo() -> Result<()> {
     copy_dir(Path::new("examples/demo/workspace"), &workspace)?;
     let db = demo.join("nerve.db");
     let nerve = target_dir().join("debug").join("nerve");
-    let output = Command::new(&nerve)
+    phase(&format!(
+        "running the demo: a scripted agent fixes the failing test in {}",
+        workspace.display()
+    ));
+    let status = Command::new(&nerve)
         .env(nerve_hands::EXECUTOR_ENV, &executor)
         .args(["--db"])
         .arg(&db)
@@ -316,31 +320,17 @@ fn demo() -> Result<()> {
             "examples/demo/task.txt",
             "--provider",
             "script:examples/demo/cassette.jsonl",
-            "--json",
         ])
-        .stderr(Stdio::inherit())
-        .output()
+        .status()
         .context("cannot run nerve")?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    print!("{stdout}");
-    let last = stdout.lines().last().unwrap_or_default();
-    let id = last
-        .split("\"execution_id\":\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .context("nerve run printed no execution id")?
-        .to_owned();
-    if !output.status.success() {
-        bail!("the demo run did not complete ({})", output.status);
+    if !status.success() {
+        bail!("the demo run did not complete ({status})");
     }
-    println!("\nworkspace after the run ({}):", workspace.display());
-    println!("{}", std::fs::read_to_string(workspace.join("greet.sh"))?);
-    println!("replay of {id}:");
-    run(Command::new(&nerve)
-        .env(nerve_hands::EXECUTOR_ENV, &executor)
-        .arg("--db")
-        .arg(&db)
-        .args(["replay", &id]))
+    println!(
+        "\nnerve is {} (or `cargo run -p nerve-cli --`); the scripted model answers one chat message",
+        nerve.display()
+    );
+    Ok(())
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -364,6 +354,11 @@ fn bench(area: Option<&str>) -> Result<()> {
     if area == Some("e2e") {
         return bench_e2e::bench();
     }
+    // Fleets: the PostgreSQL log and `nerve worker` against LangGraph's PostgreSQL
+    // checkpointer (bench_fleet.rs).
+    if area == Some("fleet") {
+        return bench_fleet::bench();
+    }
     // (package, bench target); `None` runs every bench of the package.
     let selected: Vec<(&str, Option<&str>)> = match area {
         None => vec![
@@ -381,6 +376,9 @@ fn bench(area: Option<&str>) -> Result<()> {
             ("nerve-brain", Some("compaction_retention")),
             ("nerve-brain", Some("compaction_speed")),
         ],
+        // The engine's streaming path against a bare reqwest loop (issue 17), also part of
+        // `brain`.
+        Some("stream") => vec![("nerve-brain", Some("stream"))],
         Some("sandbox") => vec![("nerve-hands", Some("sandbox"))],
         // The proxy benchmark needs neither Docker nor the image: in-process upstream,
         // proxy and relay on the loopback.
@@ -423,6 +421,22 @@ fn ensure_prerequisites() -> Result<()> {
         }
         apt_install(&["busybox-static"])?;
     }
+    // The Debian Python image of the sandbox tests and benchmark is made with debootstrap.
+    let debootstrap_ok = Command::new("sh")
+        .args([
+            "-c",
+            "command -v debootstrap || test -x /usr/sbin/debootstrap",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !debootstrap_ok {
+        if !is_root {
+            bail!(
+                "the Python sandbox image is made with Debian's debootstrap, as root: sudo apt-get install debootstrap"
+            );
+        }
+        apt_install(&["debootstrap"])?;
+    }
     // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium.
     let chromium_ok = Command::new("sh")
         .args(["-c", "command -v chromium"])
@@ -460,6 +474,7 @@ fn is_root() -> bool {
 }
 
 fn apt_install(packages: &[&str]) -> Result<()> {
+    phase(&format!("installing Debian's {}", packages.join(", ")));
     run(Command::new("apt-get").args(["update", "-qq"]))?;
     run(Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])

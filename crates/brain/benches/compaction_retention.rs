@@ -30,32 +30,37 @@
 
 #[path = "trajectory/mod.rs"]
 mod trajectory;
+#[path = "window_server/mod.rs"]
+mod window_server;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use nerve_brain::archive::MemoryArchive;
-use nerve_brain::compaction::{CompactionConfig, transcript};
+use nerve_brain::compaction::{CompactionConfig, SUMMARY_PROMPT, transcript};
 use nerve_brain::stagnation::StagnationConfig;
 use nerve_brain::tokens::{CachedCounter, Estimate, estimate_messages};
 use nerve_brain::{
-    AgentEngine, EngineConfig, FinishReason, ModelRequest, ModelResponse, Provider, ProviderError,
-    ScriptedProvider, Task, TokenCounter,
+    AgentEngine, EngineConfig, HttpConfig, ModelRequest, ModelResponse, OpenAiConfig,
+    OpenAiProvider, Provider, ProviderError, Task, TokenCounter,
 };
 use nerve_core::event::{CallPurpose, CompactionStrategy};
 use nerve_core::{
     ContextArchive, Event, EventSink, ExecutionId, Message, MessageRole, SinkError, TaskId,
-    TaskStatus, TokenUsage, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
+    TaskStatus, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
 };
 use tokio_util::sync::CancellationToken;
 use trajectory::{Fact, Kind, Noise, Shape, Trajectory, haystack};
+use window_server::{Answer, WindowServer, completion};
 
 const SEEDS: [u64; 5] = [11, 22, 33, 44, 55];
-const WINDOWS: [u64; 4] = [8_000, 16_000, 32_000, 64_000];
+const WINDOWS: [u64; 4] = [4_096, 8_000, 16_000, 32_000];
 /// The second, smaller table: the same seeds with realistic noise (`Noise::Realistic`), to
 /// see how far the first one carries over.
 const REALISTIC_WINDOWS: [u64; 2] = [8_000, 32_000];
+/// The second generator's windows.
+const SECOND_WINDOWS: [u64; 3] = [8_000, 16_000, 32_000];
 const REALISTIC_STRATEGIES: [Strategy; 4] = [
     Strategy::Truncate,
     Strategy::Mask,
@@ -176,11 +181,11 @@ struct Record {
     reused_tokens: u64,
 }
 
-/// The scripted cassette for agent turns, plus the summary behaviour and a record of every
-/// agent request.
+/// Records every agent request, then sends it (and every summary request) through the
+/// OpenAI client to the [`WindowServer`], which refuses what is over the window and
+/// answers the rest from the cassette (agent turns) or [`good_summary`] (summaries).
 struct BenchProvider {
-    agent: ScriptedProvider,
-    summaries: Summaries,
+    client: OpenAiProvider,
     trajectory: Arc<Trajectory>,
     counter: CachedCounter<Estimate>,
     record: Mutex<Record>,
@@ -198,58 +203,94 @@ impl Provider for BenchProvider {
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
-        match request.purpose {
-            CallPurpose::Agent => {
-                {
-                    let mut record = self.record.lock().unwrap();
-                    record.calls += 1;
-                    let turn = record.calls;
-                    let tokens = self.counter.count_messages(request.messages)
-                        + self.counter.count_tools(request.tools);
-                    record.peak = record.peak.max(tokens);
-                    let common = request
-                        .messages
-                        .iter()
-                        .zip(&record.previous)
-                        .take_while(|(a, b)| a == b)
-                        .count();
-                    record.reused_tokens +=
-                        self.counter.count_messages(&request.messages[..common]);
-                    record.sent_tokens += self.counter.count_messages(request.messages);
-                    record.previous = request.messages.to_vec();
-                    record.lengths.push(request.messages.len());
-                    let needed: Vec<(usize, &Fact)> = self.trajectory.needed_at(turn).collect();
-                    if !needed.is_empty() {
-                        let text = haystack(request.messages);
-                        for (index, fact) in needed {
-                            record.at_need.push((index, fact.is_in(&text)));
-                        }
-                    }
+        if request.purpose == CallPurpose::Agent {
+            let mut record = self.record.lock().unwrap();
+            record.calls += 1;
+            let turn = record.calls;
+            let tokens = self.counter.count_messages(request.messages)
+                + self.counter.count_tools(request.tools);
+            record.peak = record.peak.max(tokens);
+            let common = request
+                .messages
+                .iter()
+                .zip(&record.previous)
+                .take_while(|(a, b)| a == b)
+                .count();
+            record.reused_tokens += self.counter.count_messages(&request.messages[..common]);
+            record.sent_tokens += self.counter.count_messages(request.messages);
+            record.previous = request.messages.to_vec();
+            record.lengths.push(request.messages.len());
+            let needed: Vec<(usize, &Fact)> = self.trajectory.needed_at(turn).collect();
+            if !needed.is_empty() {
+                let text = haystack(request.messages);
+                for (index, fact) in needed {
+                    record.at_need.push((index, fact.is_in(&text)));
                 }
-                self.agent.complete(request).await
             }
-            CallPurpose::Summary => match self.summaries {
+        }
+        self.client.complete(request).await
+    }
+}
+
+/// The server's answers: summary requests (known by the summary prompt) get
+/// [`good_summary`] or, with [`Summaries::Fail`], a permanent error; agent requests get
+/// the cassette's next line.
+fn answers(
+    trajectory: Arc<Trajectory>,
+    cassette: &str,
+    summaries: Summaries,
+) -> impl Fn(&serde_json::Value) -> Answer + Send + Sync + use<> {
+    let lines: Mutex<VecDeque<serde_json::Value>> = Mutex::new(
+        cassette
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect(),
+    );
+    move |request| {
+        let messages = request["messages"].as_array().cloned().unwrap_or_default();
+        let system = messages
+            .first()
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default();
+        if system.starts_with(&SUMMARY_PROMPT[..40]) {
+            return match summaries {
                 Summaries::Good => {
-                    let transcript = request
-                        .messages
+                    let transcript = messages
                         .iter()
-                        .filter(|m| m.role == MessageRole::User)
-                        .map(Message::text_content)
+                        .filter(|m| m["role"] == "user")
+                        .filter_map(|m| m["content"].as_str())
                         .collect::<Vec<_>>()
                         .join("\n");
-                    Ok(ModelResponse {
-                        message: Message::text(
-                            MessageRole::Assistant,
-                            good_summary(&self.trajectory, &transcript),
-                        ),
-                        usage: TokenUsage::new(0, 0),
-                        finish: FinishReason::Stop,
-                    })
+                    Ok(completion(&good_summary(&trajectory, &transcript), &[]))
                 }
-                Summaries::Fail => self.agent.complete(request).await,
-            },
-            CallPurpose::Plan => self.agent.complete(request).await,
+                Summaries::Fail => Err((
+                    400,
+                    serde_json::json!({"error": {"message": "this run has no summariser", "type": "invalid_request_error"}}),
+                )),
+            };
         }
+        let Some(line) = lines.lock().unwrap().pop_front() else {
+            return Err((
+                400,
+                serde_json::json!({"error": {"message": "script exhausted", "type": "invalid_request_error"}}),
+            ));
+        };
+        let calls: Vec<(String, String, serde_json::Value)> = line["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|call| {
+                (
+                    call["id"].as_str().unwrap_or_default().to_owned(),
+                    call["name"].as_str().unwrap_or_default().to_owned(),
+                    call["arguments"].clone(),
+                )
+            })
+            .collect();
+        Ok(completion(
+            line["text"].as_str().unwrap_or_default(),
+            &calls,
+        ))
     }
 }
 
@@ -312,11 +353,13 @@ fn good_summary(trajectory: &Trajectory, transcript: &str) -> String {
             out.push_str(&format!("- {}\n", fact.statement));
         }
     };
-    section(
-        &mut out,
-        "Findings",
-        &[Kind::Path, Kind::Error, Kind::Number],
-    );
+    let findings: Vec<Kind> = Kind::ALL
+        .iter()
+        .chain(&trajectory::second::KINDS)
+        .copied()
+        .filter(|kind| !matches!(kind, Kind::Decision | Kind::Constraint))
+        .collect();
+    section(&mut out, "Findings", &findings);
     section(&mut out, "Decisions", &[Kind::Decision, Kind::Constraint]);
     out.push_str("## Open questions\n- none\n## Next steps\n");
     out.push_str(&format!("- {next}\n"));
@@ -330,6 +373,11 @@ struct Run {
     archive: Arc<MemoryArchive>,
     execution: ExecutionId,
     compactions: Vec<(CompactionStrategy, bool)>,
+    /// Requests the server refused as over the window, of all it received.
+    rejected: usize,
+    requests: usize,
+    /// How the run ended, when not `completed`.
+    failure: Option<String>,
 }
 
 fn engine_run(
@@ -353,13 +401,25 @@ fn engine_run(
         Strategy::Layered | Strategy::Extractive => CompactionConfig::default(),
         Strategy::Truncate => unreachable!("truncation is emulated, not run"),
     };
+    let summaries = if strategy == Strategy::Layered {
+        Summaries::Good
+    } else {
+        Summaries::Fail
+    };
+    // Without a window (the uncompacted reference) the server enforces none.
+    let server = runtime.block_on(WindowServer::start(
+        window.unwrap_or(u64::MAX / 4),
+        Arc::new(answers(Arc::clone(trajectory), cassette, summaries)),
+    ));
+    let mut client = OpenAiConfig::new("bench");
+    client.base_url = server.base_url.clone();
+    client.context_window = window;
+    client.http = HttpConfig {
+        proxy_from_env: false,
+        ..HttpConfig::default()
+    };
     let provider = Arc::new(BenchProvider {
-        agent: ScriptedProvider::parse("bench", cassette).unwrap(),
-        summaries: if strategy == Strategy::Layered {
-            Summaries::Good
-        } else {
-            Summaries::Fail
-        },
+        client: OpenAiProvider::new(client).unwrap(),
         trajectory: Arc::clone(trajectory),
         counter: CachedCounter::new(Estimate),
         record: Mutex::new(Record::default()),
@@ -397,20 +457,20 @@ fn engine_run(
     let result = runtime
         .block_on(engine.run(execution, task, CancellationToken::new()))
         .unwrap();
-    assert_eq!(
-        result.termination_reason,
-        nerve_core::TerminationReason::Completed,
-        "{strategy:?} {window:?}: {:?}",
-        result.error
-    );
+    let failure = (result.termination_reason != nerve_core::TerminationReason::Completed)
+        .then(|| format!("{:?}: {:?}", result.termination_reason, result.error));
     let record = std::mem::take(&mut *provider.record.lock().unwrap());
     let compactions = std::mem::take(&mut *sink.0.lock().unwrap());
+    let seen = &server.seen;
     Run {
         messages: result.context.messages,
         record,
         archive,
         execution,
         compactions,
+        rejected: seen.rejected.load(std::sync::atomic::Ordering::SeqCst),
+        requests: seen.requests.load(std::sync::atomic::Ordering::SeqCst),
+        failure,
     }
 }
 
@@ -476,6 +536,11 @@ struct Cell {
     offloads: usize,
     sent_tokens: u64,
     reused_tokens: u64,
+    /// Requests the server refused as over the window, of all it received.
+    rejected: usize,
+    requests: usize,
+    /// Runs that did not complete, with how they ended.
+    failures: Vec<String>,
 }
 
 impl Cell {
@@ -507,13 +572,18 @@ struct Measured {
     sizes: Vec<(u64, u64, usize, u64)>,
 }
 
-fn measure(runtime: &tokio::runtime::Runtime, shape: Shape, windows: &[u64]) -> Measured {
+fn measure(
+    runtime: &tokio::runtime::Runtime,
+    generate: &dyn Fn(u64) -> Trajectory,
+    windows: &[u64],
+) -> Measured {
     let mut cells: BTreeMap<(u64, Strategy), Cell> = BTreeMap::new();
     let mut sizes = Vec::new();
     for seed in SEEDS {
-        let trajectory = Arc::new(trajectory::generate(seed, shape));
+        let trajectory = Arc::new(generate(seed));
         let cassette = trajectory.cassette();
         let reference = engine_run(runtime, &trajectory, &cassette, Strategy::None, None);
+        assert_eq!(reference.failure, None, "seed {seed}: the uncompacted run");
         let full_tokens = estimate_messages(&reference.messages);
         let counts: Vec<u64> = reference
             .messages
@@ -594,6 +664,11 @@ fn measure(runtime: &tokio::runtime::Runtime, shape: Shape, windows: &[u64]) -> 
                 cell.peak_share = cell.peak_share.max(run.record.peak as f64 / window as f64);
                 cell.sent_tokens += run.record.sent_tokens;
                 cell.reused_tokens += run.record.reused_tokens;
+                cell.rejected += run.rejected;
+                cell.requests += run.requests;
+                if let Some(failure) = &run.failure {
+                    cell.failures.push(format!("seed {seed}: {failure}"));
+                }
                 for (index, fact) in trajectory.facts.iter().enumerate() {
                     cell.add_fact(
                         fact.kind,
@@ -621,9 +696,9 @@ fn measure(runtime: &tokio::runtime::Runtime, shape: Shape, windows: &[u64]) -> 
 /// The main table: one row per window and strategy.
 fn print_table(cells: &BTreeMap<(u64, Strategy), Cell>, windows: &[u64], strategies: &[Strategy]) {
     println!(
-        "| window | strategy | token reduction | largest request / window | facts in context (end) | in context when needed | recallable | in context or recallable | masks / summaries / offloads | prompt reuse |"
+        "| window | strategy | token reduction | largest request / window | over-window requests | runs ended `error` | facts in context (end) | in context when needed | recallable | in context or recallable | masks / summaries / offloads | prompt reuse |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &window in windows {
         for &strategy in strategies {
             let Some(cell) = cells.get(&(window, strategy)) else {
@@ -644,8 +719,15 @@ fn print_table(cells: &BTreeMap<(u64, Strategy), Cell>, windows: &[u64], strateg
                 "{:.0}%",
                 100.0 * cell.reused_tokens as f64 / cell.sent_tokens.max(1) as f64
             );
+            let (rejected, failed) = match strategy {
+                Strategy::Mask | Strategy::Layered | Strategy::Extractive => (
+                    format!("{} of {}", cell.rejected, cell.requests),
+                    format!("{} of {}", cell.failures.len(), SEEDS.len()),
+                ),
+                Strategy::None | Strategy::Truncate => ("–".to_owned(), "–".to_owned()),
+            };
             println!(
-                "| {}k | {} | {reduction:.0}% | {:.0}% | {:.0}% | {:.0}% | {:.0}% | {:.0}% | {counts} | {reuse} |",
+                "| {}k | {} | {reduction:.0}% | {:.0}% | {rejected} | {failed} | {:.0}% | {:.0}% | {:.0}% | {:.0}% | {counts} | {reuse} |",
                 window / 1_000,
                 strategy.name(),
                 100.0 * cell.peak_share,
@@ -658,21 +740,31 @@ fn print_table(cells: &BTreeMap<(u64, Strategy), Cell>, windows: &[u64], strateg
     }
 }
 
+/// How the runs that did not complete ended.
+fn print_failures(cells: &BTreeMap<(u64, Strategy), Cell>) {
+    for ((window, strategy), cell) in cells {
+        for failure in &cell.failures {
+            println!("- {}k, {}: {failure}", window / 1_000, strategy.name());
+        }
+    }
+}
+
 /// Facts in context at the end, by kind.
 fn print_by_kind(
     cells: &BTreeMap<(u64, Strategy), Cell>,
     windows: &[u64],
     strategies: &[Strategy],
+    kinds: &[Kind],
 ) {
-    let kinds: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
-    println!("| window | strategy | {} |", kinds.join(" | "));
-    println!("|---|---|{}", "---|".repeat(kinds.len()));
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    println!("| window | strategy | {} |", names.join(" | "));
+    println!("|---|---|{}", "---|".repeat(names.len()));
     for &window in windows {
         for &strategy in strategies {
             let Some(cell) = cells.get(&(window, strategy)) else {
                 continue;
             };
-            let columns: Vec<String> = Kind::ALL
+            let columns: Vec<String> = kinds
                 .iter()
                 .map(|kind| {
                     let (n, kept, either) = cell.by_kind.get(kind).copied().unwrap_or_default();
@@ -690,16 +782,15 @@ fn print_by_kind(
 }
 
 /// The line under a table's title: the trajectories' size.
-fn print_sizes(shape: Shape, sizes: &[(u64, u64, usize, u64)]) {
+fn print_sizes(turns: &str, kinds: usize, sizes: &[(u64, u64, usize, u64)]) {
     println!(
-        "{} seeded trajectories ({} turns each; uncompacted: {} tokens on average, {:.0}% of them in tool outputs; {} needed facts in all, {} per kind)\n",
+        "{} seeded trajectories ({turns} turns each; uncompacted: {} tokens on average, {:.0}% of them in tool outputs; {} needed facts in all, {} per kind)\n",
         SEEDS.len(),
-        shape.turns,
         sizes.iter().map(|s| s.1).sum::<u64>() / sizes.len() as u64,
         100.0 * sizes.iter().map(|s| s.3).sum::<u64>() as f64
             / sizes.iter().map(|s| s.1).sum::<u64>() as f64,
         sizes.iter().map(|s| s.2).sum::<usize>(),
-        sizes.iter().map(|s| s.2).sum::<usize>() / Kind::ALL.len(),
+        sizes.iter().map(|s| s.2).sum::<usize>() / kinds,
     );
 }
 
@@ -709,12 +800,31 @@ fn main() {
         .build()
         .unwrap();
     let shape = Shape::default();
-    let Measured { cells, sizes } = measure(&runtime, shape, &WINDOWS);
+    let first = |seed| trajectory::generate(seed, shape);
+    let Measured { cells, sizes } = measure(&runtime, &first, &WINDOWS);
     println!("Compaction fact retention");
-    print_sizes(shape, &sizes);
+    print_sizes(&shape.turns.to_string(), Kind::ALL.len(), &sizes);
     print_table(&cells, &WINDOWS, &Strategy::ALL);
+    print_failures(&cells);
     println!("\nFacts in context at the end, by kind (in context or recallable in brackets)\n");
-    print_by_kind(&cells, &WINDOWS, &Strategy::ALL);
+    print_by_kind(&cells, &WINDOWS, &Strategy::ALL, &Kind::ALL);
+
+    // The second generator: ten fact kinds the digests were not written against.
+    let second = |seed| trajectory::second::generate(seed);
+    let Measured { cells, sizes } = measure(&runtime, &second, &SECOND_WINDOWS);
+    println!("\nCompaction fact retention, second generator (ten other fact kinds)");
+    print_sizes("84–129", trajectory::second::KINDS.len(), &sizes);
+    print_table(&cells, &SECOND_WINDOWS, &Strategy::ALL);
+    print_failures(&cells);
+    println!(
+        "\nSecond generator: facts in context at the end, by kind (in context or recallable in brackets)\n"
+    );
+    print_by_kind(
+        &cells,
+        &SECOND_WINDOWS,
+        &REALISTIC_STRATEGIES,
+        &trajectory::second::KINDS,
+    );
 
     // The same seeds with noise shaped like real tool output: how far the table above
     // carries over (docs/benchmarks.md, "How far this carries over").
@@ -722,12 +832,19 @@ fn main() {
         noise: Noise::Realistic,
         ..Shape::default()
     };
-    let Measured { cells, sizes } = measure(&runtime, shape, &REALISTIC_WINDOWS);
+    let realistic = |seed| trajectory::generate(seed, shape);
+    let Measured { cells, sizes } = measure(&runtime, &realistic, &REALISTIC_WINDOWS);
     println!("\nCompaction fact retention with realistic noise");
-    print_sizes(shape, &sizes);
+    print_sizes(&shape.turns.to_string(), Kind::ALL.len(), &sizes);
     print_table(&cells, &REALISTIC_WINDOWS, &REALISTIC_STRATEGIES);
+    print_failures(&cells);
     println!(
         "\nRealistic noise: facts in context at the end, by kind (in context or recallable in brackets)\n"
     );
-    print_by_kind(&cells, &REALISTIC_WINDOWS, &REALISTIC_STRATEGIES);
+    print_by_kind(
+        &cells,
+        &REALISTIC_WINDOWS,
+        &REALISTIC_STRATEGIES,
+        &Kind::ALL,
+    );
 }

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use nerve_core::{ArchivedBlock, BlockId, ContextArchive, ExecutionId, RecallHit, SinkError};
 
-use crate::compaction::transcript;
+use crate::compaction::{is_summary, transcript};
 
 #[derive(Debug, Default)]
 pub struct MemoryArchive {
@@ -37,7 +37,9 @@ impl ContextArchive for MemoryArchive {
         Ok(blocks.get(&(execution, id)).cloned())
     }
 
-    /// Every word of `query` must occur (case-insensitively) in the block.
+    /// Every word of `query` must occur (case-insensitively) in the block. Original
+    /// outputs and messages come before summaries (which restate them, shortened), older
+    /// blocks first within each; each hit shows the line where the first word occurs.
     async fn search(
         &self,
         execution: ExecutionId,
@@ -45,31 +47,55 @@ impl ContextArchive for MemoryArchive {
         limit: usize,
     ) -> Result<Vec<RecallHit>, SinkError> {
         let words: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
+        if words.is_empty() {
+            return Ok(Vec::new());
+        }
         let blocks = self
             .blocks
             .lock()
             .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
-        let mut hits = Vec::new();
+        // (is a summary, hit).
+        let mut hits: Vec<(bool, RecallHit)> = Vec::new();
         for ((owner, id), block) in blocks.iter() {
             if *owner != execution {
                 continue;
             }
             let text = transcript(&block.messages.iter().collect::<Vec<_>>(), None);
             let lower = text.to_lowercase();
-            if !words.is_empty() && words.iter().all(|w| lower.contains(w.as_str())) {
-                let at = lower.find(words[0].as_str()).unwrap_or(0);
-                let start = nerve_core::text::clip(&text, at.saturating_sub(80)).len();
-                let snippet: String = text[start..].chars().take(200).collect();
-                hits.push(RecallHit {
+            if !words.iter().all(|w| lower.contains(w.as_str())) {
+                continue;
+            }
+            let at = lower.find(words[0].as_str()).unwrap_or(0);
+            hits.push((
+                block.messages.iter().any(is_summary),
+                RecallHit {
                     id: *id,
                     note: block.note.clone(),
-                    snippet: snippet.replace('\n', " "),
-                });
-            }
-            if hits.len() >= limit {
-                break;
-            }
+                    snippet: line_at(&text, at),
+                },
+            ));
         }
-        Ok(hits)
+        hits.sort_by_key(|(summary, _)| *summary); // Stable: ids (UUID v7) in time order.
+        Ok(hits.into_iter().take(limit).map(|(_, hit)| hit).collect())
     }
+}
+
+/// Characters of a hit's line of context at most.
+const SNIPPET_CHARS: usize = 200;
+
+/// The line of `text` around byte `at` (lowercasing can move bytes: `at` is clamped), at
+/// most [`SNIPPET_CHARS`] characters, centred on `at` when the line is longer.
+fn line_at(text: &str, at: usize) -> String {
+    let at = nerve_core::text::clip(text, at.min(text.len())).len();
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+    let line = &text[start..end];
+    let offset = at - start;
+    let from = nerve_core::text::clip(line, offset.saturating_sub(SNIPPET_CHARS / 2)).len();
+    line[from..]
+        .chars()
+        .take(SNIPPET_CHARS)
+        .collect::<String>()
+        .trim()
+        .to_owned()
 }

@@ -35,7 +35,8 @@ impl BuiltinTool {
         match self {
             Self::Recall => {
                 "Get back context that compaction archived: by block_id (shown in previews, placeholders \
-                 and summaries) or by searching with query."
+                 and summaries; long blocks come a page at a time, continue with offset) or by \
+                 searching with query (block ids with a line of context each)."
             }
             Self::CompressContext => {
                 "Compact your context at a good moment (a sub-goal done, before a large input). Older \
@@ -67,9 +68,12 @@ pub(crate) struct RecallArgs {
     /// Words to search for in archived context.
     #[serde(default)]
     pub(crate) query: Option<String>,
-    /// The id of an archived block to return in full.
+    /// The id of an archived block to return (a page at a time when it is long).
     #[serde(default)]
     pub(crate) block_id: Option<String>,
+    /// With block_id: the character to start the page at (0 by default; each page gives the next).
+    #[serde(default)]
+    pub(crate) offset: Option<u64>,
 }
 
 /// `compress_context`'s arguments.

@@ -4,6 +4,9 @@
 //! boundaries, archives the originals and records the events.
 //!
 //! The layers, cheapest first:
+//! Sizes scale with the window ([`Budget`]), and before every request the compactor makes
+//! the prompt fit the window less the reply's reserve, whatever the thresholds say.
+//!
 //! 1. **Offload**: a tool output over `offload_tokens` goes to the archive at once; the
 //!    conversation keeps a preview (head, tail and a digest of the middle) and the block id.
 //! 2. **Mask** (soft threshold, 60%): old tool results, outside the recent turns, are
@@ -31,9 +34,11 @@ use crate::epistemic::{keep_threshold, marker_groups};
 #[serde(default, deny_unknown_fields)]
 pub struct CompactionConfig {
     pub enabled: bool,
-    /// A tool output over this many tokens is archived at once.
+    /// A tool output over this many tokens (at most [`OUTPUT_WINDOW_PERCENT`] of the window,
+    /// see [`CompactionConfig::budget`]) is archived at once.
     pub offload_tokens: u64,
-    /// Characters of an offloaded output kept in the conversation (head and tail).
+    /// Characters of an offloaded output kept in the conversation (head and tail; at most
+    /// 5% of the window).
     pub preview_chars: usize,
     pub soft_percent: u32,
     pub hard_percent: u32,
@@ -100,6 +105,73 @@ impl CompactionConfig {
             self.keep_recent_turns.saturating_sub(1).max(1)
         } else {
             self.keep_recent_turns
+        }
+    }
+}
+
+/// Characters per token assumed when a token budget becomes a character budget: fewer than
+/// the three to four of prose, so that code and logs (denser in tokens) still fit.
+pub const CHARS_PER_TOKEN: u64 = 3;
+
+/// The sizes that scale with the window, so that a 4,096-token window works as well as a
+/// 200,000-token one. Without a known window they are the configured ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// The most a request's prompt (messages and tool definitions) may take: the window
+    /// less [`reply_reserve`]. `u64::MAX` when the window is unknown.
+    pub prompt: u64,
+    /// A tool output over this many tokens is offloaded at once (`offload_tokens`, at most
+    /// [`OUTPUT_WINDOW_PERCENT`] of the window).
+    pub output_tokens: u64,
+    /// Characters of an offloaded output kept as its preview (head and tail).
+    pub preview_chars: usize,
+    /// Characters of the digest a placeholder or a preview carries.
+    pub digest_chars: usize,
+    /// Characters of one page of `recall`: what one tool output may take.
+    pub page_chars: usize,
+}
+
+/// The share of the window (percent) one tool output (or one page of `recall`) may take.
+pub const OUTPUT_WINDOW_PERCENT: u64 = 15;
+/// The share of the window (percent) an offloaded output's preview may take.
+const PREVIEW_WINDOW_PERCENT: u64 = 5;
+/// The share of the window (percent) a digest may take.
+const DIGEST_WINDOW_PERCENT: u64 = 3;
+/// A page of `recall` never exceeds this many characters, whatever the window.
+pub const MAX_PAGE_CHARS: usize = 24_000;
+
+/// Tokens kept free for the reply: an eighth of the window, between 256 and 4,096.
+pub fn reply_reserve(capacity: u64) -> u64 {
+    (capacity / 8).clamp(256, 4_096).min(capacity / 2)
+}
+
+impl CompactionConfig {
+    /// The sizes in force for a window of `capacity` tokens.
+    pub fn budget(&self, capacity: Option<u64>) -> Budget {
+        let Some(capacity) = capacity.filter(|c| *c > 0) else {
+            return Budget {
+                prompt: u64::MAX,
+                output_tokens: self.offload_tokens,
+                preview_chars: self.preview_chars,
+                digest_chars: self.mask_digest_chars,
+                page_chars: MAX_PAGE_CHARS,
+            };
+        };
+        let share = |percent: u64| {
+            usize::try_from(capacity * percent / 100 * CHARS_PER_TOKEN).unwrap_or(usize::MAX)
+        };
+        let output_tokens = self
+            .offload_tokens
+            .min(capacity * OUTPUT_WINDOW_PERCENT / 100)
+            .max(1);
+        Budget {
+            prompt: capacity - reply_reserve(capacity),
+            output_tokens,
+            preview_chars: self.preview_chars.min(share(PREVIEW_WINDOW_PERCENT)),
+            digest_chars: self.mask_digest_chars.min(share(DIGEST_WINDOW_PERCENT)),
+            page_chars: usize::try_from(output_tokens * CHARS_PER_TOKEN)
+                .unwrap_or(usize::MAX)
+                .clamp(200, MAX_PAGE_CHARS),
         }
     }
 }
@@ -308,26 +380,32 @@ pub(crate) const ARCHIVED: &str = "[archived output: ";
 /// of the characters, more than the third (of the tokens) `compactor.rs` asks before it
 /// masks. (A bare placeholder can be longer than a tiny output, which is then left alone.)
 pub fn masked(message: &Message, tokens: u64, block: BlockId, digest_chars: usize) -> Message {
+    with_results(message, |result| {
+        let what = format!(
+            "{MASKED}the output of {} ({tokens} tokens) was archived as block {block}; call recall with this block_id to see it",
+            result.name
+        );
+        let room =
+            (result.content.len() * 3 / 5).saturating_sub(what.len() + DIGEST_HEADER.len() + 2);
+        let digest = digest(&result.content, digest_chars.min(room));
+        if digest.is_empty() {
+            format!("{what}]")
+        } else {
+            format!("{what}{DIGEST_HEADER}]\n{digest}")
+        }
+    })
+}
+
+/// `message` with the content of each of its tool results replaced by `content` of it.
+pub(crate) fn with_results(message: &Message, content: impl Fn(&ToolResult) -> String) -> Message {
     let parts = message
         .parts
         .iter()
         .map(|part| match part {
-            MessagePart::ToolResult(result) => {
-                let mut result = result.clone();
-                let what = format!(
-                    "{MASKED}the output of {} ({tokens} tokens) was archived as block {block}; call recall with this block_id to see it",
-                    result.name
-                );
-                let room = (result.content.len() * 3 / 5)
-                    .saturating_sub(what.len() + DIGEST_HEADER.len() + 2);
-                let digest = digest(&result.content, digest_chars.min(room));
-                result.content = if digest.is_empty() {
-                    format!("{what}]")
-                } else {
-                    format!("{what}{DIGEST_HEADER}]\n{digest}")
-                };
-                MessagePart::ToolResult(result)
-            }
+            MessagePart::ToolResult(result) => MessagePart::ToolResult(ToolResult {
+                content: content(result),
+                ..result.clone()
+            }),
             other @ (MessagePart::Text { .. }
             | MessagePart::ToolCall(_)
             | MessagePart::Thinking { .. }
@@ -351,7 +429,8 @@ const DIGEST_HEADER: &str = "; its notable lines:";
 // once, and rules in general words.
 const DIGEST_ERROR: u8 = 0;
 const DIGEST_RULE: u8 = 1;
-const DIGEST_FOUND: u8 = 2;
+const DIGEST_RARE: u8 = 2;
+const DIGEST_FOUND: u8 = 3;
 /// Characters of one digest line at most.
 const DIGEST_LINE_CHARS: usize = 160;
 
@@ -391,6 +470,14 @@ pub fn digest(content: &str, max_chars: usize) -> String {
         candidates.push((DIGEST_ERROR, content.len(), status));
     }
     if cost < max_chars {
+        for (start, line) in rare_lines(content) {
+            if seen.insert(line) {
+                cost += digest_cost(line);
+                candidates.push((DIGEST_RARE, start, line));
+            }
+        }
+    }
+    if cost < max_chars {
         let mut keys: HashSet<&str> = HashSet::new();
         let mut start = 0;
         while start < content.len() && cost < max_chars + DIGEST_LINE_CHARS {
@@ -422,6 +509,75 @@ pub fn digest(content: &str, max_chars: usize) -> String {
         .map(|(_, line)| line)
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Lines of an output looked at for their shape, at most (the first ones): enough for a
+/// listing or a log page, and a bound on the cost over a 1M-token conversation.
+const SHAPE_LINES: usize = 400;
+/// Rare lines kept at most, so that a listing whose every line is odd does not fill a
+/// digest with noise.
+const RARE_LINES: usize = 6;
+
+/// The lines of an output that say most: in an output made of one repeated template (a
+/// log, a listing, a table, `pip freeze`, `env`), the lines whose shape occurs once. A
+/// line's shape is its sequence of word runs and punctuation, whatever the words and
+/// numbers: `{"level":"info",…,"ms":12}` lines share one, the `warn` line with other keys
+/// does not. Only when one shape makes up at least half of at least eight lines, and at
+/// most [`RARE_LINES`], in the output's order: an output without a dominant template
+/// (source code, prose) has no rare lines. No list of formats: what is kept is what
+/// differs from the rest.
+fn rare_lines(content: &str) -> Vec<(usize, &str)> {
+    let mut lines: Vec<(usize, &str, u64)> = Vec::new();
+    let mut counts: std::collections::HashMap<u64, u32, foldhash::fast::FixedState> =
+        std::collections::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0));
+    let mut start = 0;
+    while start < content.len() && lines.len() < SHAPE_LINES {
+        let end = memchr::memchr(b'\n', &content.as_bytes()[start..])
+            .map_or(content.len(), |i| start + i);
+        let line = content[start..end].trim();
+        if !line.is_empty() {
+            let shape = line_shape(line);
+            *counts.entry(shape).or_default() += 1;
+            lines.push((start, line, shape));
+        }
+        start = end + 1;
+    }
+    let dominant = counts.values().copied().max().unwrap_or(0);
+    if lines.len() < 8 || (dominant as usize) * 2 < lines.len() {
+        return Vec::new();
+    }
+    let rare: Vec<(usize, &str)> = lines
+        .into_iter()
+        .filter(|(_, _, shape)| counts.get(shape) == Some(&1))
+        .map(|(start, line, _)| (start, line))
+        .collect();
+    if rare.len() > RARE_LINES {
+        Vec::new()
+    } else {
+        rare
+    }
+}
+
+/// The shape of a line: each run of letters, digits and `_` is one word, whatever it
+/// holds; punctuation and spacing runs stay as they are (a run of spaces counts once).
+fn line_shape(line: &str) -> u64 {
+    // FNV-1a over the classes: a few instructions a byte, where a 1M-token conversation
+    // holds 3.7 MB of tool output.
+    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+    let mut last = 0_u8;
+    for byte in line.bytes() {
+        let class = if byte.is_ascii_alphanumeric() || byte == b'_' || byte >= 0x80 {
+            b'w'
+        } else {
+            byte
+        };
+        if class == last && (class == b'w' || class == b' ') {
+            continue;
+        }
+        hash = (hash ^ u64::from(class)).wrapping_mul(0x0000_0100_0000_01b3);
+        last = class;
+    }
+    hash
 }
 
 /// What a line found, as (key, text): a path at its start, with the line number when one
@@ -559,7 +715,7 @@ pub fn transcript(messages: &[&Message], earlier: Option<&str>) -> String {
     out
 }
 
-fn role(role: MessageRole) -> &'static str {
+pub(crate) fn role(role: MessageRole) -> &'static str {
     match role {
         MessageRole::System => "system",
         MessageRole::User => "user",
@@ -582,7 +738,7 @@ static ERROR: LazyLock<Regex> = LazyLock::new(|| {
 /// source code and logs `Error` is mostly a type name (`Result<T, Error>`, `Error::Missing`),
 /// so here "error" counts only as a label (`error:`, `error[E0308]:`, `TypeError:`,
 /// `ERROR`), beside the words that only failures use.
-const TOOL_ERROR_PATTERN: &str = r"(?i)error(?:\[[^\]\n]*\])?:(?:[^:]|$)|(?-i:\bERROR\b)|\b(?:failed|failure|fatal|exception|panic|panicked|traceback|denied|not found|cannot|refused|timed out)\b";
+const TOOL_ERROR_PATTERN: &str = r"(?i)(?:error(?:\[[^\]\n]*\])?|exception):(?:[^:]|$)|(?-i:\bERROR\b)|\b(?:failed|failure|fatal|exception|panic|panicked|traceback|denied|not found|cannot|refused|timed out)\b";
 const DECISION_PATTERN: &str = r"(?i)\b(?:decided|decide|will use|instead|because|chose|choose|must|must not|never|always|constraint|require[sd]?)\b";
 static TOOL_ERROR: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
@@ -600,6 +756,11 @@ static TOOL_LINE: LazyLock<Regex> = LazyLock::new(|| {
         r"(?:{TOOL_ERROR_PATTERN})|(?:{DECISION_PATTERN})|(?i:\b(?:do not|don't)\b)"
     ))
     .expect("tool line pattern")
+});
+/// A file and a line: `x.py", line 214`, `Posting.java:118`, `src/x.rs:41:9`.
+static LOCATION: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)] // Constant pattern.
+    Regex::new(r#"\w\.[A-Za-z][A-Za-z0-9]{0,5}(?:"?,? line \d+|:\d+)"#).expect("location pattern")
 });
 static NUMBER: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
@@ -734,7 +895,7 @@ impl Items {
                 continue;
             };
             if line.starts_with("[Nerve: ")
-                || line.starts_with("Archived blocks: ")
+                || line.starts_with("Archived blocks")
                 || line.starts_with("[... ")
             {
                 continue;
@@ -793,9 +954,12 @@ fn notable_lines(content: &str, error: u8, rule: u8) -> BTreeMap<usize, (u8, &st
         last_error = Some(start);
         let line = content[start..end].trim();
         picked.insert(start, (error, line));
+
         // A header that ends in `:` (`panicked at src/x.rs:88:5:`) continues on the next
         // line: the message.
         let mut introduces = line.ends_with(':');
+        let mut located = false;
+        let error_start = start;
         let mut at = end + 1;
         let mut context = 0;
         while context < 3 && at < content.len() {
@@ -807,11 +971,31 @@ fn notable_lines(content: &str, error: u8, rule: u8) -> BTreeMap<usize, (u8, &st
                     && !is_snippet(line)
                     && (introduces || PATH.is_match(line) || NUMBER.is_match(line))
                 {
+                    located |= LOCATION.is_match(line);
                     picked.insert(start, (error, line));
                 }
                 introduces = false;
             }
             at = end + 1;
+        }
+        // Some languages give the location before the error (a Python traceback's last
+        // `File "…", line N, in f`): when none follows it, the nearest of the three lines
+        // before it that gives a file and a line.
+        let mut back = if located { 0 } else { error_start };
+        for _ in 0..3 {
+            if back == 0 {
+                break;
+            }
+            let (before_start, before_end) = line_bounds(content, back - 1);
+            let before = content[before_start..before_end].trim();
+            if !is_snippet(before)
+                && LOCATION.is_match(before)
+                && !picked.contains_key(&before_start)
+            {
+                picked.insert(before_start, (error, before));
+                break;
+            }
+            back = before_start;
         }
     }
     picked
@@ -868,8 +1052,9 @@ fn is_label(content: &str, line_start: usize, at: usize, end: usize, hit: Option
         return word.to_ascii_lowercase().starts_with("error") && matches!(label, "" | "fatal");
     }
     // `ValueError:`, `TypeError:`: the label is the whole word.
+    // A qualified name is one word too: `java.lang.IllegalStateException:`.
     let head = before
-        .trim_end_matches(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        .trim_end_matches(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.')
         .trim();
     let uppercase = word.bytes().any(|b| b.is_ascii_uppercase())
         && !word.bytes().any(|b| b.is_ascii_lowercase());
@@ -1064,20 +1249,41 @@ pub fn extractive_summary(
     out
 }
 
-/// The summary message that replaces the middle of the conversation.
-pub fn summary_message(summary: &str, summarised: usize, archived: Vec<BlockId>) -> Message {
+/// Block ids a summary lists at most: the most recent; the rest stay findable by
+/// `recall`'s search, so the list never grows with the run.
+pub const LISTED_BLOCKS: usize = 8;
+
+/// The summary message that replaces the middle of the conversation. It lists the most
+/// recent of the `archived` blocks (at most [`LISTED_BLOCKS`]) and how many blocks the run
+/// archived in all (`total_blocks`).
+pub fn summary_message(
+    summary: &str,
+    summarised: usize,
+    archived: Vec<BlockId>,
+    total_blocks: usize,
+) -> Message {
+    let listed = archived[archived.len().saturating_sub(LISTED_BLOCKS)..].to_vec();
+    let total_blocks = total_blocks.max(listed.len());
+    let ids = listed
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let list = if total_blocks > listed.len() {
+        format!(
+            "Archived blocks (the {} most recent of {total_blocks}; recall with a query finds the others): {ids}",
+            listed.len()
+        )
+    } else {
+        format!("Archived blocks: {ids}")
+    };
     Message {
         role: MessageRole::User,
         parts: vec![MessagePart::CompactionSummary {
             text: format!(
-                "[Nerve: {summarised} earlier messages, compacted; recall returns the originals (block ids below).]\n{summary}\nArchived blocks: {}",
-                archived
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "[Nerve: {summarised} earlier messages, compacted; recall returns the originals (block ids below).]\n{summary}\n{list}"
             ),
-            archived,
+            archived: listed,
         }],
         pinned: false,
     }
@@ -1411,6 +1617,29 @@ mod tests {
             build,
             60,
             &["error[E0308]: mismatched types", "--> src/x.rs:41:9"],
+        );
+        // A Python traceback gives the location before the error; a Java exception names
+        // its class before the colon and its cause on a `Caused by:` line.
+        check_digest(
+            "DEBUG loaded 40 rows\nTraceback (most recent call last):\n  File \"/usr/lib/python3.12/x/y.py\", line 12, in run\n    return fn()\n  File \"app/billing/invoice.py\", line 214, in render_total\n    total = rows[0].amount / count\nZeroDivisionError: division by zero",
+            300,
+            &[
+                "Traceback (most recent call last):",
+                "File \"/usr/lib/python3.12/x/y.py\", line 12, in run",
+                "File \"app/billing/invoice.py\", line 214, in render_total",
+                "total = rows[0].amount / count",
+                "ZeroDivisionError: division by zero",
+            ],
+        );
+        check_digest(
+            "2026-11-04 10:00:01 INFO  [main] started\njava.lang.RuntimeException: posting failed\n\tat com.acme.ledger.Posting.apply(Posting.java:118)\nCaused by: java.lang.IllegalStateException: period 2024 is closed\n\t... 12 more",
+            300,
+            &[
+                "java.lang.RuntimeException: posting failed",
+                "at com.acme.ledger.Posting.apply(Posting.java:118)",
+                "Caused by: java.lang.IllegalStateException: period 2024 is closed",
+                "... 12 more",
+            ],
         );
         // A failing assertion: where it panicked and the values.
         check_digest(

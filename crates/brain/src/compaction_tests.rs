@@ -43,16 +43,41 @@ impl Outcome {
 }
 
 async fn run(cassette: &str, config: EngineConfig) -> Outcome {
+    run_in(
+        cassette,
+        config,
+        Arc::new(MemoryArchive::default()),
+        ExecutionId::new(),
+    )
+    .await
+}
+
+/// A run of `execution` with `archive`, which may hold blocks already.
+async fn run_in(
+    cassette: &str,
+    config: EngineConfig,
+    archive: Arc<MemoryArchive>,
+    execution: ExecutionId,
+) -> Outcome {
+    let provider = Arc::new(ScriptedProvider::parse("test", cassette).unwrap());
+    run_with(provider, config, archive, execution).await
+}
+
+/// A run of `execution` against `provider`, with `archive`.
+async fn run_with(
+    provider: Arc<dyn crate::Provider>,
+    config: EngineConfig,
+    archive: Arc<MemoryArchive>,
+    execution: ExecutionId,
+) -> Outcome {
     let sink = Arc::new(MemorySink::default());
-    let archive = Arc::new(MemoryArchive::default());
     let mut engine = AgentEngine::new(
-        Arc::new(ScriptedProvider::parse("test", cassette).unwrap()),
+        provider,
         Arc::new(EchoTools::default()),
         Arc::clone(&sink) as Arc<dyn EventSink>,
         config,
     );
     engine.archive = Arc::clone(&archive) as Arc<dyn ContextArchive>;
-    let execution = ExecutionId::new();
     let task = Task {
         id: TaskId::new(),
         description: "the task: keep the build green".into(),
@@ -103,7 +128,7 @@ fn config(window: u64) -> EngineConfig {
 async fn a_large_output_is_offloaded_and_recall_returns_it() {
     let first = run(
         &[
-            big(3_000, "the port is 8443"),
+            big(3_000, "the port is 8443, carry on"),
             r#"{"text":"done"}"#.to_owned(),
         ]
         .join("\n"),
@@ -138,7 +163,7 @@ async fn a_large_output_is_offloaded_and_recall_returns_it() {
     // The agent gets it back with recall.
     let second = run(
         &[
-            big(3_000, "the port is 8443"),
+            big(3_000, "the port is 8443, carry on"),
             recall(&block.to_string()),
             r#"{"text":"done"}"#.to_owned(),
         ]
@@ -159,7 +184,7 @@ async fn a_large_output_is_offloaded_and_recall_returns_it() {
     // ...and recall of its own block returns the output.
     let own = second.compactions()[0].archived[0];
     let third_cassette = [
-        big(3_000, "the port is 8443"),
+        big(3_000, "the port is 8443, carry on"),
         r#"{"tool_calls":[{"name":"recall","arguments":{"query":"port 8443"}}]}"#.to_owned(),
         r#"{"text":"done"}"#.to_owned(),
     ]
@@ -489,4 +514,401 @@ proptest! {
         prop_assert!(with.contains(&block.to_string()));
         prop_assert!(with.len() <= bare.len().max(content.len() * 3 / 5), "{} characters for {}", with.len(), content.len());
     }
+}
+
+/// In an output made of one repeated line shape, the line that differs is what a preview's
+/// digest keeps of the middle it leaves out, whatever its format.
+#[tokio::test]
+async fn an_odd_line_among_repeated_ones_stays_in_the_preview() {
+    let outcome = run(
+        &[
+            big(350, "the port is 8443 (owner: dana)"),
+            r#"{"text":"done"}"#.to_owned(),
+        ]
+        .join("\n"),
+        // An output budget of 2,400 tokens: the 350 lines are offloaded, and the odd line
+        // is within the first 400 lines of the middle the preview leaves out.
+        config(16_000),
+    )
+    .await;
+    let tool_message = outcome
+        .result
+        .context
+        .messages
+        .iter()
+        .find(|m| m.role == MessageRole::Tool)
+        .unwrap();
+    let kept = format!("{tool_message:?}");
+    assert!(kept.contains("[archived output: "), "offloaded");
+    assert!(kept.contains("the port is 8443 (owner: dana)"), "{kept}");
+}
+
+/// A provider that enforces the window as vLLM and OpenAI do: a request whose prompt
+/// (messages and tool definitions, counted as the engine counts them) is over the window
+/// fails with `context_overflow`. It records the largest prompt it was sent.
+struct Windowed {
+    inner: ScriptedProvider,
+    window: u64,
+    counter: crate::tokens::CachedCounter<crate::tokens::Estimate>,
+    largest: std::sync::Mutex<u64>,
+    rejected: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl crate::Provider for Windowed {
+    fn name(&self) -> &str {
+        "windowed"
+    }
+
+    fn model(&self) -> &str {
+        self.inner.model()
+    }
+
+    async fn complete(
+        &self,
+        request: crate::ModelRequest<'_>,
+    ) -> Result<crate::ModelResponse, crate::ProviderError> {
+        use crate::tokens::TokenCounter as _;
+        let prompt =
+            self.counter.count_messages(request.messages) + self.counter.count_tools(request.tools);
+        {
+            let mut largest = self.largest.lock().unwrap();
+            *largest = (*largest).max(prompt);
+        }
+        if prompt > self.window {
+            self.rejected
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(crate::ProviderError::ContextOverflow(format!(
+                "context_length_exceeded: {prompt} tokens, the window is {}",
+                self.window
+            )));
+        }
+        self.inner.complete(request).await
+    }
+}
+
+struct WindowedOutcome {
+    outcome: Outcome,
+    largest: u64,
+    rejected: usize,
+}
+
+async fn run_windowed(cassette: &str, window: u64) -> WindowedOutcome {
+    run_windowed_in(
+        cassette,
+        window,
+        Arc::new(MemoryArchive::default()),
+        ExecutionId::new(),
+    )
+    .await
+}
+
+async fn run_windowed_in(
+    cassette: &str,
+    window: u64,
+    archive: Arc<MemoryArchive>,
+    execution: ExecutionId,
+) -> WindowedOutcome {
+    let provider = Arc::new(Windowed {
+        inner: ScriptedProvider::parse("windowed", cassette).unwrap(),
+        window,
+        counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
+        largest: std::sync::Mutex::new(0),
+        rejected: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let outcome = run_with(
+        Arc::clone(&provider) as Arc<dyn crate::Provider>,
+        config(window),
+        archive,
+        execution,
+    )
+    .await;
+    let largest = *provider.largest.lock().unwrap();
+    WindowedOutcome {
+        outcome,
+        largest,
+        rejected: provider.rejected.load(std::sync::atomic::Ordering::SeqCst),
+    }
+}
+
+fn assert_fits(run: &WindowedOutcome, window: u64) {
+    assert_eq!(
+        run.outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        run.outcome.result.error
+    );
+    assert_eq!(run.rejected, 0, "over-window requests");
+    assert!(
+        run.largest <= window,
+        "largest request {} > {window}",
+        run.largest
+    );
+}
+
+/// The results of the tool calls, in order, as the events recorded them (the originals,
+/// before any offload).
+fn outputs(outcome: &Outcome) -> Vec<ToolResult> {
+    outcome
+        .sink
+        .events()
+        .into_iter()
+        .filter_map(|e| {
+            if let Event::ToolCallFinished(finished) = e {
+                Some(finished.result)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// A recent output of twice the window (4,096 tokens): offloaded at once with a preview
+/// and its block id, and every request still fits.
+#[tokio::test]
+async fn a_recent_output_of_twice_the_window_is_offloaded_and_every_request_fits() {
+    let window = 4_096;
+    let script = [
+        small(1),
+        big(1_100, "the port is 8443"),
+        big(1_100, "the owner is dana"),
+        small(2),
+        r#"{"text":"done"}"#.to_owned(),
+    ]
+    .join("\n");
+    let run = run_windowed(&script, window).await;
+    assert_fits(&run, window);
+    let tool_outputs = outputs(&run.outcome);
+    let big_output = &tool_outputs[1].content;
+    let counter = crate::tokens::Estimate;
+    assert!(
+        crate::tokens::TokenCounter::count_text(&counter, big_output) >= 2 * window,
+        "the output is twice the window"
+    );
+    let offload = run
+        .outcome
+        .compactions()
+        .into_iter()
+        .find(|c| c.strategy == CompactionStrategy::Offload)
+        .expect("an offload");
+    let block = offload.archived[0];
+    let fetched = run
+        .outcome
+        .archive
+        .fetch(run.outcome.execution, block)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(crate::compactor::block_text(&fetched), *big_output);
+}
+
+/// Many mid-sized outputs, three of them larger than the window, at windows down to
+/// 4,096 tokens: no request is ever over the window and the run completes.
+#[tokio::test]
+async fn every_request_fits_at_small_windows() {
+    for window in [4_096, 6_000, 8_000] {
+        let mut script = Vec::new();
+        for i in 0..30 {
+            script.push(small(i));
+            script.push(big(40 + u64::from(i % 7) * 30, &format!("fact {i}")));
+            if i % 10 == 9 {
+                script.push(big(2_000, &format!("huge {i}")));
+            }
+        }
+        script.push(r#"{"text":"done"}"#.to_owned());
+        let run = run_windowed(&script.join("\n"), window).await;
+        assert_fits(&run, window);
+    }
+}
+
+/// Recall results larger than the window, three in a row: each is one page within the
+/// window's budget, saying how much remains, and every request fits.
+#[tokio::test]
+async fn recall_results_larger_than_the_window_come_in_pages_that_fit() {
+    let window = 4_096;
+    let first = run_windowed(
+        &[
+            big(3_000, "the port is 8443"),
+            r#"{"text":"done"}"#.to_owned(),
+        ]
+        .join("\n"),
+        window,
+    )
+    .await;
+    let block = first.outcome.compactions()[0].archived[0].to_string();
+    // The same block, archived in a second run's archive too: recall it there.
+    let archived = first
+        .outcome
+        .archive
+        .fetch(first.outcome.execution, block.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let archive = Arc::new(MemoryArchive::default());
+    let execution = ExecutionId::new();
+    archive.archive(execution, archived.clone()).await.unwrap();
+    let script = [
+        recall(&block),
+        recall(&block),
+        format!(
+            r#"{{"tool_calls":[{{"name":"recall","arguments":{{"block_id":"{block}","offset":1000}}}}]}}"#
+        ),
+        r#"{"text":"done"}"#.to_owned(),
+    ]
+    .join("\n");
+    let second = run_windowed_in(&script, window, archive, execution).await;
+    assert_fits(&second, window);
+    let recalls = outputs(&second.outcome);
+    assert_eq!(recalls.len(), 3);
+    let total = crate::compactor::block_text(&archived).chars().count();
+    assert!(
+        total > 20_000,
+        "the block is larger than the window: {total}"
+    );
+    for recalled in &recalls {
+        assert!(!recalled.is_error, "{}", recalled.content);
+        assert!(
+            recalled.content.len() < 2_500,
+            "a page within the window's budget: {}",
+            recalled.content.len()
+        );
+        assert!(
+            recalled
+                .content
+                .contains("more characters: call recall with block_id")
+        );
+    }
+    assert!(recalls[2].content.contains("characters 1000.."));
+}
+
+/// Masking archives one block per output: the block a placeholder names holds exactly the
+/// output it replaced, and `recall` by that id returns it.
+#[tokio::test]
+async fn a_masked_placeholders_block_holds_exactly_the_output_it_replaced() {
+    let mut script = Vec::new();
+    for i in 0..40 {
+        script.push(small(i));
+        script.push(big(60 + u64::from(i % 5) * 20, &format!("fact {i}")));
+    }
+    script.push(r#"{"text":"done"}"#.to_owned());
+    let outcome = run(&script.join("\n"), config(20_000)).await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    let originals: std::collections::HashMap<String, String> = outputs(&outcome)
+        .into_iter()
+        .map(|r| (r.call_id.0, r.content))
+        .collect();
+    let mut checked = 0;
+    for compaction in outcome
+        .compactions()
+        .into_iter()
+        .filter(|c| c.strategy == CompactionStrategy::Mask)
+    {
+        for message in &compaction.replacement {
+            for part in &message.parts {
+                let MessagePart::ToolResult(result) = part else {
+                    continue;
+                };
+                let Some(rest) = result.content.strip_prefix("[masked: ") else {
+                    continue;
+                };
+                let id: BlockId = rest
+                    .split_once("as block ")
+                    .unwrap()
+                    .1
+                    .split(';')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let block = outcome
+                    .archive
+                    .fetch(outcome.execution, id)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(block.messages.len(), 1, "one output per block");
+                assert_eq!(
+                    crate::compactor::block_text(&block),
+                    originals[&result.call_id.0]
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "{checked} placeholders checked");
+}
+
+/// An output recalled twice, whose recall results are then masked and summarised, is
+/// still archived once; so is an output produced twice.
+#[tokio::test]
+async fn an_output_recalled_twice_is_archived_once() {
+    let first = run(
+        &[
+            big(1_200, "the port is 8443"),
+            r#"{"text":"done"}"#.to_owned(),
+        ]
+        .join("\n"),
+        config(1_000_000),
+    )
+    .await;
+    let block = first.compactions()[0].archived[0];
+    let archived = first
+        .archive
+        .fetch(first.execution, block)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(crate::compactor::block_text(&archived).contains("the port is 8443"));
+
+    // A later run of the same execution (its archive holds the block) recalls it twice,
+    // and produces one output twice.
+    let archive = Arc::new(MemoryArchive::default());
+    let execution = ExecutionId::new();
+    archive.archive(execution, archived).await.unwrap();
+    let mut script = vec![
+        recall(&block.to_string()),
+        recall(&block.to_string()),
+        big(1_200, "the owner is dana"),
+        big(1_200, "the owner is dana"),
+    ];
+    for i in 0..40 {
+        script.push(small(i));
+        script.push(big(120, &format!("fact {i}")));
+    }
+    script.push(r#"{"text":"done"}"#.to_owned());
+    let second = run_in(&script.join("\n"), config(30_000), archive, execution).await;
+    assert_eq!(
+        second.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        second.result.error
+    );
+    let offloads: Vec<BlockId> = second
+        .compactions()
+        .iter()
+        .filter(|c| c.strategy == CompactionStrategy::Offload)
+        .flat_map(|c| c.archived.clone())
+        .collect();
+    assert_eq!(offloads.len(), 2, "both outputs offloaded");
+    assert_eq!(offloads[0], offloads[1], "the same output, the same block");
+    let recalled_masked = second.compactions().iter().any(|c| {
+        c.replacement.iter().any(|m| {
+            m.parts.iter().any(|p| {
+                matches!(p, MessagePart::ToolResult(r) if r.name == "recall" && r.content.starts_with("[masked: a recall result"))
+            })
+        })
+    });
+    assert!(recalled_masked, "the recall results were masked");
+    let holding: Vec<_> = second
+        .archive
+        .search(second.execution, "8443", 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|hit| !hit.note.starts_with("summary"))
+        .collect();
+    assert_eq!(holding.len(), 1, "{holding:?}");
 }

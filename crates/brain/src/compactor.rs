@@ -2,7 +2,10 @@
 //! conversation, keep the token counts in step, update the context indicator and record a
 //! `compaction` event. Also the two context tools, `recall` and `compress_context`.
 
+use std::hash::{BuildHasher, Hash, Hasher};
+
 use nerve_core::event::{CallPurpose, Compaction, CompactionStrategy, CompactionTrigger};
+use nerve_core::text::clip;
 use nerve_core::{
     ArchivedBlock, BlockId, ContextArchive, Event, ExecutionId, Message, MessagePart, MessageRole,
     TerminationReason, ToolCall, ToolResult,
@@ -12,14 +15,15 @@ use tracing::Instrument;
 use crate::builtin::{BuiltinTool, CompressArgs, CompressStrategy, RecallArgs};
 use crate::caller::{CallError, ModelCaller};
 use crate::compaction::{
-    self, CompactionStrategyRequest, SUMMARY_PROMPT, at_or_above, extractive_summary, is_summary,
-    kept_form, masked, plan_mask, plan_summary, preview, summary_message, transcript,
+    self, ARCHIVED, Budget, CompactionStrategyRequest, MASKED, SUMMARY_PROMPT, at_or_above,
+    extractive_summary, head_end, is_summary, kept_form, masked, plan_mask, plan_summary, preview,
+    summary_message, transcript,
 };
 use crate::config::EngineConfig;
 use crate::journal::Journal;
 use crate::stop::Stop;
 use crate::telemetry;
-use crate::window::Window;
+use crate::window::{ContentKey, Window};
 
 /// The longest extractive summary, in characters.
 const SUMMARY_MAX_CHARS: usize = 12_000;
@@ -87,6 +91,7 @@ pub(crate) struct Compactor<'a> {
 pub(crate) async fn run_context_tool(
     tool: BuiltinTool,
     call: &ToolCall,
+    config: &EngineConfig,
     window: &mut Window,
     archive: &dyn ContextArchive,
     execution: ExecutionId,
@@ -97,7 +102,8 @@ pub(crate) async fn run_context_tool(
                 Ok(args) => args,
                 Err(e) => return Ok((format!("invalid arguments for `recall`: {e}"), true)),
             };
-            recall(args, archive, execution).await
+            let page_chars = config.compaction.budget(window.capacity()).page_chars;
+            recall(args, archive, execution, page_chars).await
         }
         BuiltinTool::CompressContext => {
             let args: CompressArgs = match serde_json::from_value(call.arguments.clone()) {
@@ -125,71 +131,289 @@ pub(crate) async fn run_context_tool(
     }
 }
 
+/// Hits of a `recall` search at most.
+const SEARCH_HITS: usize = 8;
+
+/// `recall`: a page of a block (at most `page_chars` characters, what one tool output may
+/// take of the window), or the blocks a search finds, each with its line of context.
 async fn recall(
     args: RecallArgs,
     archive: &dyn ContextArchive,
     execution: ExecutionId,
+    page_chars: usize,
 ) -> Result<(String, bool), Stop> {
     if let Some(id) = args.block_id.as_deref().filter(|s| !s.trim().is_empty()) {
-        let Ok(id) = id.parse::<BlockId>() else {
+        let Ok(id) = id.trim().parse::<BlockId>() else {
             return Ok((format!("`{id}` is not a block id"), true));
         };
         return Ok(match archive.fetch(execution, id).await? {
-            Some(block) => {
-                let refs: Vec<&Message> = block.messages.iter().collect();
-                let mut text = format!("Block {id} ({}):\n{}", block.note, transcript(&refs, None));
-                cap(&mut text, 24_000);
-                (text, false)
-            }
+            Some(block) => page(
+                id,
+                &block.note,
+                &block_text(&block),
+                args.offset.unwrap_or(0),
+                page_chars,
+            ),
             None => (format!("no archived block {id} in this execution"), true),
         });
     }
     if let Some(query) = args.query.as_deref().filter(|s| !s.trim().is_empty()) {
-        let hits = archive.search(execution, query, 8).await?;
+        let hits = archive.search(execution, query, SEARCH_HITS).await?;
         if hits.is_empty() {
             return Ok((format!("nothing archived matches `{query}`"), false));
         }
+        let footer = "Call recall with a block_id (and an offset to page on) to see a block.";
         let mut text = String::new();
-        for hit in hits {
+        let mut shown = 0;
+        for hit in &hits {
+            let line = format!("block {} ({}): {}\n", hit.id, hit.note, hit.snippet);
+            if shown > 0 && text.len() + line.len() + footer.len() > page_chars {
+                break;
+            }
+            text.push_str(clip(&line, page_chars.saturating_sub(footer.len() + 1)));
+            shown += 1;
+        }
+        if shown < hits.len() {
             text.push_str(&format!(
-                "block {} ({}): {}\n",
-                hit.id, hit.note, hit.snippet
+                "[{} more hits left out; a narrower query finds them]\n",
+                hits.len() - shown
             ));
         }
-        text.push_str("Call recall with a block_id to see a block in full.");
+        text.push_str(footer);
         return Ok((text, false));
     }
     Ok(("recall needs a query or a block_id".into(), true))
 }
 
+/// What `recall` returns of a block: the output itself when the block is one tool output
+/// (so a placeholder's block id gives back exactly what it replaced), else the transcript
+/// of its messages.
+pub(crate) fn block_text(block: &ArchivedBlock) -> String {
+    if let [message] = block.messages.as_slice()
+        && let [MessagePart::ToolResult(result)] = message.parts.as_slice()
+    {
+        return result.content.clone();
+    }
+    let refs: Vec<&Message> = block.messages.iter().collect();
+    transcript(&refs, None)
+}
+
+/// The page of `text` (block `id`) that starts `offset` characters in: at most
+/// `page_chars` bytes, cut at a character boundary, between a header that says which
+/// characters these are and a footer that says how many remain and how to get them.
+fn page(id: BlockId, note: &str, text: &str, offset: u64, page_chars: usize) -> (String, bool) {
+    let total = text.chars().count();
+    let offset = usize::try_from(offset).unwrap_or(usize::MAX);
+    if offset > total || (offset == total && total > 0) {
+        return (
+            format!("offset {offset} is past the end of block {id} ({total} characters)"),
+            true,
+        );
+    }
+    let start = text
+        .char_indices()
+        .nth(offset)
+        .map_or(text.len(), |(i, _)| i);
+    // The header and the footer (ids, note, numbers) come out of the page too.
+    let frame = 240 + note.len().min(200);
+    let body = clip(&text[start..], page_chars.saturating_sub(frame).max(100));
+    // A page holds at least one character, even one wider than the page.
+    let body = if body.is_empty() {
+        text[start..]
+            .chars()
+            .next()
+            .map_or("", |c| &text[start..start + c.len_utf8()])
+    } else {
+        body
+    };
+    let end = offset + body.chars().count();
+    if offset == 0 && end == total {
+        return (
+            format!("Block {id} ({note}), all {total} characters:\n{body}\n[end of block]"),
+            false,
+        );
+    }
+    let footer = if end < total {
+        format!(
+            "[{} more characters: call recall with block_id {id} and offset {end}]",
+            total - end
+        )
+    } else {
+        "[end of block]".to_owned()
+    };
+    (
+        format!("Block {id} ({note}), characters {offset}..{end} of {total}:\n{body}\n{footer}"),
+        false,
+    )
+}
+
+/// What identifies a message's content in the archive: a tool output by its tool and text
+/// (the same output of another call is the same content), any other message by everything
+/// in it that reaches the prompt.
+fn content_key(message: &Message) -> ContentKey {
+    if let [MessagePart::ToolResult(result)] = message.parts.as_slice() {
+        let mut hasher =
+            foldhash::quality::FixedState::with_seed(0x0061_7263_6869_7665).build_hasher();
+        result.name.hash(&mut hasher);
+        result.content.hash(&mut hasher);
+        result.is_error.hash(&mut hasher);
+        return (hasher.finish(), result.content.len());
+    }
+    let len = message
+        .parts
+        .iter()
+        .map(|p| match p {
+            MessagePart::Text { text }
+            | MessagePart::Thinking { text, .. }
+            | MessagePart::CompactionSummary { text, .. } => text.len(),
+            MessagePart::ToolCall(call) => call.name.len(),
+            MessagePart::ToolResult(result) => result.content.len(),
+        })
+        .sum();
+    (crate::tokens::message_key(message), len)
+}
+
+/// The block a placeholder (masked output or offload preview) names.
+fn placeholder_block(message: &Message) -> Option<BlockId> {
+    message.parts.iter().find_map(|part| match part {
+        MessagePart::ToolResult(result)
+            if result.content.starts_with(MASKED) || result.content.starts_with(ARCHIVED) =>
+        {
+            let first = result.content.lines().next()?;
+            let (_, rest) = first.split_once("as block ")?;
+            let id = rest.split([';', ']', ' ']).next()?;
+            id.parse().ok()
+        }
+        MessagePart::ToolResult(_)
+        | MessagePart::Text { .. }
+        | MessagePart::ToolCall(_)
+        | MessagePart::Thinking { .. }
+        | MessagePart::CompactionSummary { .. } => None,
+    })
+}
+
+/// Whether `message` is the result of a `recall`: what it shows is archived already, so
+/// masking it archives nothing.
+fn is_recall_result(message: &Message) -> bool {
+    message.parts.iter().any(|part| {
+        matches!(part, MessagePart::ToolResult(result) if result.name == BuiltinTool::Recall.name())
+    })
+}
+
+/// The placeholder of a masked `recall` result: its first line (which block, which
+/// characters, or the search), and the advice to recall again.
+fn recalled(message: &Message, tokens: u64) -> Message {
+    compaction::with_results(message, |result| {
+        let first = clip(result.content.lines().next().unwrap_or_default(), 200);
+        format!(
+            "{MASKED}a recall result ({tokens} tokens), archived already: {first}; call recall again to see it]"
+        )
+    })
+}
+
+/// What one archived message is, in a line.
+fn message_note(message: &Message, turn: u32, verb: &str) -> String {
+    if is_summary(message) {
+        return format!("summary, folded into a new one at turn {turn}");
+    }
+    match message.parts.iter().find_map(|p| match p {
+        MessagePart::ToolResult(result) => Some(result.name.as_str()),
+        MessagePart::Text { .. }
+        | MessagePart::ToolCall(_)
+        | MessagePart::Thinking { .. }
+        | MessagePart::CompactionSummary { .. } => None,
+    }) {
+        Some(name) => format!("output of {name} {verb} at turn {turn}"),
+        None => format!(
+            "{} message {verb} at turn {turn}",
+            compaction::role(message.role)
+        ),
+    }
+}
+
+/// A planned placeholder: the index it replaces, itself, its tokens, and the block to
+/// archive the original as (none when it is archived already).
+type Placeholder = (usize, Message, u64, Option<(ContentKey, BlockId)>);
+
+/// How much a mask must take out.
+#[derive(Debug, Clone, Copy)]
+enum Need {
+    /// All that may be masked, if that frees at least this many tokens.
+    AtLeast(u64),
+    /// The oldest outputs, until the fill is at most this many tokens (all of them if it
+    /// never is).
+    FillAtMost(u64),
+}
+
+/// How a summarising compaction runs.
+#[derive(Debug, Clone)]
+struct Summarise {
+    trigger: CompactionTrigger,
+    /// Archive with this note instead of calling for a summary.
+    archive_note: Option<String>,
+    preserve_markers: bool,
+    /// Asked for, or needed to fit: the recent turns, not a share of the window.
+    forced: bool,
+    /// Recent turns kept, instead of the configured number.
+    recent_turns: Option<usize>,
+}
+
+/// Messages of this many tokens or fewer are never clipped to make room.
+const CLIP_FLOOR_TOKENS: u64 = 48;
+
 impl Compactor<'_> {
+    fn budget(&self) -> Budget {
+        self.config.compaction.budget(self.window.capacity())
+    }
+
+    /// Archives `message` as a block of its own, unless the same content is archived
+    /// already: then its block is the answer.
+    async fn archive_message(&mut self, message: Message, note: String) -> Result<BlockId, Stop> {
+        let key = content_key(&message);
+        if let Some(id) = self.window.compaction.archived_content.get(&key) {
+            return Ok(*id);
+        }
+        let id = BlockId::new();
+        self.archive
+            .archive(
+                self.execution,
+                ArchivedBlock {
+                    id,
+                    messages: vec![message],
+                    note,
+                },
+            )
+            .await?;
+        self.window.compaction.archived_blocks += 1;
+        self.window.compaction.archived_content.insert(key, id);
+        Ok(id)
+    }
+
     /// Archives an oversized tool output of turn `turn` and returns the preview to keep
-    /// instead.
+    /// instead. Oversized is over [`Budget::output_tokens`], which scales with the window.
     pub(crate) async fn offload(
         &mut self,
         turn: u32,
         result: &ToolResult,
     ) -> Result<Option<(String, BlockId)>, Stop> {
-        let config = self.config.compaction;
-        if !config.enabled
-            || self.window.counter().count_text(&result.content) <= config.offload_tokens
+        let budget = self.budget();
+        if !self.config.compaction.enabled
+            || self.window.counter().count_text(&result.content) <= budget.output_tokens
         {
             return Ok(None);
         }
-        let id = BlockId::new();
-        let block = ArchivedBlock {
-            id,
-            messages: vec![Message::tool_result(result.clone())],
-            note: format!("output of {} at turn {turn}", result.name),
-        };
-        self.archive.archive(self.execution, block).await?;
-        self.window.compaction.archived_blocks += 1;
+        let id = self
+            .archive_message(
+                Message::tool_result(result.clone()),
+                format!("output of {} at turn {turn}", result.name),
+            )
+            .await?;
         Ok(Some((
             preview(
                 &result.content,
-                config.preview_chars,
+                budget.preview_chars,
                 id,
-                config.mask_digest_chars,
+                budget.digest_chars,
             ),
             id,
         )))
@@ -224,7 +448,8 @@ impl Compactor<'_> {
     }
 
     /// The layers at a turn boundary: a requested compaction, then the hard threshold
-    /// (summarise), then the soft one (mask).
+    /// (summarise), then the soft one (mask); and whatever they did, the next request is
+    /// made to fit the window ([`Self::fit`]).
     pub(crate) async fn maybe_compact(&mut self, turn: u32) -> Result<(), Stop> {
         let config = self.config.compaction;
         if !config.enabled {
@@ -232,89 +457,208 @@ impl Compactor<'_> {
         }
         if let Some(request) = self.window.compaction.requested.take() {
             let trigger = CompactionTrigger::Agent;
-            let note = request.archive_only.then_some(request.reason);
             let span = telemetry::compaction_span(self.execution, turn, trigger);
-            self.summarise(turn, trigger, note, request.preserve_markers, true)
-                .instrument(span)
-                .await?;
-            return Ok(());
-        }
-        let Some(capacity) = self.window.capacity() else {
-            return Ok(());
-        };
-        if turn < self.window.compaction.cooldown_until {
-            return Ok(());
-        }
-        let fill = self.window.fill();
-        let used = self.caller.budget_used_percent();
-        if at_or_above(fill, capacity, config.hard_threshold(used))
-            && self
-                .window
-                .compaction
-                .exhausted_at
-                .is_none_or(|at| fill > at + at / 10)
+            self.summarise(
+                turn,
+                Summarise {
+                    trigger,
+                    archive_note: request.archive_only.then_some(request.reason),
+                    preserve_markers: request.preserve_markers,
+                    forced: true,
+                    recent_turns: None,
+                },
+            )
+            .instrument(span)
+            .await?;
+        } else if let Some(capacity) = self.window.capacity()
+            && turn >= self.window.compaction.cooldown_until
         {
-            let trigger = CompactionTrigger::HardThreshold;
-            let span = telemetry::compaction_span(self.execution, turn, trigger);
-            self.summarise(turn, trigger, None, true, false)
+            let fill = self.window.fill();
+            let used = self.caller.budget_used_percent();
+            if at_or_above(fill, capacity, config.hard_threshold(used))
+                && self
+                    .window
+                    .compaction
+                    .exhausted_at
+                    .is_none_or(|at| fill > at + at / 10)
+            {
+                let trigger = CompactionTrigger::HardThreshold;
+                let span = telemetry::compaction_span(self.execution, turn, trigger);
+                self.summarise(
+                    turn,
+                    Summarise {
+                        trigger,
+                        archive_note: None,
+                        preserve_markers: true,
+                        forced: false,
+                        recent_turns: None,
+                    },
+                )
                 .instrument(span)
                 .await?;
-        } else if at_or_above(fill, capacity, config.soft_percent) {
-            let span =
-                telemetry::compaction_span(self.execution, turn, CompactionTrigger::SoftThreshold);
-            self.mask(turn, capacity * MASK_MIN_PERCENT / 100)
+            } else if at_or_above(fill, capacity, config.soft_percent) {
+                let trigger = CompactionTrigger::SoftThreshold;
+                let span = telemetry::compaction_span(self.execution, turn, trigger);
+                let recent = config.recent_turns(used);
+                self.mask(
+                    turn,
+                    trigger,
+                    recent,
+                    Need::AtLeast(capacity * MASK_MIN_PERCENT / 100),
+                )
                 .instrument(span)
                 .await?;
+            }
         }
-        Ok(())
+        let target = self.budget().prompt;
+        self.fit(turn, target, CompactionTrigger::HardThreshold)
+            .await
     }
 
-    /// Compacts after a `context_overflow` whatever the thresholds say. `false` when
-    /// nothing could be taken out.
+    /// Compacts after a `context_overflow` whatever the thresholds say: the provider
+    /// counts more than this engine does, so the context is made to fit three quarters of
+    /// the prompt budget. `false` when nothing could be taken out.
     pub(crate) async fn compact_for_overflow(&mut self, turn: u32) -> Result<bool, Stop> {
         let before = self.window.fill();
         let trigger = CompactionTrigger::Overflow;
-        let span = telemetry::compaction_span(self.execution, turn, trigger);
-        self.mask(turn, 0).instrument(span).await?;
-        let span = telemetry::compaction_span(self.execution, turn, trigger);
-        self.summarise(turn, trigger, None, true, true)
-            .instrument(span)
-            .await?;
-        Ok(self.window.fill() < before)
-    }
-
-    /// Masks the old tool results, if that frees at least `min_savings` tokens.
-    async fn mask(&mut self, turn: u32, min_savings: u64) -> Result<(), Stop> {
         let recent = self
             .config
             .compaction
             .recent_turns(self.caller.budget_used_percent());
+        let span = telemetry::compaction_span(self.execution, turn, trigger);
+        self.mask(turn, trigger, recent, Need::AtLeast(0))
+            .instrument(span)
+            .await?;
+        let span = telemetry::compaction_span(self.execution, turn, trigger);
+        self.summarise(
+            turn,
+            Summarise {
+                trigger,
+                archive_note: None,
+                preserve_markers: true,
+                forced: true,
+                recent_turns: None,
+            },
+        )
+        .instrument(span)
+        .await?;
+        let budget = self.budget();
+        let target = if budget.prompt == u64::MAX {
+            self.window.fill() * 3 / 4
+        } else {
+            budget.prompt * 3 / 4
+        };
+        self.fit(turn, target, trigger).await?;
+        Ok(self.window.fill() < before)
+    }
+
+    /// Makes the next request fit: while the fill is over `target` (the prompt budget:
+    /// the window less the reply's reserve), the recent turns lose their protection step
+    /// by step: their outputs are masked (oldest first, each with its digest and block
+    /// id), then everything but the last turn is summarised, then the largest messages
+    /// are clipped (their originals archived). Only a system prompt larger than the window
+    /// is left to the provider's overflow error.
+    async fn fit(
+        &mut self,
+        turn: u32,
+        target: u64,
+        trigger: CompactionTrigger,
+    ) -> Result<(), Stop> {
+        if !self.config.compaction.enabled
+            || self.window.capacity().is_none()
+            || self.window.fill() <= target
+        {
+            return Ok(());
+        }
+        let span = telemetry::compaction_span(self.execution, turn, trigger);
+        async {
+            self.mask(turn, trigger, 0, Need::FillAtMost(target))
+                .await?;
+            if self.window.fill() > target {
+                self.summarise(
+                    turn,
+                    Summarise {
+                        trigger,
+                        archive_note: None,
+                        preserve_markers: false,
+                        forced: true,
+                        recent_turns: Some(1),
+                    },
+                )
+                .await?;
+            }
+            if self.window.fill() > target {
+                self.clip(turn, target, trigger).await?;
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Masks the tool results before the last `recent` turns (all of them with 0): one
+    /// archive block per output, so that a placeholder's block id names exactly what it
+    /// replaced; outputs archived before (the same content) keep their block, and a
+    /// `recall` result, archived already, is not archived again. The plan step's protected
+    /// messages are masked only when the fill must come down to a target.
+    async fn mask(
+        &mut self,
+        turn: u32,
+        trigger: CompactionTrigger,
+        recent: usize,
+        need: Need,
+    ) -> Result<(), Stop> {
         let mut indices = plan_mask(self.window.messages(), self.window.counts(), recent);
-        if let Some(protected) = self.window.protect_from {
+        if let (Some(protected), Need::AtLeast(_)) = (self.window.protect_from, need) {
             indices.retain(|&i| i < protected);
         }
-        // Mask only where the placeholder is smaller than the output it replaces, and only
-        // when the placeholders, counted exactly, free enough to be worth a prompt rewrite.
-        let id = BlockId::new();
-        let placeholders: Vec<(usize, Message, u64)> = indices
-            .iter()
-            .map(|&i| {
-                let placeholder = masked(
-                    &self.window.messages()[i],
-                    self.window.counts()[i],
-                    id,
-                    self.config.compaction.mask_digest_chars,
-                );
-                let tokens = self.window.counter().count_message(&placeholder);
-                (i, placeholder, tokens)
-            })
-            .filter(|(i, _, tokens)| self.window.counts()[*i] > tokens + tokens / 2)
-            .collect();
-        let savings: u64 = placeholders
-            .iter()
-            .map(|(i, _, tokens)| self.window.counts()[*i] - tokens)
-            .sum();
-        if savings < min_savings {
+        let digest_chars = self.budget().digest_chars;
+        // (index, placeholder, its tokens, the block to archive the original as).
+        let mut placeholders: Vec<Placeholder> = Vec::new();
+        let mut pending: std::collections::HashMap<ContentKey, BlockId> =
+            std::collections::HashMap::new();
+        let mut savings = 0;
+        let fill = self.window.fill();
+        for i in indices {
+            if let Need::FillAtMost(target) = need
+                && fill - savings <= target
+            {
+                break;
+            }
+            let message = &self.window.messages()[i];
+            let tokens = self.window.counts()[i];
+            let (placeholder, archive) = if is_recall_result(message) {
+                (recalled(message, tokens), None)
+            } else {
+                let key = content_key(message);
+                match self
+                    .window
+                    .compaction
+                    .archived_content
+                    .get(&key)
+                    .or_else(|| pending.get(&key))
+                {
+                    Some(id) => (masked(message, tokens, *id, digest_chars), None),
+                    None => {
+                        let id = BlockId::new();
+                        (masked(message, tokens, id, digest_chars), Some((key, id)))
+                    }
+                }
+            };
+            let placeholder_tokens = self.window.counter().count_message(&placeholder);
+            // Only where the placeholder is clearly smaller than the output it replaces.
+            if tokens <= placeholder_tokens + placeholder_tokens / 2 {
+                continue;
+            }
+            if let Some((key, id)) = archive {
+                pending.insert(key, id);
+            }
+            savings += tokens - placeholder_tokens;
+            placeholders.push((i, placeholder, placeholder_tokens, archive));
+        }
+        if let Need::AtLeast(min) = need
+            && savings < min
+        {
             return Ok(());
         }
         let (Some(first), Some(last)) = (
@@ -323,34 +667,125 @@ impl Compactor<'_> {
         ) else {
             return Ok(());
         };
-        let originals: Vec<Message> = placeholders
-            .iter()
-            .map(|(i, _, _)| self.window.messages()[*i].clone())
-            .collect();
-        self.archive
-            .archive(
-                self.execution,
-                ArchivedBlock {
-                    id,
-                    messages: originals,
-                    note: format!("{} tool outputs masked at turn {turn}", placeholders.len()),
-                },
-            )
-            .await?;
-        self.window.compaction.archived_blocks += 1;
+        let mut archived = Vec::new();
+        for (i, placeholder, _, archive) in &placeholders {
+            if let Some((key, id)) = archive {
+                let original = self.window.messages()[*i].clone();
+                let note = message_note(&original, turn, "masked");
+                self.archive
+                    .archive(
+                        self.execution,
+                        ArchivedBlock {
+                            id: *id,
+                            messages: vec![original],
+                            note,
+                        },
+                    )
+                    .await?;
+                self.window.compaction.archived_blocks += 1;
+                self.window.compaction.archived_content.insert(*key, *id);
+                archived.push(*id);
+            } else if let Some(id) = placeholder_block(placeholder) {
+                archived.push(id);
+            }
+        }
         let before = self.window.fill();
-        for (i, placeholder, tokens) in placeholders {
+        for (i, placeholder, tokens, _) in placeholders {
             self.window.replace(i, placeholder, tokens);
         }
-        let replacement: Vec<Message> = self.window.messages()[first..=last].to_vec();
-        self.finish_compaction(
+        self.finish_in_place(
             turn,
             CompactionStrategy::Mask,
-            CompactionTrigger::SoftThreshold,
+            trigger,
+            first..=last,
+            archived,
+            before,
+        )
+        .await
+    }
+
+    /// Clips the largest messages (after the leading system prompt; the pinned task last)
+    /// until the fill is at most `target`: each keeps its head and the id of the block
+    /// that holds it whole.
+    async fn clip(
+        &mut self,
+        turn: u32,
+        target: u64,
+        trigger: CompactionTrigger,
+    ) -> Result<(), Stop> {
+        let before = self.window.fill();
+        let head = head_end(self.window.messages()).max(1);
+        let mut done: Vec<usize> = Vec::new();
+        let mut archived = Vec::new();
+        while self.window.fill() > target {
+            let excess = self.window.fill() - target;
+            let candidate = (head..self.window.messages().len())
+                .filter(|i| !done.contains(i) && self.window.counts()[*i] > CLIP_FLOOR_TOKENS)
+                .max_by_key(|&i| (!self.window.messages()[i].pinned, self.window.counts()[i]));
+            let Some(i) = candidate else {
+                break;
+            };
+            done.push(i);
+            let message = self.window.messages()[i].clone();
+            let tokens = self.window.counts()[i];
+            let keep_tokens = tokens.saturating_sub(excess).max(CLIP_FLOOR_TOKENS / 2);
+            let keep_chars = usize::try_from(keep_tokens * 2).unwrap_or(usize::MAX);
+            let id = match placeholder_block(&message) {
+                Some(id) => id,
+                None if is_recall_result(&message) => {
+                    let placeholder = recalled(&message, tokens);
+                    let count = self.window.counter().count_message(&placeholder);
+                    if count < tokens {
+                        self.window.replace(i, placeholder, count);
+                    }
+                    continue;
+                }
+                None => {
+                    let note = message_note(&message, turn, "clipped");
+                    self.archive_message(message.clone(), note).await?
+                }
+            };
+            archived.push(id);
+            let clipped = clipped(&message, keep_chars, id);
+            let count = self.window.counter().count_message(&clipped);
+            if count < tokens {
+                self.window.replace(i, clipped, count);
+            }
+        }
+        let (Some(&first), Some(&last)) = (done.iter().min(), done.iter().max()) else {
+            return Ok(());
+        };
+        self.finish_in_place(
+            turn,
+            CompactionStrategy::Offload,
+            trigger,
+            first..=last,
+            archived,
+            before,
+        )
+        .await
+    }
+
+    /// Records a compaction that replaced messages where they stand (`range`, inclusive).
+    async fn finish_in_place(
+        &mut self,
+        turn: u32,
+        strategy: CompactionStrategy,
+        trigger: CompactionTrigger,
+        range: std::ops::RangeInclusive<usize>,
+        archived: Vec<BlockId>,
+        before: u64,
+    ) -> Result<(), Stop> {
+        let (first, last) = (*range.start(), *range.end());
+        let replacement = self.window.messages()[range].to_vec();
+        self.finish_compaction(
+            turn,
+            strategy,
+            trigger,
             first,
             last + 1,
             replacement,
-            vec![id],
+            archived,
             before,
             None,
             false,
@@ -359,33 +794,32 @@ impl Compactor<'_> {
     }
 
     /// Replaces the middle of the conversation by a summary (or, with `archive_note`, by a
-    /// short note without a summary call).
-    async fn summarise(
-        &mut self,
-        turn: u32,
-        trigger: CompactionTrigger,
-        archive_note: Option<String>,
-        preserve_markers: bool,
-        forced: bool,
-    ) -> Result<(), Stop> {
+    /// short note without a summary call). Each summarised message is archived as a block
+    /// of its own (an output masked before keeps the block it has).
+    async fn summarise(&mut self, turn: u32, how: Summarise) -> Result<(), Stop> {
         let config = self.config.compaction;
         let capacity = self.window.capacity().unwrap_or(0).max(1);
         let used = self.caller.budget_used_percent();
-        let complexity = if preserve_markers {
+        let complexity = if how.preserve_markers {
             self.config.complexity
         } else {
             Some(nerve_core::Complexity::Simple)
         };
         let policy = compaction::SummaryPolicy {
-            recent_turns: config.recent_turns(used),
-            // Forced (asked for, or after an overflow): the recent turns, not a share of the window.
-            recent_percent: if self.window.capacity().is_some() && !forced {
+            recent_turns: how
+                .recent_turns
+                .unwrap_or_else(|| config.recent_turns(used)),
+            recent_percent: if self.window.capacity().is_some() && !how.forced {
                 config.keep_recent_percent
             } else {
                 0
             },
             complexity,
-            protect_from: self.window.protect_from,
+            // Protected only as far as they fit: a summary to fit the window takes them too.
+            protect_from: self
+                .window
+                .protect_from
+                .filter(|_| how.recent_turns.is_none()),
             min_messages: config.min_messages,
         };
         let Some(mut plan) = plan_summary(
@@ -396,7 +830,7 @@ impl Compactor<'_> {
         ) else {
             return Ok(());
         };
-        if !preserve_markers {
+        if !how.preserve_markers {
             plan.kept.retain(|&i| {
                 self.window.messages()[i].pinned
                     || self.window.messages()[i].role == MessageRole::System
@@ -424,32 +858,23 @@ impl Compactor<'_> {
                     | MessagePart::ToolResult(_)
                     | MessagePart::Thinking { .. } => None,
                 });
-        let mut archived: Vec<BlockId> = summarised
-            .iter()
-            .flat_map(|m| &m.parts)
-            .filter_map(|p| match p {
-                MessagePart::CompactionSummary { archived, .. } => Some(archived.clone()),
-                MessagePart::Text { .. }
-                | MessagePart::ToolCall(_)
-                | MessagePart::ToolResult(_)
-                | MessagePart::Thinking { .. } => None,
-            })
-            .flatten()
-            .collect();
-        let id = BlockId::new();
-        let note = format!("{} messages compacted at turn {turn}", summarised.len());
-        self.archive
-            .archive(
-                self.execution,
-                ArchivedBlock {
-                    id,
-                    messages: summarised.clone(),
-                    note,
-                },
-            )
-            .await?;
-        self.window.compaction.archived_blocks += 1;
-        archived.push(id);
+        let mut archived: Vec<BlockId> = Vec::new();
+        for message in &summarised {
+            for part in &message.parts {
+                if let MessagePart::CompactionSummary { archived: ids, .. } = part {
+                    archived.extend(ids);
+                }
+            }
+            if let Some(id) = placeholder_block(message) {
+                archived.push(id);
+            } else if !is_recall_result(message) {
+                let note = message_note(message, turn, "summarised");
+                let id = self.archive_message(message.clone(), note).await?;
+                archived.push(id);
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        archived.retain(|id| seen.insert(*id));
         let fresh: Vec<&Message> = summarised.iter().filter(|m| !is_summary(m)).collect();
         let task = self
             .window
@@ -458,34 +883,37 @@ impl Compactor<'_> {
             .find(|m| m.pinned)
             .map(Message::text_content)
             .unwrap_or_default();
-        let strategy = if archive_note.is_some() {
+        let strategy = if how.archive_note.is_some() {
             CompactionStrategy::Archive
         } else {
             CompactionStrategy::Summarize
         };
-        let (summary, extractive) = match archive_note {
+        let max_chars = summary_max_chars(self.window.capacity());
+        let extractive =
+            |fresh: &[&Message]| extractive_summary(&task, fresh, earlier.as_deref(), max_chars);
+        let (summary, extractive) = match how.archive_note {
             Some(reason) => (format!("Archived at the agent's request: {reason}"), false),
+            // Nothing new since the last summary: no call over zero messages.
+            None if fresh.is_empty() => (extractive(&fresh), true),
             None => match self.summary_call(turn, &fresh, earlier.as_deref()).await {
-                Ok(text) => (text, false),
+                Ok(text) => (cut_summary(text, max_chars), false),
                 Err(SummaryFailure::Stop(stop)) => return Err(stop),
-                Err(SummaryFailure::Failed) => (
-                    extractive_summary(
-                        &task,
-                        &fresh,
-                        earlier.as_deref(),
-                        summary_max_chars(self.window.capacity()),
-                    ),
-                    true,
-                ),
+                Err(SummaryFailure::Failed) => (extractive(&fresh), true),
             },
         };
+        let total_blocks = self.window.compaction.archived_blocks;
         let mut replacement: Vec<Message> = plan
             .kept
             .iter()
             .filter(|&&i| self.window.messages()[i].pinned)
             .map(|&i| kept_form(&self.window.messages()[i]))
             .collect();
-        replacement.push(summary_message(&summary, fresh.len(), archived.clone()));
+        replacement.push(summary_message(
+            &summary,
+            fresh.len(),
+            archived.clone(),
+            total_blocks,
+        ));
         replacement.extend(
             plan.kept
                 .iter()
@@ -509,7 +937,7 @@ impl Compactor<'_> {
         self.finish_compaction(
             turn,
             strategy,
-            trigger,
+            how.trigger,
             plan.from,
             plan.to,
             replacement,
@@ -521,16 +949,30 @@ impl Compactor<'_> {
         .await
     }
 
+    /// The summary call, on a transcript cut (oldest history first) to what the prompt
+    /// budget leaves: a summary call never sends an over-window request either.
     async fn summary_call(
         &mut self,
         turn: u32,
         messages: &[&Message],
         earlier: Option<&str>,
     ) -> Result<String, SummaryFailure> {
-        let request = vec![
-            Message::system(SUMMARY_PROMPT),
-            Message::user(transcript(messages, earlier)),
-        ];
+        let system = Message::system(SUMMARY_PROMPT);
+        let budget = self.budget().prompt;
+        let room = budget.saturating_sub(self.window.counter().count_message(&system) + 64);
+        let mut text = transcript(messages, earlier);
+        // Two characters a token is about the densest text there is (ids, numbers): below
+        // that the transcript fits without being counted.
+        if u64::try_from(text.len()).unwrap_or(u64::MAX) / 2 > room {
+            while self.window.counter().count_text(&text) > room {
+                let keep = text.len() / 2;
+                if keep < 200 {
+                    return Err(SummaryFailure::Failed);
+                }
+                text = cut_history(&text, keep);
+            }
+        }
+        let request = vec![system, Message::user(text)];
         match self
             .caller
             .call(self.journal, turn, CallPurpose::Summary, &request, &[])
@@ -595,6 +1037,92 @@ impl Compactor<'_> {
     }
 }
 
+/// Whether `message` is a tool result that is a placeholder already.
+fn message_is_placeholder(message: &Message) -> bool {
+    message.parts.iter().any(|part| {
+        matches!(part, MessagePart::ToolResult(result) if result.content.starts_with(MASKED) || result.content.starts_with(ARCHIVED))
+    })
+}
+
+/// The transcript `text` with its history cut from the front to about `keep` bytes, the
+/// earlier summary kept.
+fn cut_history(text: &str, keep: usize) -> String {
+    let (head, history) = text
+        .split_once("HISTORY:\n")
+        .map_or(("", text), |(head, history)| (head, history));
+    let cut = history.len().saturating_sub(keep);
+    let cut = (cut..=history.len())
+        .find(|&i| history.is_char_boundary(i))
+        .unwrap_or(history.len());
+    format!(
+        "{head}HISTORY:\n[... {cut} characters of older history left out: they are archived ...]\n{}",
+        &history[cut..]
+    )
+}
+
+/// A model's summary cut to `max_chars`, as the extractive one is: a summary is budgeted
+/// like any output.
+fn cut_summary(mut text: String, max_chars: usize) -> String {
+    if text.len() > max_chars {
+        let cut = clip(&text, max_chars).len();
+        text.truncate(cut);
+        text.push_str("\n[... summary cut to fit the window ...]");
+    }
+    text
+}
+
+/// `message` clipped to about `keep_chars` characters in all: texts keep their head,
+/// a tool output its placeholder line or its head, large tool-call arguments become a
+/// note; every clip names block `id`, which holds the message whole.
+fn clipped(message: &Message, keep_chars: usize, id: BlockId) -> Message {
+    let texts = message.parts.len().max(1);
+    let each = (keep_chars / texts).max(80);
+    let note = format!("[clipped to fit the window: call recall with block_id {id} for all of it]");
+    let parts = message
+        .parts
+        .iter()
+        .map(|part| match part {
+            MessagePart::Text { text } if text.len() > each => MessagePart::Text {
+                text: format!("{}\n{note}", clip(text, each)),
+            },
+            MessagePart::CompactionSummary { text, archived } if text.len() > each => {
+                MessagePart::CompactionSummary {
+                    text: format!("{}\n{note}", clip(text, each)),
+                    archived: archived.clone(),
+                }
+            }
+            MessagePart::ToolResult(result) if result.content.len() > each => {
+                let mut result = result.clone();
+                result.content = if message_is_placeholder(message) {
+                    clip(
+                        result.content.lines().next().unwrap_or_default(),
+                        each.max(200),
+                    )
+                    .to_owned()
+                } else {
+                    format!("{}\n{note}", clip(&result.content, each))
+                };
+                MessagePart::ToolResult(result)
+            }
+            MessagePart::ToolCall(call) if call.arguments.to_string().len() > each => {
+                let mut call = call.clone();
+                call.arguments = serde_json::json!({ "clipped": note });
+                MessagePart::ToolCall(call)
+            }
+            other @ (MessagePart::Text { .. }
+            | MessagePart::CompactionSummary { .. }
+            | MessagePart::ToolResult(_)
+            | MessagePart::ToolCall(_)
+            | MessagePart::Thinking { .. }) => other.clone(),
+        })
+        .collect();
+    Message {
+        role: message.role,
+        parts,
+        pinned: message.pinned,
+    }
+}
+
 enum SummaryFailure {
     Stop(Stop),
     Failed,
@@ -602,14 +1130,6 @@ enum SummaryFailure {
 
 fn to_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
-}
-
-fn cap(text: &mut String, max: usize) {
-    if text.len() > max {
-        let cut = nerve_core::text::clip(text, max).len();
-        text.truncate(cut);
-        text.push_str("\n[... truncated ...]");
-    }
 }
 
 #[cfg(test)]
@@ -624,6 +1144,80 @@ mod tests {
     use crate::engine::{AgentEngine, EngineConfig, Task};
     use crate::scripted::ScriptedProvider;
     use crate::testing::{EchoTools, MemorySink};
+
+    /// A block of 100,000 characters comes back whole, page by page, each page saying how
+    /// much remains and where to go on.
+    #[tokio::test]
+    async fn recall_pages_through_a_block_of_100k_characters() {
+        let archive = crate::archive::MemoryArchive::default();
+        let execution = ExecutionId::new();
+        let content: String = (0..4_000)
+            .map(|i| format!("row {i:05}: état {} ok\n", "x".repeat(i % 40)))
+            .collect::<String>()
+            .chars()
+            .take(100_000)
+            .collect();
+        assert_eq!(content.chars().count(), 100_000);
+        let id = BlockId::new();
+        archive
+            .archive(
+                execution,
+                ArchivedBlock {
+                    id,
+                    messages: vec![Message::tool_result(ToolResult {
+                        call_id: nerve_core::ToolCallId("c1".into()),
+                        name: "shell".into(),
+                        content: content.clone(),
+                        is_error: false,
+                    })],
+                    note: "output of shell at turn 1".into(),
+                },
+            )
+            .await
+            .unwrap();
+        let page_chars = 6_000;
+        let mut offset = None;
+        let mut whole = String::new();
+        let mut pages = 0;
+        loop {
+            let args = RecallArgs {
+                query: None,
+                block_id: Some(id.to_string()),
+                offset,
+            };
+            let (text, is_error) = recall(args, &archive, execution, page_chars).await.unwrap();
+            assert!(!is_error, "{text}");
+            assert!(text.len() <= page_chars, "{}", text.len());
+            pages += 1;
+            let (header, rest) = text.split_once('\n').unwrap();
+            assert!(header.starts_with(&format!("Block {id} (output of shell at turn 1)")));
+            let (body, footer) = rest.rsplit_once('\n').unwrap();
+            whole.push_str(body);
+            if footer == "[end of block]" {
+                break;
+            }
+            let next: u64 = footer
+                .rsplit_once("offset ")
+                .unwrap()
+                .1
+                .trim_end_matches(']')
+                .parse()
+                .unwrap();
+            let remaining: usize = footer[1..].split(' ').next().unwrap().parse().unwrap();
+            assert_eq!(remaining, 100_000 - usize::try_from(next).unwrap());
+            offset = Some(next);
+        }
+        assert_eq!(whole, content);
+        assert!(pages >= 17, "{pages} pages");
+        // Past the end: a clear error.
+        let args = RecallArgs {
+            query: None,
+            block_id: Some(id.to_string()),
+            offset: Some(100_000),
+        };
+        let (text, is_error) = recall(args, &archive, execution, page_chars).await.unwrap();
+        assert!(is_error && text.contains("past the end"), "{text}");
+    }
 
     #[test]
     fn the_extractive_summary_scales_with_the_window() {

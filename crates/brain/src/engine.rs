@@ -71,6 +71,25 @@ pub struct ResumeState {
     pub finished_in_incomplete_turn: Vec<ToolCall>,
 }
 
+/// A person's next message on an execution that already ran: `nerve chat` and
+/// `nerve run --continue`. The execution keeps its id, log, conversation and spend; the
+/// message is appended (an ordinary `message_appended`, after a `task_transition` back to
+/// `in_progress` when the task had left it) and the loop runs again.
+#[derive(Debug, Clone)]
+pub struct FollowUp {
+    /// What the person said.
+    pub message: String,
+    /// The loop for this message: `react`, or `plan_execute` to plan it first. `auto` and
+    /// `hybrid` run as ReAct and plan-execute respectively.
+    pub loop_type: LoopType,
+    /// The log has no finish for the last attempt (a crash): record a resume and settle
+    /// the interrupted turn first, as [`AgentEngine::resume`] does.
+    pub recover: bool,
+    /// Compact the conversation before the message runs (`/compact`), whatever the
+    /// thresholds say; recorded as any compaction.
+    pub compact: bool,
+}
+
 /// Why an execution could not start. Nothing has been recorded when these are returned.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -288,18 +307,7 @@ impl AgentEngine {
             task_status: state.task_status,
             loop_type: LoopType::React,
             // Turn records before the resume are in the log; keep the count contiguous.
-            turns: (1..=state.turns)
-                .map(|turn| nerve_core::TurnRecord {
-                    turn,
-                    usage: TokenUsage::default(),
-                    cost: MicroUsd::ZERO,
-                    tool_calls: Vec::new(),
-                    // The log holds the real records; a turn before the resume point did not
-                    // end the run, so it asked for tools (or was re-prompted after one).
-                    finish: nerve_core::FinishReason::ToolCalls,
-                    duration_ms: 0,
-                })
-                .collect(),
+            turns: prior_turns(state.turns),
             checkpoints: 0,
             guards: Guards::default(),
             step: None,
@@ -319,6 +327,69 @@ impl AgentEngine {
     }
 }
 
+impl AgentEngine {
+    /// Continues an execution with a person's message (see [`FollowUp`]): its state as the
+    /// log left it, the message appended, then the loop until it ends again. Turn limits
+    /// are the caller's: `config.max_turns` counts from the execution's first turn.
+    pub async fn follow_up(
+        &self,
+        execution_id: ExecutionId,
+        state: ResumeState,
+        follow_up: FollowUp,
+        cancel: CancellationToken,
+    ) -> Result<ExecutionResult, EngineError> {
+        if state.messages.is_empty() {
+            return Err(EngineError::NothingToResume(
+                "the log holds no conversation".into(),
+            ));
+        }
+        if follow_up.message.trim().is_empty() {
+            return Err(EngineError::NothingToResume("the message is empty".into()));
+        }
+        let progress = Progress {
+            task_id: state.task_id,
+            task_status: state.task_status,
+            loop_type: match follow_up.loop_type {
+                LoopType::React | LoopType::Auto => LoopType::React,
+                LoopType::PlanExecute | LoopType::Hybrid => LoopType::PlanExecute,
+            },
+            turns: prior_turns(state.turns),
+            checkpoints: 0,
+            guards: Guards::default(),
+            step: None,
+        };
+        let spent = (
+            state.usage + state.pending_turn_usage,
+            state.cost + self.config.pricing.cost(state.pending_turn_usage),
+        );
+        let run = self.new_run(
+            execution_id,
+            progress,
+            state.messages.clone(),
+            spent,
+            cancel,
+        );
+        Ok(execute(run, Begin::FollowUp(&state, &follow_up)).await)
+    }
+}
+
+/// Placeholders for the turns before a resume or a follow-up, so the count stays
+/// contiguous; the log holds the real records.
+fn prior_turns(turns: u32) -> Vec<nerve_core::TurnRecord> {
+    (1..=turns)
+        .map(|turn| nerve_core::TurnRecord {
+            turn,
+            usage: TokenUsage::default(),
+            cost: MicroUsd::ZERO,
+            tool_calls: Vec::new(),
+            // A turn before the resume point did not end the run, so it asked for tools
+            // (or was re-prompted after one).
+            finish: nerve_core::FinishReason::ToolCalls,
+            duration_ms: 0,
+        })
+        .collect()
+}
+
 /// How an execution begins.
 enum Begin<'a> {
     Fresh {
@@ -326,6 +397,7 @@ enum Begin<'a> {
         task: &'a Task,
     },
     Resumed(&'a ResumeState),
+    FollowUp(&'a ResumeState, &'a FollowUp),
 }
 
 /// One execution from its first event to its finish: where an execution begins and ends,
@@ -341,6 +413,7 @@ async fn execute(run: Run, begin: Begin<'_>) -> ExecutionResult {
         resume_attempt: match &begin {
             Begin::Fresh { .. } => None,
             Begin::Resumed(state) => Some(state.attempt),
+            Begin::FollowUp(state, follow_up) => follow_up.recover.then_some(state.attempt),
         },
     });
     let trace = run.config.trace.clone();
@@ -363,6 +436,12 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
             Ok(()) => react::run(&mut run).await,
             Err(stop) => stop,
         },
+        Begin::FollowUp(state, follow_up) => {
+            match follow_up_start(&mut run, state, follow_up).await {
+                Ok(()) => drive(&mut run).await,
+                Err(stop) => stop,
+            }
+        }
     };
     finish(run, outcome).await
 }
@@ -407,6 +486,26 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
         },
     )
     .await
+}
+
+/// Where a follow-up begins: a crashed attempt settled first, the task back in progress,
+/// the person's message appended and durable before the first model call.
+async fn follow_up_start(
+    run: &mut Run,
+    state: &ResumeState,
+    follow_up: &FollowUp,
+) -> Result<(), Stop> {
+    if follow_up.recover {
+        resume_start(run, state).await?;
+    } else if run.progress.task_status != TaskStatus::InProgress {
+        run.transition(TaskStatus::InProgress)?;
+    }
+    if follow_up.compact {
+        let turns = run.progress.turn_count();
+        run.compactor().compact_for_overflow(turns).await?;
+    }
+    run.push_message(Message::user(follow_up.message.clone()));
+    Ok(run.journal.flush().await?)
 }
 
 async fn drive(run: &mut Run) -> Stop {

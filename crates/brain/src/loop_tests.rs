@@ -897,3 +897,163 @@ async fn a_turn_is_two_commits_and_a_call_runs_only_once_its_intent_is_durable()
     let committed: Vec<&str> = commits.concat();
     assert_eq!(committed, sink.kinds());
 }
+
+/// `nerve chat`'s second message: the same engine, the same sink, the same execution; the
+/// message is an ordinary recorded user message and the loop runs again from the next turn.
+#[tokio::test]
+async fn a_follow_up_continues_the_same_execution_with_the_next_message() {
+    let cassette = [
+        tool("ls"),
+        r#"{"text":"first done"}"#.to_owned(),
+        tool("make"),
+        r#"{"text":"second done"}"#.to_owned(),
+    ]
+    .join("\n");
+    let sink = Arc::new(MemorySink::default());
+    let tools = Arc::new(EchoTools::default());
+    let engine = AgentEngine::new(
+        Arc::new(ScriptedProvider::parse("test", &cassette).unwrap()),
+        Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig::default(),
+    );
+    let execution = ExecutionId::new();
+    let task = Task {
+        id: TaskId::new(),
+        description: "do it".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/w".into(),
+    };
+    let first = engine
+        .run(execution, task, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(first.termination_reason, TerminationReason::Completed);
+    let recorded = sink.events().len();
+    let state = ResumeState {
+        usage: first.context.usage,
+        cost: first.context.cost,
+        ..state_after(
+            first.context.task_id,
+            first.context.messages.clone(),
+            first.context.task_status,
+            first.context.turn_count(),
+        )
+    };
+    let follow_up = message("now the other thing", false);
+    let second = engine
+        .follow_up(execution, state, follow_up, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        second.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        second.error
+    );
+    assert_eq!(
+        second.context.turn_count(),
+        4,
+        "turns 3 and 4 follow 1 and 2"
+    );
+    assert!(second.context.usage.input_tokens > first.context.usage.input_tokens);
+    assert_eq!(tools.calls.lock().unwrap().len(), 2);
+    let kinds = sink.kinds();
+    assert_eq!(
+        &kinds[recorded..recorded + 3],
+        ["task_transition", "message_appended", "model_called"],
+        "the follow-up is recorded with ordinary events: {kinds:?}"
+    );
+    assert!(!kinds.contains(&"resumed"), "a follow-up is not a resume");
+    let turns: Vec<u32> = sink
+        .events()
+        .iter()
+        .filter_map(|e| {
+            if let Event::TurnCompleted(t) = e {
+                Some(t.turn)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(turns, [1, 2, 3, 4]);
+    let last_user = second
+        .context
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == MessageRole::User)
+        .unwrap();
+    assert_eq!(last_user.text_content(), "now the other thing");
+    assert_eq!(
+        second.context.messages.last().unwrap().text_content(),
+        "second done"
+    );
+}
+
+/// A follow-up on an execution whose last attempt crashed (no finish in the log) settles it
+/// first, as a resume does: the `resumed` event comes before the person's message.
+#[tokio::test]
+async fn a_follow_up_on_a_crashed_execution_is_recorded_as_a_resume_first() {
+    let sink = Arc::new(MemorySink::default());
+    let engine = AgentEngine::new(
+        Arc::new(ScriptedProvider::parse("test", r#"{"text":"recovered"}"#).unwrap()),
+        Arc::new(EchoTools::default()) as Arc<dyn nerve_core::ToolExecutor>,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig::default(),
+    );
+    let messages = vec![
+        nerve_core::Message::system("sys"),
+        nerve_core::Message::user("do it").pinned(),
+    ];
+    let state = state_after(TaskId::new(), messages, TaskStatus::InProgress, 0);
+    let follow_up = message("are you there?", true);
+    let result = engine
+        .follow_up(
+            ExecutionId::new(),
+            state,
+            follow_up,
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.termination_reason, TerminationReason::Completed);
+    let kinds = sink.kinds();
+    assert_eq!(kinds[0], "resumed", "{kinds:?}");
+    let message = kinds.iter().position(|k| *k == "message_appended").unwrap();
+    assert!(message < kinds.iter().position(|k| *k == "model_called").unwrap());
+    assert_eq!(kinds.last(), Some(&"finish"));
+}
+
+/// The state a follow-up starts from: `messages` after `turns` turns, nothing spent.
+fn state_after(
+    task_id: TaskId,
+    messages: Vec<nerve_core::Message>,
+    task_status: TaskStatus,
+    turns: u32,
+) -> ResumeState {
+    ResumeState {
+        task_id,
+        messages,
+        turns,
+        usage: nerve_core::TokenUsage::default(),
+        cost: nerve_core::MicroUsd::ZERO,
+        task_status,
+        pending_turn_usage: nerve_core::TokenUsage::default(),
+        in_doubt: Vec::new(),
+        approvals: Vec::new(),
+        attempt: 1,
+        from_checkpoint_seq: None,
+        finished_in_incomplete_turn: Vec::new(),
+    }
+}
+
+fn message(text: &str, recover: bool) -> crate::engine::FollowUp {
+    crate::engine::FollowUp {
+        message: text.into(),
+        loop_type: LoopType::React,
+        recover,
+        compact: false,
+    }
+}

@@ -419,7 +419,7 @@ impl<C: TokenCounter> TokenCounter for CachedCounter<C> {
 /// A hash of everything in a message that reaches the prompt. foldhash (fixed seed) rather
 /// than SipHash: keys are not attacker-chosen in a way that matters (a collision costs an
 /// inexact count), and a long conversation is rehashed at every turn.
-fn message_key(message: &Message) -> u64 {
+pub(crate) fn message_key(message: &Message) -> u64 {
     let mut hasher = foldhash::quality::FixedState::with_seed(0x006e_6572_7665).build_hasher();
     message.role.hash(&mut hasher);
     for part in &message.parts {

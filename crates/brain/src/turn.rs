@@ -179,7 +179,15 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
     let context = context_tool(&run.config, call);
     let (content, is_error) = match context {
         Some(tool) => {
-            run_context_tool(tool, call, &mut run.window, &*run.archive, run.execution_id).await?
+            run_context_tool(
+                tool,
+                call,
+                &run.config,
+                &mut run.window,
+                &*run.archive,
+                run.execution_id,
+            )
+            .await?
         }
         None => {
             let output = run

@@ -21,6 +21,9 @@ use crate::compaction::{CompactionStrategyRequest, indicator, with_indicator};
 use crate::journal::Journal;
 use crate::tokens::TokenCounter;
 
+/// What identifies archived content: a 64-bit hash of it and its length.
+pub(crate) type ContentKey = (u64, usize);
+
 /// The guards of compaction, reset on resume.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CompactionState {
@@ -30,6 +33,10 @@ pub(crate) struct CompactionState {
     /// until the conversation has grown past it.
     pub(crate) exhausted_at: Option<u64>,
     pub(crate) archived_blocks: usize,
+    /// The block that holds each content archived by this run, by content hash (see
+    /// [`crate::compactor`]), so that nothing is archived twice. Not part of a checkpoint:
+    /// after a resume, content archived before it may be archived once more.
+    pub(crate) archived_content: std::collections::HashMap<ContentKey, nerve_core::BlockId>,
     /// A `compress_context` call waiting for the turn boundary.
     pub(crate) requested: Option<CompactionStrategyRequest>,
     /// Compactions carried out by this run.

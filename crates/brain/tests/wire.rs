@@ -595,6 +595,36 @@ async fn a_server_that_ignores_stream_true_still_answers() {
     assert_eq!(end.unwrap().finish, FinishReason::Stop);
 }
 
+/// `stream = false`: the client asks for whole answers and replays them as deltas.
+#[tokio::test]
+async fn a_provider_with_streaming_off_asks_for_whole_answers() {
+    let whole = serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "whole ✓"}}]});
+    let anthropic_whole = serde_json::json!({"content": [{"type": "text", "text": "whole ✓"}], "stop_reason": "end_turn"});
+    let server = TestServer::start(vec![json(200, whole), json(200, anthropic_whole)]).await;
+    let mut config = OpenAiConfig::new("gpt-4o");
+    config.base_url = format!("{}/v1", server.url);
+    config.http = http();
+    config.stream = false;
+    let openai = OpenAiProvider::new(config).unwrap();
+    let mut config = AnthropicConfig::new("claude-sonnet-4-5");
+    config.base_url = server.url.clone();
+    config.http = http();
+    config.stream = false;
+    let anthropic = AnthropicProvider::new(config).unwrap();
+    let (messages, tools) = (conversation(), tools());
+    for provider in [&openai as &dyn Provider, &anthropic] {
+        let stream = provider.stream(request(&messages, &tools)).await;
+        assert!(!stream.is_live());
+        let (deltas, end) = drain(stream).await;
+        assert_eq!(text_of(&deltas), "whole ✓");
+        assert_eq!(end.unwrap().message.text_content(), "whole ✓");
+    }
+    for request in server.requests() {
+        assert_eq!(request.body["stream"], false, "{:?}", request.body);
+        assert!(request.body.get("stream_options").is_none());
+    }
+}
+
 #[tokio::test]
 async fn openai_bad_input_from_the_model_never_crashes() {
     let mut text = String::from("data: this is not json\n\n: a comment\n\n");

@@ -26,25 +26,33 @@ pub(crate) struct Cli {
 
 impl Cli {
     pub(crate) fn db_path(&self) -> Result<PathBuf, Failure> {
-        if let Some(db) = &self.db {
-            return Ok(db.clone());
+        match &self.db {
+            Some(db) => Ok(db.clone()),
+            None => default_db(),
         }
-        let state = std::env::var_os("XDG_STATE_HOME")
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-            .or_else(|| {
-                std::env::var_os("HOME").map(|home| Path::new(&home).join(".local").join("state"))
-            })
-            .ok_or_else(|| {
-                Failure::usage("cannot locate a state directory: set --db, NERVE_DB or HOME")
-            })?;
-        Ok(state.join("nerve").join("nerve.db"))
     }
+}
+
+/// The log when neither --db nor NERVE_DB names one: under the XDG state directory.
+pub(crate) fn default_db() -> Result<PathBuf, Failure> {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| Path::new(&home).join(".local").join("state"))
+        })
+        .ok_or_else(|| {
+            Failure::usage("cannot locate a state directory: set --db, NERVE_DB or HOME")
+        })?;
+    Ok(state.join("nerve").join("nerve.db"))
 }
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Run a task on a workspace in a fresh sandbox.
+    #[command(
+        override_usage = "nerve run [OPTIONS] --workspace <DIR> <--task <TEXT>|--task-file <FILE>>\n       nerve run [OPTIONS] --continue <ID> <--task <TEXT>|--task-file <FILE>>"
+    )]
     Run(RunArgs),
     /// Reconstruct an execution from the log: completeness and gaps.
     Replay {
@@ -84,6 +92,10 @@ pub(crate) enum Command {
         /// Print every payload whole instead of clipped to a line.
         #[arg(long)]
         full: bool,
+        /// Keep printing events as they are appended until the execution finishes (with
+        /// `--json`: one object per line).
+        #[arg(long)]
+        follow: bool,
     },
     /// Check the log's hash chain; exits 1 when it was tampered with.
     Verify {
@@ -105,6 +117,9 @@ pub(crate) enum Command {
         #[arg(long)]
         jsonl: bool,
     },
+    /// Talk to the agent: each message continues the same execution (one log, one sandbox,
+    /// one context). Ctrl-C stops the agent's turn, Ctrl-D or /exit ends; /help for more.
+    Chat(ChatArgs),
     /// Remove sandbox containers whose owning `nerve` process is provably dead.
     Reap {
         /// Remove every Nerve container, also those of live runs and of other hosts: for an
@@ -124,6 +139,35 @@ pub(crate) enum Command {
         /// A file written by `nerve export` (`-` for stdin).
         file: PathBuf,
     },
+    /// Queue an execution for `nerve worker` (PostgreSQL log); prints its id.
+    // The run options are `run`'s; `--workspace` is optional here because `--git` may name
+    // the workspace instead (clap keeps a default out of its conflict checks).
+    #[command(mut_arg("workspace", |arg| arg
+        .required(false)
+        .default_value("")
+        .hide_default_value(true)
+        .help("The directory the agent works on: a path every worker reaches (a shared filesystem)")))]
+    Submit(SubmitArgs),
+    /// Claim queued executions and run them in sandboxes on this machine's Docker, until
+    /// SIGTERM (or Ctrl-C) drains it.
+    Worker {
+        /// How many executions this worker runs at once.
+        #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+        concurrency: u32,
+        /// How long a claim holds without being renewed (renewed every third of it). A
+        /// worker that dies is replaced this long after its last renewal.
+        #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        lease: u64,
+        /// Where `--git` workspaces are cloned (default: $XDG_STATE_HOME/nerve/workspaces).
+        #[arg(long, value_name = "DIR")]
+        workspaces: Option<PathBuf>,
+    },
+    /// Stop a queued execution, or ask the worker running one to stop it at its next turn
+    /// boundary.
+    Cancel {
+        /// The execution id, or a unique prefix of it.
+        id: String,
+    },
     /// Decide the pending approvals of a parked execution.
     Approve {
         /// The execution id, or a unique prefix of it.
@@ -137,10 +181,22 @@ pub(crate) enum Command {
     },
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    /// A git repository each worker clones into a fresh directory (instead of --workspace).
+    #[arg(long, value_name = "URL", conflicts_with = "workspace")]
+    pub(crate) git: Option<String>,
+    /// The branch, tag or commit of --git to check out (default: the remote's HEAD).
+    #[arg(long = "ref", value_name = "REF", requires = "git")]
+    pub(crate) git_ref: Option<String>,
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
 /// What `list --status` selects: a state, or one termination reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum StatusArg {
-    /// Submitted and not yet claimed by a worker (the task queue; none before it exists).
+    /// Submitted and waiting for a worker (the task queue of a PostgreSQL log).
     Queued,
     /// Not finished: running now, or stopped without a finish event (crashed).
     Running,
@@ -203,18 +259,24 @@ pub(crate) enum ComplexityArg {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("task_source").required(true).args(["task", "task_file"])))]
 pub(crate) struct RunArgs {
-    /// The directory the agent works on, mounted at /workspace in the sandbox.
-    #[arg(long, value_name = "DIR")]
-    pub(crate) workspace: PathBuf,
-    /// The task, as text.
+    /// The directory the agent works on, mounted at /workspace in the sandbox (with
+    /// --continue: the execution's own, which this may only repeat).
+    #[arg(long, value_name = "DIR", required_unless_present = "continue_id")]
+    pub(crate) workspace: Option<PathBuf>,
+    /// The task, as text (with --continue: the next message).
     #[arg(long, value_name = "TEXT")]
     pub(crate) task: Option<String>,
     /// The task, read from a file.
     #[arg(long, value_name = "FILE")]
     pub(crate) task_file: Option<PathBuf>,
-    /// `script:PATH`, `openai` or `anthropic`.
-    #[arg(long, value_name = "SPEC", default_value = "openai")]
-    pub(crate) provider: String,
+    /// `script:PATH`, `openai` or `anthropic` (default: `openai`; with --continue, the
+    /// provider the execution started with).
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) provider: Option<String>,
+    /// Continue execution ID (a unique prefix will do) with the task as the next message:
+    /// the same log, conversation and spend, in a fresh sandbox on its workspace.
+    #[arg(long = "continue", value_name = "ID")]
+    pub(crate) continue_id: Option<String>,
     /// The model to ask (default: the provider's; required with a custom base URL; a
     /// `script:` provider ignores it).
     #[arg(long, value_name = "NAME")]
@@ -249,12 +311,42 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "IMAGE")]
     pub(crate) image: Option<String>,
     /// Print one JSON object as the last line of stdout; no progress.
-    #[arg(long, conflicts_with = "jsonl")]
+    #[arg(long, conflicts_with_all = ["jsonl", "quiet"])]
     pub(crate) json: bool,
     /// Print one JSON object per line as things happen (events, answer deltas), the
     /// summary last; no progress (see docs/cli.md).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "quiet")]
     pub(crate) jsonl: bool,
+    /// Print only the final answer.
+    #[arg(long, short = 'q')]
+    pub(crate) quiet: bool,
+}
+
+/// `nerve chat`: what the session starts with.
+#[derive(Debug, Args)]
+pub(crate) struct ChatArgs {
+    /// Reopen this execution (a unique prefix will do) instead of starting a new one.
+    pub(crate) id: Option<String>,
+    /// The directory the agent works on (default: the current directory; a reopened
+    /// execution keeps its own).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) workspace: Option<PathBuf>,
+    /// `script:PATH`, `openai` or `anthropic` (default: `openai`, or the provider the
+    /// reopened execution started with).
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) provider: Option<String>,
+    /// The model to ask (default: the provider's).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) model: Option<String>,
+    /// The most turns (model calls) the agent takes for one message.
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_turns: u32,
+    /// Override the model's context capacity in tokens.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) context_window: Option<u64>,
+    /// The sandbox image (default: nerve-sandbox:latest, built locally when missing).
+    #[arg(long, value_name = "IMAGE")]
+    pub(crate) image: Option<String>,
 }
 
 #[cfg(test)]

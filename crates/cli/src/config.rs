@@ -113,6 +113,30 @@ pub(crate) struct SandboxSection {
     pub(crate) cpus: Option<f64>,
     /// Size of the `/tmp` tmpfs: bytes or a size (`"256MiB"`).
     pub(crate) tmp_size: Option<Size>,
+    /// A Dockerfile (relative to the workspace) to build the image from, when neither an
+    /// image nor a devcontainer.json names one; its directory is the build context.
+    pub(crate) dockerfile: Option<std::path::PathBuf>,
+    /// Caches that last between runs, opt-in per tool.
+    #[serde(default)]
+    pub(crate) caches: CachesSection,
+}
+
+/// `[sandbox.caches]`: `pip`, `npm`, `cargo` = `true` (a volume for this workspace) or a
+/// name (a volume shared by every workspace configured with that name).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CachesSection {
+    pub(crate) pip: Option<CacheSetting>,
+    pub(crate) npm: Option<CacheSetting>,
+    pub(crate) cargo: Option<CacheSetting>,
+}
+
+/// One tool's cache setting.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum CacheSetting {
+    Enabled(bool),
+    Shared(String),
 }
 
 /// A size in the config: a number of bytes, or a string with a binary unit (`"512MiB"`,
@@ -162,6 +186,36 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 impl SandboxSection {
     /// Lays the file's limits over `config`'s defaults; a limit that cannot work is an error
     /// naming the key.
+    /// The cache volumes `[sandbox.caches]` asks for, for `workspace`.
+    pub(crate) fn cache_volumes(
+        &self,
+        workspace: &std::path::Path,
+    ) -> Result<Vec<nerve_hands::caches::CacheVolume>, Failure> {
+        use nerve_hands::caches::{CacheTool, CacheVolume};
+        let mut volumes = Vec::new();
+        for (tool, setting) in [
+            (CacheTool::Pip, &self.caches.pip),
+            (CacheTool::Npm, &self.caches.npm),
+            (CacheTool::Cargo, &self.caches.cargo),
+        ] {
+            match setting {
+                None | Some(CacheSetting::Enabled(false)) => {}
+                Some(CacheSetting::Enabled(true)) => {
+                    volumes.push(CacheVolume::for_workspace(tool, workspace));
+                }
+                Some(CacheSetting::Shared(name)) => {
+                    volumes.push(CacheVolume::shared(tool, name).ok_or_else(|| {
+                        Failure::usage(format!(
+                            "sandbox.caches.{}: `{name}` is not a cache name (letters, digits, `_`, `.`, `-`; at most 64)",
+                            tool.as_str()
+                        ))
+                    })?);
+                }
+            }
+        }
+        Ok(volumes)
+    }
+
     pub(crate) fn apply_limits(
         &self,
         config: &mut nerve_hands::SandboxConfig,
@@ -643,6 +697,24 @@ mod tests {
     }
 
     /// The `[compaction]` section reaches the engine; keys left out keep the defaults.
+    #[test]
+    fn stream_is_on_unless_a_provider_turns_it_off() {
+        let settings = |text: &str| {
+            let config: Config = toml::from_str(text).unwrap();
+            let settings = config.provider_settings(None).unwrap();
+            (settings.openai_stream, settings.anthropic_stream)
+        };
+        assert_eq!(settings(""), (None, None));
+        assert_eq!(
+            settings("[providers.openai]\nstream = false\n[providers.anthropic]\nstream = true"),
+            (Some(false), Some(true))
+        );
+        let error = toml::from_str::<Config>("[providers.openai]\nstreaming = false")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown field `streaming`"), "{error}");
+    }
+
     #[test]
     fn the_compaction_section_reaches_the_engine() {
         let check = |text: &str, digest_chars: usize, soft: u32| {

@@ -152,11 +152,11 @@ pub(crate) async fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failur
 }
 
 pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Result<u8, Failure> {
-    let mut executions = reader(db)
-        .await?
-        .executions()
-        .await
-        .map_err(Failure::usage)?;
+    let store = reader(db).await?;
+    if status == Some(StatusArg::Queued) {
+        return queued(&store, json).await;
+    }
+    let mut executions = store.executions().await.map_err(Failure::usage)?;
     if let Some(status) = status {
         executions.retain(|e| status.selects(e.termination_reason.as_deref()));
     }
@@ -184,6 +184,48 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
                 e.events,
                 e.task
                     .as_deref()
+                    .and_then(|t| t.lines().next())
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    Ok(0)
+}
+
+/// `list --status queued`: the task queue's waiting executions (a SQLite log has no queue),
+/// oldest first; one that a draining worker gave back has events already.
+async fn queued(store: &Reader, json: bool) -> Result<u8, Failure> {
+    let entries = match store {
+        Reader::Postgres(pg) => pg.queue().await.map_err(Failure::usage)?,
+        Reader::Sqlite(_) => Vec::new(),
+    };
+    let waiting: Vec<serde_json::Value> = entries
+        .into_iter()
+        .filter(|e| e.state == "queued")
+        .map(|e| {
+            serde_json::json!({
+                "execution_id": e.execution_id,
+                "state": e.state,
+                "claims": e.claims,
+                "task": e.spec.get("task"),
+            })
+        })
+        .collect();
+    if json {
+        output::json(&serde_json::Value::Array(waiting));
+    } else {
+        output::line(&format!(
+            "{:<36}  {:<8}  {:>6}  TASK",
+            "ID", "STATE", "CLAIMS"
+        ));
+        for e in &waiting {
+            output::line(&format!(
+                "{}  {:<8}  {:>6}  {}",
+                e["execution_id"].as_str().unwrap_or_default(),
+                "queued",
+                e["claims"].as_u64().unwrap_or_default(),
+                e["task"]
+                    .as_str()
                     .and_then(|t| t.lines().next())
                     .unwrap_or_default()
             ));
@@ -236,33 +278,35 @@ pub(crate) async fn show(
 pub(crate) async fn events(db: &Path, id: &str, json: bool, full: bool) -> Result<u8, Failure> {
     let (_, _, events) = load(db, id).await?;
     if json {
-        let list: Vec<serde_json::Value> = events
-            .iter()
-            .map(|e| {
-                serde_json::json!({
-                    "seq": e.seq,
-                    "ts": e.ts,
-                    "kind": e.kind,
-                    "payload": serde_json::from_str::<serde_json::Value>(&e.payload).unwrap_or(serde_json::Value::Null),
-                })
-            })
-            .collect();
+        let list: Vec<serde_json::Value> = events.iter().map(event_json).collect();
         output::json(&serde_json::Value::Array(list));
     } else {
         for e in &events {
-            let mut payload = e.payload.clone();
-            if !full && payload.len() > 160 {
-                let cut = nerve_core::text::clip(&payload, 157).len();
-                payload.truncate(cut);
-                payload.push_str("...");
-            }
-            output::line(&format!(
-                "{:>5}  {}  {:<18}  {payload}",
-                e.seq, e.ts, e.kind
-            ));
+            output::line(&event_line(e, full));
         }
     }
     Ok(0)
+}
+
+/// One event as `events --json` lists it: `{seq, ts, kind, payload}`.
+pub(crate) fn event_json(e: &StoredEvent) -> serde_json::Value {
+    serde_json::json!({
+        "seq": e.seq,
+        "ts": e.ts,
+        "kind": e.kind,
+        "payload": serde_json::from_str::<serde_json::Value>(&e.payload).unwrap_or(serde_json::Value::Null),
+    })
+}
+
+/// One event as a line of the timeline; its payload clipped unless `full`.
+pub(crate) fn event_line(e: &StoredEvent, full: bool) -> String {
+    let mut payload = e.payload.clone();
+    if !full && payload.len() > 160 {
+        let cut = nerve_core::text::clip(&payload, 157).len();
+        payload.truncate(cut);
+        payload.push_str("...");
+    }
+    format!("{:>5}  {}  {:<18}  {payload}", e.seq, e.ts, e.kind)
 }
 
 pub(crate) async fn verify(db: &Path, id: &str) -> Result<u8, Failure> {

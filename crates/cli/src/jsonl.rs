@@ -14,12 +14,15 @@
 //!
 //! Each line is written with one `write` under the stdout lock, so lines never interleave.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use nerve_brain::{Delta, DeltaObserver};
 use nerve_core::event::CallPurpose;
-use nerve_core::{Enqueued, Event, EventSink, ExecutionId, Redactor, SinkError, Snapshot};
+use nerve_core::{
+    Enqueued, Event, EventSink, ExecutionId, Redactor, SinkError, Snapshot, StreamRedaction,
+};
 use serde_json::{Value, json};
 
 use crate::output;
@@ -28,11 +31,85 @@ use crate::output;
 #[derive(Debug)]
 pub(crate) struct Jsonl {
     redactor: Arc<Redactor>,
+    /// Streamed text held back because it may be the start of a secret that the next delta
+    /// completes: a secret split across deltas is redacted whole.
+    held: Mutex<Held>,
+}
+
+/// The streams of the answer being written, each redacted as one text.
+#[derive(Debug, Default)]
+struct Held {
+    /// Whose answer it is, for the lines that flush what is held.
+    call: Option<(ExecutionId, CallPurpose)>,
+    text: StreamRedaction,
+    thinking: StreamRedaction,
+    arguments: BTreeMap<usize, StreamRedaction>,
 }
 
 impl Jsonl {
     pub(crate) fn new(redactor: Arc<Redactor>) -> Self {
-        Self { redactor }
+        Self {
+            redactor,
+            held: Mutex::new(Held::default()),
+        }
+    }
+
+    /// The lines of one delta: what can be shown of it now (nothing while it may still be
+    /// part of a secret).
+    fn delta_lines(
+        &self,
+        execution: ExecutionId,
+        purpose: CallPurpose,
+        delta: &Delta,
+    ) -> Vec<String> {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut lines = Vec::new();
+        if held.call.is_some_and(|call| call != (execution, purpose)) {
+            lines.extend(self.flush_held(&mut held));
+        }
+        held.call = Some((execution, purpose));
+        let shown = match delta {
+            Delta::Text(text) => Delta::Text(held.text.push(&self.redactor, text)),
+            Delta::Thinking(text) => Delta::Thinking(held.thinking.push(&self.redactor, text)),
+            Delta::ToolCallStart { .. } => delta.clone(),
+            Delta::ToolCallArguments { index, fragment } => Delta::ToolCallArguments {
+                index: *index,
+                fragment: held
+                    .arguments
+                    .entry(*index)
+                    .or_default()
+                    .push(&self.redactor, fragment),
+            },
+        };
+        if !is_empty(&shown) {
+            lines.push(self.delta_line(execution, purpose, &shown));
+        }
+        lines
+    }
+
+    /// The lines that show what is held back: the answer has ended (an event follows).
+    fn flush_held(&self, held: &mut Held) -> Vec<String> {
+        let Some((execution, purpose)) = held.call.take() else {
+            return Vec::new();
+        };
+        let mut deltas = vec![
+            Delta::Thinking(held.thinking.finish(&self.redactor)),
+            Delta::Text(held.text.finish(&self.redactor)),
+        ];
+        deltas.extend(std::mem::take(&mut held.arguments).into_iter().map(
+            |(index, mut stream)| Delta::ToolCallArguments {
+                index,
+                fragment: stream.finish(&self.redactor),
+            },
+        ));
+        deltas
+            .iter()
+            .filter(|delta| !is_empty(delta))
+            .map(|delta| self.delta_line(execution, purpose, delta))
+            .collect()
     }
 
     /// The line of one event.
@@ -83,6 +160,16 @@ impl Jsonl {
         execution: ExecutionId,
         events: impl IntoIterator<Item = &'a Event>,
     ) {
+        let flushed = {
+            let mut held = self
+                .held
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.flush_held(&mut held)
+        };
+        for line in flushed {
+            output::line(&line);
+        }
         for event in events {
             output::line(&self.event_line(execution, event));
         }
@@ -91,7 +178,18 @@ impl Jsonl {
 
 impl DeltaObserver for Jsonl {
     fn delta(&self, execution_id: ExecutionId, purpose: CallPurpose, delta: &Delta) {
-        output::line(&self.delta_line(execution_id, purpose, delta));
+        for line in self.delta_lines(execution_id, purpose, delta) {
+            output::line(&line);
+        }
+    }
+}
+
+/// A delta that adds nothing.
+fn is_empty(delta: &Delta) -> bool {
+    match delta {
+        Delta::Text(text) | Delta::Thinking(text) => text.is_empty(),
+        Delta::ToolCallArguments { fragment, .. } => fragment.is_empty(),
+        Delta::ToolCallStart { .. } => false,
     }
 }
 
@@ -225,5 +323,39 @@ mod tests {
             "error": null,
         })));
         insta::assert_json_snapshot!("jsonl_lines", lines);
+    }
+
+    #[test]
+    fn a_key_streamed_across_deltas_never_reaches_a_line_whole_or_in_part() {
+        let id = execution();
+        // Every way of cutting the answer into three deltas.
+        let answer = format!("here it is: {KEY} and more text");
+        for first in 0..answer.len() {
+            for second in first..answer.len() {
+                if !answer.is_char_boundary(first) || !answer.is_char_boundary(second) {
+                    continue;
+                }
+                let jsonl = jsonl();
+                let mut lines = Vec::new();
+                for piece in [&answer[..first], &answer[first..second], &answer[second..]] {
+                    lines.extend(jsonl.delta_lines(
+                        id,
+                        CallPurpose::Agent,
+                        &Delta::Text(piece.into()),
+                    ));
+                }
+                let mut held = jsonl.held.lock().unwrap();
+                lines.extend(jsonl.flush_held(&mut held));
+                let shown: String = lines
+                    .iter()
+                    .map(|line| check(line)["text"].as_str().unwrap().to_owned())
+                    .collect();
+                assert_eq!(shown, "here it is: [REDACTED:OPENAI_API_KEY] and more text");
+                // No line carries a piece of the key long enough to matter.
+                for line in &lines {
+                    assert!(!line.contains(&KEY[..12]), "{line}");
+                }
+            }
+        }
     }
 }

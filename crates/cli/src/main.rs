@@ -6,9 +6,12 @@
 //! on stderr, nothing written to the log), 130 when aborted by a second Ctrl-C.
 
 mod args;
+mod chat;
 mod config;
 #[cfg(test)]
 mod config_doc_test;
+mod environment;
+mod follow;
 mod html;
 mod inspect;
 mod jsonl;
@@ -16,12 +19,14 @@ mod log;
 mod output;
 mod progress;
 mod provider;
+mod queue;
 mod reap;
 mod resume;
 mod run;
 mod telemetry;
 mod transcript;
 mod transfer;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -84,14 +89,14 @@ fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let db = cli.db_path()?;
-    if log::is_postgres(&db)
-        && matches!(
-            cli.command,
-            Command::Resume { .. } | Command::Approve { .. }
-        )
-    {
+    let continues = match &cli.command {
+        Command::Chat(_) => true,
+        Command::Run(args) => args.continue_id.is_some(),
+        _ => false,
+    };
+    if log::is_postgres(&db) && continues {
         return Err(Failure::usage(
-            "resume and approve do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
+            "chat and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
         ));
     }
     let mut command = cli.command;
@@ -103,15 +108,56 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Verify { id }
         | Command::Resume { id, .. }
         | Command::Approve { id, .. }
+        | Command::Cancel { id }
         | Command::Export { id } => *id = inspect::resolve(&db, id).await?,
-        Command::Run(_) | Command::List { .. } | Command::Reap { .. } | Command::Import { .. } => {}
+        Command::Run(args) => {
+            if let Some(id) = &mut args.continue_id {
+                *id = inspect::resolve(&db, id).await?;
+            }
+        }
+        Command::Chat(args) => {
+            if let Some(id) = &mut args.id {
+                *id = inspect::resolve(&db, id).await?;
+            }
+        }
+        Command::List { .. }
+        | Command::Reap { .. }
+        | Command::Import { .. }
+        | Command::Submit(_)
+        | Command::Worker { .. } => {}
     }
     match command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
+        Command::Chat(args) => chat::chat(args, &db, cli.config.as_deref()).await,
         Command::Replay { id, json } => inspect::replay(&db, &id, json).await,
         Command::List { json, status } => inspect::list(&db, json, status).await,
         Command::Show { id, json, html } => inspect::show(&db, &id, json, html.as_deref()).await,
-        Command::Events { id, json, full } => inspect::events(&db, &id, json, full).await,
+        Command::Events {
+            id,
+            json,
+            full,
+            follow: true,
+        } => follow::follow(&db, &id, json, full).await,
+        Command::Events {
+            id,
+            json,
+            full,
+            follow: false,
+        } => inspect::events(&db, &id, json, full).await,
+        Command::Submit(args) => queue::submit(args, &db).await,
+        Command::Cancel { id } => queue::cancel(&db, &id).await,
+        Command::Worker {
+            concurrency,
+            lease,
+            workspaces,
+        } => {
+            let settings = worker::Settings {
+                concurrency: concurrency as usize,
+                lease: std::time::Duration::from_secs(lease),
+                workspaces,
+            };
+            worker::work(&db, cli.config.as_deref(), settings).await
+        }
         Command::Verify { id } => inspect::verify(&db, &id).await,
         Command::Export { id } => transfer::export(&db, &id).await,
         Command::Import { file } => transfer::import(&db, &file).await,

@@ -12,6 +12,14 @@ pub(crate) fn line(text: &str) {
     let _ = writeln!(out, "{text}");
 }
 
+/// Writes `text` to stdout as it is (the live transcript: streamed text, the status line's
+/// redraws) and flushes; a broken pipe is ignored.
+pub(crate) fn raw(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
 /// Writes one line to stderr.
 pub(crate) fn error_line(text: &str) {
     let mut err = std::io::stderr().lock();
@@ -40,6 +48,14 @@ pub(crate) fn write_with(
 pub(crate) fn stderr_colour() -> bool {
     colour(
         std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
+/// Whether stdout may carry colour (the live transcript): the same rule as stderr's.
+pub(crate) fn stdout_colour() -> bool {
+    colour(
+        std::io::stdout().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),
     )
 }

@@ -1,35 +1,48 @@
-//! Progress as events pass on their way to the log: the display can never disagree with
-//! what was recorded, because it is drawn from the same events. On a terminal, a live
-//! status line (turn, tokens, cost, context fill, the tool in flight, compactions) with the
-//! notable events printed above it; otherwise plain lines; with `--json`, nothing.
+//! The live transcript of `run`, `resume` and `chat`, drawn from the events on their way to
+//! the log (so it can never disagree with what was recorded) and from the answer's deltas
+//! as the model writes them: the assistant's words, each tool call as one line with its key
+//! argument and then its outcome, short notes for compactions, retries, approvals and proxy
+//! denials, and a status line (turn, tokens, cost, context fill, the tool in flight). The
+//! final answer is printed whole at the end ([`Display::finish`]).
+//!
+//! On a terminal the status line stays at the bottom and text streams in; elsewhere the
+//! same content comes as plain lines (whole messages, a status line per turn), never with
+//! an escape sequence. `--quiet` prints only the final answer, `--json` nothing.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use nerve_core::event::{ProxyVerdict, StagnationAction};
+use nerve_brain::Delta;
+use nerve_core::event::{ApprovalDecision, CallPurpose, ProxyVerdict, StagnationAction};
 use nerve_core::{
-    Enqueued, Event, EventSink, ExecutionId, MicroUsd, SinkError, Snapshot, TokenUsage,
+    Enqueued, Event, EventSink, ExecutionId, MessageRole, MicroUsd, SinkError, Snapshot, TokenUsage,
 };
 
 use crate::output;
+use crate::transcript::{key_argument, outcome_lines, text_of};
 
-/// How progress is shown.
+/// How the transcript is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
-    Quiet,
+    /// `--json`: nothing but the JSON object.
+    Silent,
+    /// `--quiet`: only the final answer.
+    Answer,
+    /// Not a terminal: plain lines.
     Plain,
+    /// A terminal: streaming text and a status line at the bottom.
     Live,
 }
 
 impl Mode {
-    /// Live on a terminal, plain lines otherwise, quiet for `--json`.
-    pub(crate) fn detect(json: bool) -> Self {
+    /// Live on a terminal, plain lines otherwise; `--json` and `--quiet` win.
+    pub(crate) fn detect(json: bool, quiet: bool) -> Self {
         use std::io::IsTerminal;
         if json {
-            Self::Quiet
-        } else if std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
+            Self::Silent
+        } else if quiet {
+            Self::Answer
+        } else if std::io::stdout().is_terminal() {
             Self::Live
         } else {
             Self::Plain
@@ -37,213 +50,548 @@ impl Mode {
     }
 }
 
+/// How a line looks on a colour terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Style {
+    /// The assistant's words and the answer.
+    Text,
+    /// A tool call.
+    Call,
+    /// A tool's outcome, the status line per turn.
+    Dim,
+    /// Compactions, retries, approvals.
+    Note,
+    /// A failure.
+    Error,
+}
+
+impl Style {
+    fn colour(self) -> Option<&'static str> {
+        match self {
+            Self::Text => None,
+            Self::Call => Some("\x1b[1m"),
+            Self::Dim => Some("\x1b[2m"),
+            Self::Note => Some("\x1b[33m"),
+            Self::Error => Some("\x1b[31m"),
+        }
+    }
+}
+
+/// One line of the transcript.
+pub(crate) type Line = (Style, String);
+
+/// Where an execution stands, as the status line shows it.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Status {
+    pub(crate) turn: u32,
+    pub(crate) usage: TokenUsage,
+    pub(crate) cost: MicroUsd,
+    /// Input tokens of the last model call: how full the context was.
+    pub(crate) last_input: u64,
+    pub(crate) compactions: u32,
+    pub(crate) archived_blocks: usize,
+    pub(crate) tool: Option<String>,
+}
+
 #[derive(Debug, Default)]
-struct Status {
-    turn: u32,
-    usage: TokenUsage,
-    cost: MicroUsd,
-    last_input: u64,
-    tool: Option<String>,
-    compactions: u32,
+struct State {
+    status: Status,
+    /// The last answer without tool calls; `None` once the agent goes on.
+    answer: Option<String>,
+    /// Whether that answer was streamed to the screen already.
+    answer_streamed: bool,
+    /// Text of the current agent call shown as it streamed.
+    streamed: String,
+    /// Streamed text held back because the next delta could make it part of a secret.
+    held: nerve_core::StreamRedaction,
+    /// The cursor is in the middle of a streamed line (live).
+    mid_line: bool,
+    /// The status line is on the screen (live).
+    status_shown: bool,
+    /// Someone else has the terminal (the chat prompt, an approval question).
+    paused: bool,
 }
 
-/// Wraps the log's sink and shows progress.
+/// The transcript on the screen. Thread-safe: events arrive from the engine's task,
+/// deltas from the provider's.
 #[derive(Debug)]
-pub(crate) struct ProgressSink<S> {
-    inner: S,
+pub(crate) struct Display {
     mode: Mode,
+    colour: bool,
     context_window: Option<u64>,
-    bar: Option<ProgressBar>,
-    status: Mutex<Status>,
+    /// The log's redactor: nothing reaches the screen that the log would not keep.
+    redactor: std::sync::Arc<nerve_core::Redactor>,
+    state: Mutex<State>,
 }
 
-impl<S> ProgressSink<S> {
-    pub(crate) fn new(inner: S, mode: Mode, context_window: Option<u64>) -> Self {
-        let bar = (mode == Mode::Live).then(|| {
-            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-            if let Ok(style) = ProgressStyle::with_template("{spinner} {msg}") {
-                bar.set_style(style);
-            }
-            bar.enable_steady_tick(Duration::from_millis(120));
-            bar
-        });
+impl Display {
+    pub(crate) fn new(
+        mode: Mode,
+        context_window: Option<u64>,
+        redactor: std::sync::Arc<nerve_core::Redactor>,
+    ) -> Self {
         Self {
-            inner,
             mode,
+            colour: mode == Mode::Live && output::stdout_colour(),
             context_window,
-            bar,
-            status: Mutex::new(Status::default()),
+            redactor,
+            state: Mutex::new(State::default()),
         }
     }
 
-    /// Clears the live line before the result is printed.
-    pub(crate) fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Starts the counters where an execution already stands (a reopened chat).
+    pub(crate) fn seed(&self, status: Status) {
+        if let Ok(mut state) = self.state.lock() {
+            state.status = status;
         }
     }
 
-    fn status_line(&self, status: &Status) -> String {
-        let fill = match self.context_window {
-            Some(window) if window > 0 => {
-                format!(" · context {}%", status.last_input * 100 / window)
-            }
-            Some(_) | None => String::new(),
-        };
-        let tool = status
-            .tool
-            .as_deref()
-            .map(|t| format!(" · running {t}"))
-            .unwrap_or_default();
-        format!(
-            "turn {} · {} in / {} out tokens · {}{fill} · {} compactions{tool}",
+    /// The counters now.
+    pub(crate) fn status(&self) -> Status {
+        self.state
+            .lock()
+            .map(|state| state.status.clone())
+            .unwrap_or_default()
+    }
+
+    /// The status line's text.
+    pub(crate) fn status_text(&self, status: &Status) -> String {
+        let mut text = format!(
+            "turn {} · {} in / {} out tokens · {}",
             status.turn,
-            status.usage.input_tokens,
-            status.usage.output_tokens,
-            status.cost,
-            status.compactions
-        )
-    }
-}
-
-fn shorten(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let cut = nerve_core::text::clip(&text, max.saturating_sub(3)).len();
-        text.truncate(cut);
-        text.push_str("...");
-    }
-    text
-}
-
-/// The line printed for a notable event.
-fn describe(event: &Event) -> Option<String> {
-    match event {
-        Event::ToolCallStarted(started) => Some(format!(
-            "  turn {} -> {} {}",
-            started.turn,
-            started.call.name,
-            shorten(started.call.arguments.to_string(), 120)
-        )),
-        Event::ToolCallFinished(finished) if finished.result.is_error => Some(format!(
-            "  turn {} <- {} failed",
-            finished.turn, finished.result.name
-        )),
-        Event::TurnCompleted(turn) => Some(format!(
-            "turn {}: {} in / {} out tokens, {} ({})",
-            turn.turn, turn.usage.input_tokens, turn.usage.output_tokens, turn.cost, turn.finish
-        )),
-        Event::Retry(retry) => Some(format!(
-            "  retry {} after {}: waiting {} ms",
-            retry.attempt, retry.error, retry.delay_ms
-        )),
-        Event::Compaction(compaction) => Some(format!(
-            "  compaction ({:?}): {} -> {} tokens",
-            compaction.strategy, compaction.tokens_before, compaction.tokens_after
-        )),
-        Event::Stagnation(stagnation) => Some(match stagnation.action {
-            StagnationAction::Corrected => {
-                format!("  turn {}: repeating itself; corrected", stagnation.turn)
-            }
-            StagnationAction::Terminated => format!(
-                "  turn {}: still repeating itself; stopping",
-                stagnation.turn
-            ),
-        }),
-        Event::ApprovalRequested(request) => Some(format!(
-            "  turn {}: {} needs approval ({})",
-            request.turn, request.call.name, request.rule
-        )),
-        Event::ProxyDecision(decision) if decision.decision == ProxyVerdict::Denied => {
-            Some(format!(
-                "  proxy denied {} {}{}",
-                decision.method,
-                decision.host,
-                decision
-                    .reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            ))
+            thousands(status.usage.input_tokens),
+            thousands(status.usage.output_tokens),
+            status.cost
+        );
+        if let Some(window) = self.context_window.filter(|w| *w > 0) {
+            text.push_str(&format!(
+                " · context {}%",
+                status.last_input.saturating_mul(100) / window
+            ));
         }
-        Event::Resumed(resumed) => Some(format!(
-            "resumed after turn {} (attempt {})",
-            resumed.from_turn, resumed.attempt
-        )),
-        Event::Started(_)
-        | Event::ContextCreated(_)
-        | Event::MessageAppended(_)
-        | Event::ToolCallFinished(_)
-        | Event::ModelCalled(_)
-        | Event::TaskTransition(_)
-        | Event::Finish(_)
-        | Event::ApprovalDecided(_)
-        | Event::ProxyDecision(_)
-        | Event::Checkpoint(_) => None,
+        if status.compactions > 0 {
+            text.push_str(&format!(" · {} compaction(s)", status.compactions));
+        }
+        if let Some(tool) = &status.tool {
+            text.push_str(&format!(" · running {tool}"));
+        }
+        text
     }
-}
 
-impl<S> ProgressSink<S> {
+    /// Prints lines of the CLI's own (headers, notes) in the transcript's style.
+    pub(crate) fn lines(&self, lines: &[Line]) {
+        if matches!(self.mode, Mode::Silent | Mode::Answer) {
+            return;
+        }
+        if let Ok(mut state) = self.state.lock() {
+            self.print(&mut state, lines);
+        }
+    }
+
+    /// Hands the terminal to a prompt: the status line goes away until [`Display::resume`].
+    pub(crate) fn pause(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            self.clear_status(&mut state);
+            if state.mid_line {
+                self.write("\n");
+                state.mid_line = false;
+            }
+            state.paused = true;
+        }
+    }
+
+    pub(crate) fn resume(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.paused = false;
+            self.draw_status(&mut state);
+        }
+    }
+
+    /// Forgets the answer of the previous message (a chat's next message begins).
+    pub(crate) fn next_message(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.answer = None;
+            state.answer_streamed = false;
+        }
+    }
+
+    /// The end of an execution (or of a chat message): the status line cleared and the
+    /// final answer printed whole (unless it streamed onto this screen already).
+    /// Returns the answer.
+    pub(crate) fn finish(&self) -> Option<String> {
+        let Ok(mut state) = self.state.lock() else {
+            return None;
+        };
+        self.clear_status(&mut state);
+        if state.mid_line {
+            self.write("\n");
+            state.mid_line = false;
+        }
+        // The run is over: what follows (its ending, a chat's prompt) has no status line.
+        state.paused = true;
+        state.status.tool = None;
+        let answer = state
+            .answer
+            .as_deref()
+            .map(|a| self.redactor.redact(a).into_owned())
+            .filter(|a| !a.trim().is_empty());
+        match (self.mode, &answer) {
+            (Mode::Answer, Some(answer)) => output::line(answer.trim_end()),
+            (Mode::Plain | Mode::Live, Some(answer)) if !state.answer_streamed => {
+                let mut lines = vec![(Style::Text, String::new())];
+                lines.extend(
+                    answer
+                        .trim_end()
+                        .lines()
+                        .map(|line| (Style::Text, line.to_owned())),
+                );
+                self.print_lines(&lines);
+            }
+            (Mode::Silent | Mode::Answer | Mode::Plain | Mode::Live, _) => {}
+        }
+        answer
+    }
+
     fn observe(&self, event: &Event) {
-        if self.mode == Mode::Quiet {
+        if self.mode == Mode::Silent {
             return;
         }
-        let line = describe(event);
-        let Some(bar) = &self.bar else {
-            if let Some(line) = line {
-                output::error_line(&line);
-            }
+        let Ok(mut state) = self.state.lock() else {
             return;
         };
-        let Ok(mut status) = self.status.lock() else {
+        // Whatever streamed text was held back is complete now.
+        let rest = state.held.finish(&self.redactor);
+        if !rest.is_empty() && self.mode == Mode::Live {
+            self.write(&rest);
+            state.mid_line = !rest.ends_with('\n');
+        }
+        let lines = self.describe(&mut state, event);
+        if self.mode == Mode::Answer {
             return;
-        };
+        }
+        let message_ended =
+            matches!(event, Event::MessageAppended(m) if m.message.role == MessageRole::Assistant);
+        if state.mid_line && (message_ended || !lines.is_empty()) {
+            // A streamed message ends before what follows it.
+            self.write("\n");
+            state.mid_line = false;
+        }
+        self.print(&mut state, &lines);
+    }
+
+    /// What `event` changes in the counters, and the lines it prints.
+    fn describe(&self, state: &mut State, event: &Event) -> Vec<Line> {
+        let status = &mut state.status;
+        let mut lines = Vec::new();
         match event {
+            Event::MessageAppended(appended) => {
+                let message = &appended.message;
+                match message.role {
+                    MessageRole::Assistant => {
+                        let text = text_of(&message.parts);
+                        let streamed = !std::mem::take(&mut state.streamed).is_empty();
+                        if message.tool_calls().next().is_some() {
+                            state.answer = None;
+                            if !streamed {
+                                lines.extend(
+                                    text.trim_end()
+                                        .lines()
+                                        .filter(|l| !l.trim().is_empty())
+                                        .map(|l| (Style::Text, l.to_owned())),
+                                );
+                            }
+                        } else {
+                            state.answer = Some(text);
+                            state.answer_streamed = streamed;
+                        }
+                    }
+                    MessageRole::User => {
+                        let text = text_of(&message.parts);
+                        if let Some(note) = text.strip_prefix("[Nerve] ") {
+                            lines.push((Style::Note, format!("· nerve: {}", first_line(note))));
+                        }
+                    }
+                    MessageRole::System | MessageRole::Tool => {}
+                }
+            }
             Event::ModelCalled(called) => {
-                status.turn = status.turn.max(called.turn);
+                if called.purpose == CallPurpose::Agent {
+                    status.turn = status.turn.max(called.turn);
+                }
                 if called.usage.input_tokens > 0 {
                     status.last_input = called.usage.input_tokens;
                 }
+                if called.outcome != "ok" {
+                    lines.push((
+                        Style::Error,
+                        format!("· model call failed: {}", first_line(&called.outcome)),
+                    ));
+                }
             }
             Event::ToolCallStarted(started) => {
-                status.tool = Some(shorten(
-                    format!("{} {}", started.call.name, started.call.arguments),
-                    60,
-                ));
+                let key = key_argument(&started.call);
+                status.tool = Some(key.clone());
+                lines.push((Style::Call, format!("→ {key}")));
             }
-            Event::ToolCallFinished(_) => status.tool = None,
+            Event::ToolCallFinished(finished) => {
+                status.tool = None;
+                let style = if finished.result.is_error {
+                    Style::Error
+                } else {
+                    Style::Dim
+                };
+                lines.extend(
+                    outcome_lines(&finished.result, 3, 2)
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, l)| (if i == 0 { style } else { Style::Dim }, l)),
+                );
+            }
             Event::TurnCompleted(turn) => {
                 status.turn = turn.turn;
                 status.usage += turn.usage;
                 status.cost += turn.cost;
+                if self.mode == Mode::Plain {
+                    let text = self.status_text(status);
+                    lines.push((Style::Dim, format!("· {text}")));
+                }
             }
-            Event::Compaction(_) => status.compactions += 1,
+            Event::Retry(retry) => lines.push((
+                Style::Note,
+                format!(
+                    "· retry {} after {}: waiting {} ms",
+                    retry.attempt,
+                    first_line(&retry.error),
+                    retry.delay_ms
+                ),
+            )),
+            Event::Compaction(compaction) => {
+                status.compactions += 1;
+                status.archived_blocks += compaction.archived.len();
+                status.last_input = status.last_input.min(compaction.tokens_after);
+                lines.push((
+                    Style::Note,
+                    format!(
+                        "· context compacted ({}): {} → {} tokens, {} block(s) archived",
+                        snake(&compaction.strategy),
+                        thousands(compaction.tokens_before),
+                        thousands(compaction.tokens_after),
+                        compaction.archived.len()
+                    ),
+                ));
+            }
+            Event::Stagnation(stagnation) => lines.push((
+                Style::Note,
+                match stagnation.action {
+                    StagnationAction::Corrected => "· the agent is repeating itself: corrected",
+                    StagnationAction::Terminated => {
+                        "· the agent is still repeating itself: stopping"
+                    }
+                }
+                .to_owned(),
+            )),
+            Event::ApprovalRequested(request) => lines.push((
+                Style::Note,
+                format!(
+                    "· approval needed: {} (rule `{}`)",
+                    key_argument(&request.call),
+                    request.rule
+                ),
+            )),
+            Event::ApprovalDecided(decided) => lines.push((
+                Style::Note,
+                format!(
+                    "· {} by the {}{}",
+                    match decided.decision {
+                        ApprovalDecision::Approved => "approved",
+                        ApprovalDecision::Denied => "denied",
+                    },
+                    snake(&decided.decided_by),
+                    decided
+                        .reason
+                        .as_deref()
+                        .map(|r| format!(": {}", first_line(r)))
+                        .unwrap_or_default()
+                ),
+            )),
+            Event::ProxyDecision(decision) if decision.decision == ProxyVerdict::Denied => {
+                lines.push((
+                    Style::Note,
+                    format!(
+                        "· proxy denied {} {}{}",
+                        decision.method,
+                        decision.host,
+                        decision
+                            .reason
+                            .as_deref()
+                            .map(|r| format!(": {}", first_line(r)))
+                            .unwrap_or_default()
+                    ),
+                ));
+            }
+            Event::Resumed(resumed) => lines.push((
+                Style::Note,
+                format!(
+                    "· resumed after turn {} (attempt {})",
+                    resumed.from_turn, resumed.attempt
+                ),
+            )),
             Event::Started(_)
             | Event::ContextCreated(_)
-            | Event::MessageAppended(_)
             | Event::TaskTransition(_)
-            | Event::Retry(_)
             | Event::Finish(_)
-            | Event::Stagnation(_)
-            | Event::ApprovalRequested(_)
-            | Event::ApprovalDecided(_)
             | Event::ProxyDecision(_)
-            | Event::Checkpoint(_)
-            | Event::Resumed(_) => {}
+            | Event::Checkpoint(_) => {}
         }
-        // On a terminal only the notable lines stay; the turn summary lives in the status.
-        if let Some(line) =
-            line.filter(|_| !matches!(event, Event::TurnCompleted(_) | Event::ToolCallStarted(_)))
-        {
-            bar.println(line);
+        lines
+    }
+
+    fn delta(&self, purpose: CallPurpose, delta: &Delta) {
+        // Plain lines come whole from the events; only a terminal shows text as it streams.
+        if self.mode != Mode::Live || purpose != CallPurpose::Agent {
+            return;
         }
-        bar.set_message(self.status_line(&status));
+        let Delta::Text(text) = delta else {
+            return;
+        };
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        if text.is_empty() {
+            return;
+        }
+        state.streamed.push_str(text);
+        let shown = state.held.push(&self.redactor, text);
+        if shown.is_empty() {
+            return;
+        }
+        self.clear_status(&mut state);
+        self.write(&shown);
+        state.mid_line = !shown.ends_with('\n');
+        if !state.mid_line {
+            self.draw_status(&mut state);
+        }
+    }
+
+    fn print(&self, state: &mut State, lines: &[Line]) {
+        if lines.is_empty() {
+            self.draw_status(state);
+            return;
+        }
+        self.clear_status(state);
+        self.print_lines(lines);
+        self.draw_status(state);
+    }
+
+    fn print_lines(&self, lines: &[Line]) {
+        let mut out = String::new();
+        for (style, text) in lines {
+            let text = self.redactor.redact(text);
+            match style.colour().filter(|_| self.colour) {
+                Some(code) => out.push_str(&format!("{code}{text}\x1b[0m\n")),
+                None => {
+                    out.push_str(&text);
+                    out.push('\n');
+                }
+            }
+        }
+        self.write(&out);
+    }
+
+    fn clear_status(&self, state: &mut State) {
+        if state.status_shown {
+            self.write("\r\x1b[2K");
+            state.status_shown = false;
+        }
+    }
+
+    fn draw_status(&self, state: &mut State) {
+        if self.mode != Mode::Live || state.paused || state.mid_line {
+            return;
+        }
+        let text = self.status_text(&state.status);
+        let width = terminal_width().saturating_sub(1).max(20);
+        let text = nerve_core::text::clip(&text, width);
+        let shown = if self.colour {
+            format!("\r\x1b[2K\x1b[36m{text}\x1b[0m")
+        } else {
+            format!("\r\x1b[2K{text}")
+        };
+        self.write(&shown);
+        state.status_shown = true;
+    }
+
+    fn write(&self, text: &str) {
+        output::raw(text);
+    }
+}
+
+impl nerve_brain::DeltaObserver for Display {
+    fn delta(&self, _execution: ExecutionId, purpose: CallPurpose, delta: &Delta) {
+        Display::delta(self, purpose, delta);
+    }
+}
+
+/// The terminal's width in columns: `COLUMNS`, else 80.
+fn terminal_width() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .filter(|c| *c > 0)
+        .unwrap_or(80)
+}
+
+/// `1234567` as `1,234,567`.
+pub(crate) fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub(crate) fn first_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    if line.len() <= 120 {
+        line.to_owned()
+    } else {
+        format!("{}...", nerve_core::text::clip(line, 117))
+    }
+}
+
+/// An enum's snake_case name, as the log spells it.
+fn snake(value: &impl serde::Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Wraps the log's sink and shows every event on the [`Display`] before it is recorded.
+#[derive(Debug)]
+pub(crate) struct ProgressSink<S> {
+    inner: S,
+    display: std::sync::Arc<Display>,
+}
+
+impl<S> ProgressSink<S> {
+    pub(crate) fn new(inner: S, display: std::sync::Arc<Display>) -> Self {
+        Self { inner, display }
     }
 }
 
 #[async_trait]
 impl<S: EventSink> EventSink for ProgressSink<S> {
     async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        self.observe(&event);
+        self.display.observe(&event);
         self.inner.append(execution, event).await
     }
 
@@ -263,7 +611,7 @@ impl<S: EventSink> EventSink for ProgressSink<S> {
         checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
         for event in &events {
-            self.observe(event);
+            self.display.observe(event);
         }
         self.inner.commit(execution, events, checkpoint).await
     }
@@ -275,7 +623,7 @@ impl<S: EventSink> EventSink for ProgressSink<S> {
         checkpoint: Option<Snapshot>,
     ) -> Enqueued {
         for event in &events {
-            self.observe(event);
+            self.display.observe(event);
         }
         self.inner.enqueue(execution, events, checkpoint)
     }
@@ -283,24 +631,94 @@ impl<S: EventSink> EventSink for ProgressSink<S> {
 
 #[cfg(test)]
 mod tests {
-    use nerve_core::event::TurnCompleted;
+    use nerve_core::event::{MessageAppended, ToolCallFinished, ToolCallStarted, TurnCompleted};
+    use nerve_core::{Message, MessagePart, ToolCall, ToolResult};
 
     use super::*;
 
-    #[test]
-    fn plain_lines_name_what_happened() {
-        let turn = Event::TurnCompleted(TurnCompleted {
-            turn: 3,
-            usage: TokenUsage::new(1200, 40),
-            cost: MicroUsd(1500),
-            tool_calls: vec!["shell".into()],
-            finish: nerve_core::FinishReason::ToolCalls,
-            duration_ms: 5,
-        });
+    /// The plain lines `events` print, then the answer `finish` returns.
+    fn check(events: &[Event], expected: &[&str], answer: Option<&str>) {
+        let display = Display::new(Mode::Plain, Some(10_000), Default::default());
+        let mut state = State::default();
+        let lines: Vec<String> = events
+            .iter()
+            .flat_map(|e| display.describe(&mut state, e))
+            .map(|(_, text)| text)
+            .collect();
+        assert_eq!(lines, expected);
         assert_eq!(
-            describe(&turn).unwrap(),
-            "turn 3: 1200 in / 40 out tokens, $0.001500 (tool_calls)"
+            state.answer.as_deref().filter(|a| !a.is_empty()),
+            answer,
+            "the answer"
         );
-        assert_eq!(shorten("abcdefghij".into(), 8), "abcde...");
+    }
+
+    fn call() -> ToolCall {
+        ToolCall {
+            id: "c1".into(),
+            name: "shell".into(),
+            arguments: serde_json::json!({"command": "sh test.sh"}),
+        }
+    }
+
+    #[test]
+    fn a_turn_reads_as_words_call_outcome_and_status() {
+        let mut assistant = Message::text(MessageRole::Assistant, "Let me run the test.");
+        assistant.parts.push(MessagePart::ToolCall(call()));
+        check(
+            &[
+                Event::MessageAppended(MessageAppended {
+                    index: 2,
+                    message: assistant,
+                }),
+                Event::ToolCallStarted(ToolCallStarted {
+                    turn: 1,
+                    call: call(),
+                }),
+                Event::ToolCallFinished(ToolCallFinished {
+                    turn: 1,
+                    result: ToolResult {
+                        call_id: "c1".into(),
+                        name: "shell".into(),
+                        content: "a\nb\nc\nd\ne\nf\nFAIL: expected 2\n[exit code: 1]".into(),
+                        is_error: true,
+                    },
+                    duration_ms: 3,
+                }),
+                Event::TurnCompleted(TurnCompleted {
+                    turn: 1,
+                    usage: TokenUsage::new(1200, 40),
+                    cost: MicroUsd(1500),
+                    tool_calls: vec!["shell".into()],
+                    finish: nerve_core::FinishReason::ToolCalls,
+                    duration_ms: 5,
+                }),
+                Event::MessageAppended(MessageAppended {
+                    index: 4,
+                    message: Message::text(MessageRole::Assistant, "All done."),
+                }),
+            ],
+            &[
+                "Let me run the test.",
+                "→ shell sh test.sh",
+                "  exit 1 · 7 lines",
+                "  │ a",
+                "  │ b",
+                "  │ c",
+                "  │ … 2 more lines",
+                "  │ f",
+                "  │ FAIL: expected 2",
+                "· turn 1 · 1,200 in / 40 out tokens · $0.001500 · context 0%",
+            ],
+            Some("All done."),
+        );
+    }
+
+    #[test]
+    fn numbers_read_with_thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
     }
 }

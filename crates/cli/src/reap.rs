@@ -35,6 +35,11 @@ pub(crate) async fn reap(all: bool, id: Option<&str>) -> Result<u8, Failure> {
     for (name, reason) in &report.kept {
         output::line(&format!("kept {name}: {reason}"));
     }
+    for execution in &report.homes_removed {
+        output::line(&format!(
+            "removed the sandbox home of {execution} (unused for a week)"
+        ));
+    }
     output::line(&format!(
         "{} removed, {} kept{}",
         report.removed.len(),

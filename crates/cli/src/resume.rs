@@ -12,7 +12,7 @@ use nerve_core::{
     Event, EventSink, ExecutionId, MAX_RESUMES, MessageRole, Redactor, TaskStatus,
     TerminationReason, TokenUsage, may_resume,
 };
-use nerve_session::{Replay, SessionError, SqliteSink, Store, StoredEvent};
+use nerve_session::{EventStore, PgStore, Replay, SessionError, SqliteSink, Store, StoredEvent};
 
 use crate::Failure;
 use crate::output;
@@ -30,23 +30,39 @@ pub(crate) struct Resumable {
 /// Reads `id`'s events once their hash chain verifies, and replays them. Every command
 /// that continues an execution or appends to its log (`resume`, `approve`; `chat ID` and
 /// `run --continue` when they come) goes through here.
-pub(crate) fn load(
+pub(crate) async fn load(
     db: &Path,
     id: &str,
 ) -> Result<(ExecutionId, Vec<StoredEvent>, Replay), Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
-    if !db.exists() {
-        return Err(Failure::usage(format!(
-            "no event log at {} (pass --db)",
-            db.display()
-        )));
-    }
-    let store = Store::open_read_only(db).map_err(Failure::usage)?;
-    // Nothing is built on, or appended to, a log whose chain does not verify: the model
-    // would see whatever an editor of the database put there.
-    let events = store
-        .verified_events(&execution)
-        .map_err(|error| {
+    let verified = if crate::log::is_postgres(db) {
+        let crate::log::Reader::Postgres(store) = crate::log::reader(db).await? else {
+            return Err(Failure::usage("not a PostgreSQL log"));
+        };
+        EventStore::verified_events(&store, execution).await
+    } else {
+        if !db.exists() {
+            return Err(Failure::usage(format!(
+                "no event log at {} (pass --db)",
+                db.display()
+            )));
+        }
+        let store = Store::open_read_only(db).map_err(Failure::usage)?;
+        store.verified_events(&execution)
+    };
+    let events = checked(execution, verified)?;
+    let replay = nerve_session::replay(&execution.to_string(), &events);
+    Ok((execution, events, replay))
+}
+
+/// The events of a verified read, or why the execution cannot be continued. Nothing is
+/// built on, or appended to, a log whose chain does not verify: the model would see
+/// whatever an editor of the database put there.
+pub(crate) fn checked(
+    execution: ExecutionId,
+    verified: Result<Vec<StoredEvent>, SessionError>,
+) -> Result<Vec<StoredEvent>, Failure> {
+    verified.map_err(|error| {
             if let SessionError::BrokenChain(broken) = &error {
                 Failure::usage(format!(
                     "execution {execution} cannot be continued: its log is tampered or damaged ({broken}); see `nerve verify {execution}`"
@@ -54,14 +70,87 @@ pub(crate) fn load(
             } else {
                 Failure::usage(error)
             }
-        })?;
-    let replay = nerve_session::replay(&execution.to_string(), &events);
-    Ok((execution, events, replay))
+        })
+}
+
+/// Reads `id` from the log and checks that a person may continue it with a message
+/// (`nerve chat ID`, `run --continue ID`): any ending will do, and a crash is recovered
+/// first (which counts as a resume). Refused: a broken chain, pending approvals, a task
+/// closed for good.
+pub(crate) async fn continuable(db: &Path, id: &str) -> Result<(Resumable, Replay), Failure> {
+    let (execution, events, replay) = load(db, id).await?;
+    let Some(started) = replay.started.clone() else {
+        return Err(Failure::usage(format!(
+            "execution {execution} has no start event; nothing to continue"
+        )));
+    };
+    if !replay.pending_approvals.is_empty() {
+        return Err(Failure::usage(format!(
+            "execution {execution} waits for approval of {}: decide with `nerve approve {execution}` (or --deny) first",
+            replay
+                .pending_approvals
+                .iter()
+                .map(|p| p.call.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    if replay.messages.is_empty() {
+        return Err(Failure::usage(format!(
+            "execution {execution} recorded no conversation; nothing to continue"
+        )));
+    }
+    let task_status = replay.task_status.unwrap_or(TaskStatus::InProgress);
+    if !task_status.can_transition_to(TaskStatus::InProgress)
+        && task_status != TaskStatus::InProgress
+    {
+        return Err(Failure::usage(format!(
+            "execution {execution} left its task {task_status}, which cannot be taken up again"
+        )));
+    }
+    let attempt = u32::try_from(replay.resumes.len() + 1).unwrap_or(u32::MAX);
+    if replay.termination_reason.is_none() && attempt > MAX_RESUMES {
+        return Err(Failure::usage(format!(
+            "execution {execution} crashed and was already resumed {} times; inspect it with `nerve replay {execution}`",
+            replay.resumes.len()
+        )));
+    }
+    let resumable = rebuild(execution, started, &events, &replay, task_status, attempt);
+    Ok((resumable, replay))
 }
 
 /// Reads `id` from the log and checks that it can be resumed.
-pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
-    let (execution, events, replay) = load(db, id)?;
+pub(crate) async fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
+    let (execution, events, replay) = load(db, id).await?;
+    resumable_from(execution, &events, &replay)
+}
+
+/// On a PostgreSQL log, refuses an execution the task queue holds for a worker: the worker
+/// (or the next one) continues it, and two writers would fork its conversation.
+pub(crate) async fn not_in_a_worker(db: &Path, execution: ExecutionId) -> Result<(), Failure> {
+    let crate::log::Reader::Postgres(store) = crate::log::reader(db).await? else {
+        return Ok(());
+    };
+    let entry = store.queue_entry(execution).await.map_err(Failure::usage)?;
+    match entry {
+        Some(entry) if entry.state == "queued" || entry.state == "claimed" => {
+            Err(Failure::usage(format!(
+                "execution {execution} is {} in the task queue{}; a worker continues it (or `nerve cancel {execution}` first)",
+                entry.state,
+                entry.worker.map(|w| format!(" by {w}")).unwrap_or_default()
+            )))
+        }
+        Some(_) | None => Ok(()),
+    }
+}
+
+/// Checks that the execution whose verified log is `events` can be resumed, and rebuilds
+/// what the engine needs to continue it.
+pub(crate) fn resumable_from(
+    execution: ExecutionId,
+    events: &[StoredEvent],
+    replay: &Replay,
+) -> Result<Resumable, Failure> {
     let Some(started) = replay.started.clone() else {
         return Err(Failure::usage(format!(
             "execution {execution} has no start event; nothing to resume"
@@ -105,6 +194,25 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
             "execution {execution} left its task {task_status}, which a resume cannot take up again"
         )));
     }
+    Ok(rebuild(
+        execution,
+        started,
+        &events,
+        &replay,
+        task_status,
+        attempt,
+    ))
+}
+
+/// What the engine needs to continue `execution` from its events and their replay.
+fn rebuild(
+    execution: ExecutionId,
+    started: Started,
+    events: &[StoredEvent],
+    replay: &Replay,
+    task_status: TaskStatus,
+    attempt: u32,
+) -> Resumable {
     // Decisions by a human, and usage of the turn that began but never completed.
     let mut approvals = Vec::new();
     let mut pending_turn_usage = TokenUsage::default();
@@ -117,7 +225,7 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
     // Calls of the turn that began but never completed, and those of them that finished.
     let mut started_calls: Vec<nerve_core::ToolCall> = Vec::new();
     let mut finished_calls: Vec<nerve_core::ToolCall> = Vec::new();
-    for stored in &events {
+    for stored in events {
         let Ok(event) = serde_json::from_str::<Event>(&stored.payload) else {
             continue;
         };
@@ -176,12 +284,12 @@ pub(crate) fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
         from_checkpoint_seq: replay.checkpoints.last().map(|c| c.seq),
         finished_in_incomplete_turn: finished_calls,
     };
-    Ok(Resumable {
+    Resumable {
         execution,
         started,
         state,
         model_calls,
-    })
+    }
 }
 
 /// `nerve approve ID [--deny] [--reason TEXT]`: records a human decision for every pending
@@ -192,7 +300,7 @@ pub(crate) async fn approve(
     deny: bool,
     reason: Option<String>,
 ) -> Result<u8, Failure> {
-    let (execution, _, replay) = load(db, id)?;
+    let (execution, _, replay) = load(db, id).await?;
     if replay.pending_approvals.is_empty() {
         let ended = replay
             .termination_reason
@@ -206,7 +314,18 @@ pub(crate) async fn approve(
             "execution {execution} is not parked; approvals are decided on parked executions"
         )));
     }
-    let sink = SqliteSink::open(db, Arc::new(Redactor::new())).map_err(Failure::usage)?;
+    let (sink, queue): (Arc<dyn EventSink>, Option<Arc<PgStore>>) =
+        if let Some(url) = db.to_str().filter(|_| crate::log::is_postgres(db)) {
+            let store = Arc::new(
+                PgStore::connect(url, Arc::new(Redactor::new()))
+                    .await
+                    .map_err(Failure::usage)?,
+            );
+            (Arc::clone(&store) as Arc<dyn EventSink>, Some(store))
+        } else {
+            let sink = SqliteSink::open(db, Arc::new(Redactor::new())).map_err(Failure::usage)?;
+            (Arc::new(sink), None)
+        };
     let decision = if deny {
         ApprovalDecision::Denied
     } else {
@@ -233,6 +352,13 @@ pub(crate) async fn approve(
             pending.call.id,
             pending.rule
         ));
+    }
+    // In a fleet, the decided execution goes back to the queue, where a worker resumes it.
+    if let Some(queue) = queue
+        && queue.requeue(execution).await.map_err(Failure::runtime)?
+    {
+        output::line(&format!("queued again: a worker resumes {execution}"));
+        return Ok(0);
     }
     output::line(&format!("continue it with: nerve resume {execution}"));
     Ok(0)

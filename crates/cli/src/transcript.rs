@@ -72,9 +72,21 @@ pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<Strin
                             answer = Some(text);
                         }
                     }
-                    // The task is shown above; later user messages are the engine's notes.
+                    // The task is shown above; later user messages are the engine's notes
+                    // or a person's follow-ups (`nerve chat`, `run --continue`).
                     MessageRole::User if appended.index > 1 && !text.is_empty() => {
-                        lines.push(format!("  note: {}", clip_line(&text)));
+                        match text.strip_prefix("[Nerve] ") {
+                            Some(note) => lines.push(format!("  note: {}", clip_line(note))),
+                            None => {
+                                // The answer to the previous message, before the next one.
+                                if let Some(previous) = answer.take() {
+                                    lines.extend(previous.lines().map(|line| format!("  {line}")));
+                                }
+                                lines.push(String::new());
+                                lines.push("you".to_owned());
+                                lines.extend(text.lines().map(|line| format!("  {line}")));
+                            }
+                        }
                     }
                     MessageRole::User | MessageRole::System | MessageRole::Tool => {}
                 }
@@ -257,6 +269,50 @@ fn outcome_line(result: &ToolResult) -> String {
     }
 }
 
+/// A tool's outcome in a few lines, for the live transcript: the exit code (or `error`,
+/// `ok`) and how many lines there were, then the first `head` and last `tail` of them.
+/// A one-line outcome without an exit code stays on one line.
+pub(crate) fn outcome_lines(result: &ToolResult, head: usize, tail: usize) -> Vec<String> {
+    let mut lines: Vec<&str> = result.content.trim_end().lines().collect();
+    let exit = lines
+        .last()
+        .and_then(|line| line.strip_prefix("[exit code: "))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .map(str::to_owned);
+    if exit.is_some() {
+        lines.pop();
+    }
+    let body: Vec<&str> = lines
+        .into_iter()
+        .filter(|line| *line != "[stderr]")
+        .collect();
+    let status = match (&exit, result.is_error) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, true) => "error".to_owned(),
+        (None, false) => "ok".to_owned(),
+    };
+    match body.as_slice() {
+        [] => vec![format!("  {status} · no output")],
+        [only] if exit.is_none() => vec![format!("  {status}: {}", clip_line(only))],
+        _ => {
+            let count = body.len();
+            let mut out = vec![format!(
+                "  {status} · {count} line{}",
+                if count == 1 { "" } else { "s" }
+            )];
+            let shown = |line: &str| format!("  │ {}", clip_line(line));
+            if count <= head + tail + 1 {
+                out.extend(body.iter().map(|line| shown(line)));
+            } else {
+                out.extend(body[..head].iter().map(|line| shown(line)));
+                out.push(format!("  │ … {} more lines", count - head - tail));
+                out.extend(body[count - tail..].iter().map(|line| shown(line)));
+            }
+            out
+        }
+    }
+}
+
 /// `text`'s first line, cut at [`WIDTH`] bytes (on a character boundary) with `...`.
 fn clip_line(text: &str) -> String {
     let line = text.lines().next().unwrap_or_default();
@@ -271,7 +327,7 @@ fn clip_line(text: &str) -> String {
 mod tests {
     use nerve_core::ToolResult;
 
-    use super::outcome_line;
+    use super::{outcome_line, outcome_lines};
 
     fn check(content: &str, is_error: bool, expected: &str) {
         let result = ToolResult {
@@ -306,5 +362,47 @@ mod tests {
         );
         let long = "x".repeat(300);
         check(&long, false, &format!("    {}...", "x".repeat(97)));
+    }
+
+    fn check_lines(content: &str, is_error: bool, expected: &[&str]) {
+        let result = ToolResult {
+            call_id: "call_1".into(),
+            name: "shell".into(),
+            content: content.into(),
+            is_error,
+        };
+        assert_eq!(outcome_lines(&result, 2, 1), expected, "{content:?}");
+    }
+
+    #[test]
+    fn a_live_outcome_shows_head_and_tail() {
+        check_lines("", false, &["  ok · no output"]);
+        check_lines("[exit code: 0]", false, &["  exit 0 · no output"]);
+        check_lines(
+            "no such file: a.txt",
+            true,
+            &["  error: no such file: a.txt"],
+        );
+        check_lines(
+            "ok\n[exit code: 0]",
+            false,
+            &["  exit 0 · 1 line", "  │ ok"],
+        );
+        check_lines(
+            "1\n2\n3\n4\n[stderr]\nboom\n[exit code: 2]",
+            true,
+            &[
+                "  exit 2 · 5 lines",
+                "  │ 1",
+                "  │ 2",
+                "  │ … 2 more lines",
+                "  │ boom",
+            ],
+        );
+        check_lines(
+            "1\n2\n3\n4",
+            false,
+            &["  ok · 4 lines", "  │ 1", "  │ 2", "  │ 3", "  │ 4"],
+        );
     }
 }

@@ -26,7 +26,7 @@ pub use ports::{
     ArchivedBlock, ContextArchive, Enqueued, EventSink, PendingCommit, RecallHit, SinkError,
     Snapshot, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
 };
-pub use redact::Redactor;
+pub use redact::{Redactor, StreamRedaction};
 pub use task::{MAX_RESUMES, TaskStatus, TransitionError, may_resume};
 pub use usage::{FinishReason, MicroUsd, TokenUsage, TurnRecord};
 

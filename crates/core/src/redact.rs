@@ -102,6 +102,8 @@ pub struct Redactor {
     secrets: Option<AhoCorasick>,
     /// `labels[i]` is the replacement for pattern `i` of `secrets`.
     replacements: Vec<String>,
+    /// The length in bytes of the longest pattern of `secrets`.
+    longest: usize,
 }
 
 impl std::fmt::Debug for Redactor {
@@ -125,6 +127,7 @@ impl Redactor {
         Self {
             secrets: None,
             replacements: Vec::new(),
+            longest: 0,
         }
     }
 
@@ -159,9 +162,11 @@ impl Redactor {
             .map_err(|_| SecretTooShort {
                 label: "<automaton>".to_owned(),
             })?;
+        let longest = patterns.iter().map(String::len).max().unwrap_or(0);
         Ok(Self {
             secrets: Some(automaton),
             replacements,
+            longest,
         })
     }
 
@@ -185,6 +190,89 @@ impl Redactor {
     /// Whether `text` holds anything this redactor would replace.
     pub fn contains_secret(&self, text: &str) -> bool {
         self.secrets.as_ref().is_some_and(|a| a.is_match(text)) || next_format(text, 0).is_some()
+    }
+}
+
+/// How much of a streamed text's tail may be held back because it could be the start of a
+/// well-known token that the next piece completes (tokens are one run of non-space bytes).
+const STREAM_TOKEN_HOLD: usize = 4096;
+
+/// Text that arrives in pieces (an answer as the model streams it), redacted so that a
+/// secret split across pieces is still replaced whole: [`StreamRedaction::push`] returns
+/// what is safe to show now and holds back the tail that could be the start of a secret,
+/// until the next piece or [`StreamRedaction::finish`].
+#[derive(Debug, Default, Clone)]
+pub struct StreamRedaction {
+    pending: String,
+}
+
+impl StreamRedaction {
+    /// Adds `piece`; returns the redacted text that no later piece can change.
+    pub fn push(&mut self, redactor: &Redactor, piece: &str) -> String {
+        self.pending.push_str(piece);
+        let cut = redactor.safe_prefix(&self.pending);
+        let rest = self.pending.split_off(cut);
+        let ready = std::mem::replace(&mut self.pending, rest);
+        redactor.redact(&ready).into_owned()
+    }
+
+    /// The redacted rest: the text has ended.
+    pub fn finish(&mut self, redactor: &Redactor) -> String {
+        let rest = std::mem::take(&mut self.pending);
+        redactor.redact(&rest).into_owned()
+    }
+
+    /// Whether text is held back.
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+}
+
+impl Redactor {
+    /// The length of the longest prefix of `text` that can be redacted on its own: no
+    /// secret or token in it can be extended or completed by text that follows.
+    fn safe_prefix(&self, text: &str) -> usize {
+        // A registered secret that is not complete yet starts within its length minus one
+        // of the end.
+        let mut cut = text.len().saturating_sub(self.longest.saturating_sub(1));
+        loop {
+            let before = cut;
+            // A well-known token grows while non-space bytes follow, and a token is only
+            // recognised at the start of a word: cut between words (up to a bound, past
+            // which a run of non-space bytes is redacted as it stands).
+            let word = text.as_bytes()[..cut]
+                .iter()
+                .rev()
+                .take(STREAM_TOKEN_HOLD)
+                .take_while(|b| !b.is_ascii_whitespace())
+                .count();
+            cut -= word;
+            // A match that reaches the cut is held back whole.
+            if let Some(automaton) = &self.secrets
+                && let Some(found) = automaton
+                    .find_iter(text)
+                    .find(|found| found.start() < cut && found.end() > cut)
+            {
+                cut = found.start();
+            }
+            let mut from = 0;
+            while let Some((start, end, _)) = next_format(text, from) {
+                if start >= cut {
+                    break;
+                }
+                if end >= cut {
+                    cut = start;
+                    break;
+                }
+                from = end;
+            }
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            if cut == before {
+                return cut;
+            }
+        }
     }
 }
 
@@ -383,6 +471,75 @@ fn percent_encode(value: &str, flavour: &PercentFlavour, upper: bool) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn streamed(redactor: &Redactor, pieces: &[&str]) -> String {
+        let mut stream = StreamRedaction::default();
+        let mut out: String = pieces.iter().map(|p| stream.push(redactor, p)).collect();
+        out.push_str(&stream.finish(redactor));
+        out
+    }
+
+    #[test]
+    fn a_secret_split_across_streamed_pieces_is_redacted_whole() {
+        let secret = SecretString::from("hunter2-hunter2-and-more".to_owned());
+        let redactor = Redactor::with_secrets([("API_KEY", &secret)]).unwrap();
+        let text = "the key is hunter2-hunter2-and-more, and a token sk-abcdefghijklmnopqrstuvwxyz012345 too";
+        let whole = redactor.redact(text).into_owned();
+        for first in 0..=text.len() {
+            for second in first..=text.len() {
+                let pieces = [&text[..first], &text[first..second], &text[second..]];
+                let out = streamed(&redactor, &pieces);
+                assert_eq!(out, whole, "cut at {first} and {second}");
+            }
+        }
+    }
+
+    #[test]
+    fn streamed_text_without_secrets_is_shown_as_it_comes() {
+        // Only the word being written is held back.
+        let redactor = Redactor::new();
+        let mut stream = StreamRedaction::default();
+        assert_eq!(
+            stream.push(&redactor, "Hello there, this is"),
+            "Hello there, this "
+        );
+        assert_eq!(stream.push(&redactor, " an answer"), "is an ");
+        assert_eq!(stream.finish(&redactor), "answer");
+        assert!(stream.is_empty());
+        // With registered secrets, at most the longest form of one (and the word it ends
+        // in) is held back.
+        let secret = SecretString::from("hunter2-hunter2".to_owned());
+        let redactor = Redactor::with_secrets([("API_KEY", &secret)]).unwrap();
+        let text = "a long answer ".repeat(20);
+        let shown = stream.push(&redactor, &text);
+        assert!(
+            shown.len() + redactor.longest + "answer ".len() >= text.len(),
+            "{shown:?}"
+        );
+        assert_eq!(shown + &stream.finish(&redactor), text);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn streamed_redaction_equals_whole_redaction(
+            text in r"[a-z sk\-0-9é]{0,80}",
+            at in proptest::collection::vec(0usize..100, 0..6),
+        ) {
+            let secret = SecretString::from("sk-secret-é9".to_owned());
+            let redactor = Redactor::with_secrets([("K", &secret)]).unwrap();
+            let text = format!("{text} sk-secret-é9 {text}");
+            let mut cuts: Vec<usize> = at.into_iter().map(|i| i % (text.len() + 1)).filter(|&i| text.is_char_boundary(i)).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for cut in cuts {
+                pieces.push(&text[from..cut]);
+                from = cut;
+            }
+            pieces.push(&text[from..]);
+            proptest::prop_assert_eq!(streamed(&redactor, &pieces), redactor.redact(&text).into_owned());
+        }
+    }
 
     fn check(input: &str, expected: &str) {
         assert_eq!(Redactor::new().redact(input), expected, "input: {input}");

@@ -62,7 +62,51 @@ fn main() {
         std::fs::write(dir.path().join("hello.txt"), "hello\n").unwrap();
         round_trips(&docker, dir.path()).await;
         cold_starts(&docker, dir.path()).await;
+        image_cold_starts(&docker, dir.path()).await;
     });
+}
+
+/// Cold start of a sandbox in the Debian Python image (made with debootstrap, ~200 MB)
+/// against the default busybox image (~2 MB): the same `Sandbox::start`, alternated.
+async fn image_cold_starts(docker: &Docker, workspace: &std::path::Path) {
+    let python =
+        nerve_hands::ensure_debian_image(docker, &nerve_hands::DebianImage::python(), None)
+            .await
+            .expect("the Debian Python image (debootstrap on first use)")
+            .tag;
+    let mut default = Vec::new();
+    let mut debian = Vec::new();
+    for _ in 0..COLD_STARTS + 2 {
+        for (image, samples) in [
+            (nerve_hands::DEFAULT_IMAGE, &mut default),
+            (python.as_str(), &mut debian),
+        ] {
+            let config = SandboxConfig::new(image, workspace, ExecutionId::new());
+            let t = Instant::now();
+            let sandbox = Sandbox::start(docker.clone(), &config).await.unwrap();
+            samples.push(t.elapsed());
+            assert_eq!(sandbox.backend().await, Backend::Executor);
+            sandbox.remove().await.unwrap();
+            nerve_hands::discard_sandbox_home(config.execution_id).unwrap();
+        }
+    }
+    let mut default = default.split_off(2);
+    let mut debian = debian.split_off(2);
+    let anchor = Stats::of(&mut default);
+    println!("\n## cold start by image ({COLD_STARTS} samples each, alternated)\n");
+    println!("| contender | p50 | p99 | p50 ratio | p99 ratio |");
+    println!("|---|---|---|---|---|");
+    anchor.row(
+        &format!(
+            "`Sandbox::start`, default image `{}` (anchor)",
+            nerve_hands::DEFAULT_IMAGE
+        ),
+        &anchor,
+    );
+    Stats::of(&mut debian).row(
+        &format!("`Sandbox::start`, Debian Python image `{python}`"),
+        &anchor,
+    );
 }
 
 /// A sandbox whose executor talks over `transport`.

@@ -35,6 +35,7 @@ impl Account {
     pub(crate) fn prepare(
         execution_id: ExecutionId,
         (uid, gid): (u32, u32),
+        name: Option<&str>,
     ) -> Result<Self, HandsError> {
         let dir = dir_of(execution_id);
         let fail = |what: &str, path: &Path, e: std::io::Error| {
@@ -76,7 +77,8 @@ impl Account {
         }
         set_mode(&home, 0o700).map_err(|e| fail("home", &home, e))?;
         set_mode(&tmp, 0o700).map_err(|e| fail("TMPDIR", &tmp, e))?;
-        let (passwd, group) = entries(uid, gid);
+        let name = name.filter(|n| valid_name(n)).unwrap_or(NAME);
+        let (passwd, group) = entries(uid, gid, name);
         write_file(&dir.join("passwd"), &passwd).map_err(|e| fail("passwd", &dir, e))?;
         write_file(&dir.join("group"), &group).map_err(|e| fail("group", &dir, e))?;
         Ok(Self { dir })
@@ -107,13 +109,73 @@ pub fn discard(execution_id: ExecutionId) -> std::io::Result<()> {
     }
 }
 
+/// How long an execution's account directory is kept after its last start when no
+/// container of it exists any more: long enough for any resume a person would make.
+pub(crate) const HOME_RETENTION: std::time::Duration =
+    std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Removes the account directories (`nerve-env-*` in `temp`, this user's) untouched for
+/// `retention` whose execution is not in `in_use`, and returns the execution ids removed.
+/// A directory's modification time is its last start (passwd and group are rewritten into
+/// it at every start).
+pub(crate) fn sweep_stale(
+    temp: &Path,
+    retention: std::time::Duration,
+    in_use: &std::collections::HashSet<String>,
+) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(me) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(execution) = name.strip_prefix(PREFIX) else {
+            continue;
+        };
+        if in_use.contains(execution) {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        let stale = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age >= retention);
+        if meta.is_dir()
+            && meta.uid() == me
+            && stale
+            && std::fs::remove_dir_all(entry.path()).is_ok()
+        {
+            removed.push(execution.to_owned());
+        }
+    }
+    removed
+}
+
 fn dir_of(execution_id: ExecutionId) -> PathBuf {
     std::env::temp_dir().join(format!("{PREFIX}{execution_id}"))
 }
 
-/// The passwd and group files: root, the command uid (named `nerve` unless it is root, its
+/// A name fit for passwd: a POSIX portable user name, not one of the fixed entries.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && !matches!(name, "root" | "nobody" | "nogroup")
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+/// The passwd and group files: root, the command uid (named `name` unless it is root, its
 /// home at [`CONTAINER_HOME`]), and nobody.
-fn entries(uid: u32, gid: u32) -> (String, String) {
+fn entries(uid: u32, gid: u32, name: &str) -> (String, String) {
     let mut passwd = String::new();
     let mut group = String::from("root:x:0:\n");
     if uid == 0 {
@@ -121,11 +183,11 @@ fn entries(uid: u32, gid: u32) -> (String, String) {
     } else {
         passwd.push_str("root:x:0:0:root:/root:/bin/sh\n");
         passwd.push_str(&format!(
-            "{NAME}:x:{uid}:{gid}:{NAME}:{CONTAINER_HOME}:/bin/sh\n"
+            "{name}:x:{uid}:{gid}:{name}:{CONTAINER_HOME}:/bin/sh\n"
         ));
     }
     if gid != 0 && gid != 65534 {
-        group.push_str(&format!("{NAME}:x:{gid}:\n"));
+        group.push_str(&format!("{name}:x:{gid}:\n"));
     }
     if uid != 65534 {
         passwd.push_str("nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n");
@@ -157,14 +219,55 @@ mod tests {
     use super::*;
 
     #[test]
+    fn stale_homes_are_swept_unless_in_use_or_recent() {
+        let temp = tempfile::tempdir().unwrap();
+        for name in [
+            "nerve-env-old",
+            "nerve-env-used",
+            "nerve-env-new",
+            "other-old",
+        ] {
+            std::fs::create_dir(temp.path().join(name)).unwrap();
+            std::fs::write(temp.path().join(name).join("passwd"), "x").unwrap();
+        }
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for name in ["nerve-env-old", "nerve-env-used", "other-old"] {
+            std::fs::File::open(temp.path().join(name))
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        let in_use = std::collections::HashSet::from(["used".to_owned()]);
+        let removed = sweep_stale(temp.path(), std::time::Duration::from_secs(60), &in_use);
+        assert_eq!(removed, ["old"]);
+        for (name, kept) in [
+            ("nerve-env-old", false),
+            ("nerve-env-used", true),
+            ("nerve-env-new", true),
+            ("other-old", true),
+        ] {
+            assert_eq!(temp.path().join(name).exists(), kept, "{name}");
+        }
+    }
+
+    #[test]
     fn the_uid_gets_a_named_entry_with_the_home() {
-        let (passwd, group) = entries(1000, 1000);
+        let (passwd, group) = entries(1000, 1000, NAME);
         assert!(passwd.contains("nerve:x:1000:1000:nerve:/home/nerve:/bin/sh\n"));
         assert!(passwd.starts_with("root:x:0:0:root:/root:"));
         assert!(group.contains("nerve:x:1000:\n"));
-        let (passwd, group) = entries(0, 0);
+        let (passwd, group) = entries(0, 0, NAME);
         assert!(passwd.starts_with("root:x:0:0:root:/home/nerve:/bin/sh\n"));
         assert!(!passwd.contains("nerve:x"));
         assert_eq!(group, "root:x:0:\nnogroup:x:65534:\n");
+        let (passwd, group) = entries(1000, 1000, "dev");
+        assert!(passwd.contains("dev:x:1000:1000:dev:/home/nerve:/bin/sh\n"));
+        assert!(group.contains("dev:x:1000:\n"));
+        assert!(
+            valid_name("vscode")
+                && !valid_name("root")
+                && !valid_name("a:b")
+                && !valid_name("x\ny")
+        );
     }
 }

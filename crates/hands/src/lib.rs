@@ -10,8 +10,11 @@
 //! the network, through a unix socket mounted into the container.
 
 mod account;
+pub mod build;
+pub mod caches;
 mod control;
 pub mod debian;
+pub mod devcontainer;
 mod executor;
 mod image;
 #[cfg(feature = "kill-points")]

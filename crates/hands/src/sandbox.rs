@@ -109,6 +109,12 @@ pub struct SandboxConfig {
     /// The auth proxy to reach from inside, if any; without one the sandbox has no network
     /// at all.
     pub proxy: Option<ProxyMount>,
+    /// The account name of the command uid in the generated passwd (a devcontainer's
+    /// `remoteUser`); `None` is `nerve`. The uid itself never changes with it.
+    pub account_name: Option<String>,
+    /// Package caches to mount in the home (`[sandbox.caches]`); only with a numeric
+    /// command uid, which owns them.
+    pub caches: Vec<crate::caches::CacheVolume>,
     /// How the host talks to the executor. With [`Transport::Socket`] (the default) a start
     /// whose socket cannot be used falls back to [`Transport::Attach`], with a warning;
     /// benchmarks and tests ask for the attach stream directly.
@@ -135,6 +141,8 @@ impl SandboxConfig {
             max_open_files: 4096,
             env: Vec::new(),
             proxy: None,
+            account_name: None,
+            caches: Vec::new(),
             transport: Transport::Socket,
         }
     }
@@ -251,6 +259,7 @@ impl Sandbox {
             Some((uid, gid)) => Some(Account::prepare(
                 config.execution_id,
                 (uid, gid.unwrap_or(uid)),
+                config.account_name.as_deref(),
             )?),
             None => None,
         };
@@ -283,6 +292,12 @@ impl Sandbox {
         let mut workspace_binds = vec![format!("{}:/workspace:rw", path_str(&workspace)?)];
         if let Some(account) = &account {
             workspace_binds.extend(account.binds()?);
+            if let Some((uid, gid)) = numeric_user(&user) {
+                workspace_binds.extend(
+                    crate::caches::prepare(&docker, &config.caches, (uid, gid.unwrap_or(uid)))
+                        .await?,
+                );
+            }
         }
         if let Some(proxy) = &config.proxy {
             workspace_binds.push(format!(
@@ -1116,6 +1131,10 @@ pub struct ReapReport {
     pub removed: Vec<String>,
     /// Names (or ids) of the containers left alone, and why.
     pub kept: Vec<(String, String)>,
+    /// Executions whose sandbox home (`$TMPDIR/nerve-env-<id>`) was removed: no container
+    /// of theirs is left and none started for a week (a resume after that starts with an
+    /// empty home).
+    pub homes_removed: Vec<String>,
 }
 
 /// Removes Nerve containers whose owning process is gone (killed, crashed), and returns how
@@ -1147,7 +1166,13 @@ pub async fn reap(
         .filters(&filters)
         .build();
     let mut report = ReapReport::default();
-    for container in docker.list_containers(Some(options)).await? {
+    let containers = docker.list_containers(Some(options)).await?;
+    // Executions that still have a container (until it is removed below) keep their home.
+    let mut in_use: std::collections::HashSet<String> = containers
+        .iter()
+        .filter_map(|c| c.labels.as_ref()?.get(LABEL_EXECUTION).cloned())
+        .collect();
+    for container in containers {
         let Some(id) = container.id.clone() else {
             continue;
         };
@@ -1181,6 +1206,7 @@ pub async fn reap(
         }
         remove_container(docker, &id).await?;
         report.removed.push(shown);
+        in_use.remove(label(LABEL_EXECUTION).unwrap_or_default());
         let mounts = container.mounts.iter().flatten();
         if let Some(dir) = mounts
             .filter(|m| m.destination.as_deref() == Some(CONTAINER_CONTROL_DIR))
@@ -1188,6 +1214,14 @@ pub async fn reap(
         {
             remove_control_dir(Path::new(dir));
         }
+    }
+    // Only a sweep over every execution knows which still have containers.
+    if execution.is_none() {
+        report.homes_removed = crate::account::sweep_stale(
+            &std::env::temp_dir(),
+            crate::account::HOME_RETENTION,
+            &in_use,
+        );
     }
     Ok(report)
 }

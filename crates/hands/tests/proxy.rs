@@ -1372,6 +1372,15 @@ async fn connect_tunnels_only_to_allowlisted_hosts_without_credentials() {
             .await;
         assert_eq!(status_of(&answer), status, "{target}: {answer}");
     }
+    // The refusal's reason is in the status line, which is what a client whose tunnel
+    // failed prints (pip: "Tunnel connection failed: 403 denied by nerve: ...").
+    let answer = h
+        .raw(b"CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\nConnection: close\r\n\r\n")
+        .await;
+    assert!(
+        answer.starts_with("HTTP/1.1 403 denied by nerve: no rule allows the host evil.test\r\n"),
+        "{answer}"
+    );
     // GET on a CONNECT-only rule is not allowed either.
     assert_eq!(
         h.get(&format!("http://tunnel.test:{port}/")).await.status,

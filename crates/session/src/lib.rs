@@ -25,7 +25,7 @@ pub use chain::{ChainError, GENESIS_HASH, verify_events};
 pub use encode::redacted_json;
 pub use event_store::EventStore;
 pub use pg::{PgStore, is_postgres_url};
-pub use pg_queue::{Claim, QueueEntry};
+pub use pg_queue::{Cancelled, Claim, LeaseState, Listener, QueueEntry};
 pub use replay::{
     COMPLETE_AT, CheckpointMark, CompactionRecord, Gap, GapKind, PendingApproval, ProxyTally,
     Replay, ResumeMark, replay,

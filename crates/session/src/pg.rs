@@ -38,7 +38,7 @@ use crate::store::{
 use crate::transfer::{ExecutionLog, LoggedEvent};
 
 /// The schema version this Nerve writes.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 /// The most writes committed in one transaction.
 const MAX_BATCH: usize = 1024;
 /// Connections for reads (the writer holds one more).
@@ -125,6 +125,15 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX queue_ready ON queue (submitted_at) WHERE state IN ('queued', 'claimed');
     ",
+    // 3: cancelling a running execution (its worker stops it at the next boundary), and
+    // executions a worker could not start (`failed`, with the reason).
+    r"
+    ALTER TABLE queue ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT false;
+    ALTER TABLE queue ADD COLUMN error TEXT;
+    ALTER TABLE queue DROP CONSTRAINT queue_state_check;
+    ALTER TABLE queue ADD CONSTRAINT queue_state_check
+        CHECK (state IN ('queued', 'claimed', 'finished', 'cancelled', 'failed'));
+    ",
 ];
 
 const SUMMARY_COLUMNS: &str = "execution_id, started_at, updated_at, head_seq, task, loop_type, \
@@ -164,7 +173,19 @@ struct Head {
 
 struct Job {
     write: Write,
+    /// The worker whose lease this write needs (see [`PgStore::hold_lease`]).
+    lease: Option<String>,
     reply: oneshot::Sender<Result<Written, String>>,
+}
+
+/// The leases this process holds: execution id → worker. Shared with the writer task,
+/// which marks a lease lost when the server refused a write under it.
+pub(crate) type Leases = Arc<std::sync::Mutex<BTreeMap<String, HeldLease>>>;
+
+#[derive(Debug, Clone)]
+pub(crate) struct HeldLease {
+    pub(crate) worker: String,
+    pub(crate) lost: bool,
 }
 
 /// The PostgreSQL-backed [`EventSink`], [`ContextArchive`] and [`EventStore`]. Cheap to
@@ -176,6 +197,9 @@ pub struct PgStore {
     jobs: mpsc::UnboundedSender<Job>,
     /// The URL without its password, for error messages.
     shown: String,
+    /// Where a listening connection of its own goes (`events --follow`, idle workers).
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) leases: Leases,
 }
 
 impl std::fmt::Debug for Job {
@@ -211,7 +235,7 @@ impl PgStore {
             message: with_causes(e),
         };
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -233,18 +257,31 @@ impl PgStore {
             }
         }
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(run_writer(pool.clone(), shown.clone(), queue));
+        let leases = Leases::default();
+        tokio::spawn(run_writer(
+            pool.clone(),
+            shown.clone(),
+            queue,
+            Arc::clone(&leases),
+        ));
         Ok(Self {
             pool,
             redactor,
             jobs,
             shown,
+            config,
+            leases,
         })
     }
 
     /// The log's URL without its password.
     pub fn url(&self) -> &str {
         &self.shown
+    }
+
+    /// The redactor every write passes through.
+    pub fn redactor(&self) -> &Redactor {
+        &self.redactor
     }
 
     pub(crate) fn db_err(&self, e: &dyn std::error::Error) -> SessionError {
@@ -261,8 +298,13 @@ impl PgStore {
     /// Queues `write` for the writer (at once, in this call's first poll) and waits for it.
     async fn write(&self, write: Write) -> Result<Written, SessionError> {
         let (reply, answer) = oneshot::channel();
+        let lease = self.lease_of(&write.execution_id);
         self.jobs
-            .send(Job { write, reply })
+            .send(Job {
+                write,
+                lease,
+                reply,
+            })
             .map_err(|_| SessionError::WriterGone)?;
         match answer.await {
             Ok(Ok(written)) => Ok(written),
@@ -537,7 +579,7 @@ async fn migrate(client: &mut tokio_postgres::Client) -> Result<i64, tokio_postg
     Ok(found.max(version))
 }
 
-fn stored_event(row: &Row) -> Result<StoredEvent, tokio_postgres::Error> {
+pub(crate) fn stored_event(row: &Row) -> Result<StoredEvent, tokio_postgres::Error> {
     Ok(StoredEvent {
         execution_id: row.try_get(0)?,
         seq: to_u64(row.try_get(1)?),
@@ -823,22 +865,101 @@ async fn lock_heads<'a, C: GenericClient>(
     }
 }
 
-/// Commits `writes` in one transaction; on error nothing of them was written.
+/// Why a commit failed; nothing of it was written either way.
+#[derive(Debug)]
+enum CommitError {
+    Database(tokio_postgres::Error),
+    /// The server no longer records these (execution, worker) leases as held.
+    LeaseLost(Vec<(String, String)>),
+}
+
+impl From<tokio_postgres::Error> for CommitError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        Self::Database(error)
+    }
+}
+
+impl std::fmt::Display for CommitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Database(error) => write!(f, "{}", with_causes(error)),
+            Self::LeaseLost(lost) => {
+                let (execution, worker) = lost.first().map_or(("", ""), |(e, w)| (e, w));
+                write!(
+                    f,
+                    "worker {worker} no longer holds the lease on execution {execution} (it ran out and another worker took the execution over, or it was cancelled); nothing was appended"
+                )
+            }
+        }
+    }
+}
+
+/// Checks, under the transaction, that every `(execution, worker)` lease is held and
+/// unexpired, and keeps the queue rows share-locked until the commit: a claim (an UPDATE
+/// of the row) cannot take the execution over between this check and the commit, so the
+/// worker that takes it over reads a log that already holds this write.
+async fn check_leases<C: GenericClient>(
+    client: &C,
+    leased: &[(String, String)],
+) -> Result<(), CommitError> {
+    if leased.is_empty() {
+        return Ok(());
+    }
+    let (ids, workers): (Vec<&str>, Vec<&str>) =
+        leased.iter().map(|(e, w)| (e.as_str(), w.as_str())).unzip();
+    let rows = client
+        .query(
+            "SELECT q.execution_id FROM queue q
+             JOIN UNNEST($1::text[], $2::text[]) AS l(execution_id, worker)
+               ON q.execution_id = l.execution_id AND q.worker = l.worker
+             WHERE q.state = 'claimed' AND q.lease_until > clock_timestamp()
+             ORDER BY q.execution_id FOR SHARE OF q",
+            &[&ids, &workers],
+        )
+        .await?;
+    let held: Vec<String> = rows
+        .iter()
+        .map(|row| row.try_get::<_, String>(0))
+        .collect::<Result<_, _>>()?;
+    let lost: Vec<(String, String)> = leased
+        .iter()
+        .filter(|(e, _)| !held.contains(e))
+        .cloned()
+        .collect();
+    if lost.is_empty() {
+        Ok(())
+    } else {
+        Err(CommitError::LeaseLost(lost))
+    }
+}
+
+/// Commits `writes` in one transaction; on error nothing of them was written. A write
+/// with a lease (`(write, Some(worker))`) commits only while that worker holds it.
 async fn commit(
     client: &mut tokio_postgres::Client,
-    writes: &[&Write],
-) -> Result<Vec<Written>, tokio_postgres::Error> {
+    writes: &[(&Write, Option<&str>)],
+) -> Result<Vec<Written>, CommitError> {
     let ts = now_rfc3339();
     let tx = client.transaction().await?;
     // Locked in id order, so two writers locking overlapping sets never deadlock.
-    let mut ids: Vec<&str> = writes.iter().map(|w| w.execution_id.as_str()).collect();
+    let mut ids: Vec<&str> = writes
+        .iter()
+        .map(|(w, _)| w.execution_id.as_str())
+        .collect();
     ids.sort_unstable();
     ids.dedup();
     let mut heads = lock_heads(&tx, &ids, &ts).await?;
+    let mut leased: Vec<(String, String)> = writes
+        .iter()
+        .filter_map(|(w, lease)| lease.map(|l| (w.execution_id.clone(), l.to_owned())))
+        .collect();
+    leased.sort();
+    leased.dedup();
+    check_leases(&tx, &leased).await?;
     let mut events = EventColumns::default();
     let mut blocks = BlockColumns::default();
     let mut out = Vec::with_capacity(writes.len());
-    for write in writes {
+    for (write, _) in writes {
         let id = write.execution_id.as_str();
         let Some(head) = heads.get_mut(id) else {
             continue;
@@ -891,11 +1012,17 @@ async fn commit(
         });
     }
     let touched: Vec<&Head> = heads.values().collect();
-    // Sent together: the connection pipelines them, one wait for the three.
+    let notified: [&(dyn ToSql + Sync); 1] = [&ids];
+    // Sent together: the connection pipelines them, one wait for the four. The
+    // notifications reach `events --follow` listeners when the transaction commits.
     tokio::try_join!(
         events.insert(&tx),
         blocks.insert(&tx),
-        update_heads(&tx, &touched, &ts)
+        update_heads(&tx, &touched, &ts),
+        tx.execute(
+            "SELECT pg_notify('nerve_events', id) FROM UNNEST($1::text[]) AS id",
+            &notified
+        )
     )?;
     tx.commit().await?;
     Ok(out)
@@ -903,9 +1030,27 @@ async fn commit(
 
 /// The writer task: takes every write queued since its last commit and commits them in
 /// one transaction. When a batch fails, its writes are retried one by one, so that one bad
-/// write (a duplicate block id) fails alone.
-async fn run_writer(pool: Pool, shown: String, mut queue: mpsc::UnboundedReceiver<Job>) {
+/// write (a duplicate block id, a lost lease) fails alone.
+async fn run_writer(
+    pool: Pool,
+    shown: String,
+    mut queue: mpsc::UnboundedReceiver<Job>,
+    leases: Leases,
+) {
     let mut batch: Vec<Job> = Vec::new();
+    let describe = |error: &CommitError| match error {
+        CommitError::LeaseLost(lost) => {
+            if let Ok(mut held) = leases.lock() {
+                for (execution, _) in lost {
+                    if let Some(lease) = held.get_mut(execution) {
+                        lease.lost = true;
+                    }
+                }
+            }
+            format!("event log {shown}: {error}")
+        }
+        CommitError::Database(_) => format!("event log {shown}: {error}"),
+    };
     while let Some(job) = queue.recv().await {
         batch.push(job);
         while batch.len() < MAX_BATCH {
@@ -925,7 +1070,10 @@ async fn run_writer(pool: Pool, shown: String, mut queue: mpsc::UnboundedReceive
             }
         };
         let client: &mut tokio_postgres::Client = &mut pooled;
-        let writes: Vec<&Write> = batch.iter().map(|job| &job.write).collect();
+        let writes: Vec<(&Write, Option<&str>)> = batch
+            .iter()
+            .map(|job| (&job.write, job.lease.as_deref()))
+            .collect();
         let outcome = commit(client, &writes).await;
         drop(writes);
         match outcome {
@@ -936,16 +1084,17 @@ async fn run_writer(pool: Pool, shown: String, mut queue: mpsc::UnboundedReceive
             }
             Err(error) if batch.len() == 1 => {
                 tracing::debug!(%error, "event log write failed");
+                let message = describe(&error);
                 for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(format!("event log {shown}: {error}")));
+                    let _ = job.reply.send(Err(message.clone()));
                 }
             }
             Err(error) => {
                 tracing::debug!(%error, "event log batch failed; committing its writes one by one");
                 for job in batch.drain(..) {
-                    let result = commit(client, &[&job.write])
+                    let result = commit(client, &[(&job.write, job.lease.as_deref())])
                         .await
-                        .map_err(|e| format!("event log {shown}: {e}"))
+                        .map_err(|e| describe(&e))
                         .and_then(|mut written| {
                             written
                                 .pop()
@@ -1204,7 +1353,7 @@ impl EventStore for PgStore {
                                     'StartSel=\"\", StopSel=\"\", MaxWords=24, MinWords=8, FragmentDelimiter=\"…\", MaxFragments=1')
                  FROM archive_blocks b, plainto_tsquery('english', $1) q
                  WHERE b.execution_id = $2 AND b.search @@ q
-                 ORDER BY ts_rank(b.search, q) DESC, b.created_seq, b.block_id
+                 ORDER BY b.note LIKE 'summary%', ts_rank(b.search, q) DESC, b.created_seq, b.block_id
                  LIMIT $3",
                 &[&text, &execution.to_string(), &to_i64(limit as u64)],
             )

@@ -288,6 +288,8 @@ impl Replayer {
             }
             Event::ContextCreated(_) => out.context_created = true,
             Event::MessageAppended(appended) => {
+                self.reopen_after_finish();
+                let out = &mut self.out;
                 let index = appended.index as usize;
                 if index == out.messages.len() {
                     out.messages.push(appended.message);
@@ -339,6 +341,8 @@ impl Replayer {
                 }
             }
             Event::TaskTransition(transition) => {
+                self.reopen_after_finish();
+                let out = &mut self.out;
                 self.transitioned = true;
                 out.task_status = Some(transition.to);
             }
@@ -408,6 +412,17 @@ impl Replayer {
                 out.error = None;
                 out.resumes.push(ResumeMark { seq, resumed });
             }
+        }
+    }
+
+    /// A person's follow-up (`nerve chat`, `run --continue`) appends to a finished
+    /// execution: its first `task_transition` or `message_appended` after a finish starts a
+    /// new attempt, whose ending is the one that counts (none yet, until it finishes).
+    fn reopen_after_finish(&mut self) {
+        if self.finished {
+            self.finished = false;
+            self.out.termination_reason = None;
+            self.out.error = None;
         }
     }
 

@@ -936,7 +936,8 @@ impl Store {
     }
 
     /// Searches `execution`'s archive for free text (see [`crate::fts_query`]: any input is
-    /// safe), best matches first, at most `limit`.
+    /// safe), best matches first, at most `limit`. Original outputs and messages rank above
+    /// summaries (blocks whose note starts with `summary`), which restate them shortened.
     pub fn search_archive(
         &self,
         execution: &ExecutionId,
@@ -953,7 +954,7 @@ impl Store {
             "SELECT b.block_id, b.created_seq, snippet(archive_fts, 0, '', '', '…', 24), b.note
              FROM archive_fts JOIN archive_blocks b ON b.id = archive_fts.rowid
              WHERE archive_fts MATCH ?1 AND b.execution_id = ?2
-             ORDER BY rank LIMIT ?3"
+             ORDER BY b.note LIKE 'summary%', rank LIMIT ?3"
         } else {
             "SELECT b.block_id, b.created_seq, snippet(archive_fts, 0, '', '', '…', 24), ''
              FROM archive_fts JOIN archive_blocks b ON b.id = archive_fts.rowid

@@ -236,6 +236,35 @@ fn replay_scores_table() {
 }
 
 #[test]
+fn a_follow_up_after_the_finish_reopens_the_execution_until_it_finishes_again() {
+    let mut log = full_log();
+    // `nerve chat`'s next message: the task back in progress, the message, a turn.
+    log.extend([
+        transition(TaskStatus::InReview, TaskStatus::InProgress),
+        message(1, Message::user("and now this")),
+        turn(3),
+    ]);
+    let open = check(&log, 100, &[GapKind::NoFinish]);
+    assert_eq!(
+        open.termination_reason, None,
+        "the follow-up has not finished"
+    );
+    assert_eq!(open.task_status, Some(TaskStatus::InProgress));
+    assert_eq!(open.total_turns, 3);
+
+    log.push(finish(TerminationReason::Completed));
+    let done = check(&log, 100, &[]);
+    assert_eq!(done.termination_reason, Some(TerminationReason::Completed));
+    assert_eq!(done.messages.len(), 2);
+
+    // Without a transition (the task never left in_progress) the message alone reopens it.
+    let mut log = full_log();
+    log.extend([message(1, Message::user("more")), turn(3)]);
+    let open = check(&log, 100, &[GapKind::NoFinish]);
+    assert_eq!(open.termination_reason, None);
+}
+
+#[test]
 fn replay_skips_malformed_and_duplicate_turns() {
     let mut events = stored(&[started(), turn(1), turn(1), turn(2)]);
     events[1].payload = r#"{"kind":"turn_completed","turn":"one"}"#.into();
@@ -1778,3 +1807,32 @@ async fn the_writer_serves_id_prefixes_like_the_store() {
 }
 
 mod backends;
+
+/// A summary restating an output ranks below the output itself, however well it matches.
+#[tokio::test]
+async fn the_archive_ranks_original_outputs_above_summaries() {
+    use nerve_core::{ArchivedBlock, ContextArchive};
+    let (_dir, path) = temp_db();
+    let sink = SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap();
+    let id = ExecutionId::new();
+    let summary = ArchivedBlock {
+        id: BlockId::new(),
+        messages: vec![Message::user(
+            "## Findings\n- ledger port 8443, ledger port 8443, ledger port 8443",
+        )],
+        note: "summary, folded into a new one at turn 30".into(),
+    };
+    let original = ArchivedBlock {
+        id: BlockId::new(),
+        messages: vec![Message::user(
+            "listen address 0.0.0.0, the ledger port is 8443, with many other lines around it \
+             that make this block a much weaker match by bm25 than the summary's repetitions",
+        )],
+        note: "output of shell masked at turn 12".into(),
+    };
+    sink.archive(id, summary.clone()).await.unwrap();
+    sink.archive(id, original.clone()).await.unwrap();
+    let hits = sink.search(id, "ledger 8443", 5).await.unwrap();
+    let ids: Vec<BlockId> = hits.iter().map(|h| h.id).collect();
+    assert_eq!(ids, vec![original.id, summary.id]);
+}

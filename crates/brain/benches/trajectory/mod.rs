@@ -18,7 +18,10 @@ use std::fmt::Write as _;
 use fastrand::Rng;
 use nerve_core::{Message, MessagePart, MessageRole, ToolCall, ToolCallId, ToolResult};
 
-/// The kinds of planted facts.
+pub mod second;
+
+/// The kinds of planted facts: the first generator's five, then the second's ten
+/// ([`second::KINDS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     Path,
@@ -26,6 +29,16 @@ pub enum Kind {
     Number,
     Decision,
     Constraint,
+    Identifier,
+    StackLocation,
+    TableCell,
+    Version,
+    Port,
+    TodoOwner,
+    EnvVar,
+    Commit,
+    JavaCause,
+    JsonField,
 }
 
 impl Kind {
@@ -44,6 +57,16 @@ impl Kind {
             Self::Number => "number",
             Self::Decision => "decision",
             Self::Constraint => "constraint",
+            Self::Identifier => "request id",
+            Self::StackLocation => "traceback location",
+            Self::TableCell => "table cell",
+            Self::Version => "version",
+            Self::Port => "port",
+            Self::TodoOwner => "TODO owner",
+            Self::EnvVar => "env variable",
+            Self::Commit => "commit",
+            Self::JavaCause => "Java frame and cause",
+            Self::JsonField => "JSON field",
         }
     }
 }
@@ -1255,6 +1278,16 @@ fn plant(g: &mut Gen, kind: Kind, planted: usize, needed: usize, restated: bool)
                 krate,
             }
         }
+        Kind::Identifier
+        | Kind::StackLocation
+        | Kind::TableCell
+        | Kind::Version
+        | Kind::Port
+        | Kind::TodoOwner
+        | Kind::EnvVar
+        | Kind::Commit
+        | Kind::JavaCause
+        | Kind::JsonField => unreachable!("the second generator's kinds (second.rs)"),
     }
 }
 

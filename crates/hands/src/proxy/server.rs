@@ -827,6 +827,12 @@ fn refusal(status: StatusCode, reason: &str) -> Response<ProxyBody> {
         Full::new(Bytes::from(text)).map_err(|never| match never {}),
     ));
     *response.status_mut() = status;
+    // The status line carries the reason too (`403 denied by nerve: no rule allows the host
+    // pypi.org`): a CONNECT refusal's body is never read by clients, but pip, npm, cargo
+    // and curl print the status line of a failed tunnel or request.
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(reason_phrase(kind, reason)) {
+        response.extensions_mut().insert(phrase);
+    }
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -834,6 +840,25 @@ fn refusal(status: StatusCode, reason: &str) -> Response<ProxyBody> {
     );
     headers.insert(PROXY_HEADER, HeaderValue::from_static(kind));
     response
+}
+
+/// `denied by nerve: REASON` as an HTTP/1 reason phrase: visible ASCII and spaces only,
+/// at most 200 bytes.
+fn reason_phrase(kind: &str, reason: &str) -> Vec<u8> {
+    let verb = if kind == "denied" { "denied" } else { "failed" };
+    let text = format!("{verb} by nerve: {reason}");
+    let mut phrase: Vec<u8> = text
+        .bytes()
+        .map(|b| {
+            if b == b' ' || b.is_ascii_graphic() {
+                b
+            } else {
+                b'?'
+            }
+        })
+        .collect();
+    phrase.truncate(200);
+    phrase
 }
 
 /// A response body on its way to the sandbox: scrubbed as it streams, capped, and cut off

@@ -764,7 +764,8 @@ async fn concurrent_workers_claim_each_queued_execution_once() {
 }
 
 /// A worker whose lease runs out loses the execution: another claims it, and the stale
-/// worker's renew and release fail. A cancelled execution is never claimed.
+/// worker's renew and release fail. A cancelled execution is never claimed; cancelling a
+/// claimed one asks its worker (through renew) and ends it `cancelled` at release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_lease_is_claimed_again_and_the_stale_worker_learns_it() {
     let canary = secrecy::SecretString::from(CANARY);
@@ -781,7 +782,11 @@ async fn an_expired_lease_is_claimed_again_and_the_stale_worker_learns_it() {
         .submit(cancelled, &serde_json::json!({"task": "never"}))
         .await
         .unwrap();
-    assert!(store.cancel(cancelled).await.unwrap());
+    assert_eq!(store.cancel(cancelled).await.unwrap(), Cancelled::Queued);
+    assert_eq!(
+        store.cancel(cancelled).await.unwrap(),
+        Cancelled::NotWaiting
+    );
     let short = std::time::Duration::from_millis(1);
     let long = std::time::Duration::from_secs(60);
     let first = store.claim("stale", short).await.unwrap().unwrap();
@@ -800,16 +805,26 @@ async fn an_expired_lease_is_claimed_again_and_the_stale_worker_learns_it() {
         tokio::task::yield_now().await;
     };
     assert_eq!((second.execution_id, second.claims), (id, 2));
-    assert!(!store.renew(id, "stale", long).await.unwrap());
+    assert_eq!(
+        store.renew(id, "stale", long).await.unwrap(),
+        LeaseState::Lost
+    );
     assert!(!store.release(id, "stale", true).await.unwrap());
-    assert!(store.renew(id, "fresh", long).await.unwrap());
+    assert_eq!(
+        store.renew(id, "fresh", long).await.unwrap(),
+        LeaseState::Held
+    );
     assert_eq!(store.claim("other", long).await.unwrap(), None);
     // Given back (a draining worker), it is ready again.
     assert!(store.release(id, "fresh", false).await.unwrap());
     let third = store.claim("other", long).await.unwrap().unwrap();
     assert_eq!((third.execution_id, third.claims), (id, 3));
-    assert!(store.cancel(id).await.unwrap());
-    assert!(!store.renew(id, "other", long).await.unwrap());
+    assert_eq!(store.cancel(id).await.unwrap(), Cancelled::Requested);
+    assert_eq!(
+        store.renew(id, "other", long).await.unwrap(),
+        LeaseState::CancelRequested
+    );
+    assert!(store.release(id, "other", false).await.unwrap());
     let states: Vec<String> = store
         .queue()
         .await
@@ -818,4 +833,94 @@ async fn an_expired_lease_is_claimed_again_and_the_stale_worker_learns_it() {
         .map(|e| e.state)
         .collect();
     assert_eq!(states, ["cancelled", "cancelled"]);
+}
+
+/// The lease check inside the append transaction: once a worker's lease ran out and
+/// another worker claimed the execution, every append of the stale worker is refused and
+/// nothing of it is written; the new holder appends on the same chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_lost_its_lease_can_never_append_again() {
+    let Some(stale) = postgres(Redactor::new()).await else {
+        return;
+    };
+    let fresh = Arc::new(
+        PgStore::connect(stale.url(), Arc::new(Redactor::new()))
+            .await
+            .unwrap(),
+    );
+    let id = ExecutionId::new();
+    stale.submit(id, &serde_json::json!({})).await.unwrap();
+    let short = std::time::Duration::from_millis(300);
+    let long = std::time::Duration::from_secs(60);
+    stale.claim("stale", short).await.unwrap().unwrap();
+    stale.hold_lease(id, "stale");
+    stale.append(id, started()).await.unwrap();
+    assert!(!stale.lease_lost(id));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if fresh.claim("fresh", long).await.unwrap().is_some() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never claimed again");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    fresh.hold_lease(id, "fresh");
+    let refused = stale
+        .append(id, finish(TerminationReason::Completed))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("worker stale no longer holds the lease"),
+        "{refused}"
+    );
+    assert!(stale.lease_lost(id));
+    // Also inside a batch with another execution's write: only the stale write fails.
+    let other = ExecutionId::new();
+    let (lost, kept) = tokio::join!(
+        stale.append(id, finish(TerminationReason::Completed)),
+        stale.append(other, started())
+    );
+    assert!(lost.is_err());
+    assert_eq!(kept.unwrap(), 1);
+    assert_eq!(
+        fresh
+            .append(id, finish(TerminationReason::Completed))
+            .await
+            .unwrap(),
+        2
+    );
+    let events = fresh.events(id).await.unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(fresh.verify(id).await.unwrap().unwrap(), 2);
+}
+
+/// `events --follow` on PostgreSQL: a commit notifies the execution's id on
+/// `nerve_events`; a submit notifies `nerve_queue`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_and_submits_notify_listeners() {
+    let Some(store) = postgres(Redactor::new()).await else {
+        return;
+    };
+    let mut events = store.listen("nerve_events").await.unwrap();
+    let mut queue = store.listen("nerve_queue").await.unwrap();
+    let id = ExecutionId::new();
+    store.append(id, started()).await.unwrap();
+    let patience = std::time::Duration::from_secs(30);
+    assert_eq!(events.next(patience).await.unwrap(), Some(id.to_string()));
+    store
+        .submit(ExecutionId::new(), &serde_json::json!({}))
+        .await
+        .unwrap();
+    assert_eq!(queue.next(patience).await.unwrap(), Some(String::new()));
+    assert_eq!(
+        events
+            .next(std::time::Duration::from_millis(50))
+            .await
+            .unwrap(),
+        None
+    );
+    let after = store.events_after(id, 0).await.unwrap();
+    assert_eq!(after.len(), 1);
+    assert!(store.events_after(id, 1).await.unwrap().is_empty());
 }

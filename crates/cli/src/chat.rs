@@ -1,0 +1,564 @@
+//! `nerve chat`: a person and the agent take turns on one execution. The first message is
+//! the task; every later one continues the same execution ([`AgentEngine::follow_up`]):
+//! one log, one sandbox, one context, the loop run once per message. `ask` approvals are
+//! asked inline; Ctrl-C stops the agent's turn and returns to the prompt; Ctrl-D or `/exit`
+//! ends the session.
+//!
+//! The line editor (rustyline) lives on a thread of its own, because it blocks; the async
+//! side asks it for a line and awaits the answer. Only one question is ever open: the
+//! prompt, or an approval asked while the agent's turn waits.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use nerve_brain::approval::{Approval, Approver};
+use nerve_brain::{AgentEngine, EngineConfig, ExecutionResult, FollowUp, Task};
+use nerve_core::{ExecutionId, LoopType, TaskId, TaskStatus, TerminationReason, ToolCall};
+use tokio_util::sync::CancellationToken;
+
+use crate::Failure;
+use crate::args::ChatArgs;
+use crate::config::Config;
+use crate::output;
+use crate::progress::{Line, Mode, Status, Style, thousands};
+use crate::run::{Launch, Session, Start};
+use crate::transcript::key_argument;
+
+const HELP: &[&str] = &[
+    "commands:",
+    "  /help      this list",
+    "  /cost      tokens and cost of the execution so far",
+    "  /context   how full the context is, compactions and archived blocks",
+    "  /compact   compact the context before the next message runs",
+    "  /plan      plan the next message first (plan-execute), then carry it out",
+    "  /exit      end the session (or Ctrl-D)",
+    "Ctrl-C stops the agent's turn and returns here.",
+];
+
+/// `nerve chat [--workspace DIR] [ID]`.
+pub(crate) async fn chat(
+    args: ChatArgs,
+    db: &Path,
+    config_path: Option<&Path>,
+) -> Result<u8, Failure> {
+    let config = Config::load(config_path)?;
+    let mode = Mode::detect(false, false);
+    if let Some(id) = &args.id {
+        let (resumable, _) = crate::resume::continuable(db, id).await?;
+        let workspace = crate::run::validate_workspace(Path::new(&resumable.started.workspace))?;
+        if let Some(given) = &args.workspace
+            && crate::run::validate_workspace(given)? != workspace
+        {
+            return Err(Failure::usage(format!(
+                "execution {} works on {}, not {}: leave --workspace out to reopen it",
+                resumable.execution,
+                workspace.display(),
+                given.display()
+            )));
+        }
+        let provider =
+            crate::run::provider_for(&config, &resumable, args.provider.as_deref()).await?;
+        let mut engine_config = crate::run::recorded_engine_config(&config, &resumable.started)?;
+        engine_config.max_turns = args.max_turns;
+        if args.context_window.is_some() {
+            engine_config.context_window = args.context_window;
+        }
+        let image = args
+            .image
+            .clone()
+            .or_else(|| crate::run::recorded_image(&resumable.started));
+        let launch = Launch {
+            db,
+            config: &config,
+            workspace,
+            provider,
+            engine_config,
+            image,
+            mode,
+            jsonl: false,
+            execution_id: resumable.execution,
+            start: Start::Chat(Some(Box::new(resumable))),
+            log: None,
+            cancel: None,
+        };
+        return launch.go().await;
+    }
+    let workspace = match &args.workspace {
+        Some(dir) => crate::run::validate_workspace(dir)?,
+        None => {
+            let here = std::env::current_dir()
+                .map_err(|e| Failure::usage(format!("cannot read the current directory: {e}")))?;
+            crate::run::validate_workspace(&here)?
+        }
+    };
+    let provider = crate::provider::build(
+        args.provider.as_deref().unwrap_or("openai"),
+        args.model.as_deref(),
+        &config.provider_settings(args.context_window)?,
+    )
+    .await?;
+    let engine_config = EngineConfig {
+        max_turns: args.max_turns,
+        context_window: args.context_window,
+        recorded_config: serde_json::json!({
+            "max_turns": args.max_turns,
+            "context_window": args.context_window,
+            "image": args.image,
+            "chat": true,
+        }),
+        ..config.engine_config()?
+    };
+    let launch = Launch {
+        db,
+        config: &config,
+        workspace,
+        provider,
+        engine_config,
+        image: args.image.clone(),
+        mode,
+        jsonl: false,
+        execution_id: ExecutionId::new(),
+        start: Start::Chat(None),
+        log: None,
+        cancel: None,
+    };
+    launch.go().await
+}
+
+/// The session, once the sandbox is up: prompt, run, repeat. Returns the exit code: 0 when
+/// the person ended it.
+pub(crate) async fn converse(
+    session: Session<'_>,
+    reopened: Option<Box<crate::resume::Resumable>>,
+) -> Result<u8, Failure> {
+    let Session {
+        mut engine,
+        display,
+        db,
+        execution_id,
+        workspace,
+        context_window,
+    } = session;
+    let per_message_turns = engine.config.max_turns;
+    let terminal = Arc::new(Terminal::start(history_file())?);
+    let current: Arc<Mutex<Option<CancellationToken>>> = Arc::new(Mutex::new(None));
+    engine.approver = Arc::new(ChatApprover {
+        terminal: Arc::clone(&terminal),
+        display: Arc::clone(&display),
+        current: Arc::clone(&current),
+        always: Mutex::new(HashSet::new()),
+    });
+    let interrupts = tokio::spawn(stop_turns(Arc::clone(&current), Arc::clone(&display)));
+
+    let mut started = reopened.is_some();
+    let mut header: Vec<Line> = vec![(
+        Style::Dim,
+        format!(
+            "nerve chat · execution {execution_id} · {} · {}",
+            workspace.display(),
+            engine.provider.model()
+        ),
+    )];
+    if let Some(reopened) = &reopened {
+        let state = &reopened.state;
+        header.push((
+            Style::Dim,
+            format!(
+                "reopened after turn {} · {} in / {} out tokens · {} · task: {}",
+                state.turns,
+                thousands(state.usage.input_tokens),
+                thousands(state.usage.output_tokens),
+                state.cost,
+                crate::progress::first_line(&reopened.started.task)
+            ),
+        ));
+        display.seed(Status {
+            turn: state.turns,
+            usage: state.usage,
+            cost: state.cost,
+            ..Status::default()
+        });
+    }
+    header.push((
+        Style::Dim,
+        "type a message · /help for commands · Ctrl-C stops the agent's turn · Ctrl-D or /exit ends"
+            .to_owned(),
+    ));
+    display.lines(&header);
+
+    let mut plan_next = false;
+    let mut compact_next = false;
+    loop {
+        display.pause();
+        let line = match terminal.read("› ", true).await {
+            Input::Line(line) => line,
+            Input::Interrupted => continue,
+            Input::Eof => break,
+        };
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if display.mode() == Mode::Plain {
+            // Nobody sees the typing off a terminal: the transcript shows the message.
+            display.lines(&[(Style::Text, format!("› {text}"))]);
+        }
+        if let Some(command) = text.strip_prefix('/') {
+            match command.split_whitespace().next().unwrap_or_default() {
+                "exit" | "quit" => break,
+                "help" => display.lines(&styled(Style::Dim, HELP.iter().map(|l| (*l).to_owned()))),
+                "cost" => {
+                    let status = display.status();
+                    display.lines(&[(
+                        Style::Dim,
+                        format!(
+                            "{} turn{} · {} in / {} out tokens · {}",
+                            status.turn,
+                            if status.turn == 1 { "" } else { "s" },
+                            thousands(status.usage.input_tokens),
+                            thousands(status.usage.output_tokens),
+                            status.cost
+                        ),
+                    )]);
+                }
+                "context" => {
+                    let status = display.status();
+                    let fill = match context_window.filter(|w| *w > 0) {
+                        Some(window) => format!(
+                            "{} of {} tokens ({}%)",
+                            thousands(status.last_input),
+                            thousands(window),
+                            status.last_input.saturating_mul(100) / window
+                        ),
+                        None => format!("{} tokens (window unknown)", thousands(status.last_input)),
+                    };
+                    display.lines(&[(
+                        Style::Dim,
+                        format!(
+                            "context: {fill} · {} compaction(s) · {} archived block(s)",
+                            status.compactions, status.archived_blocks
+                        ),
+                    )]);
+                }
+                "compact" => {
+                    compact_next = started;
+                    display.lines(&[(
+                        Style::Dim,
+                        if started {
+                            "the context will be compacted before your next message runs"
+                        } else {
+                            "nothing to compact yet"
+                        }
+                        .to_owned(),
+                    )]);
+                }
+                "plan" => {
+                    plan_next = true;
+                    display.lines(&[(
+                        Style::Dim,
+                        "the next message is planned first (plan-execute)".to_owned(),
+                    )]);
+                }
+                other => display.lines(&[(
+                    Style::Error,
+                    format!("unknown command /{other}: /help lists them"),
+                )]),
+            }
+            continue;
+        }
+
+        display.next_message();
+        display.resume();
+        let cancel = CancellationToken::new();
+        if let Ok(mut slot) = current.lock() {
+            *slot = Some(cancel.clone());
+        }
+        let loop_type = if std::mem::take(&mut plan_next) {
+            LoopType::PlanExecute
+        } else {
+            LoopType::React
+        };
+        let outcome = if started {
+            let next = FollowUp {
+                message: text.to_owned(),
+                loop_type,
+                // Decided from the log when the message runs.
+                recover: false,
+                compact: std::mem::take(&mut compact_next),
+            };
+            follow_up(&engine, db, execution_id, next, per_message_turns, cancel).await
+        } else {
+            let mut engine = engine.clone();
+            engine.config.loop_type = loop_type;
+            let task = Task {
+                id: TaskId::new(),
+                description: text.to_owned(),
+                metadata: serde_json::Value::Null,
+                status: TaskStatus::Created,
+                workspace: workspace.display().to_string(),
+            };
+            engine
+                .run(execution_id, task, cancel)
+                .await
+                .map_err(Failure::usage)
+        };
+        if let Ok(mut slot) = current.lock() {
+            *slot = None;
+        }
+        display.finish();
+        match outcome {
+            Ok(result) => {
+                started = true;
+                let mut lines = message_ending(&result);
+                if display.mode() == Mode::Live {
+                    // Off a terminal the last turn's line said as much already.
+                    lines.push((Style::Dim, display.status_text(&display.status())));
+                }
+                display.lines(&lines);
+            }
+            Err(failure) => display.lines(&[(Style::Error, format!("error: {}", failure.message))]),
+        }
+    }
+    interrupts.abort();
+    display.pause();
+    if started {
+        let mut lines = vec![(Style::Text, String::new())];
+        lines.extend(crate::run::next_steps(execution_id, db));
+        display.lines(&lines);
+    }
+    Ok(0)
+}
+
+/// The next message of a running chat: the execution as its log left it, continued (a
+/// crashed last attempt recovered first).
+async fn follow_up(
+    engine: &AgentEngine,
+    db: &Path,
+    execution_id: ExecutionId,
+    mut follow: FollowUp,
+    per_message_turns: u32,
+    cancel: CancellationToken,
+) -> Result<ExecutionResult, Failure> {
+    let (continuable, replay) = crate::resume::continuable(db, &execution_id.to_string()).await?;
+    let mut engine = engine.clone();
+    engine.config.max_turns = continuable.state.turns.saturating_add(per_message_turns);
+    follow.recover = replay.termination_reason.is_none();
+    engine
+        .follow_up(execution_id, continuable.state, follow, cancel)
+        .await
+        .map_err(Failure::usage)
+}
+
+/// One line after the agent's answer: nothing when it simply answered, else how the turn
+/// ended and why.
+fn message_ending(result: &ExecutionResult) -> Vec<Line> {
+    let mut lines = Vec::new();
+    match result.termination_reason {
+        TerminationReason::Completed => {}
+        TerminationReason::Shutdown => {
+            lines.push((
+                Style::Note,
+                "· stopped: the agent's turn was interrupted".to_owned(),
+            ));
+        }
+        reason @ (TerminationReason::MaxTurns
+        | TerminationReason::BudgetExhausted
+        | TerminationReason::TimedOut
+        | TerminationReason::Stagnation
+        | TerminationReason::Error
+        | TerminationReason::Parked) => {
+            lines.push((
+                Style::Error,
+                format!(
+                    "· {reason}{}",
+                    result
+                        .error
+                        .as_deref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    lines
+}
+
+fn styled(style: Style, lines: impl Iterator<Item = String>) -> Vec<Line> {
+    lines.map(|line| (style, line)).collect()
+}
+
+/// Ctrl-C while the agent works stops its turn at the next boundary (a model call in
+/// flight is abandoned); a second one while it stops aborts, as in `run`. At the prompt
+/// the line editor owns the terminal and Ctrl-C only clears the line.
+async fn stop_turns(
+    current: Arc<Mutex<Option<CancellationToken>>>,
+    display: Arc<crate::progress::Display>,
+) {
+    while tokio::signal::ctrl_c().await.is_ok() {
+        let token = current.lock().ok().and_then(|slot| slot.clone());
+        let Some(token) = token else {
+            continue;
+        };
+        if token.is_cancelled() {
+            output::error_line("nerve: aborted");
+            std::process::exit(130);
+        }
+        display.lines(&[(
+            Style::Note,
+            "· stopping the agent's turn (Ctrl-C again to abort)".to_owned(),
+        )]);
+        token.cancel();
+    }
+}
+
+/// Asks the person about `ask` rules, inline: yes, no, or always (for this session, this
+/// rule). Every answer is recorded by the engine as a person's decision.
+struct ChatApprover {
+    terminal: Arc<Terminal>,
+    display: Arc<crate::progress::Display>,
+    current: Arc<Mutex<Option<CancellationToken>>>,
+    /// Rules the person approved for the rest of the session.
+    always: Mutex<HashSet<String>>,
+}
+
+#[async_trait]
+impl Approver for ChatApprover {
+    async fn decide(&self, call: &ToolCall, rule: &str) -> Option<Approval> {
+        if self.always.lock().is_ok_and(|always| always.contains(rule)) {
+            return Some(Approval {
+                approved: true,
+                reason: Some("always for this session".into()),
+            });
+        }
+        self.display.pause();
+        let question = format!(
+            "allow {}? [y]es / [n]o / [a]lways for this session › ",
+            key_argument(call)
+        );
+        let approval = loop {
+            match self.terminal.read(&question, false).await {
+                Input::Line(answer) => match answer.trim().to_ascii_lowercase().as_str() {
+                    "y" | "yes" => {
+                        break Approval {
+                            approved: true,
+                            reason: None,
+                        };
+                    }
+                    "n" | "no" => {
+                        break Approval {
+                            approved: false,
+                            reason: Some("the person said no".into()),
+                        };
+                    }
+                    "a" | "always" => {
+                        if let Ok(mut always) = self.always.lock() {
+                            always.insert(rule.to_owned());
+                        }
+                        break Approval {
+                            approved: true,
+                            reason: Some("always for this session".into()),
+                        };
+                    }
+                    _ => {}
+                },
+                Input::Interrupted | Input::Eof => {
+                    // Ctrl-C at the question refuses the call and stops the turn.
+                    if let Some(token) = self.current.lock().ok().and_then(|slot| slot.clone()) {
+                        token.cancel();
+                    }
+                    break Approval {
+                        approved: false,
+                        reason: Some("the person stopped the turn".into()),
+                    };
+                }
+            }
+        };
+        self.display.resume();
+        Some(approval)
+    }
+}
+
+/// What the person typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Input {
+    Line(String),
+    /// Ctrl-C at the prompt.
+    Interrupted,
+    /// Ctrl-D, or the end of input.
+    Eof,
+}
+
+struct Request {
+    prompt: String,
+    history: bool,
+    reply: tokio::sync::oneshot::Sender<Input>,
+}
+
+/// The line editor, on its own thread.
+struct Terminal {
+    requests: std::sync::mpsc::Sender<Request>,
+}
+
+impl Terminal {
+    fn start(history: Option<PathBuf>) -> Result<Self, Failure> {
+        let config = rustyline::Config::builder()
+            .auto_add_history(false)
+            .max_history_size(1000)
+            .map_err(|e| Failure::usage(format!("line editor: {e}")))?
+            .build();
+        let mut editor: rustyline::DefaultEditor = rustyline::Editor::with_config(config)
+            .map_err(|e| Failure::usage(format!("cannot open the terminal: {e}")))?;
+        if let Some(path) = &history
+            && path.exists()
+        {
+            // A history that cannot be read is no reason to refuse a session.
+            let _ = editor.load_history(path);
+        }
+        let (requests, inbox) = std::sync::mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("nerve-chat-terminal".into())
+            .spawn(move || {
+                while let Ok(request) = inbox.recv() {
+                    let input = match editor.readline(&request.prompt) {
+                        Ok(line) => {
+                            if request.history && !line.trim().is_empty() {
+                                let _ = editor.add_history_entry(line.as_str());
+                                if let Some(path) = &history {
+                                    let _ = editor.save_history(path);
+                                }
+                            }
+                            Input::Line(line)
+                        }
+                        Err(rustyline::error::ReadlineError::Interrupted) => Input::Interrupted,
+                        Err(_) => Input::Eof,
+                    };
+                    let _ = request.reply.send(input);
+                }
+            })
+            .map_err(|e| Failure::runtime(format!("cannot start the line editor: {e}")))?;
+        Ok(Self { requests })
+    }
+
+    async fn read(&self, prompt: &str, history: bool) -> Input {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request = Request {
+            prompt: prompt.to_owned(),
+            history,
+            reply,
+        };
+        if self.requests.send(request).is_err() {
+            return Input::Eof;
+        }
+        answer.await.unwrap_or(Input::Eof)
+    }
+}
+
+/// Where the chat history is kept: beside the default log, under the XDG state directory.
+fn history_file() -> Option<PathBuf> {
+    let db = crate::args::default_db().ok()?;
+    let dir = db.parent()?;
+    std::fs::create_dir_all(dir).ok()?;
+    Some(dir.join("chat_history"))
+}

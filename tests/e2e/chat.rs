@@ -1,0 +1,636 @@
+//! The terminal experience: the live transcript of `nerve run` (plain in a pipe, snapshotted),
+//! `--quiet`, `run --continue`, and `nerve chat` in a real terminal (tmux): messages, an
+//! inline approval, Ctrl-C mid-turn, slash commands, reopening, all one execution whose log
+//! verifies and replays complete.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::support::{
+    PATIENCE, copy_example, docker_available, events_json, nerve, nerve_bin, nerve_env, root,
+    stderr, stdout,
+};
+
+/// A terminal the test types into and reads from: a tmux server of its own (its own
+/// socket, so no other tmux on the machine is touched), one window running `command`.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    /// Starts `nerve <args>` with `env` in a 160x50 terminal. When it exits, the pane says
+    /// `nerve exited CODE` and stays, so the end can be read.
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let socket = format!("nerve-chat-e2e-{}-{n}", std::process::id());
+        let mut line =
+            String::from("env -u NO_COLOR -u NERVE_CONFIG -u OPENAI_API_KEY -u ANTHROPIC_API_KEY");
+        for name in [
+            "PATH",
+            "HOME",
+            "NERVE_EXECUTOR",
+            "NERVE_REQUIRE_DOCKER",
+            "DOCKER_HOST",
+        ] {
+            if let Ok(value) = std::env::var(name) {
+                line.push_str(&format!(" {name}={}", quote(&value)));
+            }
+        }
+        for (name, value) in env {
+            line.push_str(&format!(" {name}={}", quote(value)));
+        }
+        line.push_str(&format!(" {}", quote(&nerve_bin().display().to_string())));
+        for arg in args {
+            line.push_str(&format!(" {}", quote(arg)));
+        }
+        line.push_str("; echo \"nerve exited $?\"; sleep 3600");
+        let status = Command::new("tmux")
+            .args([
+                "-L",
+                &socket,
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                "160",
+                "-y",
+                "50",
+            ])
+            .arg(&line)
+            .status()
+            .unwrap_or_else(|e| panic!("tmux is needed for the terminal tests: {e}"));
+        assert!(status.success(), "tmux new-session failed");
+        Self { socket }
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let output = Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The screen and its scrollback, as text.
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-J", "-S", "-1000"])
+    }
+
+    /// Types `text` and Enter.
+    fn type_line(&self, text: &str) {
+        self.tmux(&["send-keys", "-l", text]);
+        self.tmux(&["send-keys", "Enter"]);
+    }
+
+    fn keys(&self, keys: &str) {
+        self.tmux(&["send-keys", keys]);
+    }
+
+    /// Waits until the screen shows `text` `times` times; returns the screen.
+    fn wait_for_count(&self, text: &str, times: usize) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            if screen.matches(text).count() >= times {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "the terminal never showed {text:?} ({times}x):\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn wait_for(&self, text: &str) -> String {
+        self.wait_for_count(text, 1)
+    }
+
+    /// Waits until the chat's prompt is the last line: the line editor owns the terminal
+    /// (typing earlier could be lost when it switches the terminal to raw mode).
+    fn wait_for_prompt(&self) {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            let last = screen.lines().rev().find(|line| !line.trim().is_empty());
+            if last.is_some_and(|line| line.trim_end() == "›") {
+                return;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "the terminal never showed the prompt:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for the prompt, then types `text` and Enter.
+    fn say(&self, text: &str) {
+        self.wait_for_prompt();
+        self.type_line(text);
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .output();
+    }
+}
+
+fn quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+/// The cassette of the chat: one line per agent call, in the order the messages use them.
+const CHAT_CASSETTE: &str = r#"{"text": "Let me look.", "tool_calls": [{"name": "shell", "arguments": {"command": "echo one"}}]}
+{"text": "First answer."}
+{"text": "Touching.", "tool_calls": [{"name": "shell", "arguments": {"command": "touch approved.txt"}}]}
+{"text": "Second answer."}
+{"text": "Sleeping.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 8 && echo slept"}}]}
+{"text": "Third answer."}
+{"text": "Reopened answer."}
+"#;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    workspace: PathBuf,
+    db: PathBuf,
+    config: PathBuf,
+    provider: String,
+    state: PathBuf,
+}
+
+fn setup(cassette: &str) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = copy_example("demo", dir.path());
+    let db = dir.path().join("nerve.db");
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[policy]\nrules = [ { tool = \"shell\", pattern = \"touch\", action = \"ask\" } ]\n",
+    )
+    .unwrap();
+    let script = dir.path().join("cassette.jsonl");
+    std::fs::write(&script, cassette).unwrap();
+    let state = dir.path().join("state");
+    Setup {
+        provider: format!("script:{}", script.display()),
+        _dir: dir,
+        workspace,
+        db,
+        config,
+        state,
+    }
+}
+
+/// `nerve chat <args>` in a terminal, on the setup's log and policy, with its history in
+/// the setup's state directory.
+fn chat_in_tmux(s: &Setup, args: &[&str]) -> Tmux {
+    let state = s.state.display().to_string();
+    let mut all = vec![
+        "--db",
+        s.db.to_str().unwrap(),
+        "--config",
+        s.config.to_str().unwrap(),
+        "chat",
+    ];
+    all.extend(args);
+    Tmux::start(&all, &[("XDG_STATE_HOME", state.as_str())])
+}
+
+/// `nerve run --continue ID --task MESSAGE`, expected to complete; its output and stdout.
+fn continue_with(
+    db: &Path,
+    id: &str,
+    message: &str,
+    provider: &str,
+) -> (std::process::Output, String) {
+    let more = nerve_env(
+        db,
+        &[
+            "run",
+            "--continue",
+            id,
+            "--task",
+            message,
+            "--provider",
+            provider,
+        ],
+        &[],
+    );
+    assert_eq!(more.status.code(), Some(0), "{}", stderr(&more));
+    let text = stdout(&more);
+    (more, text)
+}
+
+fn the_only_execution(db: &Path) -> String {
+    let list = nerve(db, &["list", "--json"]);
+    let list: serde_json::Value = serde_json::from_str(stdout(&list).trim()).unwrap();
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 1, "one execution: {list:?}");
+    list[0]["execution_id"].as_str().unwrap().to_owned()
+}
+
+fn replay_json(db: &Path, id: &str) -> serde_json::Value {
+    let replay = nerve(db, &["replay", id, "--json"]);
+    assert!(replay.status.success(), "{}", stderr(&replay));
+    serde_json::from_str(stdout(&replay).trim()).unwrap()
+}
+
+#[test]
+fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
+    if !docker_available() {
+        return;
+    }
+    let s = setup(CHAT_CASSETTE);
+    let term = chat_in_tmux(
+        &s,
+        &[
+            "--workspace",
+            s.workspace.to_str().unwrap(),
+            "--provider",
+            &s.provider,
+        ],
+    );
+    term.wait_for("type a message");
+
+    term.say("hello there");
+    let screen = term.wait_for("First answer.");
+    assert!(screen.contains("→ shell echo one"), "{screen}");
+
+    // An `ask` rule: the question comes inline; yes runs the call.
+    term.say("now touch the file");
+    term.wait_for("allow shell touch approved.txt? [y]es / [n]o / [a]lways");
+    term.type_line("y");
+    let screen = term.wait_for("Second answer.");
+    assert!(screen.contains("· approved by the user"), "{screen}");
+    assert!(s.workspace.join("approved.txt").exists());
+
+    // Ctrl-C while the tool runs: the turn stops at its boundary, back to the prompt.
+    term.say("sleep a while");
+    term.wait_for("→ shell sleep 8 && echo slept");
+    term.keys("C-c");
+    term.wait_for("stopped: the agent's turn was interrupted");
+
+    term.say("third message");
+    term.wait_for("Third answer.");
+    term.say("/cost");
+    term.wait_for("6 turns · ");
+    term.say("/context");
+    term.wait_for("context: ");
+    term.say("/exit");
+    let screen = term.wait_for("nerve exited 0");
+    assert!(screen.contains("log: execution "), "{screen}");
+    for said in [
+        "First answer.",
+        "Second answer.",
+        "Third answer.",
+        "Let me look.",
+    ] {
+        assert_eq!(screen.matches(said).count(), 1, "{said} once:\n{screen}");
+    }
+    drop(term);
+
+    let id = the_only_execution(&s.db);
+    let verify = nerve(&s.db, &["verify", &id]);
+    assert!(verify.status.success(), "{}", stderr(&verify));
+    let replayed = replay_json(&s.db, &id);
+    assert_eq!(replayed["complete"], true, "{replayed}");
+    assert_eq!(replayed["gaps"], serde_json::json!([]), "{replayed}");
+    assert_eq!(replayed["termination_reason"], "completed", "{replayed}");
+    assert_eq!(replayed["total_turns"], 6, "{replayed}");
+    assert_eq!(replayed["task"], "hello there", "{replayed}");
+    let events = events_json(&s.db, &id);
+    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "started").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "finish").count(),
+        4,
+        "one per message"
+    );
+    let decided = events
+        .iter()
+        .find(|e| e["kind"] == "approval_decided")
+        .expect("the inline approval is recorded");
+    assert_eq!(decided["payload"]["decided_by"], "user", "{decided}");
+    assert_eq!(decided["payload"]["decision"], "approved", "{decided}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "finish" && e["payload"]["termination_reason"] == "shutdown"),
+        "the interrupted message ended with shutdown"
+    );
+    assert!(
+        std::fs::read_to_string(s.state.join("nerve").join("chat_history"))
+            .unwrap()
+            .contains("third message"),
+        "the line editor keeps a history"
+    );
+
+    // Reopened by a prefix of its id: the same execution goes on.
+    let prefix = &id[..13];
+    let term = chat_in_tmux(&s, &[prefix]);
+    term.wait_for("reopened after turn 6");
+    term.say("once more");
+    term.wait_for("Reopened answer.");
+    term.wait_for_prompt();
+    term.keys("C-d");
+    term.wait_for("nerve exited 0");
+    drop(term);
+    assert_eq!(the_only_execution(&s.db), id);
+    let replayed = replay_json(&s.db, &id);
+    assert_eq!(replayed["complete"], true, "{replayed}");
+    assert_eq!(replayed["gaps"], serde_json::json!([]), "{replayed}");
+    assert_eq!(replayed["total_turns"], 7, "{replayed}");
+    assert_eq!(replayed["termination_reason"], "completed", "{replayed}");
+    let verify = nerve(&s.db, &["verify", &id]);
+    assert!(verify.status.success(), "{}", stderr(&verify));
+    let show = stdout(&nerve(&s.db, &["show", &id]));
+    for said in [
+        "First answer.",
+        "Second answer.",
+        "Third answer.",
+        "Reopened answer.",
+    ] {
+        assert!(show.contains(said), "{said} in {show}");
+    }
+}
+
+#[test]
+fn a_run_on_a_terminal_shows_its_transcript_and_final_answer() {
+    if !docker_available() {
+        return;
+    }
+    let s = setup(&std::fs::read_to_string(root().join("examples/demo/cassette.jsonl")).unwrap());
+    let task = root().join("examples/demo/task.txt");
+    let term = Tmux::start(
+        &[
+            "--db",
+            s.db.to_str().unwrap(),
+            "run",
+            "--workspace",
+            s.workspace.to_str().unwrap(),
+            "--task-file",
+            task.to_str().unwrap(),
+            "--provider",
+            &s.provider,
+        ],
+        &[],
+    );
+    let screen = term.wait_for("nerve exited 0");
+    let id = the_only_execution(&s.db);
+    for shown in [
+        "Let me look at the workspace and run the test.".to_owned(),
+        "→ shell ls -l && sh test.sh".to_owned(),
+        "  exit 1 · 4 lines".to_owned(),
+        "→ shell sh test.sh".to_owned(),
+        "The test passes: greet.sh now prints \"Hello, Nerve!\".".to_owned(),
+        "completed after 5 turns".to_owned(),
+        format!("log: execution {id} in {}", s.db.display()),
+        format!("chat   {id}   talk to the agent about it"),
+    ] {
+        assert!(
+            screen.contains(&shown),
+            "{shown:?} not on the screen:\n{screen}"
+        );
+    }
+    // The answer streamed onto the screen once, and is not printed again at the end.
+    assert_eq!(
+        screen
+            .matches("The test passes: greet.sh now prints")
+            .count(),
+        1,
+        "{screen}"
+    );
+    // The status line is redrawn in place, never left behind as a line of its own.
+    assert!(!screen.contains("\nturn 5 · "), "{screen}");
+}
+
+/// Ids, paths and `ls -l` dates differ per run; the rest of the transcript does not.
+fn masked(text: &str, id: &str, dir: &Path) -> String {
+    text.replace(id, "[ID]")
+        .replace(&dir.display().to_string(), "[DIR]")
+        .lines()
+        .map(|line| match line.strip_prefix("  │ ") {
+            Some(rest) if rest.starts_with("-rw") => {
+                format!(
+                    "  │ [ls -l] {}",
+                    rest.split_whitespace().last().unwrap_or("")
+                )
+            }
+            _ => line.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn run_plain(
+    dir: &Path,
+    cassette: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::Output, PathBuf) {
+    let workspace = copy_example("demo", dir);
+    let db = dir.join("nerve.db");
+    let script = dir.join("cassette.jsonl");
+    std::fs::write(&script, cassette).unwrap();
+    let provider = format!("script:{}", script.display());
+    let mut args = vec![
+        "run",
+        "--workspace",
+        workspace.to_str().unwrap(),
+        "--task-file",
+    ];
+    let task = root().join("examples/demo/task.txt");
+    args.push(task.to_str().unwrap());
+    args.extend(["--provider", &provider]);
+    args.extend(extra);
+    let mut all_env = vec![("NO_COLOR", "")];
+    all_env.extend(env);
+    (nerve_env(&db, &args, &all_env), db)
+}
+
+/// Runs the demo task on `cassette` in a pipe; expects exit `code` and the plain
+/// transcript snapshotted as `name`.
+fn check_transcript(name: &str, cassette: &str, code: i32) {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (run, db) = run_plain(dir.path(), cassette, &[], &[]);
+    assert_eq!(run.status.code(), Some(code), "{}", stderr(&run));
+    assert!(!run.stdout.contains(&0x1b), "no escape sequence in a pipe");
+    let id = the_only_execution(&db);
+    insta::assert_snapshot!(name, masked(&stdout(&run), &id, dir.path()));
+}
+
+#[test]
+fn the_demo_reads_as_a_transcript_in_a_pipe() {
+    let cassette = std::fs::read_to_string(root().join("examples/demo/cassette.jsonl")).unwrap();
+    check_transcript("demo_transcript", &cassette, 0);
+}
+
+#[test]
+fn a_failed_run_says_what_ran_and_why_it_failed() {
+    let cassette = r#"{"text": "Run the test.", "tool_calls": [{"name": "shell", "arguments": {"command": "sh test.sh"}}]}
+{"error": "auth"}
+"#;
+    check_transcript("failed_transcript", cassette, 1);
+}
+
+#[test]
+fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The demo's run, then answers of this test's own (not the demo's answer to a chat).
+    let demo = std::fs::read_to_string(root().join("examples/demo/cassette.jsonl")).unwrap();
+    let mut cassette: String = demo
+        .lines()
+        .filter(|line| !line.contains("knows nothing more"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    cassette.push_str(
+        r#"{"text": "Checking.", "tool_calls": [{"name": "shell", "arguments": {"command": "cat greet.sh"}}]}
+{"text": "Still fixed."}
+{"text": "Chatted."}
+{"text": "After compaction."}
+{"call": "plan", "tool_calls": [{"name": "submit_plan", "arguments": {"steps": ["Say it is done."]}}]}
+{"text": "Step done."}
+"#,
+    );
+    let (run, db) = run_plain(dir.path(), &cassette, &["--quiet"], &[]);
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    assert_eq!(
+        stdout(&run),
+        "The test passes: greet.sh now prints \"Hello, Nerve!\".\n",
+        "--quiet prints only the final answer"
+    );
+    let id = the_only_execution(&db);
+    let provider = format!("script:{}", dir.path().join("cassette.jsonl").display());
+
+    // The next message, headless: same execution, a recorded follow-up.
+    let (more, text) = continue_with(&db, &id[..12], "Check it again.", &provider);
+    assert!(
+        text.contains(&format!("continuing execution {id} after turn 5")),
+        "{text}"
+    );
+    assert!(text.contains("→ shell cat greet.sh"), "{text}");
+    assert!(text.contains("Still fixed."), "{text}");
+    assert!(text.contains("completed after 7 turns"), "{text}");
+
+    // A chat with its input from a pipe: plain lines, no escape sequence.
+    let mut chat = Command::new(nerve_bin())
+        .arg("--db")
+        .arg(&db)
+        .args(["chat", &id, "--provider", &provider])
+        .env_remove("NERVE_CONFIG")
+        .env("XDG_STATE_HOME", dir.path().join("state"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut input = chat.stdin.take().unwrap();
+        input
+            .write_all(b"Anything else?\n/cost\n/compact\nGo on.\n/plan\nPlan this.\n/exit\n")
+            .unwrap();
+    }
+    let chat = chat.wait_with_output().unwrap();
+    assert_eq!(chat.status.code(), Some(0), "{}", stderr(&chat));
+    let text = stdout(&chat);
+    assert!(text.contains("Chatted."), "{text}");
+    assert!(text.contains("8 turns · "), "/cost: {text}");
+    // /compact: the next message runs on a compacted context; /plan: planned first.
+    assert!(text.contains("· context compacted ("), "/compact: {text}");
+    assert!(text.contains("After compaction."), "{text}");
+    assert!(text.contains("Step done."), "/plan: {text}");
+    for (what, bytes) in [
+        ("run --quiet", &run.stdout),
+        ("run --continue stdout", &more.stdout),
+        ("run --continue stderr", &more.stderr),
+        ("chat stdout", &chat.stdout),
+        ("chat stderr", &chat.stderr),
+    ] {
+        assert!(
+            !bytes.contains(&0x1b),
+            "{what} holds an escape sequence: {:?}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+    let replayed = replay_json(&db, &id);
+    assert_eq!(replayed["complete"], true, "{replayed}");
+    assert_eq!(replayed["gaps"], serde_json::json!([]), "{replayed}");
+    assert_eq!(replayed["total_turns"], 10, "{replayed}");
+    assert_eq!(the_only_execution(&db), id);
+    let events = events_json(&db, &id);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "model_called" && e["payload"]["purpose"] == "plan"),
+        "the /plan message was planned"
+    );
+    assert!(
+        events.iter().any(|e| e["kind"] == "compaction"),
+        "/compact compacted"
+    );
+}
+
+#[test]
+fn a_crashed_run_continues_with_a_message_after_its_resume() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cassette = std::fs::read_to_string(root().join("examples/demo/cassette.jsonl")).unwrap();
+    // Killed (SIGKILL) once the first tool call's intent is durable: no finish in the log.
+    let (crashed, db) = run_plain(
+        dir.path(),
+        &cassette,
+        &[],
+        &[("NERVE_KILL_AFTER_EVENT", "9")],
+    );
+    assert_eq!(crashed.status.code(), None, "killed: {}", stderr(&crashed));
+    let id = the_only_execution(&db);
+    let provider = format!("script:{}", dir.path().join("cassette.jsonl").display());
+    let (_, text) = continue_with(&db, &id, "Finish it.", &provider);
+    assert!(
+        text.contains("· resumed after turn 0 (attempt 1)"),
+        "{text}"
+    );
+    assert!(text.contains("The test passes"), "{text}");
+    let kinds: Vec<String> = events_json(&db, &id)
+        .iter()
+        .map(|e| {
+            let kind = e["kind"].as_str().unwrap().to_owned();
+            if kind == "message_appended" && e["payload"]["message"]["role"] == "user" {
+                format!("user: {}", e["payload"]["message"])
+            } else {
+                kind
+            }
+        })
+        .collect();
+    let resumed = kinds.iter().position(|k| k == "resumed").expect("a resume");
+    let asked = kinds
+        .iter()
+        .position(|k| k.contains("Finish it."))
+        .expect("the message");
+    assert!(resumed < asked, "{kinds:?}");
+    let replayed = replay_json(&db, &id);
+    assert_eq!(replayed["complete"], true, "{replayed}");
+    assert_eq!(replayed["gaps"], serde_json::json!([]), "{replayed}");
+    assert_eq!(replayed["termination_reason"], "completed", "{replayed}");
+}
