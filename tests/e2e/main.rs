@@ -23,6 +23,7 @@ mod mcp;
 mod parked;
 mod phoenix;
 mod proxy;
+#[cfg(feature = "real-servers")]
 mod real;
 mod reaper;
 mod resume;

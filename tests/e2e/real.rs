@@ -2,8 +2,8 @@
 //! llama.cpp's server (llama-cpp-python) running SmolLM2-135M-Instruct, reached directly
 //! with `--provider openai`, and LiteLLM's proxy in front of it, reached with `--provider
 //! openai` and with `--provider anthropic` (its Messages endpoint). `cargo xtask
-//! test-real` starts the servers and sets `NERVE_REAL_*`;
-//! without them these tests skip with a printed reason, unless `NERVE_REQUIRE_REAL=1`.
+//! test-real` starts the servers, sets `NERVE_REAL_*` and compiles this module in (the
+//! `real-servers` feature of nerve-tests); a test here without them fails.
 //!
 //! A 135M model is a weak agent: it names tools that do not exist, writes odd arguments,
 //! and answers in text where a call was meant. Whatever it does, every request Nerve sends
@@ -42,8 +42,7 @@ struct Servers {
     model: PathBuf,
 }
 
-/// The servers, or `None` (with the reason printed) when this run has none. Panics when
-/// they are required (`NERVE_REQUIRE_REAL=1`).
+/// The servers `cargo xtask test-real` started. Panics without them.
 fn servers() -> Option<Servers> {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let found = (|| {
@@ -57,15 +56,10 @@ fn servers() -> Option<Servers> {
             model: var("NERVE_REAL_MODEL")?.into(),
         })
     })();
-    if found.is_none() {
-        let reason = "no real model servers (NERVE_REAL_* unset): run `cargo xtask test-real`";
-        assert!(
-            !std::env::var("NERVE_REQUIRE_REAL").is_ok_and(|v| v == "1"),
-            "{reason}"
-        );
-        eprintln!("skipping: {reason}");
-        return None;
-    }
+    assert!(
+        found.is_some(),
+        "no real model servers (NERVE_REAL_* unset): run these tests with `cargo xtask test-real`"
+    );
     if !sandbox_available() {
         return None;
     }
