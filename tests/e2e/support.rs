@@ -258,6 +258,7 @@ impl Running {
     }
 
     /// Whether the process is still running.
+    #[cfg(feature = "real-servers")]
     pub(crate) fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
     }
