@@ -135,7 +135,8 @@ pub(crate) async fn resume(
     let recorded = &started.config;
     let number = |key: &str| recorded.get(key).and_then(serde_json::Value::as_u64);
     let engine_config = EngineConfig {
-        loop_type: LoopType::React,
+        // The loop the execution ran: a plan loop is rebuilt from the conversation.
+        loop_type: started.loop_type,
         max_turns: started.max_turns,
         timeout: number("timeout_secs").map(Duration::from_secs),
         budget_tokens: number("budget_tokens"),
