@@ -970,11 +970,12 @@ async fn check_plan_resumes_at_every_message(loop_type: LoopType, cassette: &[St
         full.result.error
     );
     let messages = &full.result.context.messages;
-    let first = messages
+    // From the task alone (the loop had not asked for its plan) to the last message.
+    let task = messages
         .iter()
-        .position(|m| m.text_content().starts_with("[Nerve] Before acting"))
+        .position(|m| m.role == MessageRole::User)
         .unwrap();
-    for cut in first + 1..messages.len() {
+    for cut in task + 1..messages.len() {
         let (state, plan_calls, agent_calls) = cut_state(&full.result, cut);
         let provider = ScriptedProvider::parse("test", cassette).unwrap();
         provider.skip(CallPurpose::Plan, plan_calls);
@@ -1059,9 +1060,11 @@ async fn a_plan_whose_conversation_was_not_written_by_the_loop_resumes_as_react(
         Arc::new(MemorySink::default()) as Arc<dyn EventSink>,
         config,
     );
+    // An answer, and no planning instruction before it (a conversation compacted, say).
     let messages = vec![
         nerve_core::Message::system("s"),
         nerve_core::Message::user("do it"),
+        nerve_core::Message::text(MessageRole::Assistant, "looking"),
     ];
     let state = first_resume(TaskId::new(), messages);
     let resumed = engine

@@ -223,6 +223,8 @@ pub(crate) struct Resumed {
     /// The `submit_plan` calls of the last planning answer that have no result yet: the
     /// crash came between the answer and the loop's reply to them.
     unanswered: Option<(Planning, Vec<ToolCall>)>,
+    /// The loop had not asked for its plan yet: the first instruction is still to be written.
+    begin: bool,
 }
 
 /// Rebuilds where a plan loop stood from its conversation, by walking it through the
@@ -231,9 +233,21 @@ pub(crate) struct Resumed {
 /// code writes it (its plan was compacted away, or it was written by another version):
 /// the execution then continues as ReAct, with the plan in the conversation.
 pub(crate) fn rebuild(messages: &[Message], mode: PlanMode, max_replans: u32) -> Option<Resumed> {
-    let first = messages.iter().position(|m| {
+    let Some(first) = messages.iter().position(|m| {
         m.role == MessageRole::User && m.text_content() == PlanState::first_instruction(mode)
-    })?;
+    }) else {
+        // Stopped before the loop asked for its plan: it begins now.
+        let begun = messages
+            .iter()
+            .any(|m| m.role == MessageRole::Assistant || m.role == MessageRole::Tool);
+        return (!begun).then(|| Resumed {
+            state: PlanState::default(),
+            at: At::Planning(Planning::First),
+            step_message: None,
+            unanswered: None,
+            begin: true,
+        });
+    };
     let mut state = PlanState::default();
     let mut at = At::Planning(Planning::First);
     let mut step_message = None;
@@ -325,6 +339,7 @@ pub(crate) fn rebuild(messages: &[Message], mode: PlanMode, max_replans: u32) ->
         at,
         step_message,
         unanswered,
+        begin: false,
     })
 }
 
@@ -344,8 +359,12 @@ pub(crate) async fn resume(run: &mut Run, mode: PlanMode, resumed: Resumed) -> S
         state,
         at,
         step_message,
+        begin,
         ..
     } = resumed;
+    if begin {
+        run.push_message(Message::user(PlanState::first_instruction(mode)));
+    }
     if matches!(at, At::InStep { .. } | At::Ended { .. }) {
         run.progress.step = Some(state.step_number);
         run.window.protect_from = step_message;
