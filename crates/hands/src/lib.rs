@@ -10,6 +10,7 @@
 //! the network, through a unix socket mounted into the container.
 
 mod account;
+pub mod checkpoint;
 mod control;
 mod executor;
 mod image;
@@ -100,6 +101,11 @@ pub enum HandsError {
     /// every container operation; the sandbox should be considered lost.
     #[error("docker: {0}")]
     Docker(#[from] bollard::errors::Error),
+    /// A workspace snapshot, diff or restore failed (git missing or failing, a store that
+    /// cannot be written, a hash that is not one). Returned by [`checkpoint::Checkpoints`];
+    /// the workspace is as it was unless the error came from a restore.
+    #[error("workspace checkpoint: {0}")]
+    Checkpoint(String),
 }
 
 /// What to do about a missing image: the default one is built here; any other is the
