@@ -25,6 +25,7 @@ mod reaper;
 mod resume;
 mod sandbox;
 mod sandbox_env;
+mod stream;
 mod support;
 mod traces;
 mod transfer;

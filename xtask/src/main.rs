@@ -6,6 +6,8 @@
 //! - `test-real`     the providers against real servers: llama.cpp's and LiteLLM's (see `real.rs`)
 //! - `image`         (re)build the default sandbox image `nerve-sandbox:latest` and the static
 //!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
+//! - `image python`  make sure of the Debian image with Python (debootstrap, imported; tagged by
+//!   a hash of its inputs, cached under `~/.cache/nerve/debian/`) and print its tag
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
 //! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
 //!   `~/.cache/nerve/` when missing, and print where it is
@@ -27,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image | demo | phoenix | bench [core|session|brain|compaction|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|sandbox|proxy|e2e] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -41,6 +43,9 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("test-sandbox") => test_sandbox(),
         Some("test-real") => test_real(),
+        Some("image") if args.get(1).map(String::as_str) == Some("python") => {
+            python_image().map(|tag| println!("{tag}"))
+        }
         Some("image") => image(true).map(drop),
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
@@ -201,6 +206,46 @@ fn image(force: bool) -> Result<PathBuf> {
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(executor)
+}
+
+/// Makes sure of the Debian image with Python (built with debootstrap when neither the
+/// image nor its cached root filesystem exists; installs debootstrap when missing and we
+/// are root). Returns its tag.
+fn python_image() -> Result<String> {
+    ensure_prerequisites()?;
+    let has_debootstrap = Command::new("sh")
+        .args([
+            "-c",
+            "command -v debootstrap || test -x /usr/sbin/debootstrap",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_debootstrap {
+        if !is_root() {
+            bail!(
+                "the Python image is made with debootstrap, as root: sudo apt-get install debootstrap"
+            );
+        }
+        apt_install(&["debootstrap"])?;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let docker = nerve_hands::connect_docker().await?;
+        let spec = nerve_hands::DebianImage::python();
+        eprintln!(
+            "making sure of the Debian Python image (debootstrap takes minutes when uncached)"
+        );
+        let build = nerve_hands::ensure_debian_image(&docker, &spec, None).await?;
+        eprintln!(
+            "{}: {:?} (rootfs {})",
+            build.tag,
+            build.work,
+            build.rootfs.display()
+        );
+        Ok(build.tag)
+    })
 }
 
 /// Builds `nerve-executor` static and stripped, and installs it as

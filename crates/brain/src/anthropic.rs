@@ -66,6 +66,9 @@ pub struct AnthropicConfig {
     /// Turn off for a gateway in front of a model that is not Claude: LiteLLM passes a
     /// `system` array with `cache_control` on as an array, which llama.cpp refuses.
     pub prompt_caching: bool,
+    /// Stream answers, so they are seen as the model writes them. Off, every call asks
+    /// for the whole answer (`[providers.anthropic] stream = false`).
+    pub stream: bool,
     pub http: HttpConfig,
 }
 
@@ -82,6 +85,7 @@ impl AnthropicConfig {
             tool_choice: ToolChoice::Auto,
             thinking_budget: None,
             prompt_caching: true,
+            stream: true,
             http: HttpConfig::default(),
         }
     }
@@ -232,6 +236,9 @@ impl Provider for AnthropicProvider {
     }
 
     async fn stream(&self, request: ModelRequest<'_>) -> ModelStream {
+        if !self.config.stream {
+            return ModelStream::from_result(self.complete(request).await);
+        }
         let estimate = self.endpoint.estimate(&request);
         let body = self.wire_request(&request, &estimate, true);
         let decoder = MessagesStreamDecoder::new(estimate.clone());

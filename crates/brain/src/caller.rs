@@ -10,9 +10,13 @@
 //! - A `context_overflow` is handed back ([`CallError::Overflow`]): the caller of this part
 //!   decides whether compaction can make room. This part never changes the conversation.
 //!
-//! Streaming lands in [`ModelCaller::attempt`]: it is the one place a provider is asked,
-//! so deltas will be forwarded from there while the attempt runs, and the rest (retries,
-//! charges, events) stays as it is.
+//! - Every attempt streams ([`Provider::stream`]): each delta goes to the
+//!   [`DeltaObserver`] as it arrives, and only the assembled message goes on (the log
+//!   keeps whole messages, never an event per token). A provider without a streaming wire,
+//!   or configured with `stream = false`, replays its whole answer as deltas. A stream cut
+//!   mid-way ends in a transient error and is retried like any other; the deltas already
+//!   shown stay shown, and the retry's answer streams again from its start.
+//! - A live stream's time to first token and tokens per second go on `model_called`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +33,7 @@ use crate::journal::Journal;
 use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use crate::retry::RetryPolicy;
 use crate::stop::Stop;
+use crate::stream::{DeltaObserver, StreamChunk};
 use crate::telemetry::{self, TraceConfig};
 
 /// A model call that failed: a stop, or a context overflow the caller may compact for.
@@ -59,6 +64,41 @@ pub(crate) struct ModelCaller {
     cost: MicroUsd,
     /// What an attempt's span carries.
     trace: TraceConfig,
+    /// Who sees the answers as they stream.
+    deltas: Arc<dyn DeltaObserver>,
+}
+
+/// How a live stream went: what `model_called` records beside the outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct StreamTiming {
+    pub(crate) time_to_first_token_ms: Option<u64>,
+    pub(crate) tokens_per_second: Option<f64>,
+}
+
+impl StreamTiming {
+    /// From when the request was sent (`sent`), the first delta arrived (`first`) and the
+    /// stream ended (`end`), for an answer of `output_tokens`. Nothing without a delta;
+    /// no rate when the stream took no measurable time after its first delta.
+    pub(crate) fn measure(
+        sent: Instant,
+        first: Option<Instant>,
+        end: Instant,
+        output_tokens: u64,
+    ) -> Self {
+        let Some(first) = first else {
+            return Self::default();
+        };
+        let ttft =
+            u64::try_from(first.saturating_duration_since(sent).as_millis()).unwrap_or(u64::MAX);
+        let generation = end.saturating_duration_since(first).as_secs_f64();
+        #[allow(clippy::cast_precision_loss)] // token counts stay far below 2^52
+        let rate = (generation >= 0.001 && output_tokens > 0)
+            .then(|| (output_tokens as f64 / generation * 10.0).round() / 10.0);
+        Self {
+            time_to_first_token_ms: Some(ttft),
+            tokens_per_second: rate,
+        }
+    }
 }
 
 /// The limits and prices the caller charges by.
@@ -77,6 +117,7 @@ impl ModelCaller {
         config: &EngineConfig,
         cancel: CancellationToken,
         spent: (TokenUsage, MicroUsd),
+        deltas: Arc<dyn DeltaObserver>,
     ) -> Self {
         Self {
             execution_id,
@@ -93,6 +134,7 @@ impl ModelCaller {
             usage: spent.0,
             cost: spent.1,
             trace: config.trace.clone(),
+            deltas,
         }
     }
 
@@ -199,7 +241,7 @@ impl ModelCaller {
                 tools,
                 purpose,
             };
-            let result = self.attempt(&*provider, request, turn, attempt).await?;
+            let (result, timing) = self.attempt(&*provider, request, turn, attempt).await?;
             let (outcome, usage) = match &result {
                 Ok(response) => ("ok", response.usage),
                 Err(error) => (error.kind(), TokenUsage::default()),
@@ -209,6 +251,8 @@ impl ModelCaller {
                 purpose,
                 outcome: outcome.to_owned(),
                 usage,
+                time_to_first_token_ms: timing.time_to_first_token_ms,
+                tokens_per_second: timing.tokens_per_second,
             }));
             match result {
                 Ok(response) => {
@@ -258,16 +302,17 @@ impl ModelCaller {
         }
     }
 
-    /// One attempt: the provider asked once, within the wall-clock deadline. `Err` only
-    /// when the deadline passed; the provider's own failure is the inner result. Each
-    /// attempt is one `chat` span, a deadline cut-off included (an error span).
+    /// One attempt: the provider asked once, within the wall-clock deadline, its answer
+    /// streamed to the observer. `Err` only when the deadline passed; the provider's own
+    /// failure is the inner result. Each attempt is one `chat` span, a deadline cut-off
+    /// included (an error span).
     async fn attempt(
         &self,
         provider: &dyn Provider,
         request: ModelRequest<'_>,
         turn: u32,
         attempt: u32,
-    ) -> Result<Result<ModelResponse, ProviderError>, Stop> {
+    ) -> Result<(Result<ModelResponse, ProviderError>, StreamTiming), Stop> {
         let span = telemetry::chat_span(
             telemetry::ChatInfo {
                 execution_id: self.execution_id,
@@ -280,8 +325,8 @@ impl ModelCaller {
             &self.trace,
             request.messages,
         );
-        let call = provider.complete(request).instrument(span.clone());
-        let result = match self.deadline {
+        let call = self.stream(provider, request).instrument(span.clone());
+        let (result, timing) = match self.deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline.into(), call).await {
                 Ok(result) => result,
                 Err(_) => {
@@ -305,7 +350,44 @@ impl ModelCaller {
             &result,
             self.config.pricing.cost(usage),
         );
-        Ok(result)
+        Ok((result, timing))
+    }
+
+    /// Asks `provider` for a stream and drains it: every delta to the observer as it
+    /// arrives, the terminal chunk's result back. A live stream is timed.
+    async fn stream(
+        &self,
+        provider: &dyn Provider,
+        request: ModelRequest<'_>,
+    ) -> (Result<ModelResponse, ProviderError>, StreamTiming) {
+        let purpose = request.purpose;
+        let sent = Instant::now();
+        let mut stream = provider.stream(request).await;
+        let live = stream.is_live();
+        let mut first = None;
+        let mut end = None;
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                StreamChunk::Delta(delta) => {
+                    first.get_or_insert_with(Instant::now);
+                    self.deltas.delta(self.execution_id, purpose, &delta);
+                }
+                StreamChunk::End(result) => end = Some(result),
+            }
+        }
+        let result = end.unwrap_or_else(|| {
+            Err(ProviderError::transient(
+                crate::provider::kind::TRUNCATED_STREAM,
+                "the stream ended without a terminal chunk",
+            ))
+        });
+        let timing = match &result {
+            Ok(response) if live => {
+                StreamTiming::measure(sent, first, Instant::now(), response.usage.output_tokens)
+            }
+            Ok(_) | Err(_) => StreamTiming::default(),
+        };
+        (result, timing)
     }
 }
 
@@ -314,4 +396,148 @@ fn percent(used: u64, limit: u64) -> u32 {
         return 100;
     }
     u32::try_from(u128::from(used) * 100 / u128::from(limit)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+    use nerve_core::{EventSink, TaskId, TaskStatus};
+
+    use super::*;
+    use crate::engine::{AgentEngine, EngineConfig, Task};
+    use crate::openai::ChatStreamDecoder;
+    use crate::stream::{Delta, MemorySource, ModelStream};
+    use crate::testing::{EchoTools, MemorySink};
+    use crate::tokens::{Estimate, UsageEstimate};
+
+    /// Streams one canned Chat Completions body per call, in order.
+    struct Streams(Mutex<VecDeque<&'static str>>);
+
+    #[async_trait]
+    impl Provider for Streams {
+        fn name(&self) -> &str {
+            "streams"
+        }
+        fn model(&self) -> &str {
+            "streams"
+        }
+        async fn complete(&self, _: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
+            panic!("the engine streams every call");
+        }
+        async fn stream(&self, _: ModelRequest<'_>) -> ModelStream {
+            let body = self.0.lock().unwrap().pop_front().expect("a body per call");
+            let chunks = body
+                .split_inclusive("\n\n")
+                .map(|event| Bytes::copy_from_slice(event.as_bytes()))
+                .collect();
+            let estimate = UsageEstimate {
+                input: 10,
+                counter: Arc::new(Estimate),
+            };
+            ModelStream::new(MemorySource(chunks), ChatStreamDecoder::new(estimate))
+        }
+    }
+
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<(CallPurpose, Delta)>>);
+
+    impl DeltaObserver for Seen {
+        fn delta(&self, _: ExecutionId, purpose: CallPurpose, delta: &Delta) {
+            self.0.lock().unwrap().push((purpose, delta.clone()));
+        }
+    }
+
+    const CUT: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";
+    const WHOLE: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n\
+        data: {\"choices\":[{\"delta\":{\"content\":\"lo ✓\"},\"finish_reason\":\"stop\"}]}\n\n\
+        data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3}}\n\n\
+        data: [DONE]\n\n";
+
+    #[test]
+    fn timings_need_a_delta_and_a_measurable_stream() {
+        let sent = Instant::now();
+        let first = sent + Duration::from_millis(250);
+        let end = first + Duration::from_secs(2);
+        let timing = StreamTiming::measure(sent, Some(first), end, 75);
+        assert_eq!(timing.time_to_first_token_ms, Some(250));
+        assert_eq!(timing.tokens_per_second, Some(37.5));
+        assert_eq!(
+            StreamTiming::measure(sent, None, end, 75),
+            StreamTiming::default()
+        );
+        let instant = StreamTiming::measure(sent, Some(first), first, 75);
+        assert_eq!(instant.time_to_first_token_ms, Some(250));
+        assert_eq!(instant.tokens_per_second, None);
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_mid_answer_is_retried_and_every_delta_is_seen() {
+        let sink = Arc::new(MemorySink::default());
+        let seen = Arc::new(Seen::default());
+        let mut config = EngineConfig::default();
+        config.retry.base_delay = Duration::from_millis(1);
+        let mut engine = AgentEngine::new(
+            Arc::new(Streams(Mutex::new([CUT, WHOLE].into()))),
+            Arc::new(EchoTools::default()),
+            Arc::clone(&sink) as Arc<dyn EventSink>,
+            config,
+        );
+        engine.deltas = Arc::clone(&seen) as Arc<dyn DeltaObserver>;
+        let task = Task {
+            id: TaskId::new(),
+            description: "say hello".into(),
+            metadata: serde_json::Value::Null,
+            status: TaskStatus::Created,
+            workspace: "/w".into(),
+        };
+        let result = engine
+            .run(ExecutionId::new(), task, CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(result.termination_reason, TerminationReason::Completed);
+        assert_eq!(
+            result.context.messages.last().unwrap().text_content(),
+            "Hello ✓"
+        );
+        // The cut attempt's delta was shown; the retry streamed its answer from the start.
+        let seen: Vec<_> = seen.0.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            ["Hel", "Hel", "lo ✓"]
+                .map(|t| (CallPurpose::Agent, Delta::Text(t.into())))
+                .to_vec()
+        );
+        let calls: Vec<ModelCalled> = sink
+            .events()
+            .into_iter()
+            .filter_map(|e| {
+                if let Event::ModelCalled(called) = e {
+                    Some(called)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].outcome, "truncated_stream");
+        assert_eq!(
+            calls[0].time_to_first_token_ms, None,
+            "failed calls are not timed"
+        );
+        assert_eq!(calls[1].outcome, "ok");
+        assert_eq!(calls[1].usage, TokenUsage::new(10, 3));
+        assert!(calls[1].time_to_first_token_ms.is_some(), "{:?}", calls[1]);
+        assert!(sink.kinds().contains(&"retry"));
+        // The log keeps whole messages: one assistant message, no event per delta.
+        let answers = sink
+            .events()
+            .iter()
+            .filter(|e| matches!(e, Event::MessageAppended(m) if m.message.role == nerve_core::MessageRole::Assistant))
+            .count();
+        assert_eq!(answers, 1);
+    }
 }

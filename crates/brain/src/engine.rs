@@ -168,6 +168,7 @@ impl AgentEngine {
                 &self.config,
                 cancel.clone(),
                 spent,
+                Arc::clone(&self.deltas),
             ),
             hands: Hands {
                 tools: Arc::clone(&self.tools),

@@ -60,6 +60,9 @@ pub struct OpenAiConfig {
     /// Ask for usage in streams (`stream_options.include_usage`). Turn off for a server
     /// that rejects the option; usage is then estimated.
     pub stream_usage: bool,
+    /// Stream answers (`stream: true`), so they are seen as the model writes them. Off,
+    /// every call asks for the whole answer (`[providers.openai] stream = false`).
+    pub stream: bool,
     pub http: HttpConfig,
 }
 
@@ -76,6 +79,7 @@ impl OpenAiConfig {
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: None,
             stream_usage: true,
+            stream: true,
             http: HttpConfig::default(),
         }
     }
@@ -172,6 +176,9 @@ impl Provider for OpenAiProvider {
     }
 
     async fn stream(&self, request: ModelRequest<'_>) -> ModelStream {
+        if !self.config.stream {
+            return ModelStream::from_result(self.complete(request).await);
+        }
         let estimate = self.endpoint.estimate(&request);
         let body = self.wire_request(&request, &estimate, true);
         let decoder =

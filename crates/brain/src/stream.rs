@@ -188,6 +188,14 @@ impl ModelStream {
         }
     }
 
+    /// Whether this stream reads a server's events as they arrive, rather than replaying
+    /// an answer that was already whole (the scripted provider, a server that ignored
+    /// `stream: true`, a call that failed before any event, `stream = false`). Only a
+    /// live stream's timing says anything about the model.
+    pub fn is_live(&self) -> bool {
+        matches!(self.state, State::Live(_))
+    }
+
     /// The next chunk; `None` once the terminal chunk has been returned.
     pub async fn next(&mut self) -> Option<StreamChunk> {
         loop {

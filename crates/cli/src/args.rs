@@ -98,8 +98,12 @@ pub(crate) enum Command {
         #[arg(long, value_name = "SPEC")]
         provider: Option<String>,
         /// Print one JSON object as the last line of stdout; no progress.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "jsonl")]
         json: bool,
+        /// Print one JSON object per line as things happen (events, answer deltas), the
+        /// summary last; no progress (see docs/cli.md).
+        #[arg(long)]
+        jsonl: bool,
     },
     /// Remove sandbox containers whose owning `nerve` process is provably dead.
     Reap {
@@ -245,8 +249,12 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "IMAGE")]
     pub(crate) image: Option<String>,
     /// Print one JSON object as the last line of stdout; no progress.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "jsonl")]
     pub(crate) json: bool,
+    /// Print one JSON object per line as things happen (events, answer deltas), the
+    /// summary last; no progress (see docs/cli.md).
+    #[arg(long)]
+    pub(crate) jsonl: bool,
 }
 
 #[cfg(test)]

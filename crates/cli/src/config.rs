@@ -38,7 +38,17 @@ pub(crate) struct Config {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ProvidersSection {
     #[serde(default)]
+    pub(crate) openai: OpenAiSection,
+    #[serde(default)]
     pub(crate) anthropic: AnthropicSection,
+}
+
+/// `[providers.openai]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OpenAiSection {
+    /// Stream answers (default true); `false` asks every call for the whole answer.
+    pub(crate) stream: Option<bool>,
 }
 
 /// `[providers.anthropic]`.
@@ -48,6 +58,8 @@ pub(crate) struct AnthropicSection {
     /// Cache breakpoints in requests; `false` for a gateway in front of a model that is
     /// not Claude.
     pub(crate) prompt_caching: Option<bool>,
+    /// Stream answers (default true); `false` asks every call for the whole answer.
+    pub(crate) stream: Option<bool>,
 }
 
 /// `[guardrails]`: limits and recoveries of every run (command-line flags win).
@@ -255,7 +267,7 @@ impl Config {
     }
 
     /// What the provider's client needs from the file: the model table, the window
-    /// (`--context-window` as given), the Anthropic cache setting.
+    /// (`--context-window` as given), the Anthropic cache setting, whether to stream.
     pub(crate) fn provider_settings(
         &self,
         context_window: Option<u64>,
@@ -264,6 +276,8 @@ impl Config {
             table: self.model_table()?,
             context_window,
             anthropic_prompt_caching: self.providers.anthropic.prompt_caching,
+            openai_stream: self.providers.openai.stream,
+            anthropic_stream: self.providers.anthropic.stream,
         })
     }
 

@@ -11,6 +11,7 @@ mod config;
 mod config_doc_test;
 mod html;
 mod inspect;
+mod jsonl;
 mod log;
 mod output;
 mod progress;
@@ -114,8 +115,14 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Verify { id } => inspect::verify(&db, &id).await,
         Command::Export { id } => transfer::export(&db, &id).await,
         Command::Import { file } => transfer::import(&db, &file).await,
-        Command::Resume { id, provider, json } => {
-            run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), json).await
+        Command::Resume {
+            id,
+            provider,
+            json,
+            jsonl,
+        } => {
+            let output = run::Output::from_flags(json, jsonl);
+            run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), output).await
         }
         Command::Approve { id, deny, reason } => resume::approve(&db, &id, deny, reason).await,
         Command::Reap { all, id } => reap::reap(all, id.as_deref()).await,

@@ -10,7 +10,8 @@
 //! The model table and `--context-window` give the client the model's output limit and
 //! window, so that the output limit it asks for always fits; `[providers.anthropic]
 //! prompt_caching = false` in the configuration turns cache breakpoints off (for a gateway
-//! in front of a model that is not Claude).
+//! in front of a model that is not Claude); `stream = false` under `[providers.openai]` or
+//! `[providers.anthropic]` makes that client ask for whole answers instead of streams.
 //!
 //! Before anything runs, an HTTP provider's endpoint is checked: its host must resolve and
 //! accept a TCP connection within a few seconds. Otherwise the run would start, record its
@@ -49,6 +50,10 @@ pub(crate) struct Settings {
     pub(crate) context_window: Option<u64>,
     /// `[providers.anthropic] prompt_caching`; on unless set to false.
     pub(crate) anthropic_prompt_caching: Option<bool>,
+    /// `[providers.openai] stream`; on unless set to false.
+    pub(crate) openai_stream: Option<bool>,
+    /// `[providers.anthropic] stream`; on unless set to false.
+    pub(crate) anthropic_stream: Option<bool>,
 }
 
 impl Default for Settings {
@@ -57,6 +62,8 @@ impl Default for Settings {
             table: ModelTable::builtin(),
             context_window: None,
             anthropic_prompt_caching: None,
+            openai_stream: None,
+            anthropic_stream: None,
         }
     }
 }
@@ -126,6 +133,7 @@ fn build_with(
             config.context_window = settings
                 .context_window
                 .or(info.as_ref().map(|m| m.context_window));
+            config.stream = settings.openai_stream.unwrap_or(true);
             let url = config.base_url.clone();
             let provider = OpenAiProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider openai: {e}")))?;
@@ -154,6 +162,7 @@ fn build_with(
             }
             config.context_window = settings.context_window.or(info.map(|m| m.context_window));
             config.prompt_caching = settings.anthropic_prompt_caching.unwrap_or(true);
+            config.stream = settings.anthropic_stream.unwrap_or(true);
             let url = config.base_url.clone();
             let provider = AnthropicProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider anthropic: {e}")))?;

@@ -93,7 +93,7 @@ pub(crate) async fn run(
         provider,
         engine_config,
         image: args.image.clone(),
-        json: args.json,
+        output: Output::from_flags(args.json, args.jsonl),
         execution_id: ExecutionId::new(),
         start: Start::Fresh(task),
     };
@@ -107,7 +107,7 @@ pub(crate) async fn resume(
     config_path: Option<&Path>,
     id: &str,
     provider_spec: Option<&str>,
-    json: bool,
+    output: Output,
 ) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
     let resumable = crate::resume::resumable(db, id)?;
@@ -159,11 +159,37 @@ pub(crate) async fn resume(
         provider,
         engine_config,
         image,
-        json,
+        output,
         execution_id: resumable.execution,
         start: Start::Resume(Box::new(resumable.state)),
     };
     launch.go().await
+}
+
+/// What `run` and `resume` print on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// A line of text at the end; progress on stderr.
+    Text,
+    /// `--json`: one JSON object at the end; no progress.
+    Json,
+    /// `--jsonl`: JSON lines as things happen (crate::jsonl), the summary last; no progress.
+    Jsonl,
+}
+
+impl Output {
+    pub(crate) fn from_flags(json: bool, jsonl: bool) -> Self {
+        match (json, jsonl) {
+            (_, true) => Self::Jsonl,
+            (true, false) => Self::Json,
+            (false, false) => Self::Text,
+        }
+    }
+
+    /// Whether stdout carries JSON only (no progress, no notes).
+    fn is_json(self) -> bool {
+        self != Self::Text
+    }
 }
 
 /// What differs between a fresh run and a resume.
@@ -180,7 +206,7 @@ struct Launch<'a> {
     provider: Arc<dyn Provider>,
     engine_config: EngineConfig,
     image: Option<String>,
-    json: bool,
+    output: Output,
     execution_id: ExecutionId,
     start: Start,
 }
@@ -208,7 +234,7 @@ impl Launch<'_> {
                 .await
                 .map_err(Failure::usage)?
         {
-            if !self.json {
+            if !self.output.is_json() {
                 output::error_line(&format!("building the sandbox image {image} (once)"));
             }
             let source = self
@@ -235,7 +261,7 @@ impl Launch<'_> {
                 .await
                 .map_err(Failure::usage)?,
         );
-        let json = self.json;
+        let mode = self.output;
         let execution_id = self.execution_id;
         let outcome = self.in_sandbox(redactor, &sandbox, proxy).await;
         if let Err(error) = sandbox.remove().await {
@@ -249,7 +275,7 @@ impl Launch<'_> {
         {
             tracing::warn!(%error, "could not remove the sandbox's home directory");
         }
-        report(&result, json);
+        report(&result, mode);
         Ok(
             if result.termination_reason == nerve_core::TerminationReason::Completed {
                 0
@@ -282,10 +308,15 @@ impl Launch<'_> {
             .unwrap_or_default();
         let progress = Arc::new(ProgressSink::new(
             Arc::clone(&log),
-            Mode::detect(self.json),
+            Mode::detect(self.output.is_json()),
             context_window,
         ));
-        let sink: Arc<dyn EventSink> = Arc::clone(&progress) as Arc<dyn EventSink>;
+        let mut sink: Arc<dyn EventSink> = Arc::clone(&progress) as Arc<dyn EventSink>;
+        let jsonl = (self.output == Output::Jsonl)
+            .then(|| Arc::new(crate::jsonl::Jsonl::new(Arc::clone(&redactor))));
+        if let Some(jsonl) = &jsonl {
+            sink = Arc::new(crate::jsonl::JsonlSink::new(Arc::clone(jsonl), sink));
+        }
         // Serves until it is dropped at the end of this function, after the engine is done.
         let proxy = proxy
             .serve(Arc::clone(&sink), self.execution_id)
@@ -315,7 +346,10 @@ impl Launch<'_> {
         );
         // Compaction archives into the log, so `recall` survives a crash and a resume.
         engine.archive = Arc::clone(&log) as Arc<dyn nerve_core::ContextArchive>;
-        if !self.json {
+        if let Some(jsonl) = jsonl {
+            engine.deltas = jsonl;
+        }
+        if !self.output.is_json() {
             output::error_line(&format!("execution {}", self.execution_id));
         }
         let cancel = CancellationToken::new();
@@ -423,10 +457,10 @@ fn describe_io(error: &std::io::Error) -> String {
     }
 }
 
-fn report(result: &ExecutionResult, json: bool) {
+fn report(result: &ExecutionResult, mode: Output) {
     let ctx = &result.context;
-    if json {
-        output::json(&serde_json::json!({
+    if mode.is_json() {
+        let summary = serde_json::json!({
             "execution_id": ctx.execution_id.to_string(),
             "termination_reason": result.termination_reason,
             "task_status": ctx.task_status,
@@ -436,7 +470,11 @@ fn report(result: &ExecutionResult, json: bool) {
             "cost_usd": ctx.cost.as_usd(),
             "compactions": ctx.compactions,
             "error": result.error,
-        }));
+        });
+        output::json(&match mode {
+            Output::Jsonl => crate::jsonl::summary_line(&summary),
+            Output::Json | Output::Text => summary,
+        });
     } else {
         output::line(&format!(
             "{}: {} after {} turns ({} in / {} out tokens, {}), task {}{}",

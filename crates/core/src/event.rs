@@ -73,13 +73,22 @@ pub struct ToolCallFinished {
 }
 
 /// One model call answered (or failed); lets a resumed scripted run continue where it left off.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelCalled {
     pub turn: u32,
     pub purpose: CallPurpose,
     /// `ok`, or the error kind (`rate_limited`, `context_overflow`, ...).
     pub outcome: String,
     pub usage: TokenUsage,
+    /// Milliseconds from sending the request to the first streamed delta. Only on calls
+    /// answered over a live stream (absent on older logs, whole answers and the scripted
+    /// provider).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_to_first_token_ms: Option<u64>,
+    /// Output tokens per second from the first delta to the end of the stream, to one
+    /// decimal. Only on answered streamed calls whose stream took measurable time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
 }
 
 /// A turn ended: one model call and the tool calls it asked for.

@@ -137,6 +137,8 @@ fn events() {
             purpose: CallPurpose::Agent,
             outcome: "ok".into(),
             usage,
+            time_to_first_token_ms: Some(412),
+            tokens_per_second: Some(38.5),
         }),
         Event::ToolCallStarted(ToolCallStarted {
             turn: 1,
@@ -253,4 +255,21 @@ fn events() {
         assert_eq!(&back, event);
     }
     insta::assert_json_snapshot!("events", events);
+}
+
+/// `model_called` without stream timings (older logs, whole answers, the scripted
+/// provider) reads back and writes out without the fields.
+#[test]
+fn model_called_without_stream_timings() {
+    let old = json!({"kind": "model_called", "turn": 2, "purpose": "agent", "outcome": "timeout",
+        "usage": {"input_tokens": 0, "output_tokens": 0}});
+    let event: Event = serde_json::from_value(old.clone()).unwrap();
+    let Event::ModelCalled(called) = &event else {
+        panic!("{event:?}");
+    };
+    assert_eq!(called.time_to_first_token_ms, None);
+    assert_eq!(called.tokens_per_second, None);
+    let back = serde_json::to_value(&event).unwrap();
+    assert!(back.get("time_to_first_token_ms").is_none(), "{back}");
+    assert!(back.get("tokens_per_second").is_none(), "{back}");
 }

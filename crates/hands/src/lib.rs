@@ -12,6 +12,7 @@
 mod account;
 pub mod checkpoint;
 mod control;
+pub mod debian;
 mod executor;
 mod image;
 #[cfg(feature = "kill-points")]
@@ -24,6 +25,7 @@ mod sandbox;
 mod tools;
 
 pub use account::discard as discard_sandbox_home;
+pub use debian::{BuildWork, DebianBuild, DebianImage, ensure_debian_image};
 pub use executor::Transport;
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
 pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};

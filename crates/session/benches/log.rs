@@ -123,6 +123,8 @@ fn turn_events(turn: u32, index: u32) -> Vec<Event> {
             purpose: CallPurpose::Agent,
             outcome: "ok".into(),
             usage: TokenUsage::new(12_000, 180),
+            time_to_first_token_ms: None,
+            tokens_per_second: None,
         }),
         Event::MessageAppended(MessageAppended {
             index,

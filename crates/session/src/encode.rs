@@ -205,11 +205,12 @@ pub(crate) fn sha256_hex(text: &str) -> String {
     hex::encode(digest(&SHA256, text.as_bytes()))
 }
 
-/// `value` as JSON with every secret replaced. Most payloads hold none, so the whole text is
+/// `value` as JSON with every secret replaced, exactly as the log stores it (also what
+/// `nerve run --jsonl` prints). Most payloads hold none, so the whole text is
 /// scanned once and re-encoded string by string only when something matched: replacing in
 /// the JSON text directly could cut through a closing quote (a truncated private key runs
 /// to the end of the text) and corrupt the document.
-pub(crate) fn redacted_json<T: serde::Serialize + ?Sized>(
+pub fn redacted_json<T: serde::Serialize + ?Sized>(
     value: &T,
     redactor: &Redactor,
 ) -> Result<String, serde_json::Error> {

@@ -22,6 +22,7 @@ mod writer;
 
 pub use archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
 pub use chain::{ChainError, GENESIS_HASH, verify_events};
+pub use encode::redacted_json;
 pub use event_store::EventStore;
 pub use pg::{PgStore, is_postgres_url};
 pub use pg_queue::{Claim, QueueEntry};

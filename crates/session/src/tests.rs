@@ -64,6 +64,8 @@ fn model_called(n: u32) -> Event {
         purpose: CallPurpose::Agent,
         outcome: "ok".into(),
         usage: TokenUsage::new(100, 10),
+        time_to_first_token_ms: None,
+        tokens_per_second: None,
     })
 }
 

@@ -68,6 +68,8 @@ fn turn_events(turn: u32) -> Vec<Event> {
             purpose: nerve_core::event::CallPurpose::Agent,
             outcome: "ok".into(),
             usage: TokenUsage::new(1000, 50),
+            time_to_first_token_ms: None,
+            tokens_per_second: None,
         }),
         Event::ToolCallStarted(ToolCallStarted {
             turn,
