@@ -5,7 +5,10 @@
 //! lock, and a build beside them does not change what they run), in its package's
 //! directory as `cargo test` would. At the end of each target a line gives its
 //! passes, the cases run, the wall time and the CPU time its passes got (on a loaded
-//! machine the CPU share is what says how much fuzzing was done).
+//! machine the CPU share is what says how much fuzzing was done). The pass running when the
+//! time is up is stopped and its cases are not counted; a hang is judged by CPU time (a
+//! pass that computes for half an hour), not by wall time, which a niced pass on a loaded
+//! machine spends mostly waiting.
 //!
 //! Proptest keeps every failing case in the package's `proptest-regressions/` (or next to
 //! an integration test), where every later run (and `cargo test`) replays it first: commit
@@ -79,9 +82,13 @@ const TARGETS: &[Target] = &[
 /// enough that the time budget is kept within a pass.
 const CASES_PER_PASS: u32 = 2000;
 
-/// A pass that takes longer than this is a hang (a pass takes seconds to a few minutes on
-/// a loaded machine).
-const HANG: Duration = Duration::from_secs(1800);
+/// A pass that used more CPU time than this is a hang (a pass takes seconds to a few
+/// minutes of CPU). CPU time, not wall time: on a loaded machine a niced pass may wait for
+/// the CPU far longer than it computes.
+const HANG_CPU: Duration = Duration::from_secs(1800);
+
+/// A pass that ran this long without its CPU time growing is stuck (a deadlock).
+const STUCK: Duration = Duration::from_secs(3600);
 
 pub(crate) fn fuzz(args: &[String]) -> Result<()> {
     let mut minutes = 1.0_f64;
@@ -116,16 +123,32 @@ pub(crate) fn fuzz(args: &[String]) -> Result<()> {
         // Built once, outside the time budget.
         let (binary, dir) = build(target)?;
         let started = Instant::now();
+        let deadline = started + budget;
         let mut passes = 0u32;
         let mut cpu = Duration::ZERO;
-        while started.elapsed() < budget {
-            cpu += pass(target, &binary, &dir)?;
-            passes += 1;
+        let mut cut = None;
+        while Instant::now() < deadline {
+            match pass(target, &binary, &dir, deadline)? {
+                Pass::Done(used) => {
+                    cpu += used;
+                    passes += 1;
+                }
+                Pass::Cut(used) => {
+                    cpu += used;
+                    cut = Some(used);
+                }
+            }
         }
         let wall = started.elapsed();
+        let unfinished = cut.map_or_else(String::new, |used| {
+            format!(
+                " (a pass cut off by the time limit after {:.0} s of CPU, its cases not counted)",
+                used.as_secs_f64()
+            )
+        });
         eprintln!(
-            "fuzz {}: {passes} passes, {} cases ({} properties x {CASES_PER_PASS} per pass), no failure; \
-             {:.1} min wall, {:.1} min CPU ({:.0}% of one core)",
+            "fuzz {}: {passes} passes, {} cases ({} properties x {CASES_PER_PASS} per pass), no failure{unfinished}; \
+             {:.1} min wall, {:.1} min CPU ({:.1}% of one core)",
             target.short,
             u64::from(passes) * u64::from(target.properties) * u64::from(CASES_PER_PASS),
             target.properties,
@@ -135,6 +158,14 @@ pub(crate) fn fuzz(args: &[String]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// How a pass ended.
+enum Pass {
+    /// Every case ran, none failed; the CPU time it used.
+    Done(Duration),
+    /// The time was up first: stopped, its CPU time so far.
+    Cut(Duration),
 }
 
 /// Builds a target's test binary; returns it and its package's directory.
@@ -192,8 +223,8 @@ fn build(target: &Target) -> Result<(PathBuf, PathBuf)> {
     bail!("`{}` named no test binary", describe(&command))
 }
 
-/// One pass of a target with a fresh seed; returns the CPU time it used.
-fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf) -> Result<Duration> {
+/// One pass of a target with a fresh seed, stopped at `deadline`.
+fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf, deadline: Instant) -> Result<Pass> {
     let mut command = Command::new(binary);
     command
         .current_dir(dir)
@@ -203,11 +234,11 @@ fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf) -> Result<Duration> {
     if !target.filter.is_empty() {
         command.arg(target.filter);
     }
-    let before = children_cpu()?;
     let mut child = command
         .spawn()
         .with_context(|| format!("cannot run {}", describe(&command)))?;
-    let started = Instant::now();
+    let mut used = Duration::ZERO;
+    let mut progressed = Instant::now();
     loop {
         if let Some(status) = child.try_wait()? {
             if !status.success() {
@@ -216,35 +247,60 @@ fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf) -> Result<Duration> {
                     describe(&command)
                 );
             }
-            return Ok(children_cpu()?.saturating_sub(before));
+            return Ok(Pass::Done(used));
         }
-        if started.elapsed() > HANG {
+        // The running pass's own CPU time (its threads included).
+        if let Ok(now) = process_cpu(&format!("/proc/{}/stat", child.id()), 11) {
+            if now > used {
+                progressed = Instant::now();
+            }
+            used = used.max(now);
+        }
+        let stop = |child: &mut std::process::Child| {
             let _ = child.kill();
+            let _ = child.wait();
+        };
+        if used > HANG_CPU {
+            stop(&mut child);
             bail!(
-                "`{}` hung: no result after {} s",
+                "`{}` hung: {} s of CPU without a result",
                 describe(&command),
-                HANG.as_secs()
+                used.as_secs()
             );
+        }
+        if progressed.elapsed() > STUCK {
+            stop(&mut child);
+            bail!(
+                "`{}` is stuck: no CPU used for {} s",
+                describe(&command),
+                STUCK.as_secs()
+            );
+        }
+        if Instant::now() >= deadline {
+            stop(&mut child);
+            return Ok(Pass::Cut(used));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
 
-/// User and system CPU time of the children this process waited for (`cutime` and
-/// `cstime` of /proc/self/stat, in the kernel's USER_HZ, 100 on Linux).
-fn children_cpu() -> Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").context("cannot read /proc/self/stat")?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
+/// User and system CPU time from a `/proc/PID/stat` file: the fields at `index` and
+/// `index + 1`, counting from the one after the command name (`state` is 0: `utime` and
+/// `stime` are 11 and 12), in the kernel's USER_HZ, 100 on Linux.
+fn process_cpu(path: &str, index: usize) -> Result<Duration> {
+    let stat = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+    // The command name is in parentheses and may hold spaces.
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest.split_whitespace().collect())
         .unwrap_or_default();
-    // cutime and cstime are fields 16 and 17 of the line: 13 and 14 counting from `state`.
     let ticks = |index: usize| -> Result<u64> {
         fields
             .get(index)
             .and_then(|f| f.parse().ok())
-            .context("an unexpected /proc/self/stat")
+            .with_context(|| format!("an unexpected {path}"))
     };
-    Ok(Duration::from_millis((ticks(13)? + ticks(14)?) * 10))
+    Ok(Duration::from_millis(
+        (ticks(index)? + ticks(index + 1)?) * 10,
+    ))
 }
