@@ -12,9 +12,9 @@
 //! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
 //!   `~/.cache/nerve/` when missing, and print where it is
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
-//!   stream, sandbox, proxy, e2e, fleet)
+//!   stream, sandbox, proxy, checkpoint, e2e, fleet, mcp)
 //! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
-//!   of: session, brain, executor)
+//!   of: session, brain, executor, glob, proxy, config)
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -367,6 +367,7 @@ fn bench(area: Option<&str>) -> Result<()> {
             ("nerve-brain", None),
             ("nerve-hands", Some("sandbox")),
             ("nerve-hands", Some("proxy")),
+            ("nerve-hands", Some("checkpoint")),
         ],
         Some("core") => vec![("nerve-core", None)],
         Some("session") => vec![("nerve-session", None)],
@@ -385,6 +386,8 @@ fn bench(area: Option<&str>) -> Result<()> {
         // The proxy benchmark needs neither Docker nor the image: in-process upstream,
         // proxy and relay on the loopback.
         Some("proxy") => vec![("nerve-hands", Some("proxy"))],
+        // Workspace snapshots against `git add -A && git write-tree` (issue 19).
+        Some("checkpoint") => vec![("nerve-hands", Some("checkpoint"))],
         Some(other) => bail!("unknown bench area `{other}`\n{USAGE}"),
     };
     for (package, target) in selected {

@@ -289,8 +289,11 @@ impl AgentEngine {
 
     /// Continues an execution from its log: records the resume, settles the calls of the
     /// interrupted turn (in-doubt calls are told to the model, never re-run; decided
-    /// approvals are carried out), then runs the ReAct loop to the end. A resumed plan loop
-    /// continues as ReAct: its plan and progress are in the conversation.
+    /// approvals are carried out), then runs the loop to the end. A plan loop
+    /// (`config.loop_type` is the loop the execution started with) is rebuilt from the
+    /// conversation and goes on at the step, turn or planning call where it stopped; when
+    /// its conversation is not one the plan loop wrote (its plan compacted away), it
+    /// continues as ReAct with the plan in the conversation.
     pub async fn resume(
         &self,
         execution_id: ExecutionId,
@@ -302,10 +305,18 @@ impl AgentEngine {
                 "the log holds no conversation".into(),
             ));
         }
+        let plan = plan_mode(self.config.loop_type, &self.config).and_then(|mode| {
+            plan::rebuild(&state.messages, mode, self.config.max_replans).map(|r| (mode, r))
+        });
+        let loop_type = if plan.is_some() {
+            self.config.loop_type
+        } else {
+            LoopType::React
+        };
         let progress = Progress {
             task_id: state.task_id,
             task_status: state.task_status,
-            loop_type: LoopType::React,
+            loop_type,
             // Turn records before the resume are in the log; keep the count contiguous.
             turns: prior_turns(state.turns),
             checkpoints: 0,
@@ -323,7 +334,7 @@ impl AgentEngine {
             spent,
             cancel,
         );
-        Ok(execute(run, Begin::Resumed(&state)).await)
+        Ok(execute(run, Begin::Resumed(&state, plan)).await)
     }
 }
 
@@ -396,7 +407,8 @@ enum Begin<'a> {
         engine: &'a AgentEngine,
         task: &'a Task,
     },
-    Resumed(&'a ResumeState),
+    /// With the plan loop rebuilt from the conversation, when it was one.
+    Resumed(&'a ResumeState, Option<(PlanMode, plan::Resumed)>),
     FollowUp(&'a ResumeState, &'a FollowUp),
 }
 
@@ -412,7 +424,7 @@ async fn execute(run: Run, begin: Begin<'_>) -> ExecutionResult {
         loop_type: run.progress.loop_type,
         resume_attempt: match &begin {
             Begin::Fresh { .. } => None,
-            Begin::Resumed(state) => Some(state.attempt),
+            Begin::Resumed(state, _) => Some(state.attempt),
             Begin::FollowUp(state, follow_up) => follow_up.recover.then_some(state.attempt),
         },
     });
@@ -432,8 +444,12 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
             },
             Err(stop) => stop,
         },
-        Begin::Resumed(state) => match resume_start(&mut run, state).await {
-            Ok(()) => react::run(&mut run).await,
+        Begin::Resumed(state, mut plan) => match resume_start(&mut run, state, plan.as_mut()).await
+        {
+            Ok(()) => match plan {
+                Some((mode, resumed)) => plan::resume(&mut run, mode, resumed).await,
+                None => react::run(&mut run).await,
+            },
             Err(stop) => stop,
         },
         Begin::FollowUp(state, follow_up) => {
@@ -464,7 +480,11 @@ fn trace_end(span: &tracing::Span, config: &TraceConfig, result: &ExecutionResul
     );
 }
 
-async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
+async fn resume_start(
+    run: &mut Run,
+    state: &ResumeState,
+    plan: Option<&mut (PlanMode, plan::Resumed)>,
+) -> Result<(), Stop> {
     run.journal.record(Event::Resumed(Resumed {
         attempt: state.attempt,
         from_checkpoint_seq: state.from_checkpoint_seq,
@@ -475,6 +495,9 @@ async fn resume_start(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
         run.transition(TaskStatus::InProgress)?;
     }
     run.journal.flush().await?;
+    if let Some((mode, resumed)) = plan {
+        resumed.answer_pending(run, *mode);
+    }
     turn::settle(
         run,
         Interrupted {
@@ -496,7 +519,7 @@ async fn follow_up_start(
     follow_up: &FollowUp,
 ) -> Result<(), Stop> {
     if follow_up.recover {
-        resume_start(run, state).await?;
+        resume_start(run, state, None).await?;
     } else if run.progress.task_status != TaskStatus::InProgress {
         run.transition(TaskStatus::InProgress)?;
     }
@@ -509,24 +532,26 @@ async fn follow_up_start(
 }
 
 async fn drive(run: &mut Run) -> Stop {
-    match run.progress.loop_type {
-        LoopType::React | LoopType::Auto => react::run(run).await,
-        LoopType::PlanExecute => {
-            let mode = PlanMode {
-                max_steps: run.config.plan_max_steps,
-                step_turns: None,
-                checkpoints: false,
-            };
-            plan::run(run, mode).await
-        }
-        LoopType::Hybrid => {
-            let mode = PlanMode {
-                max_steps: run.config.hybrid_max_steps,
-                step_turns: Some(run.config.hybrid_step_turns),
-                checkpoints: true,
-            };
-            plan::run(run, mode).await
-        }
+    match plan_mode(run.progress.loop_type, &run.config) {
+        Some(mode) => plan::run(run, mode).await,
+        None => react::run(run).await,
+    }
+}
+
+/// How a plan loop of `loop_type` behaves; `None` for the ReAct loop.
+fn plan_mode(loop_type: LoopType, config: &EngineConfig) -> Option<PlanMode> {
+    match loop_type {
+        LoopType::React | LoopType::Auto => None,
+        LoopType::PlanExecute => Some(PlanMode {
+            max_steps: config.plan_max_steps,
+            step_turns: None,
+            checkpoints: false,
+        }),
+        LoopType::Hybrid => Some(PlanMode {
+            max_steps: config.hybrid_max_steps,
+            step_turns: Some(config.hybrid_step_turns),
+            checkpoints: true,
+        }),
     }
 }
 

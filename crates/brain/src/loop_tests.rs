@@ -507,18 +507,8 @@ async fn resume_tells_the_model_about_in_doubt_calls_instead_of_rerunning_them()
         EngineConfig::default(),
     );
     let state = ResumeState {
-        task_id: first.result.context.task_id,
-        messages,
-        turns: 0,
-        usage: nerve_core::TokenUsage::default(),
-        cost: nerve_core::MicroUsd::ZERO,
-        task_status: TaskStatus::InProgress,
-        pending_turn_usage: nerve_core::TokenUsage::default(),
         in_doubt: vec![call.id.clone()],
-        approvals: Vec::new(),
-        attempt: 1,
-        from_checkpoint_seq: None,
-        finished_in_incomplete_turn: Vec::new(),
+        ..first_resume(first.result.context.task_id, messages)
     };
     let resumed = engine
         .resume(ExecutionId::new(), state, CancellationToken::new())
@@ -736,18 +726,8 @@ async fn resume_records_a_turn_whose_calls_finished_but_whose_record_was_lost() 
         EngineConfig::default(),
     );
     let state = ResumeState {
-        task_id: first.result.context.task_id,
-        messages,
-        turns: 0,
-        usage: nerve_core::TokenUsage::default(),
-        cost: nerve_core::MicroUsd::ZERO,
-        task_status: TaskStatus::InProgress,
-        pending_turn_usage: nerve_core::TokenUsage::default(),
-        in_doubt: Vec::new(),
-        approvals: Vec::new(),
-        attempt: 1,
-        from_checkpoint_seq: None,
         finished_in_incomplete_turn: vec![call],
+        ..first_resume(first.result.context.task_id, messages)
     };
     let resumed = engine
         .resume(ExecutionId::new(), state, CancellationToken::new())
@@ -1049,6 +1029,24 @@ fn state_after(
     }
 }
 
+/// The first resume of an in-progress task from `messages`, nothing in doubt or decided.
+fn first_resume(task_id: TaskId, messages: Vec<nerve_core::Message>) -> ResumeState {
+    ResumeState {
+        task_id,
+        messages,
+        turns: 0,
+        usage: nerve_core::TokenUsage::default(),
+        cost: nerve_core::MicroUsd::ZERO,
+        task_status: TaskStatus::InProgress,
+        pending_turn_usage: nerve_core::TokenUsage::default(),
+        in_doubt: Vec::new(),
+        approvals: Vec::new(),
+        attempt: 1,
+        from_checkpoint_seq: None,
+        finished_in_incomplete_turn: Vec::new(),
+    }
+}
+
 fn message(text: &str, recover: bool) -> crate::engine::FollowUp {
     crate::engine::FollowUp {
         message: text.into(),
@@ -1056,4 +1054,182 @@ fn message(text: &str, recover: bool) -> crate::engine::FollowUp {
         recover,
         compact: false,
     }
+}
+/// Whether the assistant message at `index` answers a planning instruction (a plan, a
+/// replan or a hybrid checkpoint): it follows one directly.
+fn answers_planning(messages: &[nerve_core::Message], index: usize) -> bool {
+    index.checked_sub(1).is_some_and(|before| {
+        let text = messages[before].text_content();
+        messages[before].role == MessageRole::User
+            && (text.starts_with("[Nerve] Before acting")
+                || text.starts_with("[Nerve] Checkpoint:")
+                || (text.starts_with("[Nerve] Step ") && text.contains(" failed: ")))
+    })
+}
+
+/// The state `nerve resume` builds from a log cut after `cut` messages of `full`: the
+/// turns whose calls all have results are complete (their record commits with the last
+/// result), a turn with results missing is the interrupted one.
+fn cut_state(full: &ExecutionResult, cut: usize) -> (ResumeState, usize, usize) {
+    let messages = &full.context.messages[..cut];
+    let answered: Vec<&nerve_core::ToolCallId> = messages
+        .iter()
+        .flat_map(|m| &m.parts)
+        .filter_map(|part| match part {
+            nerve_core::MessagePart::ToolResult(r) => Some(&r.call_id),
+            nerve_core::MessagePart::Text { .. }
+            | nerve_core::MessagePart::ToolCall(_)
+            | nerve_core::MessagePart::Thinking { .. }
+            | nerve_core::MessagePart::CompactionSummary { .. } => None,
+        })
+        .collect();
+    let (mut plan_calls, mut agent_calls, mut turns) = (0, 0, 0);
+    let mut finished = Vec::new();
+    for (index, message) in messages.iter().enumerate() {
+        if message.role != MessageRole::Assistant {
+            continue;
+        }
+        if answers_planning(messages, index) {
+            plan_calls += 1;
+            continue;
+        }
+        agent_calls += 1;
+        let calls: Vec<nerve_core::ToolCall> = message.tool_calls().cloned().collect();
+        if calls.iter().all(|c| answered.contains(&&c.id)) {
+            turns += 1;
+        } else {
+            finished = calls
+                .into_iter()
+                .filter(|c| answered.contains(&&c.id))
+                .collect();
+        }
+    }
+    let state = ResumeState {
+        turns,
+        finished_in_incomplete_turn: finished,
+        ..first_resume(full.context.task_id, messages.to_vec())
+    };
+    (state, plan_calls, agent_calls)
+}
+
+/// Cuts the uninterrupted run of `cassette` after every message of its plan loop, resumes
+/// each cut, and checks that the resumed run ends with the uninterrupted run's
+/// conversation, turns and model calls: the plan loop goes on where it stopped.
+async fn check_plan_resumes_at_every_message(loop_type: LoopType, cassette: &[String]) {
+    let cassette = &lines(cassette);
+    let config = EngineConfig {
+        loop_type,
+        ..EngineConfig::default()
+    };
+    let full = run(cassette, config.clone(), EchoTools::default()).await;
+    assert_eq!(
+        full.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        full.result.error
+    );
+    let messages = &full.result.context.messages;
+    // From the task alone (the loop had not asked for its plan) to the last message.
+    let task = messages
+        .iter()
+        .position(|m| m.role == MessageRole::User)
+        .unwrap();
+    for cut in task + 1..messages.len() {
+        let (state, plan_calls, agent_calls) = cut_state(&full.result, cut);
+        let provider = ScriptedProvider::parse("test", cassette).unwrap();
+        provider.skip(CallPurpose::Plan, plan_calls);
+        provider.skip(CallPurpose::Agent, agent_calls);
+        let engine = AgentEngine::new(
+            Arc::new(provider),
+            Arc::new(EchoTools::default()),
+            Arc::new(MemorySink::default()) as Arc<dyn EventSink>,
+            config.clone(),
+        );
+        let resumed = engine
+            .resume(ExecutionId::new(), state, CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            resumed.termination_reason,
+            TerminationReason::Completed,
+            "cut after {cut} messages: {:?}",
+            resumed.error
+        );
+        let texts = |ms: &[nerve_core::Message]| -> Vec<String> {
+            ms.iter()
+                .map(|m| format!("{:?}: {}", m.role, m.text_content()))
+                .collect()
+        };
+        assert_eq!(
+            texts(&resumed.context.messages),
+            texts(messages),
+            "cut after {cut} messages"
+        );
+        assert_eq!(
+            resumed.context.messages, *messages,
+            "cut after {cut} messages"
+        );
+        assert_eq!(
+            resumed.context.turn_count(),
+            full.result.context.turn_count(),
+            "cut after {cut} messages"
+        );
+        assert_eq!(resumed.context.loop_type, config.loop_type, "cut {cut}");
+    }
+}
+
+#[tokio::test]
+async fn a_resumed_plan_loop_continues_its_plan_from_any_message() {
+    let plan_execute = [
+        plan(&["inspect", "fix", "report"]),
+        tool("ls"),
+        text("inspected"),
+        r#"{"tool_calls":[{"name":"shell","arguments":{"command":"a"}},{"name":"shell","arguments":{"command":"b"}}]}"#.into(),
+        text("STEP FAILED: the file is missing"),
+        plan(&["create the file", "report"]),
+        tool("touch f"),
+        text("created"),
+        text("reported"),
+    ];
+    check_plan_resumes_at_every_message(LoopType::PlanExecute, &plan_execute).await;
+    let hybrid = [
+        plan(&["a", "b"]),
+        tool("ls"),
+        text("a done"),
+        plan(&["b2", "b3"]),
+        text("b2 done"),
+        r#"{"call":"plan","text":"on track"}"#.into(),
+        tool("cat x"),
+        text("b3 done"),
+        r#"{"call":"plan","text":"all done"}"#.into(),
+    ];
+    check_plan_resumes_at_every_message(LoopType::Hybrid, &hybrid).await;
+}
+
+#[tokio::test]
+async fn a_plan_whose_conversation_was_not_written_by_the_loop_resumes_as_react() {
+    let cassette = lines(&[text("done")]);
+    let config = EngineConfig {
+        loop_type: LoopType::PlanExecute,
+        ..EngineConfig::default()
+    };
+    let engine = AgentEngine::new(
+        Arc::new(ScriptedProvider::parse("test", &cassette).unwrap()),
+        Arc::new(EchoTools::default()),
+        Arc::new(MemorySink::default()) as Arc<dyn EventSink>,
+        config,
+    );
+    // An answer, and no planning instruction before it (a conversation compacted, say).
+    let messages = vec![
+        nerve_core::Message::system("s"),
+        nerve_core::Message::user("do it"),
+        nerve_core::Message::text(MessageRole::Assistant, "looking"),
+    ];
+    let state = first_resume(TaskId::new(), messages);
+    let resumed = engine
+        .resume(ExecutionId::new(), state, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(resumed.termination_reason, TerminationReason::Completed);
+    assert_eq!(resumed.context.loop_type, LoopType::React);
 }

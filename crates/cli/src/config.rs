@@ -596,6 +596,10 @@ fn read_secret(
 }
 
 #[cfg(test)]
+#[path = "config_fuzz.rs"]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use proptest::prelude::*;
     use secrecy::ExposeSecret;

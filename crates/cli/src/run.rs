@@ -210,7 +210,9 @@ pub(crate) fn recorded_engine_config(
     let recorded = &started.config;
     let number = |key: &str| recorded.get(key).and_then(serde_json::Value::as_u64);
     Ok(EngineConfig {
-        loop_type: LoopType::React,
+        // The loop the execution ran: a resumed plan loop is rebuilt from the conversation
+        // (a follow-up names its own loop).
+        loop_type: started.loop_type,
         max_turns: started.max_turns,
         timeout: number("timeout_secs").map(Duration::from_secs),
         budget_tokens: number("budget_tokens"),

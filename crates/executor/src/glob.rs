@@ -320,6 +320,10 @@ fn matches(tokens: &[Token], text: &[char]) -> bool {
 }
 
 #[cfg(test)]
+#[path = "glob_fuzz.rs"]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

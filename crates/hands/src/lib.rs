@@ -12,6 +12,7 @@
 mod account;
 pub mod build;
 pub mod caches;
+pub mod checkpoint;
 mod control;
 pub mod debian;
 pub mod devcontainer;
@@ -107,6 +108,11 @@ pub enum HandsError {
     /// every container operation; the sandbox should be considered lost.
     #[error("docker: {0}")]
     Docker(#[from] bollard::errors::Error),
+    /// A workspace snapshot, diff or restore failed (git missing or failing, a store that
+    /// cannot be written, a hash that is not one). Returned by [`checkpoint::Checkpoints`];
+    /// the workspace is as it was unless the error came from a restore.
+    #[error("workspace checkpoint: {0}")]
+    Checkpoint(String),
 }
 
 /// What to do about a missing image: the default one is built here; any other is the
