@@ -409,8 +409,9 @@ fn bench(area: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// Debian's static busybox (for the sandbox image), Debian's chromium (for the HTML page
-/// test) and a running Docker engine. Installed
+/// Debian's static busybox (for the sandbox image), debootstrap (for the Python image), tmux
+/// (for the terminal tests), Debian's chromium (for the HTML page test) and a running Docker
+/// engine. Installed
 /// or started when missing and we are root; otherwise a clear explanation.
 fn ensure_prerequisites() -> Result<()> {
     let is_root = is_root();
@@ -441,6 +442,17 @@ fn ensure_prerequisites() -> Result<()> {
             );
         }
         apt_install(&["debootstrap"])?;
+    }
+    // The terminal tests (the live transcript, `nerve chat`) drive `nerve` in tmux.
+    let tmux_ok = Command::new("sh")
+        .args(["-c", "command -v tmux"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !tmux_ok {
+        if !is_root {
+            bail!("the terminal tests need tmux: sudo apt-get install tmux");
+        }
+        apt_install(&["tmux"])?;
     }
     // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium.
     let chromium_ok = Command::new("sh")
