@@ -140,9 +140,15 @@ impl ProxyListener {
     }
 }
 
+/// How old a proxy's directory must be before it may be judged dead: a proxy that has bound
+/// its socket but not yet listened on it (or whose process is descheduled in between on a
+/// loaded machine) refuses connections too.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Removes the directories of proxies whose process died without cleaning up (a `nerve`
 /// killed with SIGKILL): their socket exists but nobody listens on it. A directory whose
-/// socket is missing may be one being created right now, and is left alone.
+/// socket is missing, or that changed within [`STALE_AFTER`], may be one being set up right
+/// now, and is left alone.
 fn remove_stale_dirs(temp: &Path) {
     let Ok(entries) = std::fs::read_dir(temp) else {
         return;
@@ -153,6 +159,13 @@ fn remove_stale_dirs(temp: &Path) {
             .to_string_lossy()
             .starts_with("nerve-proxy-")
         {
+            continue;
+        }
+        let recent = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|modified| modified.elapsed().map_or(true, |age| age < STALE_AFTER));
+        if recent {
             continue;
         }
         let socket = entry.path().join(PROXY_SOCKET_NAME);
@@ -227,8 +240,15 @@ mod tests {
         let starting = make("nerve-proxy-starting");
         let other = make("something-else");
         drop(std::os::unix::net::UnixListener::bind(other.join(PROXY_SOCKET_NAME)).unwrap());
+        // A dead proxy's directory made just now: maybe a proxy between bind and listen.
+        let young = make("nerve-proxy-young");
+        drop(std::os::unix::net::UnixListener::bind(young.join(PROXY_SOCKET_NAME)).unwrap());
+        let old = std::time::SystemTime::now() - 2 * STALE_AFTER;
+        for dir in [&dead, &live, &starting, &other] {
+            std::fs::File::open(dir).unwrap().set_modified(old).unwrap();
+        }
         remove_stale_dirs(temp.path());
         assert!(!dead.exists());
-        assert!(live.exists() && starting.exists() && other.exists());
+        assert!(live.exists() && starting.exists() && other.exists() && young.exists());
     }
 }
