@@ -152,7 +152,7 @@ const CHAT_CASSETTE: &str = r#"{"text": "Let me look.", "tool_calls": [{"name": 
 {"text": "First answer."}
 {"text": "Touching.", "tool_calls": [{"name": "shell", "arguments": {"command": "touch approved.txt"}}]}
 {"text": "Second answer."}
-{"text": "Sleeping.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 8 && echo slept"}}]}
+{"text": "Sleeping.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 20 && echo slept"}}]}
 {"text": "Third answer."}
 {"text": "Reopened answer."}
 "#;
@@ -272,9 +272,10 @@ fn chat_in_a_terminal_is_one_execution_that_replays_complete() {
     assert!(screen.contains("· approved by the user"), "{screen}");
     assert!(s.workspace.join("approved.txt").exists());
 
-    // Ctrl-C while the tool runs: the turn stops at its boundary, back to the prompt.
+    // Ctrl-C while the tool runs: the turn stops at its boundary, back to the prompt. The
+    // command runs 20 s so that the key arrives while it runs on a loaded machine too.
     term.say("sleep a while");
-    term.wait_for("→ shell sleep 8 && echo slept");
+    term.wait_for("→ shell sleep 20 && echo slept");
     term.keys("C-c");
     term.wait_for("stopped: the agent's turn was interrupted");
 
@@ -505,6 +506,7 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
         r#"{"text": "Checking.", "tool_calls": [{"name": "shell", "arguments": {"command": "cat greet.sh"}}]}
 {"text": "Still fixed."}
 {"text": "Chatted."}
+{"call": "summary", "text": "The test in test.sh passes: greet.sh was fixed and checked again."}
 {"text": "After compaction."}
 {"call": "plan", "tool_calls": [{"name": "submit_plan", "arguments": {"steps": ["Say it is done."]}}]}
 {"text": "Step done."}

@@ -194,8 +194,10 @@ impl PrivateDocker {
     }
 
     /// Starts a daemon with nothing shared with the host's: its own socket, data and exec
-    /// roots and pid file, no bridge and no iptables rules, and an empty configuration
-    /// file (the host's /etc/docker/daemon.json names the shared data root).
+    /// roots and pid file, a bridge of its own and no iptables rules, and an empty
+    /// configuration file (the host's /etc/docker/daemon.json names the shared data root).
+    /// Not `--bridge=none`: a daemon started so deletes the host's `docker0`, and the host
+    /// daemon's image builds (which use the default bridge) fail from then on.
     fn start() -> Self {
         // Short: the socket's path must fit in a sockaddr_un.
         let dir = tempfile::Builder::new()
@@ -203,6 +205,19 @@ impl PrivateDocker {
             .tempdir_in("/tmp")
             .unwrap();
         std::fs::write(dir.path().join("daemon.json"), "{}").unwrap();
+        let bridge = Self::bridge_name();
+        let ip = |args: &[&str]| {
+            let status = Command::new("ip").args(args).status();
+            assert!(status.is_ok_and(|s| s.success()), "ip {args:?} failed");
+        };
+        // A leftover of an earlier process with the same id goes first.
+        let _ = Command::new("ip")
+            .args(["link", "delete", &bridge])
+            .status();
+        ip(&["link", "add", &bridge, "type", "bridge"]);
+        // A private subnet the host daemon's pools do not hand out.
+        ip(&["addr", "add", "10.213.77.1/24", "dev", &bridge]);
+        ip(&["link", "set", &bridge, "up"]);
         let mut docker = Self { dir, daemon: None };
         docker.launch();
         docker
@@ -226,7 +241,8 @@ impl PrivateDocker {
             .arg(dir.join("exec"))
             .arg("--pidfile")
             .arg(dir.join("docker.pid"))
-            .args(["--bridge=none", "--iptables=false", "--ip-masq=false"])
+            .arg(format!("--bridge={}", Self::bridge_name()))
+            .args(["--iptables=false", "--ip-masq=false"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -291,9 +307,19 @@ impl PrivateDocker {
     }
 }
 
+impl PrivateDocker {
+    /// The private daemon's bridge: one per test process (the test runs once in it).
+    fn bridge_name() -> String {
+        format!("nerveflt{}", std::process::id() % 100_000)
+    }
+}
+
 impl Drop for PrivateDocker {
     fn drop(&mut self) {
         self.stop();
+        let _ = Command::new("ip")
+            .args(["link", "delete", &Self::bridge_name()])
+            .status();
     }
 }
 

@@ -463,12 +463,13 @@ fn events_follow_tails_a_run_on_a_sqlite_log() {
             &provider,
         ],
     );
-    run.wait_for_stderr("the execution id", |text| text.contains("execution "));
-    let id = run
-        .stderr_so_far()
-        .lines()
-        .find_map(|l| l.strip_prefix("execution "))
-        .map(|rest| rest.trim().to_owned())
+    let log = crate::support::wait_for_event(&db, &mut run, "the execution's start", |e| {
+        e.kind == "started"
+    });
+    let id = log
+        .iter()
+        .find(|e| e.kind == "started")
+        .map(|e| e.execution_id.clone())
         .unwrap();
     let follower = spawn_nerve(&db, &["events", &id, "--follow", "--json"]);
     let ran = run.wait();

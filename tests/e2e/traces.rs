@@ -295,10 +295,9 @@ fn a_run_shows_its_tree_and_genai_attributes(phoenix: &Phoenix) {
         .iter()
         .map(|s| str_attr(s, "nerve.compaction.layer"))
         .collect();
-    assert!(
-        layers.contains("offload") && layers.len() >= 2,
-        "{layers:?}"
-    );
+    // With budgets that scale with the window (issue 18), this run's compactions are the
+    // offloads of its large outputs; each one's span is checked below.
+    assert!(layers.contains("offload"), "{layers:?}");
     for compaction in &compactions {
         let expected = if str_attr(compaction, "nerve.compaction.layer") == "offload" {
             "execute_tool "

@@ -292,8 +292,8 @@ pub(crate) struct RunArgs {
     /// The task, read from a file.
     #[arg(long, value_name = "FILE")]
     pub(crate) task_file: Option<PathBuf>,
-    /// `script:PATH`, `openai` or `anthropic` (default: `openai`; with --continue, the
-    /// provider the execution started with).
+    /// `script:PATH`, `openai` or `anthropic` (default: `openai`; continuing an execution,
+    /// the provider it started with).
     #[arg(long, value_name = "SPEC")]
     pub(crate) provider: Option<String>,
     /// Continue execution ID (a unique prefix will do) with the task as the next message:

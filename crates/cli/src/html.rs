@@ -27,14 +27,23 @@ struct Turn {
 pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
     let mut window = None;
     let mut turns: Vec<Turn> = Vec::new();
+    /// The section of turn `number`, in turn order: an event may name an earlier turn
+    /// than the one in progress (a compaction made before the next request is recorded
+    /// with the turn it followed).
     fn current(turns: &mut Vec<Turn>, number: u32) -> &mut Turn {
-        if turns.last().is_none_or(|t| t.number != number) {
-            turns.push(Turn {
-                number,
-                ..Turn::default()
-            });
-        }
-        let at = turns.len() - 1;
+        let at = match turns.binary_search_by_key(&number, |t| t.number) {
+            Ok(at) => at,
+            Err(at) => {
+                turns.insert(
+                    at,
+                    Turn {
+                        number,
+                        ..Turn::default()
+                    },
+                );
+                at
+            }
+        };
         &mut turns[at]
     }
     let mut last_turn = 0;
