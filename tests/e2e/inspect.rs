@@ -263,6 +263,8 @@ fn every_flag_and_argument_of_every_command_has_help_text() {
         .skip_while(|line| !line.starts_with("Commands:"))
         .skip(1)
         .take_while(|line| line.starts_with("  "))
+        // A command's name is indented by two; a wrapped description by more.
+        .filter(|line| !line.starts_with("   "))
         .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
         .filter(|name| name != "help")
         .collect();
