@@ -75,9 +75,30 @@ impl Tmux {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
-    /// The screen and its scrollback, as text.
+    /// The screen and its scrollback, as text; when tmux cannot read it (its server is
+    /// gone), what tmux said instead, so that a failure shows why.
     fn screen(&self) -> String {
-        self.tmux(&["capture-pane", "-p", "-J", "-S", "-1000"])
+        let output = Command::new("tmux")
+            .args([
+                "-L",
+                &self.socket,
+                "capture-pane",
+                "-p",
+                "-J",
+                "-S",
+                "-1000",
+            ])
+            .output()
+            .unwrap();
+        if output.status.success() {
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        } else {
+            format!(
+                "[tmux capture-pane failed ({}): {}]",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+        }
     }
 
     /// Types `text` and Enter.
