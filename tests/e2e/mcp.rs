@@ -1,8 +1,10 @@
 //! MCP tools against real servers from the Python package index (`mcp-server-time`,
-//! `mcp-server-git`), run inside a real sandbox whose image has Python (built here from
-//! Debian packages and wheels, no registry), and one on the host with `trust = "host"`.
-//! Faults use a small server on the official Python SDK that crashes, hangs or writes
-//! garbage when asked.
+//! `mcp-server-git`, `mcp-server-fetch`), run inside a real sandbox whose image has Python
+//! (built here from Debian packages and wheels, no registry), and one on the host with
+//! `trust = "host"`; `mcp-server-fetch` reaches a site on the host's loopback only through a
+//! proxy rule. Faults use a small server on the official Python SDK that crashes, hangs or
+//! writes garbage when asked; a streamable-HTTP server on the same SDK is reached as a
+//! `url` server through the proxy, with the rule's credential.
 //!
 //! Bounds on time are liveness bounds only.
 
@@ -773,6 +775,7 @@ command = "mcp-server-fetch"
 /// A scripted `nerve run` that completed, and its log.
 struct FetchRun {
     _dir: tempfile::TempDir,
+    config: PathBuf,
     db: PathBuf,
     id: String,
     events: Vec<Value>,
@@ -782,6 +785,15 @@ impl FetchRun {
     /// Runs `nerve` with `config` in a fresh workspace, its model calling each tool of
     /// `calls` (name, URL) in turn and then stopping; the run must complete.
     fn complete(config: &str, calls: &[(&str, String)]) -> Self {
+        let calls: Vec<(&str, Value)> = calls
+            .iter()
+            .map(|(tool, url)| (*tool, json!({ "url": url })))
+            .collect();
+        Self::complete_with(config, &calls, &[])
+    }
+
+    /// [`FetchRun::complete`] with any arguments, and `env` for `nerve`.
+    fn complete_with(config: &str, calls: &[(&str, Value)], env: &[(&str, &str)]) -> Self {
         let image = python_image();
         let dir = tempfile::Builder::new()
             .prefix("mcp-fetch-")
@@ -794,7 +806,9 @@ impl FetchRun {
         let cassette = dir.path().join("cassette.jsonl");
         let mut lines: Vec<Value> = calls
             .iter()
-            .map(|(tool, url)| json!({"tool_calls": [{"name": tool, "arguments": {"url": url}}]}))
+            .map(
+                |(tool, arguments)| json!({"tool_calls": [{"name": tool, "arguments": arguments}]}),
+            )
             .collect();
         lines.push(json!({"text": "done"}));
         std::fs::write(
@@ -819,7 +833,7 @@ impl FetchRun {
                 image,
                 "--json",
             ],
-            &[],
+            env,
         );
         let summary = crate::support::last_json(&output);
         assert_eq!(
@@ -832,6 +846,7 @@ impl FetchRun {
         let events = crate::support::events_json(&db, &id);
         Self {
             _dir: dir,
+            config: config_path,
             db,
             id,
             events,
@@ -976,5 +991,236 @@ fn without_a_rule_mcp_server_fetch_gets_the_proxys_refusal_and_the_site_sees_not
         })]
     );
     assert!(site.seen().is_empty(), "{:?}", site.seen());
+    run.assert_replay_complete();
+}
+
+/// A streamable-HTTP MCP server on the official Python SDK, on the host's loopback: it
+/// prints its port, answers only requests bearing `Authorization: Bearer <argv[1]>` (401
+/// otherwise; any request when `argv[1]` is empty), and logs each request's method, path
+/// and whether it bore the token on stderr. `argv[2]` is `stateless`
+/// or `stateful` (sessions, with the `Mcp-Session-Id` header).
+const HTTP_SERVER: &str = r#"
+import asyncio, socket, sys
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+
+token, mode = sys.argv[1], sys.argv[2]
+server = MCPServer("remote")
+
+@server.tool()
+def echo(text: str) -> str:
+    "Echo the text."
+    return "remote says: " + text
+
+app = server.streamable_http_app(stateless_http=(mode == "stateless"), json_response=(mode == "stateless"))
+
+async def guarded(scope, receive, send):
+    if scope["type"] == "http":
+        auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+        ok = auth == "Bearer " + token
+        sys.stderr.write(f"{scope['method']} {scope['path']} {'authorized' if ok else 'unauthorized'}\n")
+        sys.stderr.flush()
+        if token and not ok:
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"no token\n"})
+            return
+    await app(scope, receive, send)
+
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+sock.listen()
+print(sock.getsockname()[1], flush=True)
+config = uvicorn.Config(guarded, log_level="warning")
+asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+"#;
+
+/// The token the HTTP server wants, given to `nerve` as a proxy credential.
+const HTTP_TOKEN: &str = "mcp-http-Token-5b8e1d09c3";
+
+/// [`HTTP_SERVER`] running on the host (the host venv's Python), killed on drop.
+struct HttpServer {
+    child: std::process::Child,
+    port: u16,
+    stderr: Arc<std::sync::Mutex<String>>,
+}
+
+impl HttpServer {
+    fn start(mode: &str, token: &str) -> Self {
+        use std::io::{BufRead, BufReader, Read};
+        let python = host_time_server().with_file_name("python3");
+        let mut child = Command::new(python)
+            .args(["-c", HTTP_SERVER, token, mode])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let stderr = Arc::new(std::sync::Mutex::new(String::new()));
+        let collect = Arc::clone(&stderr);
+        let mut pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut buffer) {
+                collect
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let port = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("the HTTP MCP server did not start: {line:?}"));
+        Self {
+            child,
+            port,
+            stderr,
+        }
+    }
+
+    fn log(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `nerve run` with the [`HTTP_SERVER`] as `remote`, behind a proxy rule for its port (with
+/// the token as its credential when `credential`), and `more` config, calling
+/// `remote__echo` once.
+fn remote_run(server: &HttpServer, credential: bool, more: &str) -> FetchRun {
+    let credential = if credential {
+        "[proxy.rules.credential]\nenv = \"MCP_HTTP_TOKEN\"\n"
+    } else {
+        ""
+    };
+    let config = format!(
+        "[[proxy.rules]]\nhost = \"127.0.0.1\"\nupstream_scheme = \"http\"\nupstream_port = {port}\nallow_private = true\nmethods = [\"GET\", \"POST\", \"DELETE\"]\npaths = [\"/mcp\"]\n{credential}\n[[mcp.servers]]\nname = \"remote\"\nurl = \"http://127.0.0.1:{port}/mcp\"\ntimeout_secs = 10\n{more}",
+        port = server.port
+    );
+    FetchRun::complete_with(
+        &config,
+        &[("remote__echo", json!({"text": "hello"}))],
+        &[("MCP_HTTP_TOKEN", HTTP_TOKEN)],
+    )
+}
+
+/// The `started` event's report of the `remote` server.
+fn remote_report(run: &FetchRun) -> Value {
+    let started = run.events.iter().find(|e| e["kind"] == "started").unwrap();
+    started["payload"]["config"]["mcp"][0].clone()
+}
+
+#[test]
+fn a_url_server_is_reached_through_the_proxy_with_its_credential() {
+    if !sandbox_available() {
+        return;
+    }
+    // Stateless behind a credential, and with sessions behind a rule without one.
+    for (mode, credential, decision) in [
+        ("stateless", true, "injected"),
+        ("stateful", false, "allowed"),
+    ] {
+        let server = HttpServer::start(mode, if credential { HTTP_TOKEN } else { "" });
+        let run = remote_run(&server, credential, "");
+        let results = tool_results(&run.events);
+        assert_eq!(results.len(), 1, "{mode}: {results:?}");
+        assert_eq!(
+            results[0]["content"],
+            "remote says: hello",
+            "{mode}: {} {}\n{}",
+            results[0],
+            remote_report(&run),
+            server.log()
+        );
+        assert_eq!(remote_report(&run)["runs"], "remote");
+        let log = server.log();
+        let authorized = if credential {
+            "POST /mcp authorized"
+        } else {
+            "POST /mcp unauthorized"
+        };
+        assert!(log.contains(authorized), "{mode}: {log}");
+        // Every request went through the proxy, judged and recorded.
+        let decisions = loopback_decisions(&run.events);
+        assert!(
+            decisions.len() >= 3
+                && decisions
+                    .iter()
+                    .all(|d| d["decision"] == decision && d["path"] == "/mcp"),
+            "{mode}: {decisions:?}"
+        );
+        let everything = serde_json::to_string(&run.events).unwrap();
+        assert!(
+            !everything.contains(HTTP_TOKEN),
+            "the token reached the log"
+        );
+        run.assert_replay_complete();
+
+        // `nerve mcp list` reaches it the same way.
+        let listed = crate::support::nerve_env(
+            &run.db,
+            &[
+                "--config",
+                run.config.to_str().unwrap(),
+                "mcp",
+                "list",
+                "--image",
+                python_image(),
+                "--json",
+            ],
+            &[("MCP_HTTP_TOKEN", HTTP_TOKEN)],
+        );
+        assert!(
+            listed.status.success(),
+            "{}",
+            crate::support::stderr(&listed)
+        );
+        let listed = crate::support::last_json(&listed);
+        assert_eq!(listed[0]["runs"], "remote", "{listed}");
+        assert_eq!(listed[0]["tools"], json!(["remote__echo"]), "{listed}");
+    }
+}
+
+#[test]
+fn a_url_server_with_sessions_behind_a_credential_is_withdrawn_with_the_reason() {
+    if !sandbox_available() {
+        return;
+    }
+    let server = HttpServer::start("stateful", HTTP_TOKEN);
+    let run = remote_run(
+        &server,
+        true,
+        "[[mcp.servers]]\nname = \"norule\"\nurl = \"http://mcp.example.org/mcp\"\n",
+    );
+    // A host no rule allows: the proxy's refusal is the reason.
+    let started = run.events.iter().find(|e| e["kind"] == "started").unwrap();
+    let norule = &started["payload"]["config"]["mcp"][1];
+    assert!(
+        norule["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no rule allows the host mcp.example.org")),
+        "{norule}"
+    );
+    let report = remote_report(&run);
+    let error = report["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("drops the Mcp-Session-Id header"),
+        "{report}"
+    );
+    assert_eq!(report["tools"], json!([]), "{report}");
+    let results = tool_results(&run.events);
+    assert_eq!(results[0]["is_error"], true, "{results:?}");
     run.assert_replay_complete();
 }
