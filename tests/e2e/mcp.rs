@@ -1054,14 +1054,10 @@ impl HttpServer {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
         let stderr = Arc::new(std::sync::Mutex::new(String::new()));
         let collect = Arc::clone(&stderr);
         let mut pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let mut buffer = [0u8; 4096];
             while let Ok(n @ 1..) = pipe.read(&mut buffer) {
                 collect
@@ -1070,10 +1066,22 @@ impl HttpServer {
                     .push_str(&String::from_utf8_lossy(&buffer[..n]));
             }
         });
-        let port = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("the HTTP MCP server did not start: {line:?}"));
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let Ok(port) = line.trim().parse() else {
+            // It ended without a port: what it said on stderr is complete once it exited.
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = reader.join();
+            panic!(
+                "the HTTP MCP server did not start: {line:?} {}",
+                stderr
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            );
+        };
         Self {
             child,
             port,
