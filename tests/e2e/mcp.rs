@@ -1,8 +1,10 @@
 //! MCP tools against real servers from the Python package index (`mcp-server-time`,
-//! `mcp-server-git`), run inside a real sandbox whose image has Python (built here from
-//! Debian packages and wheels, no registry), and one on the host with `trust = "host"`.
-//! Faults use a small server on the official Python SDK that crashes, hangs or writes
-//! garbage when asked.
+//! `mcp-server-git`, `mcp-server-fetch`), run inside a real sandbox whose image has Python
+//! (built here from Debian packages and wheels, no registry), and one on the host with
+//! `trust = "host"`; `mcp-server-fetch` reaches a site on the host's loopback only through a
+//! proxy rule. Faults use a small server on the official Python SDK that crashes, hangs or
+//! writes garbage when asked; a streamable-HTTP server on the same SDK is reached as a
+//! `url` server through the proxy, with the rule's credential.
 //!
 //! Bounds on time are liveness bounds only.
 
@@ -25,6 +27,8 @@ const LIVENESS: Duration = Duration::from_secs(600);
 /// The sandbox image with Python and the three servers.
 pub(crate) const PYTHON_IMAGE: &str = "nerve-mcp-python:latest";
 const PACKAGES: [&str; 3] = ["mcp-server-time", "mcp-server-git", "mcp-server-fetch"];
+/// The image's label naming the [`PACKAGES`] it was built with.
+const PACKAGES_LABEL: &str = "org.nerve.test.mcp-packages";
 
 fn cache() -> PathBuf {
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
@@ -43,10 +47,19 @@ fn run(command: &mut Command) {
     );
 }
 
-/// The servers' wheels for Debian bookworm's Python (3.11.2), downloaded once.
+/// What a cache made for [`PACKAGES`] says it holds: the wheel directory's `.complete` and
+/// the image's [`PACKAGES_LABEL`]. A cache made for fewer servers says less, and is extended
+/// (the wheels) or rebuilt (the image).
+fn packages_key() -> String {
+    PACKAGES.join(" ")
+}
+
+/// The servers' wheels for Debian bookworm's Python (3.11.2), downloaded once for each set
+/// of [`PACKAGES`] (`pip download` into the same directory adds only what is missing).
 fn wheels() -> PathBuf {
     let dir = cache().join("mcp-wheels-py3.11.2");
-    if !dir.join(".complete").exists() {
+    let complete = dir.join(".complete");
+    if std::fs::read_to_string(&complete).ok() != Some(packages_key()) {
         run(Command::new("python3")
             .args([
                 "-m",
@@ -60,21 +73,25 @@ fn wheels() -> PathBuf {
             ])
             .arg(&dir)
             .args(PACKAGES));
-        std::fs::write(dir.join(".complete"), "").unwrap();
+        std::fs::write(&complete, packages_key()).unwrap();
     }
     dir
 }
 
-/// Builds [`PYTHON_IMAGE`] when missing: Debian bookworm with Python and git by
-/// debootstrap, imported (no registry), then the servers installed from the wheels offline.
+/// Builds [`PYTHON_IMAGE`] when missing or made for other [`PACKAGES`]: Debian bookworm with
+/// Python and git by debootstrap, imported (no registry), then the servers installed from the
+/// wheels offline.
 pub(crate) fn python_image() -> &'static str {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let exists = Command::new("docker")
-            .args(["image", "inspect", PYTHON_IMAGE])
+        let format = format!("{{{{index .Config.Labels \"{PACKAGES_LABEL}\"}}}}");
+        let current = Command::new("docker")
+            .args(["image", "inspect", "--format", &format, PYTHON_IMAGE])
             .output()
-            .is_ok_and(|o| o.status.success());
-        if exists {
+            .is_ok_and(|o| {
+                o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == packages_key()
+            });
+        if current {
             return;
         }
         let wheels = wheels();
@@ -105,8 +122,8 @@ pub(crate) fn python_image() -> &'static str {
         std::fs::write(
             context.join("Dockerfile"),
             format!(
-                "FROM nerve-mcp-python-base:latest\nCOPY wheels /tmp/wheels\nRUN pip install --no-index --find-links /tmp/wheels --break-system-packages {} && rm -rf /tmp/wheels\n",
-                PACKAGES.join(" ")
+                "FROM nerve-mcp-python-base:latest\nLABEL {PACKAGES_LABEL}=\"{key}\"\nCOPY wheels /tmp/wheels\nRUN pip install --no-index --find-links /tmp/wheels --break-system-packages {key} && rm -rf /tmp/wheels\n",
+                key = packages_key()
             ),
         )
         .unwrap();
@@ -648,4 +665,570 @@ timeout_secs = 30
             .status
             .success()
     );
+}
+
+/// Text only the test page holds: finding it in a tool result means the page was fetched.
+const PAGE_MARKER: &str = "nerve-fetch-marker-7c1e93";
+
+/// One request a [`Site`] received: its request line and its headers, names lower-cased.
+#[derive(Debug, Clone)]
+struct Seen {
+    line: String,
+    headers: BTreeMap<String, String>,
+}
+
+/// A web site on the host's loopback (`127.0.0.1`, a free port): `/page` is an HTML page with
+/// [`PAGE_MARKER`], `/robots.txt` allows every agent, anything else is 404. It records every
+/// request, one per connection, until the test process ends.
+struct Site {
+    port: u16,
+    seen: Arc<std::sync::Mutex<Vec<Seen>>>,
+}
+
+impl Site {
+    fn start() -> Self {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                // A liveness bound: a client that stalls cannot hold the site forever.
+                let _ = stream.set_read_timeout(Some(LIVENESS));
+                let Ok(reader) = stream.try_clone() else {
+                    continue;
+                };
+                let mut lines = BufReader::new(reader).lines();
+                let Some(Ok(line)) = lines.next() else {
+                    continue;
+                };
+                let mut headers = BTreeMap::new();
+                for header in lines.by_ref() {
+                    let Ok(header) = header else { break };
+                    if header.is_empty() {
+                        break;
+                    }
+                    if let Some((name, value)) = header.split_once(':') {
+                        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
+                    }
+                }
+                let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                record
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(Seen { line, headers });
+                let (status, kind, body) = match path.as_str() {
+                    "/page" => (
+                        "200 OK",
+                        "text/html; charset=utf-8",
+                        format!(
+                            "<!DOCTYPE html><html><head><title>Loopback page</title></head><body><article><h1>Loopback page</h1><p>The fetch server read this page through the proxy: {PAGE_MARKER}.</p></article></body></html>"
+                        ),
+                    ),
+                    "/robots.txt" => (
+                        "200 OK",
+                        "text/plain",
+                        "User-agent: *\nAllow: /\n".to_owned(),
+                    ),
+                    _ => ("404 Not Found", "text/plain", "not here\n".to_owned()),
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Self { port, seen }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The two `mcp-server-fetch` servers of the fetch runs. `fetch` passes
+/// `--allow-private-ips`: inside the sandbox, `127.0.0.1` is the container's own loopback and
+/// every request goes to the auth proxy, which applies the same address check with the rules
+/// deciding the exceptions, so the server's own check only hides the proxy's rules.
+/// `guarded` keeps the server's check, which refuses a loopback URL before any request.
+const FETCH_SERVERS: &str = r#"
+[[mcp.servers]]
+name = "fetch"
+command = "mcp-server-fetch"
+args = ["--allow-private-ips"]
+
+[[mcp.servers]]
+name = "guarded"
+command = "mcp-server-fetch"
+"#;
+
+/// A scripted `nerve run` that completed, and its log.
+struct FetchRun {
+    _dir: tempfile::TempDir,
+    config: PathBuf,
+    db: PathBuf,
+    id: String,
+    events: Vec<Value>,
+}
+
+impl FetchRun {
+    /// Runs `nerve` with `config` in a fresh workspace, its model calling each tool of
+    /// `calls` (name, URL) in turn and then stopping; the run must complete.
+    fn complete(config: &str, calls: &[(&str, String)]) -> Self {
+        let calls: Vec<(&str, Value)> = calls
+            .iter()
+            .map(|(tool, url)| (*tool, json!({ "url": url })))
+            .collect();
+        Self::complete_with(config, &calls, &[])
+    }
+
+    /// [`FetchRun::complete`] with any arguments, and `env` for `nerve`.
+    fn complete_with(config: &str, calls: &[(&str, Value)], env: &[(&str, &str)]) -> Self {
+        let image = python_image();
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-fetch-")
+            .tempdir()
+            .unwrap();
+        let workspace = dir.path().join("workspace");
+        std::fs::create_dir_all(&workspace).unwrap();
+        let config_path = dir.path().join("nerve.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let cassette = dir.path().join("cassette.jsonl");
+        let mut lines: Vec<Value> = calls
+            .iter()
+            .map(
+                |(tool, arguments)| json!({"tool_calls": [{"name": tool, "arguments": arguments}]}),
+            )
+            .collect();
+        lines.push(json!({"text": "done"}));
+        std::fs::write(
+            &cassette,
+            lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+        )
+        .unwrap();
+        let db = dir.path().join("nerve.db");
+        let output = crate::support::nerve_env(
+            &db,
+            &[
+                "--config",
+                config_path.to_str().unwrap(),
+                "run",
+                "--workspace",
+                workspace.to_str().unwrap(),
+                "--task",
+                "read the page",
+                "--provider",
+                &format!("script:{}", cassette.display()),
+                "--image",
+                image,
+                "--json",
+            ],
+            env,
+        );
+        let summary = crate::support::last_json(&output);
+        assert_eq!(
+            summary["termination_reason"],
+            "completed",
+            "{summary} {}",
+            crate::support::stderr(&output)
+        );
+        let id = summary["execution_id"].as_str().unwrap().to_owned();
+        let events = crate::support::events_json(&db, &id);
+        Self {
+            _dir: dir,
+            config: config_path,
+            db,
+            id,
+            events,
+        }
+    }
+
+    /// `replay` finds the run complete, without gaps, and its chain verifies.
+    fn assert_replay_complete(&self) {
+        let replay = crate::support::last_json(&crate::support::nerve(
+            &self.db,
+            &["replay", &self.id, "--json"],
+        ));
+        assert_eq!(replay["complete"], true, "{replay}");
+        assert_eq!(replay["gaps"], json!([]), "{replay}");
+        assert!(
+            crate::support::nerve(&self.db, &["verify", &self.id])
+                .status
+                .success()
+        );
+    }
+}
+
+/// The `result` of every `tool_call_finished`, in order.
+fn tool_results(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished")
+        .map(|e| e["payload"]["result"].clone())
+        .collect()
+}
+
+/// Every `proxy_decision` for `127.0.0.1`: its decision, method, path, status and reason.
+fn loopback_decisions(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e["kind"] == "proxy_decision" && e["payload"]["host"] == "127.0.0.1")
+        .map(|e| {
+            let p = &e["payload"];
+            json!({
+                "decision": p["decision"],
+                "method": p["method"],
+                "path": p["path"],
+                "status": p["status"],
+                "reason": p["reason"],
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn mcp_server_fetch_reaches_a_loopback_site_only_through_a_proxy_rule() {
+    if !sandbox_available() {
+        return;
+    }
+    let site = Site::start();
+    let config = format!(
+        "[[proxy.rules]]\nhost = \"127.0.0.1\"\nupstream_scheme = \"http\"\nupstream_port = {}\nallow_private = true\n{FETCH_SERVERS}",
+        site.port
+    );
+    let page = site.url("/page");
+    let run = FetchRun::complete(
+        &config,
+        &[
+            ("guarded__fetch", page.clone()),
+            ("fetch__fetch", page.clone()),
+        ],
+    );
+    let results = tool_results(&run.events);
+    assert_eq!(results.len(), 2, "{results:?}");
+
+    // The server's own check refuses the loopback URL before anything leaves it.
+    assert_eq!(results[0]["is_error"], true, "{}", results[0]);
+    let guarded = results[0]["content"].as_str().unwrap();
+    assert!(guarded.contains("not a public address"), "{guarded}");
+
+    // Through the rule: the page, converted to Markdown, is the tool result in the log.
+    assert_eq!(results[1]["is_error"], false, "{}", results[1]);
+    let fetched = results[1]["content"].as_str().unwrap();
+    assert!(fetched.contains(PAGE_MARKER), "{fetched}");
+    assert!(
+        fetched.contains(&format!("Contents of {page}")),
+        "{fetched}"
+    );
+
+    // The site saw robots.txt, then the page, both re-framed by the proxy: origin-form, and
+    // the proxy's `Accept-Encoding: identity` in place of the client's own.
+    let seen = site.seen();
+    let lines: Vec<&str> = seen.iter().map(|s| s.line.as_str()).collect();
+    assert_eq!(
+        lines,
+        ["GET /robots.txt HTTP/1.1", "GET /page HTTP/1.1"],
+        "{seen:?}"
+    );
+    for request in &seen {
+        assert_eq!(
+            request.headers.get("accept-encoding").map(String::as_str),
+            Some("identity"),
+            "{request:?}"
+        );
+        assert!(
+            request
+                .headers
+                .get("user-agent")
+                .is_some_and(|ua| ua.starts_with("ModelContextProtocol/")),
+            "{request:?}"
+        );
+    }
+    // And the proxy recorded each of them as allowed, with the site's answer.
+    assert_eq!(
+        loopback_decisions(&run.events),
+        [
+            json!({"decision": "allowed", "method": "GET", "path": "/robots.txt", "status": 200, "reason": null}),
+            json!({"decision": "allowed", "method": "GET", "path": "/page", "status": 200, "reason": null}),
+        ]
+    );
+    run.assert_replay_complete();
+}
+
+#[test]
+fn without_a_rule_mcp_server_fetch_gets_the_proxys_refusal_and_the_site_sees_nothing() {
+    if !sandbox_available() {
+        return;
+    }
+    let site = Site::start();
+    let run = FetchRun::complete(FETCH_SERVERS, &[("fetch__fetch", site.url("/page"))]);
+    let results = tool_results(&run.events);
+    assert_eq!(results.len(), 1, "{results:?}");
+    // mcp-server-fetch asks for robots.txt first and reports the proxy's 403 in its words.
+    assert_eq!(results[0]["is_error"], true, "{}", results[0]);
+    let refused = results[0]["content"].as_str().unwrap();
+    assert!(refused.contains("received status 403"), "{refused}");
+    assert!(refused.contains(&site.url("/robots.txt")), "{refused}");
+    // The proxy's reason is in the log; nothing reached the site.
+    assert_eq!(
+        loopback_decisions(&run.events),
+        [json!({
+            "decision": "denied",
+            "method": "GET",
+            "path": "/robots.txt",
+            "status": null,
+            "reason": "no rule allows the host 127.0.0.1",
+        })]
+    );
+    assert!(site.seen().is_empty(), "{:?}", site.seen());
+    run.assert_replay_complete();
+}
+
+/// A streamable-HTTP MCP server on the official Python SDK, on the host's loopback: it
+/// prints its port, answers only requests bearing `Authorization: Bearer <argv[1]>` (401
+/// otherwise; any request when `argv[1]` is empty), and logs each request's method, path
+/// and whether it bore the token on stderr. `argv[2]` is `stateless`
+/// or `stateful` (sessions, with the `Mcp-Session-Id` header).
+const HTTP_SERVER: &str = r#"
+import asyncio, socket, sys
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+
+token, mode = sys.argv[1], sys.argv[2]
+server = MCPServer("remote")
+
+@server.tool()
+def echo(text: str) -> str:
+    "Echo the text."
+    return "remote says: " + text
+
+app = server.streamable_http_app(stateless_http=(mode == "stateless"), json_response=(mode == "stateless"))
+
+async def guarded(scope, receive, send):
+    if scope["type"] == "http":
+        auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+        ok = auth == "Bearer " + token
+        sys.stderr.write(f"{scope['method']} {scope['path']} {'authorized' if ok else 'unauthorized'}\n")
+        sys.stderr.flush()
+        if token and not ok:
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"no token\n"})
+            return
+    await app(scope, receive, send)
+
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+sock.listen()
+print(sock.getsockname()[1], flush=True)
+config = uvicorn.Config(guarded, log_level="warning")
+asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+"#;
+
+/// The token the HTTP server wants, given to `nerve` as a proxy credential.
+const HTTP_TOKEN: &str = "mcp-http-Token-5b8e1d09c3";
+
+/// [`HTTP_SERVER`] running on the host (the host venv's Python), killed on drop.
+struct HttpServer {
+    child: std::process::Child,
+    port: u16,
+    stderr: Arc<std::sync::Mutex<String>>,
+}
+
+impl HttpServer {
+    fn start(mode: &str, token: &str) -> Self {
+        use std::io::{BufRead, BufReader, Read};
+        let python = host_time_server().with_file_name("python3");
+        let mut child = Command::new(python)
+            .args(["-c", HTTP_SERVER, token, mode])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(std::sync::Mutex::new(String::new()));
+        let collect = Arc::clone(&stderr);
+        let mut pipe = child.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut buffer) {
+                collect
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let Ok(port) = line.trim().parse() else {
+            // It ended without a port: what it said on stderr is complete once it exited.
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = reader.join();
+            panic!(
+                "the HTTP MCP server did not start: {line:?} {}",
+                stderr
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            );
+        };
+        Self {
+            child,
+            port,
+            stderr,
+        }
+    }
+
+    fn log(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `nerve run` with the [`HTTP_SERVER`] as `remote`, behind a proxy rule for its port (with
+/// the token as its credential when `credential`), and `more` config, calling
+/// `remote__echo` once.
+fn remote_run(server: &HttpServer, credential: bool, more: &str) -> FetchRun {
+    let credential = if credential {
+        "[proxy.rules.credential]\nenv = \"MCP_HTTP_TOKEN\"\n"
+    } else {
+        ""
+    };
+    let config = format!(
+        "[[proxy.rules]]\nhost = \"127.0.0.1\"\nupstream_scheme = \"http\"\nupstream_port = {port}\nallow_private = true\nmethods = [\"GET\", \"POST\", \"DELETE\"]\npaths = [\"/mcp\"]\n{credential}\n[[mcp.servers]]\nname = \"remote\"\nurl = \"http://127.0.0.1:{port}/mcp\"\ntimeout_secs = 10\n{more}",
+        port = server.port
+    );
+    FetchRun::complete_with(
+        &config,
+        &[("remote__echo", json!({"text": "hello"}))],
+        &[("MCP_HTTP_TOKEN", HTTP_TOKEN)],
+    )
+}
+
+/// The `started` event's report of the `remote` server.
+fn remote_report(run: &FetchRun) -> Value {
+    let started = run.events.iter().find(|e| e["kind"] == "started").unwrap();
+    started["payload"]["config"]["mcp"][0].clone()
+}
+
+#[test]
+fn a_url_server_is_reached_through_the_proxy_with_its_credential() {
+    if !sandbox_available() {
+        return;
+    }
+    // Stateless behind a credential, and with sessions behind a rule without one.
+    for (mode, credential, decision) in [
+        ("stateless", true, "injected"),
+        ("stateful", false, "allowed"),
+    ] {
+        let server = HttpServer::start(mode, if credential { HTTP_TOKEN } else { "" });
+        let run = remote_run(&server, credential, "");
+        let results = tool_results(&run.events);
+        assert_eq!(results.len(), 1, "{mode}: {results:?}");
+        assert_eq!(
+            results[0]["content"],
+            "remote says: hello",
+            "{mode}: {} {}\n{}",
+            results[0],
+            remote_report(&run),
+            server.log()
+        );
+        assert_eq!(remote_report(&run)["runs"], "remote");
+        let log = server.log();
+        let authorized = if credential {
+            "POST /mcp authorized"
+        } else {
+            "POST /mcp unauthorized"
+        };
+        assert!(log.contains(authorized), "{mode}: {log}");
+        // Every request went through the proxy, judged and recorded.
+        let decisions = loopback_decisions(&run.events);
+        assert!(
+            decisions.len() >= 3
+                && decisions
+                    .iter()
+                    .all(|d| d["decision"] == decision && d["path"] == "/mcp"),
+            "{mode}: {decisions:?}"
+        );
+        let everything = serde_json::to_string(&run.events).unwrap();
+        assert!(
+            !everything.contains(HTTP_TOKEN),
+            "the token reached the log"
+        );
+        run.assert_replay_complete();
+
+        // `nerve mcp list` reaches it the same way.
+        let listed = crate::support::nerve_env(
+            &run.db,
+            &[
+                "--config",
+                run.config.to_str().unwrap(),
+                "mcp",
+                "list",
+                "--image",
+                python_image(),
+                "--json",
+            ],
+            &[("MCP_HTTP_TOKEN", HTTP_TOKEN)],
+        );
+        assert!(
+            listed.status.success(),
+            "{}",
+            crate::support::stderr(&listed)
+        );
+        let listed = crate::support::last_json(&listed);
+        assert_eq!(listed[0]["runs"], "remote", "{listed}");
+        assert_eq!(listed[0]["tools"], json!(["remote__echo"]), "{listed}");
+    }
+}
+
+#[test]
+fn a_url_server_with_sessions_behind_a_credential_is_withdrawn_with_the_reason() {
+    if !sandbox_available() {
+        return;
+    }
+    let server = HttpServer::start("stateful", HTTP_TOKEN);
+    let run = remote_run(
+        &server,
+        true,
+        "[[mcp.servers]]\nname = \"norule\"\nurl = \"http://mcp.example.org/mcp\"\n",
+    );
+    // A host no rule allows: the proxy's refusal is the reason.
+    let started = run.events.iter().find(|e| e["kind"] == "started").unwrap();
+    let norule = &started["payload"]["config"]["mcp"][1];
+    assert!(
+        norule["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no rule allows the host mcp.example.org")),
+        "{norule}"
+    );
+    let report = remote_report(&run);
+    let error = report["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("drops the Mcp-Session-Id header"),
+        "{report}"
+    );
+    assert_eq!(report["tools"], json!([]), "{report}");
+    let results = tool_results(&run.events);
+    assert_eq!(results[0]["is_error"], true, "{results:?}");
+    run.assert_replay_complete();
 }

@@ -29,6 +29,9 @@ fn the_documented_example_parses() {
             .get("my-local-model")
             .is_some()
     );
+    config.mcp.validate().unwrap();
+    let runs: Vec<&str> = config.mcp.servers.iter().map(|s| s.runs()).collect();
+    assert_eq!(runs, ["sandbox", "remote"]);
 }
 
 #[test]
@@ -37,4 +40,28 @@ fn a_typo_is_an_error_not_a_default() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("unknown field `max_replan`"), "{err}");
+}
+
+#[test]
+fn the_mcp_recipes_parse_and_validate() {
+    let doc = include_str!("../../../docs/mcp.md");
+    let blocks: Vec<&str> = doc
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .collect();
+    assert_eq!(blocks.len(), 3, "docs/mcp.md's TOML examples");
+    for block in blocks {
+        let config: Config = toml::from_str(block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        config
+            .mcp
+            .validate()
+            .unwrap_or_else(|e| panic!("{e:?}\n{block}"));
+        assert!(!config.mcp.servers.is_empty(), "{block}");
+        // The rules too, with a stand-in for every secret they read.
+        config
+            .proxy
+            .build(&|_| Some("stand-in-secret".to_owned()))
+            .unwrap_or_else(|e| panic!("{e:?}\n{block}"));
+    }
 }

@@ -1,13 +1,15 @@
 //! `nerve mcp list`: starts every configured MCP server as a run would (inside a throwaway
-//! sandbox unless trusted on the host), shows where it runs and its tools, and removes it
-//! all again. Nothing is written to the log.
+//! sandbox unless trusted on the host, `url` servers through the config's proxy rules),
+//! shows where it runs and its tools, and removes it all again. Nothing is written to the
+//! log.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nerve_core::ExecutionId;
+use nerve_core::{Event, EventSink, SinkError};
 use nerve_hands::mcp::McpTools;
-use nerve_hands::{DEFAULT_IMAGE, Sandbox, SandboxConfig, SandboxTools};
+use nerve_hands::{DEFAULT_IMAGE, ProxyListener, Sandbox, SandboxConfig, SandboxTools};
 
 use crate::Failure;
 use crate::args::McpCommand;
@@ -58,7 +60,16 @@ async fn list(
     let docker = nerve_hands::connect_docker()
         .await
         .map_err(Failure::usage)?;
-    let mut sandbox_config = SandboxConfig::new(image, workspace.clone(), ExecutionId::new());
+    // The run's proxy rules, so that `url` servers are reached as a run reaches them; its
+    // decisions go nowhere, like everything else here.
+    let proxy = config.proxy.build(&|name| std::env::var(name).ok())?;
+    let proxy = ProxyListener::bind(proxy.config).map_err(Failure::usage)?;
+    let execution = ExecutionId::new();
+    let mut sandbox_config = SandboxConfig::new(image, workspace.clone(), execution);
+    sandbox_config.proxy = Some(proxy.mount());
+    let _proxy = proxy
+        .serve(Arc::new(Discard), execution)
+        .map_err(Failure::usage)?;
     config.sandbox.apply_limits(&mut sandbox_config)?;
     let sandbox = Arc::new(
         Sandbox::start(docker, &sandbox_config)
@@ -96,4 +107,14 @@ async fn list(
     }
     // Non-zero when a server offers nothing, so a script sees a broken configuration.
     Ok(u8::from(reports.iter().any(|r| r.error.is_some())))
+}
+
+/// Where the throwaway proxy's decisions go: nowhere (`mcp list` writes no log).
+struct Discard;
+
+#[async_trait::async_trait]
+impl EventSink for Discard {
+    async fn append(&self, _execution: ExecutionId, _event: Event) -> Result<u64, SinkError> {
+        Ok(0)
+    }
 }

@@ -197,6 +197,8 @@ pub struct Sandbox {
     env: Vec<String>,
     /// The workspace on the host, for the host-side file fallback.
     workspace: PathBuf,
+    /// The auth proxy's socket on the host, when the sandbox reaches one.
+    proxy_socket: Option<PathBuf>,
     /// The control socket's directory, mounted into the container, when the executor talks
     /// through it; `None` for the attach stream and the per-call fallback.
     control: Option<ControlDir>,
@@ -325,6 +327,7 @@ impl Sandbox {
             user,
             env,
             workspace,
+            proxy_socket: config.proxy.as_ref().map(ProxyMount::host_socket),
             control: None,
             channel: Mutex::new(Channel::default()),
             limits: Limits {
@@ -591,6 +594,12 @@ impl Sandbox {
             Ok(pong) => Ok(pong.version),
             Err(refused) => Err(HandsError::Executor(refused)),
         }
+    }
+
+    /// The host path of the auth proxy's socket this sandbox reaches, if it has one: the
+    /// execution's way out, which the host uses too for what must pass the same rules.
+    pub fn proxy_socket(&self) -> Option<&Path> {
+        self.proxy_socket.as_deref()
     }
 
     /// Starts a long-lived process (an MCP server) inside the sandbox, in the workspace,

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use rmcp::model::{CallToolRequestParams, ClientConfig};
 use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, UnixSocketHttpClient};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -76,6 +78,27 @@ impl Client {
     {
         let service = Handler { on_change }
             .serve((read, write))
+            .await
+            .map_err(|e| format!("the MCP handshake failed: {e}"))?;
+        Ok(Self { service })
+    }
+
+    /// Runs the MCP handshake with a streamable-HTTP server at `url`, every request sent as
+    /// HTTP over the unix socket `proxy` (the execution's auth proxy, which judges it by its
+    /// rules, injects the rule's credential and records the decision).
+    pub(crate) async fn connect_http(
+        proxy: &std::path::Path,
+        url: &str,
+        on_change: OnToolsChanged,
+    ) -> Result<Self, String> {
+        let socket = proxy
+            .to_str()
+            .ok_or_else(|| format!("the proxy's socket path {} is not UTF-8", proxy.display()))?;
+        let client = UnixSocketHttpClient::new(socket, url);
+        let config = StreamableHttpClientTransportConfig::with_uri(url);
+        let transport = StreamableHttpClientTransport::with_client(client, config);
+        let service = Handler { on_change }
+            .serve(transport)
             .await
             .map_err(|e| format!("the MCP handshake failed: {e}"))?;
         Ok(Self { service })

@@ -5,8 +5,11 @@
 //! with its stdio on a one-off unix socket to the host ([`Sandbox::spawn_process`]): it has
 //! the sandbox's confinement (no network but the proxy, no host secrets, no path outside the
 //! workspace). With `trust = "host"` it runs on the host instead, which is recorded with a
-//! warning. Each server's tools pass a schema check and the `tools` allow / deny lists;
-//! `notifications/tools/list_changed` refreshes them for the next turn.
+//! warning. A `url` server is spoken to in streamable HTTP from the host, every request sent
+//! through the execution's auth proxy ([`Sandbox::proxy_socket`]), so the proxy's rules,
+//! credential injection and events apply to it as to the sandbox. Each server's tools pass
+//! a schema check and the `tools` allow / deny lists; `notifications/tools/list_changed`
+//! refreshes them for the next turn.
 //!
 //! Faults (a server that cannot start, exits, breaks the protocol or passes its timeout)
 //! become an error result for the model; the server is restarted once, and after a second
@@ -64,7 +67,7 @@ pub struct McpServerConfig {
     /// Its arguments.
     #[serde(default)]
     pub args: Vec<String>,
-    /// The endpoint of a streamable-HTTP server.
+    /// The endpoint of a streamable-HTTP server, reached through the auth proxy.
     #[serde(default)]
     pub url: Option<String>,
     /// Names of host variables passed to the server; values go through the credential
@@ -133,10 +136,18 @@ impl McpServerConfig {
         }
         match (&self.command, &self.url) {
             (Some(command), None) if !command.trim().is_empty() => {}
-            (None, Some(_)) => {
-                return Err(format!(
-                    "MCP server `{name}`: `url` (streamable HTTP) servers are not supported yet; run the server over stdio with `command`"
-                ));
+            (None, Some(url)) => {
+                check_url(url).map_err(|why| format!("MCP server `{name}`: `url` {why}"))?;
+                let stdio_only = [
+                    ("args", !self.args.is_empty()),
+                    ("env", !self.env.is_empty()),
+                    ("trust = \"host\"", self.trust == Trust::Host),
+                ];
+                if let Some((key, _)) = stdio_only.iter().find(|(_, given)| *given) {
+                    return Err(format!(
+                        "MCP server `{name}`: `{key}` is for stdio servers; a `url` server is reached through the auth proxy"
+                    ));
+                }
             }
             (Some(_), Some(_)) => {
                 return Err(format!(
@@ -169,6 +180,34 @@ impl McpServerConfig {
     fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS))
     }
+
+    /// Where the server runs: `sandbox`, `host`, or `remote` (a `url` server).
+    pub fn runs(&self) -> &'static str {
+        if self.url.is_some() {
+            "remote"
+        } else {
+            self.trust.as_str()
+        }
+    }
+}
+
+/// A streamable-HTTP endpoint the proxy can judge: `http://` or `https://`, a host, no user
+/// name or password (the proxy refuses those too; credentials go in a proxy rule).
+fn check_url(url: &str) -> Result<(), String> {
+    let parsed: http::Uri = url
+        .parse()
+        .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    if !matches!(parsed.scheme_str(), Some("http" | "https")) {
+        return Err(format!("`{url}` must start with http:// or https://"));
+    }
+    match parsed.authority() {
+        None => Err(format!("`{url}` names no host")),
+        Some(authority) if authority.as_str().contains('@') => Err(format!(
+            "`{url}` carries a user name; give credentials through a proxy rule"
+        )),
+        Some(authority) if authority.host().is_empty() => Err(format!("`{url}` names no host")),
+        Some(_) => Ok(()),
+    }
 }
 
 /// A configured server with the values of its environment, already filtered.
@@ -182,9 +221,9 @@ pub struct McpServerSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ServerReport {
     pub name: String,
-    /// `sandbox` or `host`.
+    /// `sandbox`, `host`, or `remote` (a `url` server, reached through the auth proxy).
     pub runs: &'static str,
-    /// The command line.
+    /// The command line, or the URL.
     pub command: String,
     /// The tools offered to the model, by their exposed names.
     pub tools: Vec<String>,
@@ -214,8 +253,8 @@ impl std::fmt::Debug for McpTools {
 
 impl McpTools {
     /// Starts every server (inside `sandbox` unless trusted on the host; host servers start
-    /// in `workspace`) and lists its tools. A server that cannot start is reported and
-    /// offers nothing; nothing here fails the run.
+    /// in `workspace`; `url` servers through the sandbox's proxy) and lists its tools. A
+    /// server that cannot start is reported and offers nothing; nothing here fails the run.
     pub async fn start(
         inner: Arc<dyn ToolExecutor>,
         specs: Vec<McpServerSpec>,
@@ -326,6 +365,16 @@ struct Live {
 enum Process {
     Sandbox(u32),
     Host(tokio::process::Child),
+    /// A `url` server: no process of ours.
+    Remote,
+}
+
+/// How the client reaches a server.
+enum Transport {
+    /// The server's stdout and stdin.
+    Stdio(Reader, Writer),
+    /// Streamable HTTP at `url`, through the proxy's socket.
+    Http { proxy: PathBuf, url: String },
 }
 
 impl Server {
@@ -343,6 +392,9 @@ impl Server {
     }
 
     fn command_line(&self) -> String {
+        if let Some(url) = &self.config.url {
+            return url.clone();
+        }
         let mut words = vec![self.config.command.clone().unwrap_or_default()];
         words.extend(self.config.args.iter().cloned());
         words.join(" ")
@@ -354,7 +406,7 @@ impl Server {
         let withdrawn = status.withdrawn.is_some();
         ServerReport {
             name: self.config.name.clone(),
-            runs: self.config.trust.as_str(),
+            runs: self.config.runs(),
             command: self.command_line(),
             tools: if withdrawn {
                 Vec::new()
@@ -428,64 +480,83 @@ impl Server {
         }
     }
 
-    /// Starts the process, runs the handshake and lists the tools.
+    /// Starts the process (or reaches the `url`), runs the handshake and lists the tools.
     async fn start(&self) -> Result<Live, String> {
-        let (read, write, stderr, process): (Reader, Writer, Reader, Process) =
-            match self.config.trust {
-                Trust::Sandbox => {
-                    let Some(sandbox) = &self.sandbox else {
-                        return Err("there is no sandbox to run it in".to_owned());
-                    };
-                    let mut argv = vec![self.config.command.clone().unwrap_or_default()];
-                    argv.extend(self.config.args.iter().cloned());
-                    let spawned = sandbox
-                        .spawn_process(argv, self.env.clone())
-                        .await
-                        .map_err(|e| e.to_string())??;
-                    let (read, write) = spawned.stdio.into_split();
-                    (
-                        Box::new(read),
-                        Box::new(write),
-                        Box::new(spawned.stderr),
-                        Process::Sandbox(spawned.pid),
-                    )
+        let (transport, stderr, process): (Transport, Reader, Process) = match (
+            &self.config.url,
+            self.config.trust,
+        ) {
+            (Some(url), _) => {
+                let proxy = self
+                        .sandbox
+                        .as_ref()
+                        .and_then(|s| s.proxy_socket())
+                        .ok_or_else(|| {
+                            "a `url` server is reached through the execution's auth proxy, and there is none here".to_owned()
+                        })?;
+                let transport = Transport::Http {
+                    proxy: proxy.to_path_buf(),
+                    url: url.clone(),
+                };
+                (transport, Box::new(tokio::io::empty()), Process::Remote)
+            }
+            (None, Trust::Sandbox) => {
+                let Some(sandbox) = &self.sandbox else {
+                    return Err("there is no sandbox to run it in".to_owned());
+                };
+                let mut argv = vec![self.config.command.clone().unwrap_or_default()];
+                argv.extend(self.config.args.iter().cloned());
+                let spawned = sandbox
+                    .spawn_process(argv, self.env.clone())
+                    .await
+                    .map_err(|e| e.to_string())??;
+                let (read, write) = spawned.stdio.into_split();
+                (
+                    Transport::Stdio(Box::new(read), Box::new(write)),
+                    Box::new(spawned.stderr),
+                    Process::Sandbox(spawned.pid),
+                )
+            }
+            (None, Trust::Host) => {
+                let program = self.config.command.clone().unwrap_or_default();
+                let mut command = tokio::process::Command::new(&program);
+                command
+                    .args(&self.config.args)
+                    .env_clear()
+                    .envs(host_base_env())
+                    .envs(&self.env)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true);
+                if let Some(dir) = &self.workspace {
+                    command.current_dir(dir);
                 }
-                Trust::Host => {
-                    let program = self.config.command.clone().unwrap_or_default();
-                    let mut command = tokio::process::Command::new(&program);
-                    command
-                        .args(&self.config.args)
-                        .env_clear()
-                        .envs(host_base_env())
-                        .envs(&self.env)
-                        .stdin(std::process::Stdio::piped())
-                        .stdout(std::process::Stdio::piped())
-                        .stderr(std::process::Stdio::piped())
-                        .kill_on_drop(true);
-                    if let Some(dir) = &self.workspace {
-                        command.current_dir(dir);
-                    }
-                    let mut child = command
-                        .spawn()
-                        .map_err(|e| format!("cannot start `{program}`: {e}"))?;
-                    let (Some(stdin), Some(stdout), Some(stderr)) =
-                        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-                    else {
-                        return Err("the server's stdio is missing".to_owned());
-                    };
-                    (
-                        Box::new(stdout),
-                        Box::new(stdin),
-                        Box::new(stderr),
-                        Process::Host(child),
-                    )
-                }
-            };
+                let mut child = command
+                    .spawn()
+                    .map_err(|e| format!("cannot start `{program}`: {e}"))?;
+                let (Some(stdin), Some(stdout), Some(stderr)) =
+                    (child.stdin.take(), child.stdout.take(), child.stderr.take())
+                else {
+                    return Err("the server's stdio is missing".to_owned());
+                };
+                (
+                    Transport::Stdio(Box::new(stdout), Box::new(stdin)),
+                    Box::new(stderr),
+                    Process::Host(child),
+                )
+            }
+        };
         let drain = self.stderr.drain(stderr, self.config.name.clone());
         let on_change = self.on_tools_changed();
         let start_limit = START_LIMIT.max(self.config.timeout());
         let started = tokio::time::timeout(start_limit, async {
-            let client = Client::connect(read, write, on_change).await?;
+            let client = match transport {
+                Transport::Stdio(read, write) => Client::connect(read, write, on_change).await?,
+                Transport::Http { proxy, url } => {
+                    Client::connect_http(&proxy, &url, on_change).await?
+                }
+            };
             let listed = client.list_tools().await?;
             Ok::<_, String>((client, listed))
         })
@@ -498,6 +569,14 @@ impl Server {
                 start_limit.as_secs()
             )),
         };
+        // What went wrong on the way is the proxy's to tell; and one thing it does on
+        // purpose breaks servers that keep sessions (docs/mcp.md).
+        let live_parts = live_parts.map_err(|reason| match &self.config.url {
+            Some(_) => format!(
+                "{reason}; it is reached through the auth proxy, whose proxy_decision events say what it did (behind a rule with a credential the proxy drops the Mcp-Session-Id header, so only a stateless server works there)"
+            ),
+            None => reason,
+        });
         match live_parts {
             Ok((client, listed)) => {
                 *self.tools.lock().unwrap_or_else(PoisonError::into_inner) =
@@ -547,6 +626,7 @@ impl Server {
             Process::Host(mut child) => {
                 let _ = child.kill().await;
             }
+            Process::Remote => {}
         }
     }
 

@@ -95,6 +95,69 @@ fn server_entries_are_validated_with_one_line_errors() {
     }
 }
 
+fn remote(url: &str) -> McpServerConfig {
+    McpServerConfig {
+        command: None,
+        url: Some(url.to_owned()),
+        ..config("web")
+    }
+}
+
+#[test]
+fn url_servers_are_checked_and_run_remote() {
+    for good in [
+        "http://127.0.0.1:8080/mcp",
+        "https://mcp.example.org/mcp",
+        "http://[::1]:9/",
+    ] {
+        assert_eq!(remote(good).validate(), Ok(()), "{good}");
+        assert_eq!(remote(good).runs(), "remote");
+    }
+    assert_eq!(config("time").runs(), "sandbox");
+    let cases = [
+        (
+            remote("ftp://h/mcp"),
+            "MCP server `web`: `url` `ftp://h/mcp` must start with http:// or https://",
+        ),
+        (
+            remote("/mcp"),
+            "MCP server `web`: `url` `/mcp` must start with http:// or https://",
+        ),
+        (
+            remote("http://user:pw@h/mcp"),
+            "MCP server `web`: `url` `http://user:pw@h/mcp` carries a user name; give credentials through a proxy rule",
+        ),
+        (
+            remote("http://h /mcp"),
+            "MCP server `web`: `url` `http://h /mcp` is not a URL: invalid uri character",
+        ),
+        (
+            McpServerConfig {
+                args: vec!["--x".into()],
+                ..remote("http://h/mcp")
+            },
+            "MCP server `web`: `args` is for stdio servers; a `url` server is reached through the auth proxy",
+        ),
+        (
+            McpServerConfig {
+                env: vec!["A".into()],
+                ..remote("http://h/mcp")
+            },
+            "MCP server `web`: `env` is for stdio servers; a `url` server is reached through the auth proxy",
+        ),
+        (
+            McpServerConfig {
+                trust: Trust::Host,
+                ..remote("http://h/mcp")
+            },
+            "MCP server `web`: `trust = \"host\"` is for stdio servers; a `url` server is reached through the auth proxy",
+        ),
+    ];
+    for (entry, expected) in cases {
+        assert_eq!(entry.validate().unwrap_err(), expected);
+    }
+}
+
 #[test]
 fn schemas_are_checked() {
     let check = |schema: Value, expected: Result<(), &str>| {
