@@ -458,7 +458,9 @@ impl PgStore {
         }
         row.updated_at.clone_from(&last.ts);
         row.events = last.seq;
-        cols.insert(&tx).await.map_err(|e| self.db_err(&e))?;
+        cols.insert(&tx, INSERT_EVENTS)
+            .await
+            .map_err(|e| self.db_err(&e))?;
         let mut blocks = BlockColumns::default();
         for block in &log.blocks {
             let messages = serde_json::to_string(&block.messages)?;
@@ -475,13 +477,16 @@ impl PgStore {
                 text,
             );
         }
-        blocks.insert(&tx).await.map_err(|e| self.db_err(&e))?;
+        blocks
+            .insert(&tx, INSERT_BLOCKS)
+            .await
+            .map_err(|e| self.db_err(&e))?;
         let head = Head {
             seq: last.seq,
             hash: last.hash.clone(),
             row,
         };
-        update_heads(&tx, &[&head], &last.ts)
+        update_heads(&tx, UPDATE_HEADS, &[&head], &last.ts)
             .await
             .map_err(|e| self.db_err(&e))?;
         tx.commit().await.map_err(|e| self.db_err(&e))?;
@@ -674,7 +679,11 @@ impl EventColumns {
         self.snapshot.push(snapshot);
     }
 
-    async fn insert<C: GenericClient>(&self, client: &C) -> Result<(), tokio_postgres::Error> {
+    async fn insert<C: GenericClient, S: tokio_postgres::ToStatement + ?Sized + Sync + Send>(
+        &self,
+        client: &C,
+        statement: &S,
+    ) -> Result<(), tokio_postgres::Error> {
         if self.seq.is_empty() {
             return Ok(());
         }
@@ -689,7 +698,7 @@ impl EventColumns {
             &self.hash,
             &self.snapshot,
         ];
-        client.execute(INSERT_EVENTS, &params).await.map(|_| ())
+        client.execute(statement, &params).await.map(|_| ())
     }
 }
 
@@ -725,7 +734,11 @@ impl BlockColumns {
         self.text.push(text);
     }
 
-    async fn insert<C: GenericClient>(&self, client: &C) -> Result<(), tokio_postgres::Error> {
+    async fn insert<C: GenericClient, S: tokio_postgres::ToStatement + ?Sized + Sync + Send>(
+        &self,
+        client: &C,
+        statement: &S,
+    ) -> Result<(), tokio_postgres::Error> {
         if self.block_id.is_empty() {
             return Ok(());
         }
@@ -738,13 +751,14 @@ impl BlockColumns {
             &self.note,
             &self.text,
         ];
-        client.execute(INSERT_BLOCKS, &params).await.map(|_| ())
+        client.execute(statement, &params).await.map(|_| ())
     }
 }
 
 /// Writes the heads and index rows of `heads` (their executions' rows are locked).
-async fn update_heads<C: GenericClient>(
+async fn update_heads<C: GenericClient, S: tokio_postgres::ToStatement + ?Sized + Sync + Send>(
     client: &C,
+    statement: &S,
     heads: &[&Head],
     ts: &str,
 ) -> Result<(), tokio_postgres::Error> {
@@ -798,53 +812,94 @@ async fn update_heads<C: GenericClient>(
         &cost,
         &resumes,
     ];
-    client.execute(UPDATE_HEADS, &params).await.map(|_| ())
+    client.execute(statement, &params).await.map(|_| ())
 }
 
-/// Locks the head rows of `ids` (sorted, distinct) in one statement, in id order, creating
-/// those of new executions. Another process creating one at the same moment wins its
-/// insert; the next select then waits for that process's lock.
-async fn lock_heads<'a, C: GenericClient>(
-    client: &C,
+/// The statements a commit sends, prepared once per connection (deadpool caches them with
+/// the connection): a cached statement is sent with its parameters in one message, where
+/// a query given as text costs a round trip of its own to be prepared first.
+struct Statements {
+    lock_heads: tokio_postgres::Statement,
+    make_heads: tokio_postgres::Statement,
+    check_leases: tokio_postgres::Statement,
+    insert_events: tokio_postgres::Statement,
+    insert_blocks: tokio_postgres::Statement,
+    update_heads: tokio_postgres::Statement,
+    notify: tokio_postgres::Statement,
+}
+
+const LOCK_HEADS: &str = "SELECT execution_id, started_at, updated_at, head_seq, task, \
+     loop_type, model, task_status, termination_reason, error, total_turns, input_tokens, \
+     output_tokens, cost_micro_usd, resumes, head_hash FROM executions
+     WHERE execution_id = ANY($1) ORDER BY execution_id FOR UPDATE";
+const MAKE_HEADS: &str = "INSERT INTO executions (execution_id, started_at, updated_at, head_hash)
+     SELECT id, $2, $2, $3 FROM UNNEST($1::text[]) AS id ORDER BY id
+     ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id";
+const CHECK_LEASES: &str = "SELECT q.execution_id FROM queue q
+     JOIN UNNEST($1::text[], $2::text[]) AS l(execution_id, worker)
+       ON q.execution_id = l.execution_id AND q.worker = l.worker
+     WHERE q.state = 'claimed' AND q.lease_until > clock_timestamp()
+     ORDER BY q.execution_id FOR SHARE OF q";
+const NOTIFY: &str = "SELECT pg_notify('nerve_events', id) FROM UNNEST($1::text[]) AS id";
+
+impl Statements {
+    async fn prepare(
+        client: &deadpool_postgres::ClientWrapper,
+    ) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            lock_heads: client.prepare_cached(LOCK_HEADS).await?,
+            make_heads: client.prepare_cached(MAKE_HEADS).await?,
+            check_leases: client.prepare_cached(CHECK_LEASES).await?,
+            insert_events: client.prepare_cached(INSERT_EVENTS).await?,
+            insert_blocks: client.prepare_cached(INSERT_BLOCKS).await?,
+            update_heads: client.prepare_cached(UPDATE_HEADS).await?,
+            notify: client.prepare_cached(NOTIFY).await?,
+        })
+    }
+}
+
+/// The heads in `rows` (from [`LOCK_HEADS`]) that `ids` asked for.
+fn heads_in<'a>(
+    rows: &[Row],
+    ids: &[&'a str],
+    heads: &mut BTreeMap<&'a str, Head>,
+) -> Result<(), tokio_postgres::Error> {
+    for row in rows {
+        let row_summary = summary(row)?;
+        let head = Head {
+            seq: row_summary.events,
+            hash: row.try_get(15)?,
+            row: row_summary,
+        };
+        if let Some(id) = ids.iter().find(|id| **id == head.row.execution_id) {
+            heads.insert(*id, head);
+        }
+    }
+    Ok(())
+}
+
+/// Completes `heads`, the locked head rows of `ids` (sorted, distinct), with those the
+/// first [`LOCK_HEADS`] did not find: new executions' rows are created (and so locked).
+/// Another process creating one at the same moment wins its insert; the next select then
+/// waits for that process's lock.
+async fn lock_missing_heads<'a>(
+    client: &tokio_postgres::Client,
+    statements: &Statements,
     ids: &[&'a str],
     ts: &str,
-) -> Result<BTreeMap<&'a str, Head>, tokio_postgres::Error> {
-    let select = format!(
-        "SELECT {SUMMARY_COLUMNS}, head_hash FROM executions
-         WHERE execution_id = ANY($1) ORDER BY execution_id FOR UPDATE"
-    );
-    let mut heads = BTreeMap::new();
+    heads: &mut BTreeMap<&'a str, Head>,
+) -> Result<(), tokio_postgres::Error> {
     loop {
-        let wanted: Vec<&str> = ids
+        let missing: Vec<&str> = ids
             .iter()
             .copied()
             .filter(|id| !heads.contains_key(id))
             .collect();
-        for row in client.query(&select, &[&wanted]).await? {
-            let row_summary = summary(&row)?;
-            let head = Head {
-                seq: row_summary.events,
-                hash: row.try_get(15)?,
-                row: row_summary,
-            };
-            if let Some(id) = wanted.iter().find(|id| **id == head.row.execution_id) {
-                heads.insert(*id, head);
-            }
-        }
-        let missing: Vec<&str> = wanted
-            .into_iter()
-            .filter(|id| !heads.contains_key(id))
-            .collect();
         if missing.is_empty() {
-            return Ok(heads);
+            return Ok(());
         }
         let made = client
-            .query(
-                "INSERT INTO executions (execution_id, started_at, updated_at, head_hash)
-                 SELECT id, $2, $2, $3 FROM UNNEST($1::text[]) AS id ORDER BY id
-                 ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id",
-                &[&missing, &ts, &GENESIS_HASH],
-            )
+            .query(&statements.make_heads, &[&missing, &ts, &GENESIS_HASH])
             .await?;
         for row in made {
             let made: String = row.try_get(0)?;
@@ -859,8 +914,13 @@ async fn lock_heads<'a, C: GenericClient>(
                 );
             }
         }
-        if heads.len() == ids.len() {
-            return Ok(heads);
+        let wanted: Vec<&str> = missing
+            .into_iter()
+            .filter(|id| !heads.contains_key(id))
+            .collect();
+        if !wanted.is_empty() {
+            let rows = client.query(&statements.lock_heads, &[&wanted]).await?;
+            heads_in(&rows, &wanted, heads)?;
         }
     }
 }
@@ -894,68 +954,96 @@ impl std::fmt::Display for CommitError {
     }
 }
 
-/// Checks, under the transaction, that every `(execution, worker)` lease is held and
-/// unexpired, and keeps the queue rows share-locked until the commit: a claim (an UPDATE
-/// of the row) cannot take the execution over between this check and the commit, so the
-/// worker that takes it over reads a log that already holds this write.
-async fn check_leases<C: GenericClient>(
-    client: &C,
+/// Which of the `(execution, worker)` leases a [`CHECK_LEASES`] answer (`rows`) does not
+/// show as held and unexpired.
+fn lost_leases(
     leased: &[(String, String)],
-) -> Result<(), CommitError> {
-    if leased.is_empty() {
-        return Ok(());
-    }
-    let (ids, workers): (Vec<&str>, Vec<&str>) =
-        leased.iter().map(|(e, w)| (e.as_str(), w.as_str())).unzip();
-    let rows = client
-        .query(
-            "SELECT q.execution_id FROM queue q
-             JOIN UNNEST($1::text[], $2::text[]) AS l(execution_id, worker)
-               ON q.execution_id = l.execution_id AND q.worker = l.worker
-             WHERE q.state = 'claimed' AND q.lease_until > clock_timestamp()
-             ORDER BY q.execution_id FOR SHARE OF q",
-            &[&ids, &workers],
-        )
-        .await?;
+    rows: &[Row],
+) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
     let held: Vec<String> = rows
         .iter()
         .map(|row| row.try_get::<_, String>(0))
         .collect::<Result<_, _>>()?;
-    let lost: Vec<(String, String)> = leased
+    Ok(leased
         .iter()
         .filter(|(e, _)| !held.contains(e))
         .cloned()
-        .collect();
-    if lost.is_empty() {
-        Ok(())
-    } else {
-        Err(CommitError::LeaseLost(lost))
-    }
+        .collect())
 }
 
 /// Commits `writes` in one transaction; on error nothing of them was written. A write
 /// with a lease (`(write, Some(worker))`) commits only while that worker holds it.
+///
+/// Two round trips, each a pipeline the server answers in order:
+/// 1. `BEGIN`, the head rows of the executions written to locked `FOR UPDATE` (in id
+///    order, so two writers locking overlapping sets never deadlock), and the leases
+///    checked with their queue rows share-locked until the commit: a claim (an UPDATE of
+///    the row) cannot take the execution over between this check and the commit, so the
+///    worker that takes it over reads a log that already holds this write;
+/// 2. the events, archive blocks and heads written, and `COMMIT`; then the notification
+///    to `events --follow` listeners, outside the transaction (inside, PostgreSQL would
+///    serialise every notifying commit of every process on one lock, fsync included;
+///    a follower that misses one reads again within seconds anyway).
+///
+/// When a statement fails, the server refuses the rest of the transaction and turns the
+/// pipelined `COMMIT` into a rollback: every answer is checked before the write counts.
 async fn commit(
-    client: &mut tokio_postgres::Client,
+    client: &tokio_postgres::Client,
+    statements: &Statements,
+    writes: &[(&Write, Option<&str>)],
+) -> Result<Vec<Written>, CommitError> {
+    let outcome = commit_in(client, statements, writes).await;
+    if outcome.is_err() {
+        // Ends the transaction if the failure left it open (a warning, not an error, when
+        // the pipelined COMMIT already ended it). A connection that broke is dropped by
+        // the pool.
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    outcome
+}
+
+async fn commit_in(
+    client: &tokio_postgres::Client,
+    statements: &Statements,
     writes: &[(&Write, Option<&str>)],
 ) -> Result<Vec<Written>, CommitError> {
     let ts = now_rfc3339();
-    let tx = client.transaction().await?;
-    // Locked in id order, so two writers locking overlapping sets never deadlock.
     let mut ids: Vec<&str> = writes
         .iter()
         .map(|(w, _)| w.execution_id.as_str())
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    let mut heads = lock_heads(&tx, &ids, &ts).await?;
     let mut leased: Vec<(String, String)> = writes
         .iter()
         .filter_map(|(w, lease)| lease.map(|l| (w.execution_id.clone(), l.to_owned())))
         .collect();
     leased.sort();
     leased.dedup();
-    check_leases(&tx, &leased).await?;
+    let (lease_ids, lease_workers): (Vec<&str>, Vec<&str>) =
+        leased.iter().map(|(e, w)| (e.as_str(), w.as_str())).unzip();
+    let check = async {
+        if leased.is_empty() {
+            Ok(Vec::new())
+        } else {
+            client
+                .query(&statements.check_leases, &[&lease_ids, &lease_workers])
+                .await
+        }
+    };
+    let locking: [&(dyn ToSql + Sync); 1] = [&ids];
+    let ((), locked, held) = tokio::try_join!(
+        client.batch_execute("BEGIN"),
+        client.query(&statements.lock_heads, &locking),
+        check
+    )?;
+    let mut heads = BTreeMap::new();
+    heads_in(&locked, &ids, &mut heads)?;
+    lock_missing_heads(client, statements, &ids, &ts, &mut heads).await?;
+    let lost = lost_leases(&leased, &held)?;
+    if !lost.is_empty() {
+        return Err(CommitError::LeaseLost(lost));
+    }
     let mut events = EventColumns::default();
     let mut blocks = BlockColumns::default();
     let mut out = Vec::with_capacity(writes.len());
@@ -1013,18 +1101,21 @@ async fn commit(
     }
     let touched: Vec<&Head> = heads.values().collect();
     let notified: [&(dyn ToSql + Sync); 1] = [&ids];
-    // Sent together: the connection pipelines them, one wait for the four. The
-    // notifications reach `events --follow` listeners when the transaction commits.
-    tokio::try_join!(
-        events.insert(&tx),
-        blocks.insert(&tx),
-        update_heads(&tx, &touched, &ts),
-        tx.execute(
-            "SELECT pg_notify('nerve_events', id) FROM UNNEST($1::text[]) AS id",
-            &notified
-        )
-    )?;
-    tx.commit().await?;
+    let (written, notified) = tokio::join!(
+        async {
+            tokio::try_join!(
+                events.insert(client, &statements.insert_events),
+                blocks.insert(client, &statements.insert_blocks),
+                update_heads(client, &statements.update_heads, &touched, &ts),
+                client.batch_execute("COMMIT"),
+            )
+        },
+        client.execute(&statements.notify, &notified)
+    );
+    written?;
+    if let Err(error) = notified {
+        tracing::debug!(error = %with_causes(&error), "event log: notifying followers failed");
+    }
     Ok(out)
 }
 
@@ -1059,7 +1150,7 @@ async fn run_writer(
                 Err(_) => break,
             }
         }
-        let mut pooled = match pool.get().await {
+        let pooled = match pool.get().await {
             Ok(client) => client,
             Err(error) => {
                 let message = format!("event log {shown}: {error}");
@@ -1069,12 +1160,22 @@ async fn run_writer(
                 continue;
             }
         };
-        let client: &mut tokio_postgres::Client = &mut pooled;
+        let statements = match Statements::prepare(&pooled).await {
+            Ok(statements) => statements,
+            Err(error) => {
+                let message = format!("event log {shown}: {}", with_causes(&error));
+                for job in batch.drain(..) {
+                    let _ = job.reply.send(Err(message.clone()));
+                }
+                continue;
+            }
+        };
+        let client: &tokio_postgres::Client = &pooled;
         let writes: Vec<(&Write, Option<&str>)> = batch
             .iter()
             .map(|job| (&job.write, job.lease.as_deref()))
             .collect();
-        let outcome = commit(client, &writes).await;
+        let outcome = commit(client, &statements, &writes).await;
         drop(writes);
         match outcome {
             Ok(written) => {
@@ -1092,7 +1193,7 @@ async fn run_writer(
             Err(error) => {
                 tracing::debug!(%error, "event log batch failed; committing its writes one by one");
                 for job in batch.drain(..) {
-                    let result = commit(client, &[(&job.write, job.lease.as_deref())])
+                    let result = commit(client, &statements, &[(&job.write, job.lease.as_deref())])
                         .await
                         .map_err(|e| describe(&e))
                         .and_then(|mut written| {

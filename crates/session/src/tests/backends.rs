@@ -924,3 +924,41 @@ async fn commits_and_submits_notify_listeners() {
     assert_eq!(after.len(), 1);
     assert!(store.events_after(id, 1).await.unwrap().is_empty());
 }
+
+/// A commit is two pipelined round trips ending in `COMMIT`: a statement that fails in the
+/// second (here a duplicate archive block id) must fail its write alone, leave nothing of
+/// it in the log, and leave the connection usable for the next commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_fails_mid_pipeline_leaves_nothing_and_the_next_commits() {
+    let Some(store) = postgres(Redactor::new()).await else {
+        return;
+    };
+    let (bad, good) = (ExecutionId::new(), ExecutionId::new());
+    store.append(bad, started()).await.unwrap();
+    store.append(good, started()).await.unwrap();
+    let block = ArchivedBlock {
+        id: BlockId::new(),
+        messages: vec![Message::user("first")],
+        note: "kept".into(),
+    };
+    store.archive(bad, block.clone()).await.unwrap();
+    let before = store.events(bad).await.unwrap().len();
+    // Queued together, so usually one batch: the batch fails, then each write alone.
+    let (duplicate, other) = tokio::join!(
+        store.archive(bad, block.clone()),
+        store.append(good, context())
+    );
+    assert!(duplicate.is_err(), "a duplicate block id was accepted");
+    assert_eq!(other.unwrap(), 2);
+    assert_eq!(store.events(bad).await.unwrap().len(), before);
+    assert_eq!(
+        store.append(bad, context()).await.unwrap(),
+        (before + 1) as u64
+    );
+    assert_eq!(store.verify(bad).await.unwrap(), Ok((before + 1) as u64));
+    assert_eq!(store.verify(good).await.unwrap(), Ok(2));
+    assert_eq!(
+        store.fetch(bad, block.id).await.unwrap().map(|b| b.note),
+        Some("kept".into())
+    );
+}
