@@ -41,13 +41,9 @@ const ANCHOR_PACKAGES: [&str; 4] = [
 ];
 
 pub(crate) fn bench() -> Result<()> {
-    let executor = crate::image(false)?;
     // NERVE_BENCH_PROFILE=debug measures the debug `nerve` already built (slower than the
     // release one: a conservative figure when a release build does not fit).
     let profile = std::env::var("NERVE_BENCH_PROFILE").unwrap_or_else(|_| "release".into());
-    if profile == "release" {
-        crate::run(crate::cargo().args(["build", "--release", "--package", "nerve-cli"]))?;
-    }
     let nerve = crate::target_dir().join(&profile).join("nerve");
     let work = crate::target_dir().join("bench-fleet");
     if work.exists() {
@@ -82,6 +78,15 @@ pub(crate) fn bench() -> Result<()> {
             load_average()
         );
         return Ok(());
+    }
+    // NERVE_EXECUTOR names an executor already built (from the same sources): the sandbox
+    // image is still made when missing, but the executor is not rebuilt.
+    let executor = match std::env::var_os(nerve_hands::EXECUTOR_ENV) {
+        Some(given) if !given.is_empty() => crate::image_with(Some(PathBuf::from(given)), false)?,
+        _ => crate::image(false)?,
+    };
+    if profile == "release" {
+        crate::run(crate::cargo().args(["build", "--release", "--package", "nerve-cli"]))?;
     }
 
     // 1. PostgreSQL against SQLite, rounds interleaved.

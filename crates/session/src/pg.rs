@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use nerve_core::event::Compaction;
 use nerve_core::{
-    ArchivedBlock, BlockId, ContextArchive, Event, EventSink, ExecutionId, Message, RecallHit,
-    Redactor, SinkError, Snapshot,
+    ArchivedBlock, BlockId, ContextArchive, Enqueued, Event, EventSink, ExecutionId, Message,
+    RecallHit, Redactor, SinkError, Snapshot,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::ToSql;
@@ -27,8 +27,8 @@ use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, searchable_text};
 use crate::chain::{ChainCheck, ChainError, GENESIS_HASH, event_hash};
 use crate::encode::{
-    EncodedEvent, Write, Written, encode_blocks, encode_checkpoint, encode_checkpoint_after,
-    encode_event, index_update, sha256_hex,
+    EncodedEvent, Write, Written, encode_batch, encode_blocks, encode_checkpoint, encode_event,
+    index_update, sha256_hex,
 };
 use crate::event_store::EventStore;
 use crate::replay::{Replay, replay};
@@ -175,7 +175,82 @@ struct Job {
     write: Write,
     /// The worker whose lease this write needs (see [`PgStore::hold_lease`]).
     lease: Option<String>,
+    /// Its place among every write of this process (see [`Failures`]).
+    ticket: u64,
+    /// Queued after a write of its execution failed, before that failure was seen.
+    doomed: bool,
     reply: oneshot::Sender<Result<Written, String>>,
+}
+
+/// What keeps a failed write from leaving a hole in its execution's log. A sink that queues
+/// a batch before the previous one is durable ([`EventSink::enqueue`]) may have later
+/// batches of the execution queued when one fails; those must fail too (the engine stops
+/// at the first failure, and a log with a batch missing in the middle would not replay).
+/// So when a write of an execution fails, every write of it queued until then (by ticket)
+/// and until its writer has seen the failure fails as well, without being written; writes
+/// queued after that (a resume) are written again.
+#[derive(Debug, Default)]
+struct Failures {
+    next_ticket: std::sync::atomic::AtomicU64,
+    state: std::sync::Mutex<FailureState>,
+}
+
+#[derive(Debug, Default)]
+struct FailureState {
+    /// Execution → the last ticket handed out when one of its writes failed.
+    failed_up_to: std::collections::HashMap<String, u64>,
+    /// Executions whose last failure no caller has received yet.
+    unseen: std::collections::HashSet<String>,
+}
+
+impl Failures {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FailureState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A ticket for a write of `execution` queued now, and whether it is doomed.
+    fn ticket(&self, execution: &str) -> (u64, bool) {
+        let state = self.lock();
+        let ticket = self
+            .next_ticket
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        (ticket, state.unseen.contains(execution))
+    }
+
+    /// Records that a write of `execution` failed (before its caller is told).
+    fn failed(&self, execution: &str) {
+        let mut state = self.lock();
+        let last = self
+            .next_ticket
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .saturating_sub(1);
+        state.failed_up_to.insert(execution.to_owned(), last);
+        state.unseen.insert(execution.to_owned());
+    }
+
+    /// A caller received a failure of `execution`: writes it queues from now on are new.
+    fn seen(&self, execution: &str) {
+        self.lock().unseen.remove(execution);
+    }
+
+    /// Whether `job` must fail unwritten because an earlier write of its execution failed.
+    fn dooms(&self, job: &Job) -> bool {
+        job.doomed
+            || self
+                .lock()
+                .failed_up_to
+                .get(&job.write.execution_id)
+                .is_some_and(|&last| job.ticket <= last)
+    }
+}
+
+/// The answer to a write that an earlier failed write of its execution doomed.
+fn doomed_message(shown: &str, execution: &str) -> String {
+    format!(
+        "event log {shown}: an earlier write of execution {execution} failed; this later one was not written"
+    )
 }
 
 /// The leases this process holds: execution id → worker. Shared with the writer task,
@@ -200,6 +275,7 @@ pub struct PgStore {
     /// Where a listening connection of its own goes (`events --follow`, idle workers).
     pub(crate) config: tokio_postgres::Config,
     pub(crate) leases: Leases,
+    failures: Arc<Failures>,
 }
 
 impl std::fmt::Debug for Job {
@@ -258,11 +334,13 @@ impl PgStore {
         }
         let (jobs, queue) = mpsc::unbounded_channel();
         let leases = Leases::default();
+        let failures = Arc::new(Failures::default());
         tokio::spawn(run_writer(
             pool.clone(),
             shown.clone(),
             queue,
             Arc::clone(&leases),
+            Arc::clone(&failures),
         ));
         Ok(Self {
             pool,
@@ -271,6 +349,7 @@ impl PgStore {
             shown,
             config,
             leases,
+            failures,
         })
     }
 
@@ -297,20 +376,55 @@ impl PgStore {
 
     /// Queues `write` for the writer (at once, in this call's first poll) and waits for it.
     async fn write(&self, write: Write) -> Result<Written, SessionError> {
+        self.queue_write(write).await
+    }
+
+    /// Queues `write` for the writer now (its place in the order is taken before this
+    /// returns); the future waits for it to be durable.
+    fn queue_write(
+        &self,
+        write: Write,
+    ) -> impl std::future::Future<Output = Result<Written, SessionError>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
         let lease = self.lease_of(&write.execution_id);
-        self.jobs
+        let execution = write.execution_id.clone();
+        let (ticket, doomed) = self.failures.ticket(&execution);
+        let queued = self
+            .jobs
             .send(Job {
                 write,
                 lease,
+                ticket,
+                doomed,
                 reply,
             })
-            .map_err(|_| SessionError::WriterGone)?;
-        match answer.await {
-            Ok(Ok(written)) => Ok(written),
-            Ok(Err(message)) => Err(SessionError::Write(message)),
-            Err(_) => Err(SessionError::WriterGone),
+            .is_ok();
+        let failures = Arc::clone(&self.failures);
+        async move {
+            if !queued {
+                return Err(SessionError::WriterGone);
+            }
+            match answer.await {
+                Ok(Ok(written)) => Ok(written),
+                Ok(Err(message)) => {
+                    failures.seen(&execution);
+                    Err(SessionError::Write(message))
+                }
+                Err(_) => Err(SessionError::WriterGone),
+            }
         }
+    }
+
+    /// The write of one engine batch (`None` when there is nothing to write), encoded and
+    /// redacted on the caller's thread.
+    fn batch_write(
+        &self,
+        execution: ExecutionId,
+        events: &[Event],
+        checkpoint: Option<&Snapshot>,
+    ) -> Result<Option<Write>, SessionError> {
+        encode_batch(execution.to_string(), events, checkpoint, &self.redactor)
+            .map_err(SessionError::Encode)
     }
 
     fn encode_all(&self, events: &[Event]) -> Result<Vec<EncodedEvent>, SessionError> {
@@ -1121,12 +1235,14 @@ async fn commit_in(
 
 /// The writer task: takes every write queued since its last commit and commits them in
 /// one transaction. When a batch fails, its writes are retried one by one, so that one bad
-/// write (a duplicate block id, a lost lease) fails alone.
+/// write (a duplicate block id, a lost lease) fails alone, with the later writes of its
+/// execution (see [`Failures`]).
 async fn run_writer(
     pool: Pool,
     shown: String,
     mut queue: mpsc::UnboundedReceiver<Job>,
     leases: Leases,
+    failures: Arc<Failures>,
 ) {
     let mut batch: Vec<Job> = Vec::new();
     let describe = |error: &CommitError| match error {
@@ -1142,6 +1258,10 @@ async fn run_writer(
         }
         CommitError::Database(_) => format!("event log {shown}: {error}"),
     };
+    let fail = |job: Job, message: String| {
+        failures.failed(&job.write.execution_id);
+        let _ = job.reply.send(Err(message));
+    };
     while let Some(job) = queue.recv().await {
         batch.push(job);
         while batch.len() < MAX_BATCH {
@@ -1150,22 +1270,31 @@ async fn run_writer(
                 Err(_) => break,
             }
         }
-        let pooled = match pool.get().await {
-            Ok(client) => client,
+        let (doomed, live): (Vec<Job>, Vec<Job>) =
+            batch.drain(..).partition(|job| failures.dooms(job));
+        for job in doomed {
+            // Not recorded as a failure of its own: its caller may never ask (the engine
+            // stops at the earlier one), and the execution must not stay doomed.
+            let message = doomed_message(&shown, &job.write.execution_id);
+            let _ = job.reply.send(Err(message));
+        }
+        batch = live;
+        if batch.is_empty() {
+            continue;
+        }
+        let connected = match pool.get().await {
+            Ok(pooled) => Statements::prepare(&pooled)
+                .await
+                .map(|statements| (pooled, statements))
+                .map_err(|error| with_causes(&error)),
+            Err(error) => Err(error.to_string()),
+        };
+        let (pooled, statements) = match connected {
+            Ok(connected) => connected,
             Err(error) => {
                 let message = format!("event log {shown}: {error}");
                 for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(message.clone()));
-                }
-                continue;
-            }
-        };
-        let statements = match Statements::prepare(&pooled).await {
-            Ok(statements) => statements,
-            Err(error) => {
-                let message = format!("event log {shown}: {}", with_causes(&error));
-                for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(message.clone()));
+                    fail(job, message.clone());
                 }
                 continue;
             }
@@ -1187,12 +1316,17 @@ async fn run_writer(
                 tracing::debug!(%error, "event log write failed");
                 let message = describe(&error);
                 for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(message.clone()));
+                    fail(job, message.clone());
                 }
             }
             Err(error) => {
                 tracing::debug!(%error, "event log batch failed; committing its writes one by one");
                 for job in batch.drain(..) {
+                    if failures.dooms(&job) {
+                        let message = doomed_message(&shown, &job.write.execution_id);
+                        let _ = job.reply.send(Err(message));
+                        continue;
+                    }
                     let result = commit(client, &statements, &[(&job.write, job.lease.as_deref())])
                         .await
                         .map_err(|e| describe(&e))
@@ -1201,7 +1335,12 @@ async fn run_writer(
                                 .pop()
                                 .ok_or_else(|| "the store returned no result".to_owned())
                         });
-                    let _ = job.reply.send(result);
+                    match result {
+                        Ok(written) => {
+                            let _ = job.reply.send(Ok(written));
+                        }
+                        Err(message) => fail(job, message),
+                    }
                 }
             }
         }
@@ -1260,22 +1399,34 @@ impl EventSink for PgStore {
         events: Vec<Event>,
         checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
-        let sink_error = SinkError::from;
-        let encoded = self.encode_all(&events).map_err(sink_error)?;
-        let write = match &checkpoint {
-            Some(snapshot) => encode_checkpoint_after(
-                execution.to_string(),
-                encoded,
-                snapshot.turn,
-                &snapshot.state,
-                &self.redactor,
-            )
-            .map_err(|e| sink_error(SessionError::Encode(e)))?,
-            None if encoded.is_empty() => return Ok(None),
-            None => Write::events(execution.to_string(), encoded),
+        let Some(write) = self.batch_write(execution, &events, checkpoint.as_ref())? else {
+            return Ok(None);
         };
-        let written = self.write(write).await.map_err(sink_error)?;
+        let written = self.write(write).await?;
         Ok(checkpoint.map(|_| written.head))
+    }
+
+    /// Encodes the batch here and queues it at once: its place in the order is taken
+    /// before this returns, so the engine's next batch may go in the same transaction.
+    fn enqueue(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Enqueued {
+        let has_checkpoint = checkpoint.is_some();
+        let write = match self.batch_write(execution, &events, checkpoint.as_ref()) {
+            Ok(Some(write)) => write,
+            Ok(None) => return Enqueued::Placed(Box::pin(std::future::ready(Ok(None)))),
+            Err(error) => {
+                return Enqueued::Placed(Box::pin(std::future::ready(Err(error.into()))));
+            }
+        };
+        let written = self.queue_write(write);
+        Enqueued::Placed(Box::pin(async move {
+            let written = written.await?;
+            Ok(has_checkpoint.then_some(written.head))
+        }))
     }
 }
 
