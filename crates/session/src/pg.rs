@@ -185,7 +185,8 @@ struct Job {
 /// What keeps a failed write from leaving a hole in its execution's log. A sink that queues
 /// a batch before the previous one is durable ([`EventSink::enqueue`]) may have later
 /// batches of the execution queued when one fails; those must fail too (the engine stops
-/// at the first failure, and a log with a batch missing in the middle would not replay).
+/// at the first failure, and a log with a batch missing in the middle would tell a run that
+/// never happened).
 /// So when a write of an execution fails, every write of it queued until then (by ticket)
 /// and until its writer has seen the failure fails as well, without being written; writes
 /// queued after that (a resume) are written again.
