@@ -9,13 +9,21 @@
 //!    --concurrency 16` processes on this machine: turns per second, from the first
 //!    worker's start to the last execution's completion (sandboxes' starts included) and
 //!    over the log's busy span.
-//! 3. Commit latency under the same concurrency, at the store: 4 `PgStore`s (one per
-//!    worker process) × 16 executions × 25 turns, each turn the engine's two commits (the
-//!    answer and the call's intent; the result and the turn's end): p50 and p99 of a
-//!    commit's durable round trip.
+//! 3. The same concurrency at the store: 4 `PgStore`s (one per worker process) × 16
+//!    executions × 25 turns, each turn the engine's two batches as the engine queues them
+//!    (the answer and the call's intent, queued behind the previous turn's end and awaited
+//!    with it before the tool call; the result and the turn's end, queued without
+//!    waiting): turns per second, and p50 and p99 of a turn's durable wait.
 //! 4. The anchor: one agent of 1,000 turns (per-turn cost), and 64 agents of 25 turns in 4
 //!    processes (turns per second, p50/p99 of a checkpoint write). Its virtual environment
 //!    is cached under `~/.cache/nerve/langgraph-postgres` and made with pip when missing.
+//!
+//! `NERVE_BENCH_PROFILE` names the `nerve` measured (`target/<profile>/nerve`; only
+//! `release`, the default, is built here), `NERVE_BENCH_ROUNDS` the rounds of part 1,
+//! `NERVE_BENCH_FLEET_PART=store` runs part 3 alone (no sandbox image needed), and
+//! `NERVE_EXECUTOR` an executor already built (not rebuilt). The store part measures
+//! the client code as xtask was built: run it as `cargo run --release -p xtask -- bench
+//! fleet` for release figures.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -41,13 +49,9 @@ const ANCHOR_PACKAGES: [&str; 4] = [
 ];
 
 pub(crate) fn bench() -> Result<()> {
-    let executor = crate::image(false)?;
     // NERVE_BENCH_PROFILE=debug measures the debug `nerve` already built (slower than the
     // release one: a conservative figure when a release build does not fit).
     let profile = std::env::var("NERVE_BENCH_PROFILE").unwrap_or_else(|_| "release".into());
-    if profile == "release" {
-        crate::run(crate::cargo().args(["build", "--release", "--package", "nerve-cli"]))?;
-    }
     let nerve = crate::target_dir().join(&profile).join("nerve");
     let work = crate::target_dir().join("bench-fleet");
     if work.exists() {
@@ -82,6 +86,15 @@ pub(crate) fn bench() -> Result<()> {
             load_average()
         );
         return Ok(());
+    }
+    // NERVE_EXECUTOR names an executor already built (from the same sources): the sandbox
+    // image is still made when missing, but the executor is not rebuilt.
+    let executor = match std::env::var_os(nerve_hands::EXECUTOR_ENV) {
+        Some(given) if !given.is_empty() => crate::image_with(Some(PathBuf::from(given)), false)?,
+        _ => crate::image(false)?,
+    };
+    if profile == "release" {
+        crate::run(crate::cargo().args(["build", "--release", "--package", "nerve-cli"]))?;
     }
 
     // 1. PostgreSQL against SQLite, rounds interleaved.
@@ -195,18 +208,22 @@ pub(crate) fn bench() -> Result<()> {
             fleet.wall_turns_per_s / v
         ))
     )?;
+    writeln!(
+        report,
+        "| the same concurrency at the store (the engine's two batches a turn, no engine, no tool): turns/s | {:.0} | {} | {} |",
+        commits.turns_per_s,
+        lg_tps.map_or("skipped".into(), |v| format!("{v:.0} (the whole agent)")),
+        lg_tps.map_or("-".into(), |v| format!("{:.1}×", commits.turns_per_s / v))
+    )?;
     let (lg_p50, lg_p99) = (get(lg_fleet, "p50_ms"), get(lg_fleet, "p99_ms"));
     writeln!(
         report,
-        "| the same concurrency at the store: commit p50 / p99 | {:.2} / {:.2} ms ({:.0} turns/s) | {} | {} |",
+        "| the same concurrency: a turn's durable wait (Nerve, at the store) / a checkpoint write (anchor), p50 / p99 | {:.2} / {:.2} ms | {} | {} |",
         commits.p50_ms,
         commits.p99_ms,
-        commits.turns_per_s,
         lg_p50
             .zip(lg_p99)
-            .map_or("skipped".into(), |(a, b)| format!(
-                "{a:.2} / {b:.2} ms (checkpoint writes)"
-            )),
+            .map_or("skipped".into(), |(a, b)| format!("{a:.2} / {b:.2} ms")),
         lg_p99.map_or("-".into(), |v| format!("{:.1}× (p99)", v / commits.p99_ms))
     )?;
     writeln!(report)?;
@@ -381,7 +398,17 @@ struct Commits {
     p99_ms: f64,
 }
 
-/// The engine's two commits per turn, from `EXECUTIONS` executions on `WORKERS` stores.
+/// A batch the store placed in its write queue.
+fn placed(enqueued: nerve_core::Enqueued) -> Result<nerve_core::PendingCommit> {
+    match enqueued {
+        nerve_core::Enqueued::Placed(commit) => Ok(commit),
+        nerve_core::Enqueued::Deferred { .. } => bail!("the store deferred a batch"),
+    }
+}
+
+/// The engine's two batches per turn, from `EXECUTIONS` executions on `WORKERS` stores:
+/// turns per second, and the wait of each turn for its log to be durable before its tool
+/// call (p50, p99).
 async fn commit_latency(url: &str) -> Result<Commits> {
     use nerve_core::event::{CallPurpose, ModelCalled, TurnCompleted};
     use nerve_core::{
@@ -401,6 +428,7 @@ async fn commit_latency(url: &str) -> Result<Commits> {
         tasks.push(tokio::spawn(async move {
             let id = ExecutionId::new();
             let mut latencies = Vec::new();
+            let mut previous_end: Option<nerve_core::PendingCommit> = None;
             for turn in 1..=u32::try_from(FLEET_TURNS).unwrap_or(u32::MAX) {
                 let call = ToolCall {
                     id: format!("c{turn}").as_str().into(),
@@ -441,11 +469,20 @@ async fn commit_latency(url: &str) -> Result<Commits> {
                         duration_ms: 1,
                     }),
                 ];
-                for events in [first, second] {
-                    let t0 = Instant::now();
-                    store.commit(id, events, None).await?;
-                    latencies.push(t0.elapsed().as_secs_f64() * 1e3);
+                // As the engine does: the turn's intent is queued behind the previous turn's
+                // end (issued, not awaited), and the turn waits for both before its tool
+                // call; its own end is then issued without waiting.
+                let t0 = Instant::now();
+                let intent = placed(store.enqueue(id, first, None))?;
+                if let Some(end) = previous_end.take() {
+                    end.await?;
                 }
+                intent.await?;
+                latencies.push(t0.elapsed().as_secs_f64() * 1e3);
+                previous_end = Some(placed(store.enqueue(id, second, None))?);
+            }
+            if let Some(end) = previous_end {
+                end.await?;
             }
             anyhow::Ok(latencies)
         }));

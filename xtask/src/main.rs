@@ -189,9 +189,21 @@ fn test_sandbox() -> Result<()> {
 /// Builds the static executor and the default sandbox image (the image only when missing,
 /// unless `force`). Returns where the executor is.
 fn image(force: bool) -> Result<PathBuf> {
+    image_with(None, force)
+}
+
+/// [`image`], with the executor at `built` when given (not rebuilt).
+fn image_with(built: Option<PathBuf>, force: bool) -> Result<PathBuf> {
     ensure_prerequisites()?;
-    phase("building the in-sandbox executor (static, release: a minute or two the first time)");
-    let executor = build_executor()?;
+    let executor = match built {
+        Some(executor) => executor,
+        None => {
+            phase(
+                "building the in-sandbox executor (static, release: a minute or two the first time)",
+            );
+            build_executor()?
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

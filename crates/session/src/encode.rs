@@ -163,6 +163,32 @@ pub(crate) fn encode_checkpoint_after(
     })
 }
 
+/// The write of one engine batch (`events`, then `checkpoint`'s event and snapshot when
+/// given); `None` when there is nothing to write. Both backends' sinks encode and redact a
+/// batch with this on the caller's thread.
+pub(crate) fn encode_batch(
+    execution_id: String,
+    events: &[Event],
+    checkpoint: Option<&nerve_core::Snapshot>,
+    redactor: &Redactor,
+) -> Result<Option<Write>, serde_json::Error> {
+    let encoded = events
+        .iter()
+        .map(|e| encode_event(e, redactor))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(match checkpoint {
+        Some(snapshot) => Some(encode_checkpoint_after(
+            execution_id,
+            encoded,
+            snapshot.turn,
+            &snapshot.state,
+            redactor,
+        )?),
+        None if encoded.is_empty() => None,
+        None => Some(Write::events(execution_id, encoded)),
+    })
+}
+
 /// Archive blocks, optionally with the event that archived them (a compaction).
 pub(crate) fn encode_blocks(
     execution_id: String,

@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use nerve_core::event::Compaction;
 use nerve_core::{
-    ArchivedBlock, BlockId, ContextArchive, Event, EventSink, ExecutionId, Message, RecallHit,
-    Redactor, SinkError, Snapshot,
+    ArchivedBlock, BlockId, ContextArchive, Enqueued, Event, EventSink, ExecutionId, Message,
+    RecallHit, Redactor, SinkError, Snapshot,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::ToSql;
@@ -27,8 +27,8 @@ use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, searchable_text};
 use crate::chain::{ChainCheck, ChainError, GENESIS_HASH, event_hash};
 use crate::encode::{
-    EncodedEvent, Write, Written, encode_blocks, encode_checkpoint, encode_checkpoint_after,
-    encode_event, index_update, sha256_hex,
+    EncodedEvent, Write, Written, encode_batch, encode_blocks, encode_checkpoint, encode_event,
+    index_update, sha256_hex,
 };
 use crate::event_store::EventStore;
 use crate::replay::{Replay, replay};
@@ -175,7 +175,83 @@ struct Job {
     write: Write,
     /// The worker whose lease this write needs (see [`PgStore::hold_lease`]).
     lease: Option<String>,
+    /// Its place among every write of this process (see [`Failures`]).
+    ticket: u64,
+    /// Queued after a write of its execution failed, before that failure was seen.
+    doomed: bool,
     reply: oneshot::Sender<Result<Written, String>>,
+}
+
+/// What keeps a failed write from leaving a hole in its execution's log. A sink that queues
+/// a batch before the previous one is durable ([`EventSink::enqueue`]) may have later
+/// batches of the execution queued when one fails; those must fail too (the engine stops
+/// at the first failure, and a log with a batch missing in the middle would tell a run that
+/// never happened).
+/// So when a write of an execution fails, every write of it queued until then (by ticket)
+/// and until its writer has seen the failure fails as well, without being written; writes
+/// queued after that (a resume) are written again.
+#[derive(Debug, Default)]
+struct Failures {
+    next_ticket: std::sync::atomic::AtomicU64,
+    state: std::sync::Mutex<FailureState>,
+}
+
+#[derive(Debug, Default)]
+struct FailureState {
+    /// Execution → the last ticket handed out when one of its writes failed.
+    failed_up_to: std::collections::HashMap<String, u64>,
+    /// Executions whose last failure no caller has received yet.
+    unseen: std::collections::HashSet<String>,
+}
+
+impl Failures {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FailureState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A ticket for a write of `execution` queued now, and whether it is doomed.
+    fn ticket(&self, execution: &str) -> (u64, bool) {
+        let state = self.lock();
+        let ticket = self
+            .next_ticket
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        (ticket, state.unseen.contains(execution))
+    }
+
+    /// Records that a write of `execution` failed (before its caller is told).
+    fn failed(&self, execution: &str) {
+        let mut state = self.lock();
+        let last = self
+            .next_ticket
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .saturating_sub(1);
+        state.failed_up_to.insert(execution.to_owned(), last);
+        state.unseen.insert(execution.to_owned());
+    }
+
+    /// A caller received a failure of `execution`: writes it queues from now on are new.
+    fn seen(&self, execution: &str) {
+        self.lock().unseen.remove(execution);
+    }
+
+    /// Whether `job` must fail unwritten because an earlier write of its execution failed.
+    fn dooms(&self, job: &Job) -> bool {
+        job.doomed
+            || self
+                .lock()
+                .failed_up_to
+                .get(&job.write.execution_id)
+                .is_some_and(|&last| job.ticket <= last)
+    }
+}
+
+/// The answer to a write that an earlier failed write of its execution doomed.
+fn doomed_message(shown: &str, execution: &str) -> String {
+    format!(
+        "event log {shown}: an earlier write of execution {execution} failed; this later one was not written"
+    )
 }
 
 /// The leases this process holds: execution id → worker. Shared with the writer task,
@@ -200,6 +276,7 @@ pub struct PgStore {
     /// Where a listening connection of its own goes (`events --follow`, idle workers).
     pub(crate) config: tokio_postgres::Config,
     pub(crate) leases: Leases,
+    failures: Arc<Failures>,
 }
 
 impl std::fmt::Debug for Job {
@@ -258,11 +335,13 @@ impl PgStore {
         }
         let (jobs, queue) = mpsc::unbounded_channel();
         let leases = Leases::default();
+        let failures = Arc::new(Failures::default());
         tokio::spawn(run_writer(
             pool.clone(),
             shown.clone(),
             queue,
             Arc::clone(&leases),
+            Arc::clone(&failures),
         ));
         Ok(Self {
             pool,
@@ -271,6 +350,7 @@ impl PgStore {
             shown,
             config,
             leases,
+            failures,
         })
     }
 
@@ -297,20 +377,55 @@ impl PgStore {
 
     /// Queues `write` for the writer (at once, in this call's first poll) and waits for it.
     async fn write(&self, write: Write) -> Result<Written, SessionError> {
+        self.queue_write(write).await
+    }
+
+    /// Queues `write` for the writer now (its place in the order is taken before this
+    /// returns); the future waits for it to be durable.
+    fn queue_write(
+        &self,
+        write: Write,
+    ) -> impl std::future::Future<Output = Result<Written, SessionError>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
         let lease = self.lease_of(&write.execution_id);
-        self.jobs
+        let execution = write.execution_id.clone();
+        let (ticket, doomed) = self.failures.ticket(&execution);
+        let queued = self
+            .jobs
             .send(Job {
                 write,
                 lease,
+                ticket,
+                doomed,
                 reply,
             })
-            .map_err(|_| SessionError::WriterGone)?;
-        match answer.await {
-            Ok(Ok(written)) => Ok(written),
-            Ok(Err(message)) => Err(SessionError::Write(message)),
-            Err(_) => Err(SessionError::WriterGone),
+            .is_ok();
+        let failures = Arc::clone(&self.failures);
+        async move {
+            if !queued {
+                return Err(SessionError::WriterGone);
+            }
+            match answer.await {
+                Ok(Ok(written)) => Ok(written),
+                Ok(Err(message)) => {
+                    failures.seen(&execution);
+                    Err(SessionError::Write(message))
+                }
+                Err(_) => Err(SessionError::WriterGone),
+            }
         }
+    }
+
+    /// The write of one engine batch (`None` when there is nothing to write), encoded and
+    /// redacted on the caller's thread.
+    fn batch_write(
+        &self,
+        execution: ExecutionId,
+        events: &[Event],
+        checkpoint: Option<&Snapshot>,
+    ) -> Result<Option<Write>, SessionError> {
+        encode_batch(execution.to_string(), events, checkpoint, &self.redactor)
+            .map_err(SessionError::Encode)
     }
 
     fn encode_all(&self, events: &[Event]) -> Result<Vec<EncodedEvent>, SessionError> {
@@ -458,7 +573,9 @@ impl PgStore {
         }
         row.updated_at.clone_from(&last.ts);
         row.events = last.seq;
-        cols.insert(&tx).await.map_err(|e| self.db_err(&e))?;
+        cols.insert(&tx, INSERT_EVENTS)
+            .await
+            .map_err(|e| self.db_err(&e))?;
         let mut blocks = BlockColumns::default();
         for block in &log.blocks {
             let messages = serde_json::to_string(&block.messages)?;
@@ -475,13 +592,16 @@ impl PgStore {
                 text,
             );
         }
-        blocks.insert(&tx).await.map_err(|e| self.db_err(&e))?;
+        blocks
+            .insert(&tx, INSERT_BLOCKS)
+            .await
+            .map_err(|e| self.db_err(&e))?;
         let head = Head {
             seq: last.seq,
             hash: last.hash.clone(),
             row,
         };
-        update_heads(&tx, &[&head], &last.ts)
+        update_heads(&tx, UPDATE_HEADS, &[&head], &last.ts)
             .await
             .map_err(|e| self.db_err(&e))?;
         tx.commit().await.map_err(|e| self.db_err(&e))?;
@@ -674,7 +794,11 @@ impl EventColumns {
         self.snapshot.push(snapshot);
     }
 
-    async fn insert<C: GenericClient>(&self, client: &C) -> Result<(), tokio_postgres::Error> {
+    async fn insert<C: GenericClient, S: tokio_postgres::ToStatement + ?Sized + Sync + Send>(
+        &self,
+        client: &C,
+        statement: &S,
+    ) -> Result<(), tokio_postgres::Error> {
         if self.seq.is_empty() {
             return Ok(());
         }
@@ -689,7 +813,7 @@ impl EventColumns {
             &self.hash,
             &self.snapshot,
         ];
-        client.execute(INSERT_EVENTS, &params).await.map(|_| ())
+        client.execute(statement, &params).await.map(|_| ())
     }
 }
 
@@ -725,7 +849,11 @@ impl BlockColumns {
         self.text.push(text);
     }
 
-    async fn insert<C: GenericClient>(&self, client: &C) -> Result<(), tokio_postgres::Error> {
+    async fn insert<C: GenericClient, S: tokio_postgres::ToStatement + ?Sized + Sync + Send>(
+        &self,
+        client: &C,
+        statement: &S,
+    ) -> Result<(), tokio_postgres::Error> {
         if self.block_id.is_empty() {
             return Ok(());
         }
@@ -738,13 +866,14 @@ impl BlockColumns {
             &self.note,
             &self.text,
         ];
-        client.execute(INSERT_BLOCKS, &params).await.map(|_| ())
+        client.execute(statement, &params).await.map(|_| ())
     }
 }
 
 /// Writes the heads and index rows of `heads` (their executions' rows are locked).
-async fn update_heads<C: GenericClient>(
+async fn update_heads<C: GenericClient, S: tokio_postgres::ToStatement + ?Sized + Sync + Send>(
     client: &C,
+    statement: &S,
     heads: &[&Head],
     ts: &str,
 ) -> Result<(), tokio_postgres::Error> {
@@ -798,53 +927,94 @@ async fn update_heads<C: GenericClient>(
         &cost,
         &resumes,
     ];
-    client.execute(UPDATE_HEADS, &params).await.map(|_| ())
+    client.execute(statement, &params).await.map(|_| ())
 }
 
-/// Locks the head rows of `ids` (sorted, distinct) in one statement, in id order, creating
-/// those of new executions. Another process creating one at the same moment wins its
-/// insert; the next select then waits for that process's lock.
-async fn lock_heads<'a, C: GenericClient>(
-    client: &C,
+/// The statements a commit sends, prepared once per connection (deadpool caches them with
+/// the connection): a cached statement is sent with its parameters in one message, where
+/// a query given as text costs a round trip of its own to be prepared first.
+struct Statements {
+    lock_heads: tokio_postgres::Statement,
+    make_heads: tokio_postgres::Statement,
+    check_leases: tokio_postgres::Statement,
+    insert_events: tokio_postgres::Statement,
+    insert_blocks: tokio_postgres::Statement,
+    update_heads: tokio_postgres::Statement,
+    notify: tokio_postgres::Statement,
+}
+
+const LOCK_HEADS: &str = "SELECT execution_id, started_at, updated_at, head_seq, task, \
+     loop_type, model, task_status, termination_reason, error, total_turns, input_tokens, \
+     output_tokens, cost_micro_usd, resumes, head_hash FROM executions
+     WHERE execution_id = ANY($1) ORDER BY execution_id FOR UPDATE";
+const MAKE_HEADS: &str = "INSERT INTO executions (execution_id, started_at, updated_at, head_hash)
+     SELECT id, $2, $2, $3 FROM UNNEST($1::text[]) AS id ORDER BY id
+     ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id";
+const CHECK_LEASES: &str = "SELECT q.execution_id FROM queue q
+     JOIN UNNEST($1::text[], $2::text[]) AS l(execution_id, worker)
+       ON q.execution_id = l.execution_id AND q.worker = l.worker
+     WHERE q.state = 'claimed' AND q.lease_until > clock_timestamp()
+     ORDER BY q.execution_id FOR SHARE OF q";
+const NOTIFY: &str = "SELECT pg_notify('nerve_events', id) FROM UNNEST($1::text[]) AS id";
+
+impl Statements {
+    async fn prepare(
+        client: &deadpool_postgres::ClientWrapper,
+    ) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            lock_heads: client.prepare_cached(LOCK_HEADS).await?,
+            make_heads: client.prepare_cached(MAKE_HEADS).await?,
+            check_leases: client.prepare_cached(CHECK_LEASES).await?,
+            insert_events: client.prepare_cached(INSERT_EVENTS).await?,
+            insert_blocks: client.prepare_cached(INSERT_BLOCKS).await?,
+            update_heads: client.prepare_cached(UPDATE_HEADS).await?,
+            notify: client.prepare_cached(NOTIFY).await?,
+        })
+    }
+}
+
+/// The heads in `rows` (from [`LOCK_HEADS`]) that `ids` asked for.
+fn heads_in<'a>(
+    rows: &[Row],
+    ids: &[&'a str],
+    heads: &mut BTreeMap<&'a str, Head>,
+) -> Result<(), tokio_postgres::Error> {
+    for row in rows {
+        let row_summary = summary(row)?;
+        let head = Head {
+            seq: row_summary.events,
+            hash: row.try_get(15)?,
+            row: row_summary,
+        };
+        if let Some(id) = ids.iter().find(|id| **id == head.row.execution_id) {
+            heads.insert(*id, head);
+        }
+    }
+    Ok(())
+}
+
+/// Completes `heads`, the locked head rows of `ids` (sorted, distinct), with those the
+/// first [`LOCK_HEADS`] did not find: new executions' rows are created (and so locked).
+/// Another process creating one at the same moment wins its insert; the next select then
+/// waits for that process's lock.
+async fn lock_missing_heads<'a>(
+    client: &tokio_postgres::Client,
+    statements: &Statements,
     ids: &[&'a str],
     ts: &str,
-) -> Result<BTreeMap<&'a str, Head>, tokio_postgres::Error> {
-    let select = format!(
-        "SELECT {SUMMARY_COLUMNS}, head_hash FROM executions
-         WHERE execution_id = ANY($1) ORDER BY execution_id FOR UPDATE"
-    );
-    let mut heads = BTreeMap::new();
+    heads: &mut BTreeMap<&'a str, Head>,
+) -> Result<(), tokio_postgres::Error> {
     loop {
-        let wanted: Vec<&str> = ids
+        let missing: Vec<&str> = ids
             .iter()
             .copied()
             .filter(|id| !heads.contains_key(id))
             .collect();
-        for row in client.query(&select, &[&wanted]).await? {
-            let row_summary = summary(&row)?;
-            let head = Head {
-                seq: row_summary.events,
-                hash: row.try_get(15)?,
-                row: row_summary,
-            };
-            if let Some(id) = wanted.iter().find(|id| **id == head.row.execution_id) {
-                heads.insert(*id, head);
-            }
-        }
-        let missing: Vec<&str> = wanted
-            .into_iter()
-            .filter(|id| !heads.contains_key(id))
-            .collect();
         if missing.is_empty() {
-            return Ok(heads);
+            return Ok(());
         }
         let made = client
-            .query(
-                "INSERT INTO executions (execution_id, started_at, updated_at, head_hash)
-                 SELECT id, $2, $2, $3 FROM UNNEST($1::text[]) AS id ORDER BY id
-                 ON CONFLICT (execution_id) DO NOTHING RETURNING execution_id",
-                &[&missing, &ts, &GENESIS_HASH],
-            )
+            .query(&statements.make_heads, &[&missing, &ts, &GENESIS_HASH])
             .await?;
         for row in made {
             let made: String = row.try_get(0)?;
@@ -859,8 +1029,13 @@ async fn lock_heads<'a, C: GenericClient>(
                 );
             }
         }
-        if heads.len() == ids.len() {
-            return Ok(heads);
+        let wanted: Vec<&str> = missing
+            .into_iter()
+            .filter(|id| !heads.contains_key(id))
+            .collect();
+        if !wanted.is_empty() {
+            let rows = client.query(&statements.lock_heads, &[&wanted]).await?;
+            heads_in(&rows, &wanted, heads)?;
         }
     }
 }
@@ -894,68 +1069,96 @@ impl std::fmt::Display for CommitError {
     }
 }
 
-/// Checks, under the transaction, that every `(execution, worker)` lease is held and
-/// unexpired, and keeps the queue rows share-locked until the commit: a claim (an UPDATE
-/// of the row) cannot take the execution over between this check and the commit, so the
-/// worker that takes it over reads a log that already holds this write.
-async fn check_leases<C: GenericClient>(
-    client: &C,
+/// Which of the `(execution, worker)` leases a [`CHECK_LEASES`] answer (`rows`) does not
+/// show as held and unexpired.
+fn lost_leases(
     leased: &[(String, String)],
-) -> Result<(), CommitError> {
-    if leased.is_empty() {
-        return Ok(());
-    }
-    let (ids, workers): (Vec<&str>, Vec<&str>) =
-        leased.iter().map(|(e, w)| (e.as_str(), w.as_str())).unzip();
-    let rows = client
-        .query(
-            "SELECT q.execution_id FROM queue q
-             JOIN UNNEST($1::text[], $2::text[]) AS l(execution_id, worker)
-               ON q.execution_id = l.execution_id AND q.worker = l.worker
-             WHERE q.state = 'claimed' AND q.lease_until > clock_timestamp()
-             ORDER BY q.execution_id FOR SHARE OF q",
-            &[&ids, &workers],
-        )
-        .await?;
+    rows: &[Row],
+) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
     let held: Vec<String> = rows
         .iter()
         .map(|row| row.try_get::<_, String>(0))
         .collect::<Result<_, _>>()?;
-    let lost: Vec<(String, String)> = leased
+    Ok(leased
         .iter()
         .filter(|(e, _)| !held.contains(e))
         .cloned()
-        .collect();
-    if lost.is_empty() {
-        Ok(())
-    } else {
-        Err(CommitError::LeaseLost(lost))
-    }
+        .collect())
 }
 
 /// Commits `writes` in one transaction; on error nothing of them was written. A write
 /// with a lease (`(write, Some(worker))`) commits only while that worker holds it.
+///
+/// Two round trips, each a pipeline the server answers in order:
+/// 1. `BEGIN`, the head rows of the executions written to locked `FOR UPDATE` (in id
+///    order, so two writers locking overlapping sets never deadlock), and the leases
+///    checked with their queue rows share-locked until the commit: a claim (an UPDATE of
+///    the row) cannot take the execution over between this check and the commit, so the
+///    worker that takes it over reads a log that already holds this write;
+/// 2. the events, archive blocks and heads written, and `COMMIT`; then the notification
+///    to `events --follow` listeners, outside the transaction (inside, PostgreSQL would
+///    serialise every notifying commit of every process on one lock, fsync included;
+///    a follower that misses one reads again within seconds anyway).
+///
+/// When a statement fails, the server refuses the rest of the transaction and turns the
+/// pipelined `COMMIT` into a rollback: every answer is checked before the write counts.
 async fn commit(
-    client: &mut tokio_postgres::Client,
+    client: &tokio_postgres::Client,
+    statements: &Statements,
+    writes: &[(&Write, Option<&str>)],
+) -> Result<Vec<Written>, CommitError> {
+    let outcome = commit_in(client, statements, writes).await;
+    if outcome.is_err() {
+        // Ends the transaction if the failure left it open (a warning, not an error, when
+        // the pipelined COMMIT already ended it). A connection that broke is dropped by
+        // the pool.
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    outcome
+}
+
+async fn commit_in(
+    client: &tokio_postgres::Client,
+    statements: &Statements,
     writes: &[(&Write, Option<&str>)],
 ) -> Result<Vec<Written>, CommitError> {
     let ts = now_rfc3339();
-    let tx = client.transaction().await?;
-    // Locked in id order, so two writers locking overlapping sets never deadlock.
     let mut ids: Vec<&str> = writes
         .iter()
         .map(|(w, _)| w.execution_id.as_str())
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    let mut heads = lock_heads(&tx, &ids, &ts).await?;
     let mut leased: Vec<(String, String)> = writes
         .iter()
         .filter_map(|(w, lease)| lease.map(|l| (w.execution_id.clone(), l.to_owned())))
         .collect();
     leased.sort();
     leased.dedup();
-    check_leases(&tx, &leased).await?;
+    let (lease_ids, lease_workers): (Vec<&str>, Vec<&str>) =
+        leased.iter().map(|(e, w)| (e.as_str(), w.as_str())).unzip();
+    let check = async {
+        if leased.is_empty() {
+            Ok(Vec::new())
+        } else {
+            client
+                .query(&statements.check_leases, &[&lease_ids, &lease_workers])
+                .await
+        }
+    };
+    let locking: [&(dyn ToSql + Sync); 1] = [&ids];
+    let ((), locked, held) = tokio::try_join!(
+        client.batch_execute("BEGIN"),
+        client.query(&statements.lock_heads, &locking),
+        check
+    )?;
+    let mut heads = BTreeMap::new();
+    heads_in(&locked, &ids, &mut heads)?;
+    lock_missing_heads(client, statements, &ids, &ts, &mut heads).await?;
+    let lost = lost_leases(&leased, &held)?;
+    if !lost.is_empty() {
+        return Err(CommitError::LeaseLost(lost));
+    }
     let mut events = EventColumns::default();
     let mut blocks = BlockColumns::default();
     let mut out = Vec::with_capacity(writes.len());
@@ -1013,29 +1216,34 @@ async fn commit(
     }
     let touched: Vec<&Head> = heads.values().collect();
     let notified: [&(dyn ToSql + Sync); 1] = [&ids];
-    // Sent together: the connection pipelines them, one wait for the four. The
-    // notifications reach `events --follow` listeners when the transaction commits.
-    tokio::try_join!(
-        events.insert(&tx),
-        blocks.insert(&tx),
-        update_heads(&tx, &touched, &ts),
-        tx.execute(
-            "SELECT pg_notify('nerve_events', id) FROM UNNEST($1::text[]) AS id",
-            &notified
-        )
-    )?;
-    tx.commit().await?;
+    let (written, notified) = tokio::join!(
+        async {
+            tokio::try_join!(
+                events.insert(client, &statements.insert_events),
+                blocks.insert(client, &statements.insert_blocks),
+                update_heads(client, &statements.update_heads, &touched, &ts),
+                client.batch_execute("COMMIT"),
+            )
+        },
+        client.execute(&statements.notify, &notified)
+    );
+    written?;
+    if let Err(error) = notified {
+        tracing::debug!(error = %with_causes(&error), "event log: notifying followers failed");
+    }
     Ok(out)
 }
 
 /// The writer task: takes every write queued since its last commit and commits them in
 /// one transaction. When a batch fails, its writes are retried one by one, so that one bad
-/// write (a duplicate block id, a lost lease) fails alone.
+/// write (a duplicate block id, a lost lease) fails alone, with the later writes of its
+/// execution (see [`Failures`]).
 async fn run_writer(
     pool: Pool,
     shown: String,
     mut queue: mpsc::UnboundedReceiver<Job>,
     leases: Leases,
+    failures: Arc<Failures>,
 ) {
     let mut batch: Vec<Job> = Vec::new();
     let describe = |error: &CommitError| match error {
@@ -1051,6 +1259,10 @@ async fn run_writer(
         }
         CommitError::Database(_) => format!("event log {shown}: {error}"),
     };
+    let fail = |job: Job, message: String| {
+        failures.failed(&job.write.execution_id);
+        let _ = job.reply.send(Err(message));
+    };
     while let Some(job) = queue.recv().await {
         batch.push(job);
         while batch.len() < MAX_BATCH {
@@ -1059,22 +1271,41 @@ async fn run_writer(
                 Err(_) => break,
             }
         }
-        let mut pooled = match pool.get().await {
-            Ok(client) => client,
+        let (doomed, live): (Vec<Job>, Vec<Job>) =
+            batch.drain(..).partition(|job| failures.dooms(job));
+        for job in doomed {
+            // Not recorded as a failure of its own: its caller may never ask (the engine
+            // stops at the earlier one), and the execution must not stay doomed.
+            let message = doomed_message(&shown, &job.write.execution_id);
+            let _ = job.reply.send(Err(message));
+        }
+        batch = live;
+        if batch.is_empty() {
+            continue;
+        }
+        let connected = match pool.get().await {
+            Ok(pooled) => Statements::prepare(&pooled)
+                .await
+                .map(|statements| (pooled, statements))
+                .map_err(|error| with_causes(&error)),
+            Err(error) => Err(error.to_string()),
+        };
+        let (pooled, statements) = match connected {
+            Ok(connected) => connected,
             Err(error) => {
                 let message = format!("event log {shown}: {error}");
                 for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(message.clone()));
+                    fail(job, message.clone());
                 }
                 continue;
             }
         };
-        let client: &mut tokio_postgres::Client = &mut pooled;
+        let client: &tokio_postgres::Client = &pooled;
         let writes: Vec<(&Write, Option<&str>)> = batch
             .iter()
             .map(|job| (&job.write, job.lease.as_deref()))
             .collect();
-        let outcome = commit(client, &writes).await;
+        let outcome = commit(client, &statements, &writes).await;
         drop(writes);
         match outcome {
             Ok(written) => {
@@ -1086,13 +1317,18 @@ async fn run_writer(
                 tracing::debug!(%error, "event log write failed");
                 let message = describe(&error);
                 for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(message.clone()));
+                    fail(job, message.clone());
                 }
             }
             Err(error) => {
                 tracing::debug!(%error, "event log batch failed; committing its writes one by one");
                 for job in batch.drain(..) {
-                    let result = commit(client, &[(&job.write, job.lease.as_deref())])
+                    if failures.dooms(&job) {
+                        let message = doomed_message(&shown, &job.write.execution_id);
+                        let _ = job.reply.send(Err(message));
+                        continue;
+                    }
+                    let result = commit(client, &statements, &[(&job.write, job.lease.as_deref())])
                         .await
                         .map_err(|e| describe(&e))
                         .and_then(|mut written| {
@@ -1100,7 +1336,12 @@ async fn run_writer(
                                 .pop()
                                 .ok_or_else(|| "the store returned no result".to_owned())
                         });
-                    let _ = job.reply.send(result);
+                    match result {
+                        Ok(written) => {
+                            let _ = job.reply.send(Ok(written));
+                        }
+                        Err(message) => fail(job, message),
+                    }
                 }
             }
         }
@@ -1159,22 +1400,34 @@ impl EventSink for PgStore {
         events: Vec<Event>,
         checkpoint: Option<Snapshot>,
     ) -> Result<Option<u64>, SinkError> {
-        let sink_error = SinkError::from;
-        let encoded = self.encode_all(&events).map_err(sink_error)?;
-        let write = match &checkpoint {
-            Some(snapshot) => encode_checkpoint_after(
-                execution.to_string(),
-                encoded,
-                snapshot.turn,
-                &snapshot.state,
-                &self.redactor,
-            )
-            .map_err(|e| sink_error(SessionError::Encode(e)))?,
-            None if encoded.is_empty() => return Ok(None),
-            None => Write::events(execution.to_string(), encoded),
+        let Some(write) = self.batch_write(execution, &events, checkpoint.as_ref())? else {
+            return Ok(None);
         };
-        let written = self.write(write).await.map_err(sink_error)?;
+        let written = self.write(write).await?;
         Ok(checkpoint.map(|_| written.head))
+    }
+
+    /// Encodes the batch here and queues it at once: its place in the order is taken
+    /// before this returns, so the engine's next batch may go in the same transaction.
+    fn enqueue(
+        &self,
+        execution: ExecutionId,
+        events: Vec<Event>,
+        checkpoint: Option<Snapshot>,
+    ) -> Enqueued {
+        let has_checkpoint = checkpoint.is_some();
+        let write = match self.batch_write(execution, &events, checkpoint.as_ref()) {
+            Ok(Some(write)) => write,
+            Ok(None) => return Enqueued::Placed(Box::pin(std::future::ready(Ok(None)))),
+            Err(error) => {
+                return Enqueued::Placed(Box::pin(std::future::ready(Err(error.into()))));
+            }
+        };
+        let written = self.queue_write(write);
+        Enqueued::Placed(Box::pin(async move {
+            let written = written.await?;
+            Ok(has_checkpoint.then_some(written.head))
+        }))
     }
 }
 

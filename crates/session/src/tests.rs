@@ -795,44 +795,6 @@ async fn stored_kinds(sink: &SqliteSink, id: ExecutionId) -> Vec<String> {
     events.into_iter().map(|e| e.kind).collect()
 }
 
-/// The port's order contract: a batch takes its place when `enqueue` returns, whenever its
-/// commit is awaited. The engine issues a turn's end, then the next intent, and only then
-/// awaits the first.
-#[tokio::test]
-async fn enqueued_batches_keep_the_order_of_their_enqueue_not_of_their_awaits() {
-    let (_dir, path) = temp_db();
-    let sink = Arc::new(SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap());
-    let id = ExecutionId::new();
-    let mut issued = Vec::new();
-    for batch in [
-        vec![started(), context()],
-        vec![model_called(1)],
-        vec![turn(1)],
-    ] {
-        match sink.enqueue(id, batch, None) {
-            nerve_core::Enqueued::Placed(commit) => issued.push(commit),
-            deferred @ nerve_core::Enqueued::Deferred { .. } => {
-                panic!("the SQLite sink places every batch, got {deferred:?}")
-            }
-        }
-    }
-    // Awaited last to first.
-    while let Some(commit) = issued.pop() {
-        assert_eq!(commit.await.unwrap(), None);
-    }
-    let kinds = stored_kinds(&sink, id).await;
-    assert_eq!(
-        kinds,
-        [
-            "started",
-            "context_created",
-            "model_called",
-            "turn_completed"
-        ]
-    );
-    assert_eq!(sink.verify(id).await.unwrap(), Ok(4));
-}
-
 #[tokio::test]
 async fn a_commit_stores_its_events_and_then_its_checkpoint_in_one_write() {
     let (_dir, path) = temp_db();

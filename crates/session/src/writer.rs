@@ -31,8 +31,7 @@ use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock};
 use crate::chain::ChainError;
 use crate::encode::{
-    EncodedEvent, Write, Written, encode_blocks, encode_checkpoint, encode_checkpoint_after,
-    encode_event,
+    EncodedEvent, Write, Written, encode_batch, encode_blocks, encode_checkpoint, encode_event,
 };
 use crate::event_store::EventStore;
 use crate::replay::Replay;
@@ -614,19 +613,13 @@ impl SqliteSink {
         events: &[Event],
         checkpoint: Option<Snapshot>,
     ) -> Result<Option<Write>, SinkError> {
-        let encoded = self.encode_all(events)?;
-        Ok(Some(match &checkpoint {
-            Some(snapshot) => encode_checkpoint_after(
-                execution.to_string(),
-                encoded,
-                snapshot.turn,
-                &snapshot.state,
-                &self.redactor,
-            )
-            .map_err(|e| SinkError::from(SessionError::Encode(e)))?,
-            None if encoded.is_empty() => return Ok(None),
-            None => Write::events(execution.to_string(), encoded),
-        }))
+        encode_batch(
+            execution.to_string(),
+            events,
+            checkpoint.as_ref(),
+            &self.redactor,
+        )
+        .map_err(|e| SinkError::from(SessionError::Encode(e)))
     }
 }
 

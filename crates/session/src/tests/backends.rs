@@ -70,6 +70,7 @@ both_backends!(
     appends_chain_and_replay,
     append_all_is_atomic_and_ordered,
     commits_keep_the_order_of_their_first_poll,
+    enqueued_batches_keep_the_order_of_their_enqueue,
     a_commit_stores_its_events_and_then_its_checkpoint,
     checkpoints_latest_wins_and_resume_reads_one_snapshot,
     the_archive_finds_blocks_by_their_words_and_only_for_their_execution,
@@ -128,12 +129,8 @@ async fn append_all_is_atomic_and_ordered<S: Backend>(store: Arc<S>) {
 /// The port's order contract: a batch takes its place when its commit is first polled.
 async fn commits_keep_the_order_of_their_first_poll<S: Backend>(store: Arc<S>) {
     let id = ExecutionId::new();
-    let mut issued = Vec::new();
-    for batch in [
-        vec![started(), context()],
-        vec![model_called(1)],
-        vec![turn(1)],
-    ] {
+    let mut issued: Vec<nerve_core::PendingCommit> = Vec::new();
+    for batch in one_turn() {
         let port = Arc::clone(&store);
         let mut commit: Pin<Box<dyn Future<Output = _> + Send>> =
             Box::pin(async move { port.commit(id, batch, None).await });
@@ -142,6 +139,16 @@ async fn commits_keep_the_order_of_their_first_poll<S: Backend>(store: Arc<S>) {
             Poll::Ready(done) => issued.push(Box::pin(std::future::ready(done))),
         }
     }
+    awaited_last_to_first(&*store, id, issued).await;
+}
+
+/// Awaits `issued` (the batches of [`one_turn`]) last to first, then checks the log holds
+/// them in the order they were issued.
+async fn awaited_last_to_first<S: Backend>(
+    store: &S,
+    id: ExecutionId,
+    mut issued: Vec<nerve_core::PendingCommit>,
+) {
     while let Some(commit) = issued.pop() {
         assert_eq!(commit.await.unwrap(), None);
     }
@@ -162,6 +169,32 @@ async fn commits_keep_the_order_of_their_first_poll<S: Backend>(store: Arc<S>) {
         ]
     );
     assert_eq!(store.verify(id).await.unwrap(), Ok(4));
+}
+
+/// The batches of one turn, as the engine issues them.
+fn one_turn() -> [Vec<Event>; 3] {
+    [
+        vec![started(), context()],
+        vec![model_called(1)],
+        vec![turn(1)],
+    ]
+}
+
+/// The port's order contract for a sink with a write queue: a batch takes its place when
+/// `enqueue` returns, whenever its commit is awaited (the engine issues a turn's end, then
+/// the next intent, and only then awaits the first). Both backends place every batch.
+async fn enqueued_batches_keep_the_order_of_their_enqueue<S: Backend>(store: Arc<S>) {
+    let id = ExecutionId::new();
+    let mut issued = Vec::new();
+    for batch in one_turn() {
+        match store.enqueue(id, batch, None) {
+            nerve_core::Enqueued::Placed(commit) => issued.push(commit),
+            deferred @ nerve_core::Enqueued::Deferred { .. } => {
+                panic!("this sink places every batch, got {deferred:?}")
+            }
+        }
+    }
+    awaited_last_to_first(&*store, id, issued).await;
 }
 
 async fn a_commit_stores_its_events_and_then_its_checkpoint<S: Backend>(store: Arc<S>) {
@@ -923,4 +956,71 @@ async fn commits_and_submits_notify_listeners() {
     let after = store.events_after(id, 0).await.unwrap();
     assert_eq!(after.len(), 1);
     assert!(store.events_after(id, 1).await.unwrap().is_empty());
+}
+
+/// A commit is two pipelined round trips ending in `COMMIT`: a statement that fails in the
+/// second (here a duplicate archive block id) must fail its write alone, leave nothing of
+/// it in the log, and leave the connection usable for the next commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_fails_mid_pipeline_leaves_nothing_and_the_next_commits() {
+    let Some(store) = postgres(Redactor::new()).await else {
+        return;
+    };
+    let (bad, good) = (ExecutionId::new(), ExecutionId::new());
+    store.append(bad, started()).await.unwrap();
+    store.append(good, started()).await.unwrap();
+    let block = ArchivedBlock {
+        id: BlockId::new(),
+        messages: vec![Message::user("first")],
+        note: "kept".into(),
+    };
+    store.archive(bad, block.clone()).await.unwrap();
+    let before = store.events(bad).await.unwrap().len();
+    // Queued together, so usually one batch: the batch fails, then each write alone.
+    let (duplicate, other) = tokio::join!(
+        store.archive(bad, block.clone()),
+        store.append(good, context())
+    );
+    assert!(duplicate.is_err(), "a duplicate block id was accepted");
+    assert_eq!(other.unwrap(), 2);
+    assert_eq!(store.events(bad).await.unwrap().len(), before);
+    assert_eq!(
+        store.append(bad, context()).await.unwrap(),
+        (before + 1) as u64
+    );
+    assert_eq!(store.verify(bad).await.unwrap(), Ok((before + 1) as u64));
+    assert_eq!(store.verify(good).await.unwrap(), Ok(2));
+    assert_eq!(
+        store.fetch(bad, block.id).await.unwrap().map(|b| b.note),
+        Some("kept".into())
+    );
+}
+
+/// A batch queued behind one that fails is not written (the log would have a hole where
+/// the failed one was); a write queued once the failure was seen (a resume) is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_dooms_the_batches_queued_behind_it_until_it_is_seen() {
+    let Some(store) = postgres(Redactor::new()).await else {
+        return;
+    };
+    let id = ExecutionId::new();
+    store.append(id, started()).await.unwrap();
+    // A lease nobody holds in the queue: the first batch is refused by the lease check.
+    store.hold_lease(id, "nobody");
+    let first = store.enqueue(id, vec![model_called(1)], None);
+    store.drop_lease(id);
+    // Would commit on its own: no lease to check.
+    let second = store.enqueue(id, vec![turn(1)], None);
+    let (nerve_core::Enqueued::Placed(first), nerve_core::Enqueued::Placed(second)) =
+        (first, second)
+    else {
+        panic!("the PostgreSQL sink places every batch");
+    };
+    let refused = first.await.unwrap_err().to_string();
+    assert!(refused.contains("no longer holds the lease"), "{refused}");
+    let doomed = second.await.unwrap_err().to_string();
+    assert!(doomed.contains("an earlier write of execution"), "{doomed}");
+    assert_eq!(store.events(id).await.unwrap().len(), 1);
+    assert_eq!(store.append(id, context()).await.unwrap(), 2);
+    assert_eq!(store.verify(id).await.unwrap(), Ok(2));
 }
