@@ -56,9 +56,15 @@ impl ContextArchive for MemoryArchive {
             .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
         // (is a summary, hit).
         let mut hits: Vec<(bool, RecallHit)> = Vec::new();
+        let mut originals = 0;
         for ((owner, id), block) in blocks.iter() {
             if *owner != execution {
                 continue;
+            }
+            // Originals come first and in time order: once `limit` of them are found, no
+            // later block can be among the first `limit` hits.
+            if originals >= limit {
+                break;
             }
             let text = transcript(&block.messages.iter().collect::<Vec<_>>(), None);
             let lower = text.to_lowercase();
@@ -66,8 +72,10 @@ impl ContextArchive for MemoryArchive {
                 continue;
             }
             let at = lower.find(words[0].as_str()).unwrap_or(0);
+            let summary = block.messages.iter().any(is_summary);
+            originals += usize::from(!summary);
             hits.push((
-                block.messages.iter().any(is_summary),
+                summary,
                 RecallHit {
                     id: *id,
                     note: block.note.clone(),

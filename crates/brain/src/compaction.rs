@@ -63,6 +63,10 @@ pub struct CompactionConfig {
     /// output's preview for the middle it leaves out. 0: bare placeholders, head-and-tail
     /// previews.
     pub mask_digest_chars: usize,
+    /// Characters of archived lines brought back at a turn boundary when the agent or the
+    /// user names something the context no longer shows (at most 5% of the window; see
+    /// `relevance.rs`). 0: never.
+    pub recall_lines_chars: usize,
 }
 
 impl Default for CompactionConfig {
@@ -82,6 +86,7 @@ impl Default for CompactionConfig {
             pressure_percent: 80,
             pressure_hard_percent: 70,
             mask_digest_chars: 300,
+            recall_lines_chars: 600,
         }
     }
 }
@@ -129,6 +134,8 @@ pub struct Budget {
     pub digest_chars: usize,
     /// Characters of one page of `recall`: what one tool output may take.
     pub page_chars: usize,
+    /// Characters of archived lines a turn boundary may bring back (`recall_lines_chars`).
+    pub recall_chars: usize,
 }
 
 /// The share of the window (percent) one tool output (or one page of `recall`) may take.
@@ -137,6 +144,9 @@ pub const OUTPUT_WINDOW_PERCENT: u64 = 15;
 const PREVIEW_WINDOW_PERCENT: u64 = 5;
 /// The share of the window (percent) a digest may take.
 const DIGEST_WINDOW_PERCENT: u64 = 3;
+/// The share of the window (percent) the archived lines brought back at one boundary may
+/// take.
+const RECALL_WINDOW_PERCENT: u64 = 5;
 /// A page of `recall` never exceeds this many characters, whatever the window.
 pub const MAX_PAGE_CHARS: usize = 24_000;
 
@@ -155,6 +165,7 @@ impl CompactionConfig {
                 preview_chars: self.preview_chars,
                 digest_chars: self.mask_digest_chars,
                 page_chars: MAX_PAGE_CHARS,
+                recall_chars: self.recall_lines_chars,
             };
         };
         let share = |percent: u64| {
@@ -172,6 +183,7 @@ impl CompactionConfig {
             page_chars: usize::try_from(output_tokens * CHARS_PER_TOKEN)
                 .unwrap_or(usize::MAX)
                 .clamp(200, MAX_PAGE_CHARS),
+            recall_chars: self.recall_lines_chars.min(share(RECALL_WINDOW_PERCENT)),
         }
     }
 }
@@ -562,23 +574,45 @@ fn rare_lines(content: &str) -> Vec<(usize, &str)> {
 /// holds; punctuation and spacing runs stay as they are (a run of spaces counts once).
 fn line_shape(line: &str) -> u64 {
     // FNV-1a over the classes: a few instructions a byte, where a 1M-token conversation
-    // holds 3.7 MB of tool output.
+    // holds 3.7 MB of tool output. A word run is skipped in a tight loop, one table look-up
+    // a byte: words are most of an output's bytes.
+    const WORD: u8 = b'w';
+    let step = |hash: u64, class: u8| (hash ^ u64::from(class)).wrapping_mul(0x0000_0100_0000_01b3);
+    let bytes = line.as_bytes();
     let mut hash = 0xcbf2_9ce4_8422_2325_u64;
     let mut last = 0_u8;
-    for byte in line.bytes() {
-        let class = if byte.is_ascii_alphanumeric() || byte == b'_' || byte >= 0x80 {
-            b'w'
-        } else {
-            byte
-        };
-        if class == last && (class == b'w' || class == b' ') {
-            continue;
+    let mut i = 0;
+    while i < bytes.len() {
+        let byte = bytes[i];
+        i += 1;
+        if IS_WORD[usize::from(byte)] {
+            if last != WORD {
+                hash = step(hash, WORD);
+                last = WORD;
+            }
+            while i < bytes.len() && IS_WORD[usize::from(bytes[i])] {
+                i += 1;
+            }
+        } else if !(byte == b' ' && last == b' ') {
+            hash = step(hash, byte);
+            last = byte;
         }
-        hash = (hash ^ u64::from(class)).wrapping_mul(0x0000_0100_0000_01b3);
-        last = class;
     }
     hash
 }
+
+/// The bytes that belong to a word for [`line_shape`]: ASCII letters and digits, `_`, and
+/// every byte of a non-ASCII character.
+static IS_WORD: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = byte.is_ascii_alphanumeric() || byte == b'_' || byte >= 0x80;
+        b += 1;
+    }
+    table
+};
 
 /// What a line found, as (key, text): a path at its start, with the line number when one
 /// follows (`rg -n`, `find`, `ls`), or a `key = value` setting. Only the line's first word is
@@ -1294,6 +1328,33 @@ mod tests {
     use nerve_core::{ToolCall, ToolResult};
 
     use super::*;
+
+    /// The byte-by-byte definition of [`line_shape`], which skips word runs faster: both
+    /// give the same hash for every line.
+    fn line_shape_by_byte(line: &str) -> u64 {
+        let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+        let mut last = 0_u8;
+        for byte in line.bytes() {
+            let class = if byte.is_ascii_alphanumeric() || byte == b'_' || byte >= 0x80 {
+                b'w'
+            } else {
+                byte
+            };
+            if class == last && (class == b'w' || class == b' ') {
+                continue;
+            }
+            hash = (hash ^ u64::from(class)).wrapping_mul(0x0000_0100_0000_01b3);
+            last = class;
+        }
+        hash
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn line_shape_is_the_byte_by_byte_definition(line in "[a-zA-Z0-9_ \t:=.,/\\-\"{}()é]{0,80}") {
+            proptest::prop_assert_eq!(line_shape(&line), line_shape_by_byte(&line));
+        }
+    }
 
     fn check_indicator(fill: u64, capacity: u64, blocks: usize, expected: &str) {
         assert_eq!(indicator(fill, capacity, blocks), expected);
