@@ -540,7 +540,9 @@ struct Cell {
     after_ask: usize,
     recallable: usize,
     either: usize,
-    by_kind: BTreeMap<Kind, (usize, usize, usize)>,
+    /// Per kind: facts, in context at the end, in context or recallable, in context before
+    /// and after the turn that asks.
+    by_kind: BTreeMap<Kind, (usize, usize, usize, usize, usize)>,
     masks: usize,
     summaries: usize,
     offloads: usize,
@@ -571,6 +573,8 @@ impl Cell {
         entry.0 += 1;
         entry.1 += usize::from(in_context);
         entry.2 += usize::from(in_context || recallable);
+        entry.3 += usize::from(at_need);
+        entry.4 += usize::from(after_ask);
     }
 }
 
@@ -778,12 +782,14 @@ fn print_failures(cells: &BTreeMap<(u64, Strategy), Cell>) {
     }
 }
 
-/// Facts in context at the end, by kind.
+/// Facts in context at the end, by kind (or, with `when`, in context before and after the
+/// turn that asks).
 fn print_by_kind(
     cells: &BTreeMap<(u64, Strategy), Cell>,
     windows: &[u64],
     strategies: &[Strategy],
     kinds: &[Kind],
+    when: bool,
 ) {
     let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     println!("| window | strategy | {} |", names.join(" | "));
@@ -796,8 +802,13 @@ fn print_by_kind(
             let columns: Vec<String> = kinds
                 .iter()
                 .map(|kind| {
-                    let (n, kept, either) = cell.by_kind.get(kind).copied().unwrap_or_default();
-                    format!("{:.0}% ({:.0}%)", percent(kept, n), percent(either, n))
+                    let (n, kept, either, before, after) =
+                        cell.by_kind.get(kind).copied().unwrap_or_default();
+                    if when {
+                        format!("{:.0}% → {:.0}%", percent(before, n), percent(after, n))
+                    } else {
+                        format!("{:.0}% ({:.0}%)", percent(kept, n), percent(either, n))
+                    }
                 })
                 .collect();
             println!(
@@ -884,7 +895,9 @@ fn first_generator(runtime: &tokio::runtime::Runtime, windows: &[u64]) {
     print_table(&cells, windows, &Strategy::ALL);
     print_failures(&cells);
     println!("\nFacts in context at the end, by kind (in context or recallable in brackets)\n");
-    print_by_kind(&cells, windows, &Strategy::ALL, &Kind::ALL);
+    print_by_kind(&cells, windows, &Strategy::ALL, &Kind::ALL, false);
+    println!("\nIn context when needed, by kind: before → after the turn that asks\n");
+    print_by_kind(&cells, windows, &REALISTIC_STRATEGIES, &Kind::ALL, true);
 }
 
 /// The second generator: ten fact kinds the digests were not written against.
@@ -903,6 +916,17 @@ fn second_generator(runtime: &tokio::runtime::Runtime, windows: &[u64]) {
         windows,
         &REALISTIC_STRATEGIES,
         &trajectory::second::KINDS,
+        false,
+    );
+    println!(
+        "\nSecond generator: in context when needed, by kind: before → after the turn that asks\n"
+    );
+    print_by_kind(
+        &cells,
+        windows,
+        &REALISTIC_STRATEGIES,
+        &trajectory::second::KINDS,
+        true,
     );
 }
 
@@ -922,5 +946,5 @@ fn realistic_noise(runtime: &tokio::runtime::Runtime, windows: &[u64]) {
     println!(
         "\nRealistic noise: facts in context at the end, by kind (in context or recallable in brackets)\n"
     );
-    print_by_kind(&cells, windows, &REALISTIC_STRATEGIES, &Kind::ALL);
+    print_by_kind(&cells, windows, &REALISTIC_STRATEGIES, &Kind::ALL, false);
 }
