@@ -2,8 +2,9 @@
 //! (tests, embedded use). `nerve` itself archives into the SQLite log.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
+use aho_corasick::AhoCorasick;
 use async_trait::async_trait;
 use nerve_core::{ArchivedBlock, BlockId, ContextArchive, ExecutionId, RecallHit, SinkError};
 
@@ -11,7 +12,22 @@ use crate::compaction::{is_summary, transcript};
 
 #[derive(Debug, Default)]
 pub struct MemoryArchive {
-    blocks: Mutex<BTreeMap<(ExecutionId, BlockId), ArchivedBlock>>,
+    blocks: Mutex<BTreeMap<(ExecutionId, BlockId), Stored>>,
+}
+
+/// A block and the text a search reads, made at the first search that reaches it (not when
+/// archiving: a mask archives hundreds of outputs at once, and most are never searched).
+#[derive(Debug)]
+struct Stored {
+    block: ArchivedBlock,
+    text: OnceLock<String>,
+}
+
+impl Stored {
+    fn text(&self) -> &str {
+        self.text
+            .get_or_init(|| transcript(&self.block.messages.iter().collect::<Vec<_>>(), None))
+    }
 }
 
 #[async_trait]
@@ -21,7 +37,13 @@ impl ContextArchive for MemoryArchive {
             .blocks
             .lock()
             .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
-        blocks.insert((execution, block.id), block);
+        blocks.insert(
+            (execution, block.id),
+            Stored {
+                block,
+                text: OnceLock::new(),
+            },
+        );
         Ok(())
     }
 
@@ -34,12 +56,15 @@ impl ContextArchive for MemoryArchive {
             .blocks
             .lock()
             .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
-        Ok(blocks.get(&(execution, id)).cloned())
+        Ok(blocks
+            .get(&(execution, id))
+            .map(|stored| stored.block.clone()))
     }
 
     /// Every word of `query` must occur (case-insensitively) in the block. Original
     /// outputs and messages come before summaries (which restate them, shortened), older
-    /// blocks first within each; each hit shows the line where the first word occurs.
+    /// blocks first within each; each hit shows the line where the first word occurs. ASCII
+    /// words are matched in place (ASCII case ignored), others against a lowercased copy.
     async fn search(
         &self,
         execution: ExecutionId,
@@ -50,6 +75,36 @@ impl ContextArchive for MemoryArchive {
         if words.is_empty() {
             return Ok(Vec::new());
         }
+        // One matcher per word: a block must hold them all.
+        let matchers: Option<Vec<AhoCorasick>> = words
+            .iter()
+            .map(|w| {
+                w.is_ascii()
+                    .then(|| {
+                        AhoCorasick::builder()
+                            .ascii_case_insensitive(true)
+                            .build([w])
+                            .ok()
+                    })
+                    .flatten()
+            })
+            .collect();
+        // Where the first word occurs, when the block holds every word.
+        let position = |text: &str| -> Option<usize> {
+            match &matchers {
+                Some(matchers) => {
+                    let at = matchers.first()?.find(text)?.start();
+                    matchers[1..].iter().all(|m| m.is_match(text)).then_some(at)
+                }
+                None => {
+                    let lower = text.to_lowercase();
+                    if !words.iter().all(|w| lower.contains(w.as_str())) {
+                        return None;
+                    }
+                    Some(lower.find(words[0].as_str()).unwrap_or(0))
+                }
+            }
+        };
         let blocks = self
             .blocks
             .lock()
@@ -57,7 +112,7 @@ impl ContextArchive for MemoryArchive {
         // (is a summary, hit).
         let mut hits: Vec<(bool, RecallHit)> = Vec::new();
         let mut originals = 0;
-        for ((owner, id), block) in blocks.iter() {
+        for ((owner, id), stored) in blocks.iter() {
             if *owner != execution {
                 continue;
             }
@@ -66,12 +121,11 @@ impl ContextArchive for MemoryArchive {
             if originals >= limit {
                 break;
             }
-            let text = transcript(&block.messages.iter().collect::<Vec<_>>(), None);
-            let lower = text.to_lowercase();
-            if !words.iter().all(|w| lower.contains(w.as_str())) {
+            let text = stored.text();
+            let Some(at) = position(text) else {
                 continue;
-            }
-            let at = lower.find(words[0].as_str()).unwrap_or(0);
+            };
+            let block = &stored.block;
             let summary = block.messages.iter().any(is_summary);
             originals += usize::from(!summary);
             hits.push((
@@ -79,7 +133,7 @@ impl ContextArchive for MemoryArchive {
                 RecallHit {
                     id: *id,
                     note: block.note.clone(),
-                    snippet: line_at(&text, at),
+                    snippet: line_at(text, at),
                 },
             ));
         }

@@ -978,6 +978,8 @@ async fn a_line_the_agent_asks_about_comes_back_from_the_archive() {
         "{asked:#?}"
     );
     // Bounded by the budget.
-    let budget = CompactionConfig::default().budget(Some(window)).recall_chars;
+    let budget = CompactionConfig::default()
+        .budget(Some(window))
+        .recall_chars;
     assert!(text.len() <= budget + 400, "{} > {budget}", text.len());
 }

@@ -534,7 +534,7 @@ impl Compactor<'_> {
         if said.trim().is_empty() {
             return Ok(());
         }
-        let terms = relevance::salient_terms(&said, &rest);
+        let terms = relevance::salient_terms(&said, &relevance::context_chunks(rest));
         if terms.is_empty() {
             return Ok(());
         }
@@ -562,7 +562,7 @@ impl Compactor<'_> {
                 }
             }
         }
-        let context = relevance::context_text(self.window.messages());
+        let context = relevance::context_chunks(self.window.messages());
         let Some(note) = relevance::relevance_note(&kept, &blocks, &context, max_chars) else {
             return Ok(());
         };

@@ -15,7 +15,10 @@
 //! The pure parts live here (tested directly); `compactor.rs` runs the archive searches
 //! and appends the note.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
+
+use aho_corasick::AhoCorasick;
 
 use nerve_core::text::clip;
 use nerve_core::{BlockId, Message, MessagePart, MessageRole};
@@ -68,11 +71,11 @@ pub(crate) fn new_messages(messages: &[Message]) -> usize {
 }
 
 /// What the agent and the user said from `start` on (see [`new_messages`]), and the rest
-/// of the context as the model reads it, lowercased: the assistant's text and tool-call
-/// arguments and users' text are what is said; tool outputs are not (an output's words are
-/// too many to say what anyone is after) and Nerve's own notes are not. What the turn's
-/// outputs show is part of the context, so a word they show is not searched.
-pub(crate) fn said(messages: &[Message], start: usize) -> (String, String) {
+/// of the context as the model reads it: the assistant's text and tool-call arguments and
+/// users' text are what is said; tool outputs are not (an output's words are too many to
+/// say what anyone is after) and Nerve's own notes are not. What the turn's outputs show is
+/// part of the context, so a word they show is not searched.
+pub(crate) fn said(messages: &[Message], start: usize) -> (String, Vec<&Message>) {
     let mut said = String::new();
     let mut rest: Vec<&Message> = Vec::new();
     for (i, message) in messages.iter().enumerate() {
@@ -97,7 +100,7 @@ pub(crate) fn said(messages: &[Message], start: usize) -> (String, String) {
             said.push('\n');
         }
     }
-    (said, context_text(rest).to_lowercase())
+    (said, rest)
 }
 
 /// The string values of a tool call's arguments, one per line (not the keys, which name
@@ -113,27 +116,56 @@ fn string_values(value: &serde_json::Value) -> String {
     }
 }
 
-/// Everything of `messages` the model reads: what "already in the context" is checked
-/// against.
-pub(crate) fn context_text<'a>(messages: impl IntoIterator<Item = &'a Message>) -> String {
-    let mut out = String::new();
+/// Everything of `messages` the model reads, a piece per part: what "already in the
+/// context" is checked against, in one pass (see [`found_in`]).
+pub(crate) fn context_chunks<'a>(
+    messages: impl IntoIterator<Item = &'a Message>,
+) -> Vec<Cow<'a, str>> {
+    let mut out = Vec::new();
     for message in messages {
         for part in &message.parts {
-            match part {
+            out.push(match part {
                 MessagePart::Text { text }
                 | MessagePart::Thinking { text, .. }
-                | MessagePart::CompactionSummary { text, .. } => out.push_str(text),
+                | MessagePart::CompactionSummary { text, .. } => Cow::Borrowed(text.as_str()),
                 MessagePart::ToolCall(call) => {
-                    out.push_str(&call.name);
-                    out.push(' ');
-                    out.push_str(&call.arguments.to_string());
+                    Cow::Owned(format!("{} {}", call.name, call.arguments))
                 }
-                MessagePart::ToolResult(result) => out.push_str(&result.content),
-            }
-            out.push('\n');
+                MessagePart::ToolResult(result) => Cow::Borrowed(result.content.as_str()),
+            });
         }
     }
     out
+}
+
+/// Which of `needles` occur in `chunks` (ASCII case ignored with `ignore_case`): one pass
+/// over the context, however many needles, where a search per needle would read a large
+/// context once each.
+pub(crate) fn found_in(needles: &[&str], chunks: &[Cow<'_, str>], ignore_case: bool) -> Vec<bool> {
+    let mut found = vec![false; needles.len()];
+    if needles.is_empty() {
+        return found;
+    }
+    let Ok(matcher) = AhoCorasick::builder()
+        .ascii_case_insensitive(ignore_case)
+        .build(needles)
+    else {
+        return found;
+    };
+    let mut left = needles.len();
+    for chunk in chunks {
+        for hit in matcher.find_overlapping_iter(chunk.as_ref()) {
+            let seen = &mut found[hit.pattern().as_usize()];
+            if !*seen {
+                *seen = true;
+                left -= 1;
+                if left == 0 {
+                    return found;
+                }
+            }
+        }
+    }
+    found
 }
 
 /// The words of `said` worth a search, lowercased, at most [`MAX_TERMS`]: runs of letters,
@@ -142,7 +174,7 @@ pub(crate) fn context_text<'a>(messages: impl IntoIterator<Item = &'a Message>) 
 /// rest of the context (`context`, lowercased): a word the model can see is not what it
 /// lost. Marked words (a digit, `_`, `.`, `/`, `-` or `:` inside, or a capital after the
 /// first letter: identifiers, paths, versions) come first, then the longer ones.
-pub(crate) fn salient_terms(said: &str, context: &str) -> Vec<String> {
+pub(crate) fn salient_terms(said: &str, context: &[Cow<'_, str>]) -> Vec<String> {
     let mut seen: HashSet<String> = HashSet::new();
     let mut terms: Vec<(bool, usize, usize, String)> = Vec::new();
     let is_part = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ':');
@@ -155,15 +187,20 @@ pub(crate) fn salient_terms(said: &str, context: &str) -> Vec<String> {
         if STOPWORDS.binary_search(&lower.as_str()).is_ok() || !seen.insert(lower.clone()) {
             continue;
         }
-        if memchr::memmem::find(context.as_bytes(), lower.as_bytes()).is_some() {
-            continue;
-        }
         let marked = word
             .chars()
             .any(|c| c.is_ascii_digit() || matches!(c, '_' | '-' | '.' | '/' | ':'))
             || word.chars().skip(1).any(char::is_uppercase);
         terms.push((!marked, usize::MAX - word.len(), order, lower));
     }
+    let needles: Vec<&str> = terms.iter().map(|t| t.3.as_str()).collect();
+    let shown = found_in(&needles, context, true);
+    let mut terms: Vec<_> = terms
+        .into_iter()
+        .zip(shown)
+        .filter(|(_, shown)| !shown)
+        .map(|(term, _)| term)
+        .collect();
     terms.sort();
     terms
         .into_iter()
@@ -180,8 +217,8 @@ pub(crate) struct Found {
 }
 
 /// The note that brings back the lines of `blocks` that mention `terms` (lowercased) and
-/// that `context` (the whole context, as the model reads it, not lowercased) does not show
-/// already, in at most `max_chars` characters; `None` when no line qualifies.
+/// that `context` (the whole context as the model reads it, see [`context_chunks`]) does
+/// not show already, in at most `max_chars` characters; `None` when no line qualifies.
 ///
 /// A word found in more than [`MAX_LINES_PER_TERM`] lines is dropped; each remaining one
 /// weighs one over the number of lines it occurs in, a line scores the weights of the
@@ -191,7 +228,7 @@ pub(crate) struct Found {
 pub(crate) fn relevance_note(
     terms: &[String],
     blocks: &[Found],
-    context: &str,
+    context: &[Cow<'_, str>],
     max_chars: usize,
 ) -> Option<String> {
     if terms.is_empty() || blocks.is_empty() || max_chars == 0 {
@@ -221,10 +258,6 @@ pub(crate) fn relevance_note(
     if weighted.is_empty() {
         return None;
     }
-    let shown = |line: &str| {
-        let line = line.trim();
-        line.is_empty() || context.contains(line)
-    };
     // (score, block, line).
     let mut scored: Vec<(f64, usize, usize)> = Vec::new();
     for (b, block) in lowered.iter().enumerate() {
@@ -234,11 +267,30 @@ pub(crate) fn relevance_note(
                 .filter(|(term, _)| line.contains(term))
                 .map(|(_, weight)| weight)
                 .sum();
-            if score > 0.0 && !shown(lines[b][l]) {
+            if score > 0.0 {
                 scored.push((score, b, l));
             }
         }
     }
+    // Which of these lines and their neighbours the context shows: one pass over it.
+    let mut candidates: Vec<&str> = scored
+        .iter()
+        .flat_map(|&(_, b, l)| [l.wrapping_sub(1), l, l + 1].map(move |l| (b, l)))
+        .filter_map(|(b, l)| lines[b].get(l).map(|line| line.trim()))
+        .filter(|line| !line.is_empty())
+        .collect();
+    candidates.sort_unstable();
+    candidates.dedup();
+    let in_context: HashSet<&str> = candidates
+        .iter()
+        .zip(found_in(&candidates, context, false))
+        .filter_map(|(line, found)| found.then_some(*line))
+        .collect();
+    let shown = |line: &str| {
+        let line = line.trim();
+        line.is_empty() || in_context.contains(line)
+    };
+    scored.retain(|&(_, b, l)| !shown(lines[b][l]));
     let best = scored.iter().map(|s| s.0).fold(0.0, f64::max);
     scored.retain(|s| s.0 * 2.0 >= best);
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
@@ -299,8 +351,16 @@ mod tests {
         assert_eq!(sorted, STOPWORDS);
     }
 
+    fn chunks(text: &str) -> Vec<Cow<'_, str>> {
+        vec![Cow::Borrowed(text)]
+    }
+
     fn check_terms(said: &str, context: &str, expected: &[&str]) {
-        assert_eq!(salient_terms(said, context), expected, "said: {said:?}");
+        assert_eq!(
+            salient_terms(said, &chunks(context)),
+            expected,
+            "said: {said:?}"
+        );
     }
 
     #[test]
@@ -356,7 +416,7 @@ mod tests {
         let trace = "INFO started\n\tat org.x.Y.invoke(Y.java:1)\n\tat com.acme.LedgerRefund.apply(LedgerRefund.java:77)\nCaused by: java.lang.IllegalStateException: period closed\n\t... 9 more";
         let blocks = [found(&freeze), found(trace)];
         let terms = vec!["orjson".to_owned(), "ledgerrefund".to_owned()];
-        let note = relevance_note(&terms, &blocks, "", 600).unwrap();
+        let note = relevance_note(&terms, &blocks, &chunks(""), 600).unwrap();
         assert!(note.contains("\n  orjson==3.9.101"), "{note}");
         assert!(note.contains("LedgerRefund.java:77"), "{note}");
         assert!(note.contains("Caused by: java.lang.IllegalStateException: period closed"));
@@ -364,7 +424,7 @@ mod tests {
         assert!(note.len() <= 600 + 400, "{}", note.len());
         // Lines the context shows already do not come back.
         let context = "pinned: orjson==3.9.101\n";
-        let note = relevance_note(&terms, &blocks, context, 600).unwrap();
+        let note = relevance_note(&terms, &blocks, &chunks(context), 600).unwrap();
         assert!(!note.contains("orjson=="), "{note}");
         assert!(note.contains("Caused by"), "{note}");
         // A word in more lines than it can point at brings back nothing.
@@ -373,11 +433,11 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n");
         assert_eq!(
-            relevance_note(&["ledger".into()], &[found(&common)], "", 600),
+            relevance_note(&["ledger".into()], &[found(&common)], &chunks(""), 600),
             None
         );
         // No room, no note.
-        assert_eq!(relevance_note(&terms, &blocks, "", 10), None);
+        assert_eq!(relevance_note(&terms, &blocks, &chunks(""), 10), None);
     }
 
     #[test]
@@ -393,7 +453,7 @@ mod tests {
         assert_eq!(new_messages(&messages), 2);
         let (said, rest) = said(&messages, 2);
         assert_eq!(said, "Which orjson version?\n");
-        assert_eq!(rest, "sys\ntask\nok\n");
+        assert_eq!(context_chunks(rest), ["sys", "task", "ok"]);
         let mut noted = messages.clone();
         noted.push(Message::user(format!("{NOTE_HEAD} (`orjson`)")));
         assert_eq!(new_messages(&noted), noted.len());
