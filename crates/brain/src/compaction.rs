@@ -414,9 +414,13 @@ pub(crate) fn with_results(message: &Message, content: impl Fn(&ToolResult) -> S
         .parts
         .iter()
         .map(|part| match part {
+            // Field by field: `..result.clone()` would copy the whole output only to drop it
+            // (a mask of a 1M-token conversation copied 3.7 MB that way).
             MessagePart::ToolResult(result) => MessagePart::ToolResult(ToolResult {
+                call_id: result.call_id.clone(),
+                name: result.name.clone(),
                 content: content(result),
-                ..result.clone()
+                is_error: result.is_error,
             }),
             other @ (MessagePart::Text { .. }
             | MessagePart::ToolCall(_)
@@ -539,23 +543,41 @@ const RARE_LINES: usize = 6;
 /// (source code, prose) has no rare lines. No list of formats: what is kept is what
 /// differs from the rest.
 fn rare_lines(content: &str) -> Vec<(usize, &str)> {
+    let bytes = content.as_bytes();
+    // Lines the scan may still see, at most: the two exits below are exact because each
+    // line left can add at most one to a shape's count and take at most one line out of
+    // the once-only ones.
+    let raw_lines = memchr::memchr_iter(b'\n', bytes).count() + 1;
+    let mut raw_seen = 0;
     let mut lines: Vec<(usize, &str, u64)> = Vec::new();
     let mut counts: std::collections::HashMap<u64, u32, foldhash::fast::FixedState> =
         std::collections::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0));
+    let (mut dominant, mut once) = (0_usize, 0_usize);
     let mut start = 0;
     while start < content.len() && lines.len() < SHAPE_LINES {
-        let end = memchr::memchr(b'\n', &content.as_bytes()[start..])
-            .map_or(content.len(), |i| start + i);
+        let end = memchr::memchr(b'\n', &bytes[start..]).map_or(content.len(), |i| start + i);
+        raw_seen += 1;
         let line = content[start..end].trim();
         if !line.is_empty() {
             let shape = line_shape(line);
-            *counts.entry(shape).or_default() += 1;
+            let count = counts.entry(shape).or_default();
+            *count += 1;
+            match *count {
+                1 => once += 1,
+                2 => once -= 1,
+                _ => {}
+            }
+            dominant = dominant.max(*count as usize);
             lines.push((start, line, shape));
+            let left = (SHAPE_LINES - lines.len()).min(raw_lines - raw_seen);
+            // No shape can make up half of the lines any more, or too many lines stay odd.
+            if 2 * dominant + left < lines.len() || once > RARE_LINES + left {
+                return Vec::new();
+            }
         }
         start = end + 1;
     }
-    let dominant = counts.values().copied().max().unwrap_or(0);
-    if lines.len() < 8 || (dominant as usize) * 2 < lines.len() {
+    if lines.len() < 8 || dominant * 2 < lines.len() {
         return Vec::new();
     }
     let rare: Vec<(usize, &str)> = lines
@@ -1349,7 +1371,55 @@ mod tests {
         hash
     }
 
+    /// [`rare_lines`] without its early exits: both keep the same lines.
+    fn rare_lines_whole_scan(content: &str) -> Vec<(usize, &str)> {
+        let mut lines: Vec<(usize, &str, u64)> = Vec::new();
+        let mut counts: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+        let mut start = 0;
+        while start < content.len() && lines.len() < SHAPE_LINES {
+            let end = content[start..]
+                .find('\n')
+                .map_or(content.len(), |i| start + i);
+            let line = content[start..end].trim();
+            if !line.is_empty() {
+                let shape = line_shape_by_byte(line);
+                *counts.entry(shape).or_default() += 1;
+                lines.push((start, line, shape));
+            }
+            start = end + 1;
+        }
+        let dominant = counts.values().copied().max().unwrap_or(0) as usize;
+        if lines.len() < 8 || dominant * 2 < lines.len() {
+            return Vec::new();
+        }
+        let rare: Vec<(usize, &str)> = lines
+            .into_iter()
+            .filter(|(_, _, shape)| counts[shape] == 1)
+            .map(|(start, line, _)| (start, line))
+            .collect();
+        if rare.len() > RARE_LINES {
+            Vec::new()
+        } else {
+            rare
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn rare_lines_exit_early_only_when_the_answer_is_known(
+            lines in proptest::collection::vec(
+                proptest::prop_oneof![
+                    4 => proptest::strategy::Just("pkg1==1.2.3".to_owned()),
+                    3 => "[a-z]{1,6}==[0-9]\\.[0-9]{1,2}\\.[0-9]",
+                    3 => "[a-z =:,.-]{0,12}",
+                ],
+                0..60,
+            )
+        ) {
+            let content = lines.join("\n");
+            proptest::prop_assert_eq!(rare_lines(&content), rare_lines_whole_scan(&content));
+        }
+
         #[test]
         fn line_shape_is_the_byte_by_byte_definition(line in "[a-zA-Z0-9_ \t:=.,/\\-\"{}()é]{0,80}") {
             proptest::prop_assert_eq!(line_shape(&line), line_shape_by_byte(&line));

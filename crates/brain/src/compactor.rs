@@ -723,31 +723,32 @@ impl Compactor<'_> {
         ) else {
             return Ok(());
         };
+        let before = self.window.fill();
         let mut archived = Vec::new();
-        for (i, placeholder, _, archive) in &placeholders {
+        // Each original is moved out of the window into its block, not copied. Should the
+        // archive fail, the run stops and the log, which has no `compaction` event for this
+        // mask, still holds the originals: a resume starts from them.
+        for (i, placeholder, tokens, archive) in placeholders {
+            let named = placeholder_block(&placeholder);
+            let original = self.window.replace(i, placeholder, tokens);
             if let Some((key, id)) = archive {
-                let original = self.window.messages()[*i].clone();
                 let note = message_note(&original, turn, "masked");
                 self.archive
                     .archive(
                         self.execution,
                         ArchivedBlock {
-                            id: *id,
+                            id,
                             messages: vec![original],
                             note,
                         },
                     )
                     .await?;
                 self.window.compaction.archived_blocks += 1;
-                self.window.compaction.archived_content.insert(*key, *id);
-                archived.push(*id);
-            } else if let Some(id) = placeholder_block(placeholder) {
+                self.window.compaction.archived_content.insert(key, id);
+                archived.push(id);
+            } else if let Some(id) = named {
                 archived.push(id);
             }
-        }
-        let before = self.window.fill();
-        for (i, placeholder, tokens, _) in placeholders {
-            self.window.replace(i, placeholder, tokens);
         }
         self.finish_in_place(
             turn,
