@@ -183,6 +183,9 @@ struct Record {
     /// previous request's (what a provider's prompt cache can reuse).
     sent_tokens: u64,
     reused_tokens: u64,
+    /// Relevance notes (`[Nerve] Archived lines …`) the engine appended, and their characters.
+    notes: usize,
+    note_chars: usize,
 }
 
 /// Records every agent request, then sends it (and every summary request) through the
@@ -223,6 +226,12 @@ impl Provider for BenchProvider {
             record.reused_tokens += self.counter.count_messages(&request.messages[..common]);
             record.sent_tokens += self.counter.count_messages(request.messages);
             record.previous = request.messages.to_vec();
+            if let Some(last) = request.messages.last().map(Message::text_content)
+                && last.starts_with("[Nerve] Archived lines")
+            {
+                record.notes += 1;
+                record.note_chars += last.len();
+            }
             record.lengths.push(request.messages.len());
             let needed: Vec<(usize, &Fact)> = self.trajectory.needed_at(turn).collect();
             let asked: Vec<(usize, &Fact)> = self.trajectory.needed_at(turn - 1).collect();
@@ -553,6 +562,9 @@ struct Cell {
     requests: usize,
     /// Runs that did not complete, with how they ended.
     failures: Vec<String>,
+    /// Relevance notes appended, and their characters, over all runs.
+    notes: usize,
+    note_chars: usize,
 }
 
 impl Cell {
@@ -694,6 +706,8 @@ fn measure(
                 cell.sent_tokens += run.record.sent_tokens;
                 cell.reused_tokens += run.record.reused_tokens;
                 cell.rejected += run.rejected;
+                cell.notes += run.record.notes;
+                cell.note_chars += run.record.note_chars;
                 cell.requests += run.requests;
                 if let Some(failure) = &run.failure {
                     cell.failures.push(format!("seed {seed}: {failure}"));
@@ -773,8 +787,19 @@ fn print_table(cells: &BTreeMap<(u64, Strategy), Cell>, windows: &[u64], strateg
     }
 }
 
-/// How the runs that did not complete ended.
+/// How the runs that did not complete ended, and how many relevance notes the runs got.
 fn print_failures(cells: &BTreeMap<(u64, Strategy), Cell>) {
+    for ((window, strategy), cell) in cells {
+        if cell.notes > 0 {
+            println!(
+                "- {}k, {}: {:.1} relevance notes per run, {} characters each on average",
+                window / 1_000,
+                strategy.name(),
+                cell.notes as f64 / SEEDS.len() as f64,
+                cell.note_chars / cell.notes
+            );
+        }
+    }
     for ((window, strategy), cell) in cells {
         for failure in &cell.failures {
             println!("- {}k, {}: {failure}", window / 1_000, strategy.name());

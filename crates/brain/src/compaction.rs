@@ -369,15 +369,18 @@ pub fn kept_form(message: &Message) -> Message {
     }
 }
 
-/// Tool results to mask: every unmasked tool result before the recent window.
+/// Tool results to mask: every unmasked tool result before the recent window, and the
+/// relevance notes there (`relevance.rs`: archived lines brought back for a turn that is
+/// no longer recent).
 pub fn plan_mask(messages: &[Message], counts: &[u64], recent_turns: usize) -> Vec<usize> {
     let start = recent_start(messages, counts, recent_turns, 0);
     (0..start)
         .filter(|&i| {
-            messages[i].role == MessageRole::Tool
+            (messages[i].role == MessageRole::Tool
                 && messages[i].parts.iter().any(
                     |p| matches!(p, MessagePart::ToolResult(r) if !r.content.starts_with(MASKED) && !r.content.starts_with(ARCHIVED)),
-                )
+                ))
+                || crate::relevance::is_note(&messages[i])
         })
         .collect()
 }

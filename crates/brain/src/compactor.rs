@@ -685,6 +685,8 @@ impl Compactor<'_> {
             let tokens = self.window.counts()[i];
             let (placeholder, archive) = if is_recall_result(message) {
                 (recalled(message, tokens), None)
+            } else if relevance::is_note(message) {
+                (relevance::stub(message), None)
             } else {
                 let key = content_key(message);
                 match self
@@ -924,7 +926,7 @@ impl Compactor<'_> {
             }
             if let Some(id) = placeholder_block(message) {
                 archived.push(id);
-            } else if !is_recall_result(message) {
+            } else if !is_recall_result(message) && !relevance::is_note_or_stub(message) {
                 let note = message_note(message, turn, "summarised");
                 let id = self.archive_message(message.clone(), note).await?;
                 archived.push(id);

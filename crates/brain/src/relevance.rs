@@ -54,6 +54,37 @@ const STOPWORDS: [&str; 97] = [
     "where", "which", "while", "who", "why", "will",
 ];
 
+/// Whether `message` is a relevance note (not yet masked).
+pub(crate) fn is_note(message: &Message) -> bool {
+    message.role == MessageRole::User
+        && matches!(message.parts.as_slice(), [MessagePart::Text { text }] if text.starts_with(NOTE_HEAD))
+}
+
+/// Whether `message` is a relevance note or what masking left of one: its lines are in the
+/// archive already, so a summary archives nothing for it.
+pub(crate) fn is_note_or_stub(message: &Message) -> bool {
+    is_note(message)
+        || (message.role == MessageRole::User && message.text_content().starts_with(STUB_HEAD))
+}
+
+const STUB_HEAD: &str = "[Nerve] (archived lines were shown here";
+
+/// What masking leaves of a relevance note once its turn is no longer recent: the words it
+/// answered, and that a search finds the lines again. The lines came from the archive, so
+/// nothing is archived.
+pub(crate) fn stub(message: &Message) -> Message {
+    let text = message.text_content();
+    let first = text.lines().next().unwrap_or_default();
+    let words = first
+        .strip_prefix(NOTE_HEAD)
+        .and_then(|rest| rest.strip_prefix(" ("))
+        .and_then(|rest| rest.split_once("), ").map(|(words, _)| words))
+        .unwrap_or_default();
+    Message::user(format!(
+        "{STUB_HEAD} for {words}; recall with a query finds them again)"
+    ))
+}
+
 /// The messages a boundary looks at: from the last assistant message on (its text and
 /// tool calls, the results that followed, and user messages after them), or none when
 /// the last message is a relevance note already (this boundary ran before a resume).
@@ -103,11 +134,17 @@ pub(crate) fn said(messages: &[Message], start: usize) -> (String, Vec<&Message>
     (said, rest)
 }
 
-/// The string values of a tool call's arguments, one per line (not the keys, which name
-/// the tool's parameters, not what the agent is after).
+/// A tool-call argument longer than this is content the agent writes (a file, a patch),
+/// not words it looks for.
+const MAX_ARGUMENT_CHARS: usize = 200;
+
+/// The short string values of a tool call's arguments, one per line: commands, paths,
+/// queries (not the keys, which name the tool's parameters, and not long values such as a
+/// file's new content, whose words say what the agent writes, not what it is after).
 fn string_values(value: &serde_json::Value) -> String {
     match value {
-        serde_json::Value::String(s) => format!("{s}\n"),
+        serde_json::Value::String(s) if s.len() <= MAX_ARGUMENT_CHARS => format!("{s}\n"),
+        serde_json::Value::String(_) => String::new(),
         serde_json::Value::Array(items) => items.iter().map(string_values).collect(),
         serde_json::Value::Object(map) => map.values().map(string_values).collect(),
         serde_json::Value::Null | serde_json::Value::Bool(_) | serde_json::Value::Number(_) => {
@@ -438,6 +475,20 @@ mod tests {
         );
         // No room, no note.
         assert_eq!(relevance_note(&terms, &blocks, &chunks(""), 10), None);
+    }
+
+    #[test]
+    fn a_masked_note_keeps_its_words() {
+        let note = Message::user(format!(
+            "{NOTE_HEAD} (`orjson`, `tenant_005`), from outputs that left the context; call recall with a block_id for all of one:\nblock x (output):\n  orjson==1.2.3"
+        ));
+        assert!(is_note(&note));
+        let stub = stub(&note);
+        assert_eq!(
+            stub.text_content(),
+            "[Nerve] (archived lines were shown here for `orjson`, `tenant_005`; recall with a query finds them again)"
+        );
+        assert!(!is_note(&stub) && is_note_or_stub(&stub));
     }
 
     #[test]
