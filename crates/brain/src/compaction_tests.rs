@@ -939,9 +939,12 @@ async fn a_line_the_agent_asks_about_comes_back_from_the_archive() {
         .sink
         .events()
         .into_iter()
-        .filter_map(|e| match e {
-            Event::MessageAppended(m) => Some((m.index, m.message)),
-            _ => None,
+        .filter_map(|e| {
+            if let Event::MessageAppended(m) = e {
+                Some((m.index, m.message))
+            } else {
+                None
+            }
         })
         .collect();
     let notes: Vec<&(u32, Message)> = appended
