@@ -6,7 +6,9 @@ use std::sync::{Mutex, OnceLock};
 
 use aho_corasick::AhoCorasick;
 use async_trait::async_trait;
-use nerve_core::{ArchivedBlock, BlockId, ContextArchive, ExecutionId, RecallHit, SinkError};
+use nerve_core::{
+    ArchivedBlock, BlockId, ContextArchive, ExecutionId, MessagePart, RecallHit, SinkError,
+};
 
 use crate::compaction::{is_summary, transcript};
 
@@ -21,12 +23,30 @@ pub struct MemoryArchive {
 struct Stored {
     block: ArchivedBlock,
     text: OnceLock<String>,
+    label: OnceLock<String>,
 }
 
 impl Stored {
     fn text(&self) -> &str {
         self.text
             .get_or_init(|| transcript(&self.block.messages.iter().collect::<Vec<_>>(), None))
+    }
+
+    /// The pieces a search reads, without making the transcript when the block is one tool
+    /// output (most blocks): the transcript's label and the content, which together are
+    /// the transcript but for its closing line break; no word (no whitespace) can span the
+    /// label's closing `: `.
+    fn pieces(&self) -> [&str; 2] {
+        if let [message] = self.block.messages.as_slice()
+            && let [MessagePart::ToolResult(result)] = message.parts.as_slice()
+        {
+            let failed = if result.is_error { " (failed)" } else { "" };
+            let label = self
+                .label
+                .get_or_init(|| format!("HISTORY:\ntool result {}{failed}: ", result.name));
+            return [label, &result.content];
+        }
+        [self.text(), ""]
     }
 }
 
@@ -42,6 +62,7 @@ impl ContextArchive for MemoryArchive {
             Stored {
                 block,
                 text: OnceLock::new(),
+                label: OnceLock::new(),
             },
         );
         Ok(())
@@ -90,14 +111,20 @@ impl ContextArchive for MemoryArchive {
             })
             .collect();
         // Where the first word occurs, when the block holds every word.
-        let position = |text: &str| -> Option<usize> {
+        let position = |stored: &Stored| -> Option<usize> {
             match &matchers {
                 Some(matchers) => {
-                    let at = matchers.first()?.find(text)?.start();
-                    matchers[1..].iter().all(|m| m.is_match(text)).then_some(at)
+                    let pieces = stored.pieces();
+                    if !matchers
+                        .iter()
+                        .all(|m| pieces.iter().any(|piece| m.is_match(*piece)))
+                    {
+                        return None;
+                    }
+                    matchers.first()?.find(stored.text()).map(|m| m.start())
                 }
                 None => {
-                    let lower = text.to_lowercase();
+                    let lower = stored.text().to_lowercase();
                     if !words.iter().all(|w| lower.contains(w.as_str())) {
                         return None;
                     }
@@ -121,10 +148,10 @@ impl ContextArchive for MemoryArchive {
             if originals >= limit {
                 break;
             }
-            let text = stored.text();
-            let Some(at) = position(text) else {
+            let Some(at) = position(stored) else {
                 continue;
             };
+            let text = stored.text();
             let block = &stored.block;
             let summary = block.messages.iter().any(is_summary);
             originals += usize::from(!summary);
