@@ -171,14 +171,21 @@ struct Record {
     peak: u64,
     /// Messages in each agent request, in order.
     lengths: Vec<usize>,
-    /// (fact index, in the request of the turn that needs it).
+    /// (fact index, in the request of the turn that needs it): in view when the model
+    /// writes the turn that asks for it.
     at_need: Vec<(usize, bool)>,
+    /// (fact index, in the request after the turn that asks for it): in view when the
+    /// model acts on what it asked.
+    after_ask: Vec<(usize, bool)>,
     /// The previous agent request, to see how much of each request repeats it.
     previous: Vec<Message>,
     /// Tokens of all agent requests, and of their leading messages identical to the
     /// previous request's (what a provider's prompt cache can reuse).
     sent_tokens: u64,
     reused_tokens: u64,
+    /// Relevance notes (`[Nerve] Archived lines …`) the engine appended, and their characters.
+    notes: usize,
+    note_chars: usize,
 }
 
 /// Records every agent request, then sends it (and every summary request) through the
@@ -219,12 +226,22 @@ impl Provider for BenchProvider {
             record.reused_tokens += self.counter.count_messages(&request.messages[..common]);
             record.sent_tokens += self.counter.count_messages(request.messages);
             record.previous = request.messages.to_vec();
+            if let Some(last) = request.messages.last().map(Message::text_content)
+                && last.starts_with("[Nerve] Archived lines")
+            {
+                record.notes += 1;
+                record.note_chars += last.len();
+            }
             record.lengths.push(request.messages.len());
             let needed: Vec<(usize, &Fact)> = self.trajectory.needed_at(turn).collect();
-            if !needed.is_empty() {
+            let asked: Vec<(usize, &Fact)> = self.trajectory.needed_at(turn - 1).collect();
+            if !needed.is_empty() || !asked.is_empty() {
                 let text = haystack(request.messages);
                 for (index, fact) in needed {
                     record.at_need.push((index, fact.is_in(&text)));
+                }
+                for (index, fact) in asked {
+                    record.after_ask.push((index, fact.is_in(&text)));
                 }
             }
         }
@@ -396,6 +413,7 @@ fn engine_run(
             hard_percent: 1_000,
             pressure_hard_percent: 1_000,
             mask_digest_chars: 0,
+            recall_lines_chars: 0,
             ..CompactionConfig::default()
         },
         Strategy::Layered | Strategy::Extractive => CompactionConfig::default(),
@@ -528,9 +546,12 @@ struct Cell {
     facts: usize,
     in_context: usize,
     at_need: usize,
+    after_ask: usize,
     recallable: usize,
     either: usize,
-    by_kind: BTreeMap<Kind, (usize, usize, usize)>,
+    /// Per kind: facts, in context at the end, in context or recallable, in context before
+    /// and after the turn that asks.
+    by_kind: BTreeMap<Kind, (usize, usize, usize, usize, usize)>,
     masks: usize,
     summaries: usize,
     offloads: usize,
@@ -541,19 +562,31 @@ struct Cell {
     requests: usize,
     /// Runs that did not complete, with how they ended.
     failures: Vec<String>,
+    /// Relevance notes appended, and their characters, over all runs.
+    notes: usize,
+    note_chars: usize,
 }
 
 impl Cell {
-    fn add_fact(&mut self, kind: Kind, in_context: bool, at_need: bool, recallable: bool) {
+    fn add_fact(
+        &mut self,
+        kind: Kind,
+        in_context: bool,
+        (at_need, after_ask): (bool, bool),
+        recallable: bool,
+    ) {
         self.facts += 1;
         self.in_context += usize::from(in_context);
         self.at_need += usize::from(at_need);
+        self.after_ask += usize::from(after_ask);
         self.recallable += usize::from(recallable);
         self.either += usize::from(in_context || recallable);
         let entry = self.by_kind.entry(kind).or_default();
         entry.0 += 1;
         entry.1 += usize::from(in_context);
         entry.2 += usize::from(in_context || recallable);
+        entry.3 += usize::from(at_need);
+        entry.4 += usize::from(after_ask);
     }
 }
 
@@ -615,7 +648,7 @@ fn measure(
             cell.sent_tokens += reference.record.sent_tokens;
             cell.reused_tokens += reference.record.reused_tokens;
             for fact in &trajectory.facts {
-                cell.add_fact(fact.kind, true, true, false);
+                cell.add_fact(fact.kind, true, (true, true), false);
             }
             // truncate oldest: each request of the uncompacted run, truncated; then the end.
             let cell = cells.entry((window, Strategy::Truncate)).or_default();
@@ -644,13 +677,19 @@ fn measure(
             let text = haystack(&end);
             cell.reductions
                 .push(1.0 - estimate_messages(&end) as f64 / full_tokens as f64);
+            let sent_at = |turn: usize| {
+                let turn = turn.min(reference.record.lengths.len());
+                let length = reference.record.lengths[turn - 1];
+                haystack(&truncated(&reference.messages[..length], starts[turn - 1]))
+            };
             for fact in &trajectory.facts {
-                let length = reference.record.lengths[fact.needed - 1];
-                let sent = truncated(&reference.messages[..length], starts[fact.needed - 1]);
                 cell.add_fact(
                     fact.kind,
                     fact.is_in(&text),
-                    fact.is_in(&haystack(&sent)),
+                    (
+                        fact.is_in(&sent_at(fact.needed)),
+                        fact.is_in(&sent_at(fact.needed + 1)),
+                    ),
                     false,
                 );
             }
@@ -658,6 +697,8 @@ fn measure(
                 let run = engine_run(runtime, &trajectory, &cassette, strategy, Some(window));
                 let text = haystack(&run.messages);
                 let at_need: HashMap<usize, bool> = run.record.at_need.iter().copied().collect();
+                let after_ask: HashMap<usize, bool> =
+                    run.record.after_ask.iter().copied().collect();
                 let mut cell = cells.remove(&(window, strategy)).unwrap_or_default();
                 cell.reductions
                     .push(1.0 - estimate_messages(&run.messages) as f64 / full_tokens as f64);
@@ -665,6 +706,8 @@ fn measure(
                 cell.sent_tokens += run.record.sent_tokens;
                 cell.reused_tokens += run.record.reused_tokens;
                 cell.rejected += run.rejected;
+                cell.notes += run.record.notes;
+                cell.note_chars += run.record.note_chars;
                 cell.requests += run.requests;
                 if let Some(failure) = &run.failure {
                     cell.failures.push(format!("seed {seed}: {failure}"));
@@ -673,7 +716,10 @@ fn measure(
                     cell.add_fact(
                         fact.kind,
                         fact.is_in(&text),
-                        at_need.get(&index).copied().unwrap_or(false),
+                        (
+                            at_need.get(&index).copied().unwrap_or(false),
+                            after_ask.get(&index).copied().unwrap_or(false),
+                        ),
                         recallable(runtime, &run, fact),
                     );
                 }
@@ -696,9 +742,9 @@ fn measure(
 /// The main table: one row per window and strategy.
 fn print_table(cells: &BTreeMap<(u64, Strategy), Cell>, windows: &[u64], strategies: &[Strategy]) {
     println!(
-        "| window | strategy | token reduction | largest request / window | over-window requests | runs ended `error` | facts in context (end) | in context when needed | recallable | in context or recallable | masks / summaries / offloads | prompt reuse |"
+        "| window | strategy | token reduction | largest request / window | over-window requests | runs ended `error` | facts in context (end) | in context when needed | … after the turn that asks | recallable | in context or recallable | masks / summaries / offloads | prompt reuse |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &window in windows {
         for &strategy in strategies {
             let Some(cell) = cells.get(&(window, strategy)) else {
@@ -727,12 +773,13 @@ fn print_table(cells: &BTreeMap<(u64, Strategy), Cell>, windows: &[u64], strateg
                 Strategy::None | Strategy::Truncate => ("–".to_owned(), "–".to_owned()),
             };
             println!(
-                "| {}k | {} | {reduction:.0}% | {:.0}% | {rejected} | {failed} | {:.0}% | {:.0}% | {:.0}% | {:.0}% | {counts} | {reuse} |",
+                "| {}k | {} | {reduction:.0}% | {:.0}% | {rejected} | {failed} | {:.0}% | {:.0}% | {:.0}% | {:.0}% | {:.0}% | {counts} | {reuse} |",
                 window / 1_000,
                 strategy.name(),
                 100.0 * cell.peak_share,
                 percent(cell.in_context, cell.facts),
                 percent(cell.at_need, cell.facts),
+                percent(cell.after_ask, cell.facts),
                 percent(cell.recallable, cell.facts),
                 percent(cell.either, cell.facts),
             );
@@ -740,8 +787,19 @@ fn print_table(cells: &BTreeMap<(u64, Strategy), Cell>, windows: &[u64], strateg
     }
 }
 
-/// How the runs that did not complete ended.
+/// How the runs that did not complete ended, and how many relevance notes the runs got.
 fn print_failures(cells: &BTreeMap<(u64, Strategy), Cell>) {
+    for ((window, strategy), cell) in cells {
+        if cell.notes > 0 {
+            println!(
+                "- {}k, {}: {:.1} relevance notes per run, {} characters each on average",
+                window / 1_000,
+                strategy.name(),
+                cell.notes as f64 / SEEDS.len() as f64,
+                cell.note_chars / cell.notes
+            );
+        }
+    }
     for ((window, strategy), cell) in cells {
         for failure in &cell.failures {
             println!("- {}k, {}: {failure}", window / 1_000, strategy.name());
@@ -749,12 +807,14 @@ fn print_failures(cells: &BTreeMap<(u64, Strategy), Cell>) {
     }
 }
 
-/// Facts in context at the end, by kind.
+/// Facts in context at the end, by kind (or, with `when`, in context before and after the
+/// turn that asks).
 fn print_by_kind(
     cells: &BTreeMap<(u64, Strategy), Cell>,
     windows: &[u64],
     strategies: &[Strategy],
     kinds: &[Kind],
+    when: bool,
 ) {
     let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     println!("| window | strategy | {} |", names.join(" | "));
@@ -767,8 +827,13 @@ fn print_by_kind(
             let columns: Vec<String> = kinds
                 .iter()
                 .map(|kind| {
-                    let (n, kept, either) = cell.by_kind.get(kind).copied().unwrap_or_default();
-                    format!("{:.0}% ({:.0}%)", percent(kept, n), percent(either, n))
+                    let (n, kept, either, before, after) =
+                        cell.by_kind.get(kind).copied().unwrap_or_default();
+                    if when {
+                        format!("{:.0}% → {:.0}%", percent(before, n), percent(after, n))
+                    } else {
+                        format!("{:.0}% ({:.0}%)", percent(kept, n), percent(either, n))
+                    }
                 })
                 .collect();
             println!(
@@ -794,57 +859,117 @@ fn print_sizes(turns: &str, kinds: usize, sizes: &[(u64, u64, usize, u64)]) {
     );
 }
 
+/// The parts to run (`NERVE_BENCH_RETENTION=first,second,realistic`, all by default) and
+/// the windows to keep (`NERVE_BENCH_WINDOWS=16000,32000`, each part's own by default):
+/// a quicker run while working on one generator.
+struct Selection {
+    parts: Option<String>,
+    windows: Option<Vec<u64>>,
+}
+
+impl Selection {
+    fn from_env() -> Self {
+        Self {
+            parts: std::env::var("NERVE_BENCH_RETENTION").ok(),
+            windows: std::env::var("NERVE_BENCH_WINDOWS").ok().map(|w| {
+                w.split(',')
+                    .map(|n| n.trim().parse().expect("NERVE_BENCH_WINDOWS: numbers"))
+                    .collect()
+            }),
+        }
+    }
+
+    fn runs(&self, part: &str) -> bool {
+        self.parts
+            .as_deref()
+            .is_none_or(|parts| parts.split(',').any(|p| p.trim() == part))
+    }
+
+    fn windows(&self, windows: &[u64]) -> Vec<u64> {
+        windows
+            .iter()
+            .copied()
+            .filter(|w| self.windows.as_ref().is_none_or(|keep| keep.contains(w)))
+            .collect()
+    }
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    let selection = Selection::from_env();
+    if selection.runs("first") {
+        first_generator(&runtime, &selection.windows(&WINDOWS));
+    }
+    if selection.runs("second") {
+        second_generator(&runtime, &selection.windows(&SECOND_WINDOWS));
+    }
+    if selection.runs("realistic") {
+        realistic_noise(&runtime, &selection.windows(&REALISTIC_WINDOWS));
+    }
+}
+
+fn first_generator(runtime: &tokio::runtime::Runtime, windows: &[u64]) {
     let shape = Shape::default();
     let first = |seed| trajectory::generate(seed, shape);
-    let Measured { cells, sizes } = measure(&runtime, &first, &WINDOWS);
+    let Measured { cells, sizes } = measure(runtime, &first, windows);
     println!("Compaction fact retention");
     print_sizes(&shape.turns.to_string(), Kind::ALL.len(), &sizes);
-    print_table(&cells, &WINDOWS, &Strategy::ALL);
+    print_table(&cells, windows, &Strategy::ALL);
     print_failures(&cells);
     println!("\nFacts in context at the end, by kind (in context or recallable in brackets)\n");
-    print_by_kind(&cells, &WINDOWS, &Strategy::ALL, &Kind::ALL);
+    print_by_kind(&cells, windows, &Strategy::ALL, &Kind::ALL, false);
+    println!("\nIn context when needed, by kind: before → after the turn that asks\n");
+    print_by_kind(&cells, windows, &REALISTIC_STRATEGIES, &Kind::ALL, true);
+}
 
-    // The second generator: ten fact kinds the digests were not written against.
+/// The second generator: ten fact kinds the digests were not written against.
+fn second_generator(runtime: &tokio::runtime::Runtime, windows: &[u64]) {
     let second = |seed| trajectory::second::generate(seed);
-    let Measured { cells, sizes } = measure(&runtime, &second, &SECOND_WINDOWS);
+    let Measured { cells, sizes } = measure(runtime, &second, windows);
     println!("\nCompaction fact retention, second generator (ten other fact kinds)");
     print_sizes("84–129", trajectory::second::KINDS.len(), &sizes);
-    print_table(&cells, &SECOND_WINDOWS, &Strategy::ALL);
+    print_table(&cells, windows, &Strategy::ALL);
     print_failures(&cells);
     println!(
         "\nSecond generator: facts in context at the end, by kind (in context or recallable in brackets)\n"
     );
     print_by_kind(
         &cells,
-        &SECOND_WINDOWS,
+        windows,
         &REALISTIC_STRATEGIES,
         &trajectory::second::KINDS,
+        false,
     );
+    println!(
+        "\nSecond generator: in context when needed, by kind: before → after the turn that asks\n"
+    );
+    print_by_kind(
+        &cells,
+        windows,
+        &REALISTIC_STRATEGIES,
+        &trajectory::second::KINDS,
+        true,
+    );
+}
 
-    // The same seeds with noise shaped like real tool output: how far the table above
-    // carries over (docs/benchmarks.md, "How far this carries over").
+/// The same seeds with noise shaped like real tool output: how far the first table
+/// carries over (docs/benchmarks.md, "How far this carries over").
+fn realistic_noise(runtime: &tokio::runtime::Runtime, windows: &[u64]) {
     let shape = Shape {
         noise: Noise::Realistic,
         ..Shape::default()
     };
     let realistic = |seed| trajectory::generate(seed, shape);
-    let Measured { cells, sizes } = measure(&runtime, &realistic, &REALISTIC_WINDOWS);
+    let Measured { cells, sizes } = measure(runtime, &realistic, windows);
     println!("\nCompaction fact retention with realistic noise");
     print_sizes(&shape.turns.to_string(), Kind::ALL.len(), &sizes);
-    print_table(&cells, &REALISTIC_WINDOWS, &REALISTIC_STRATEGIES);
+    print_table(&cells, windows, &REALISTIC_STRATEGIES);
     print_failures(&cells);
     println!(
         "\nRealistic noise: facts in context at the end, by kind (in context or recallable in brackets)\n"
     );
-    print_by_kind(
-        &cells,
-        &REALISTIC_WINDOWS,
-        &REALISTIC_STRATEGIES,
-        &Kind::ALL,
-    );
+    print_by_kind(&cells, windows, &REALISTIC_STRATEGIES, &Kind::ALL, false);
 }

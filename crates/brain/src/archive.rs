@@ -2,16 +2,52 @@
 //! (tests, embedded use). `nerve` itself archives into the SQLite log.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
+use aho_corasick::AhoCorasick;
 use async_trait::async_trait;
-use nerve_core::{ArchivedBlock, BlockId, ContextArchive, ExecutionId, RecallHit, SinkError};
+use nerve_core::{
+    ArchivedBlock, BlockId, ContextArchive, ExecutionId, MessagePart, RecallHit, SinkError,
+};
 
 use crate::compaction::{is_summary, transcript};
 
 #[derive(Debug, Default)]
 pub struct MemoryArchive {
-    blocks: Mutex<BTreeMap<(ExecutionId, BlockId), ArchivedBlock>>,
+    blocks: Mutex<BTreeMap<(ExecutionId, BlockId), Stored>>,
+}
+
+/// A block and the text a search reads, made at the first search that reaches it (not when
+/// archiving: a mask archives hundreds of outputs at once, and most are never searched).
+#[derive(Debug)]
+struct Stored {
+    block: ArchivedBlock,
+    text: OnceLock<String>,
+    label: OnceLock<String>,
+}
+
+impl Stored {
+    fn text(&self) -> &str {
+        self.text
+            .get_or_init(|| transcript(&self.block.messages.iter().collect::<Vec<_>>(), None))
+    }
+
+    /// The pieces a search reads, without making the transcript when the block is one tool
+    /// output (most blocks): the transcript's label and the content, which together are
+    /// the transcript but for its closing line break; no word (no whitespace) can span the
+    /// label's closing `: `.
+    fn pieces(&self) -> [&str; 2] {
+        if let [message] = self.block.messages.as_slice()
+            && let [MessagePart::ToolResult(result)] = message.parts.as_slice()
+        {
+            let failed = if result.is_error { " (failed)" } else { "" };
+            let label = self
+                .label
+                .get_or_init(|| format!("HISTORY:\ntool result {}{failed}: ", result.name));
+            return [label, &result.content];
+        }
+        [self.text(), ""]
+    }
 }
 
 #[async_trait]
@@ -21,7 +57,14 @@ impl ContextArchive for MemoryArchive {
             .blocks
             .lock()
             .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
-        blocks.insert((execution, block.id), block);
+        blocks.insert(
+            (execution, block.id),
+            Stored {
+                block,
+                text: OnceLock::new(),
+                label: OnceLock::new(),
+            },
+        );
         Ok(())
     }
 
@@ -34,12 +77,15 @@ impl ContextArchive for MemoryArchive {
             .blocks
             .lock()
             .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
-        Ok(blocks.get(&(execution, id)).cloned())
+        Ok(blocks
+            .get(&(execution, id))
+            .map(|stored| stored.block.clone()))
     }
 
     /// Every word of `query` must occur (case-insensitively) in the block. Original
     /// outputs and messages come before summaries (which restate them, shortened), older
-    /// blocks first within each; each hit shows the line where the first word occurs.
+    /// blocks first within each; each hit shows the line where the first word occurs. ASCII
+    /// words are matched in place (ASCII case ignored), others against a lowercased copy.
     async fn search(
         &self,
         execution: ExecutionId,
@@ -50,28 +96,71 @@ impl ContextArchive for MemoryArchive {
         if words.is_empty() {
             return Ok(Vec::new());
         }
+        // One matcher per word: a block must hold them all.
+        let matchers: Option<Vec<AhoCorasick>> = words
+            .iter()
+            .map(|w| {
+                w.is_ascii()
+                    .then(|| {
+                        AhoCorasick::builder()
+                            .ascii_case_insensitive(true)
+                            .build([w])
+                            .ok()
+                    })
+                    .flatten()
+            })
+            .collect();
+        // Where the first word occurs, when the block holds every word.
+        let position = |stored: &Stored| -> Option<usize> {
+            match &matchers {
+                Some(matchers) => {
+                    let pieces = stored.pieces();
+                    if !matchers
+                        .iter()
+                        .all(|m| pieces.iter().any(|piece| m.is_match(*piece)))
+                    {
+                        return None;
+                    }
+                    matchers.first()?.find(stored.text()).map(|m| m.start())
+                }
+                None => {
+                    let lower = stored.text().to_lowercase();
+                    if !words.iter().all(|w| lower.contains(w.as_str())) {
+                        return None;
+                    }
+                    Some(lower.find(words[0].as_str()).unwrap_or(0))
+                }
+            }
+        };
         let blocks = self
             .blocks
             .lock()
             .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
         // (is a summary, hit).
         let mut hits: Vec<(bool, RecallHit)> = Vec::new();
-        for ((owner, id), block) in blocks.iter() {
+        let mut originals = 0;
+        for ((owner, id), stored) in blocks.iter() {
             if *owner != execution {
                 continue;
             }
-            let text = transcript(&block.messages.iter().collect::<Vec<_>>(), None);
-            let lower = text.to_lowercase();
-            if !words.iter().all(|w| lower.contains(w.as_str())) {
-                continue;
+            // Originals come first and in time order: once `limit` of them are found, no
+            // later block can be among the first `limit` hits.
+            if originals >= limit {
+                break;
             }
-            let at = lower.find(words[0].as_str()).unwrap_or(0);
+            let Some(at) = position(stored) else {
+                continue;
+            };
+            let text = stored.text();
+            let block = &stored.block;
+            let summary = block.messages.iter().any(is_summary);
+            originals += usize::from(!summary);
             hits.push((
-                block.messages.iter().any(is_summary),
+                summary,
                 RecallHit {
                     id: *id,
                     note: block.note.clone(),
-                    snippet: line_at(&text, at),
+                    snippet: line_at(text, at),
                 },
             ));
         }

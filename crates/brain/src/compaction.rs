@@ -63,6 +63,10 @@ pub struct CompactionConfig {
     /// output's preview for the middle it leaves out. 0: bare placeholders, head-and-tail
     /// previews.
     pub mask_digest_chars: usize,
+    /// Characters of archived lines brought back at a turn boundary when the agent or the
+    /// user names something the context no longer shows (at most 5% of the window; see
+    /// `relevance.rs`). 0: never.
+    pub recall_lines_chars: usize,
 }
 
 impl Default for CompactionConfig {
@@ -82,6 +86,7 @@ impl Default for CompactionConfig {
             pressure_percent: 80,
             pressure_hard_percent: 70,
             mask_digest_chars: 300,
+            recall_lines_chars: 600,
         }
     }
 }
@@ -129,6 +134,8 @@ pub struct Budget {
     pub digest_chars: usize,
     /// Characters of one page of `recall`: what one tool output may take.
     pub page_chars: usize,
+    /// Characters of archived lines a turn boundary may bring back (`recall_lines_chars`).
+    pub recall_chars: usize,
 }
 
 /// The share of the window (percent) one tool output (or one page of `recall`) may take.
@@ -137,6 +144,9 @@ pub const OUTPUT_WINDOW_PERCENT: u64 = 15;
 const PREVIEW_WINDOW_PERCENT: u64 = 5;
 /// The share of the window (percent) a digest may take.
 const DIGEST_WINDOW_PERCENT: u64 = 3;
+/// The share of the window (percent) the archived lines brought back at one boundary may
+/// take.
+const RECALL_WINDOW_PERCENT: u64 = 5;
 /// A page of `recall` never exceeds this many characters, whatever the window.
 pub const MAX_PAGE_CHARS: usize = 24_000;
 
@@ -155,6 +165,7 @@ impl CompactionConfig {
                 preview_chars: self.preview_chars,
                 digest_chars: self.mask_digest_chars,
                 page_chars: MAX_PAGE_CHARS,
+                recall_chars: self.recall_lines_chars,
             };
         };
         let share = |percent: u64| {
@@ -172,6 +183,7 @@ impl CompactionConfig {
             page_chars: usize::try_from(output_tokens * CHARS_PER_TOKEN)
                 .unwrap_or(usize::MAX)
                 .clamp(200, MAX_PAGE_CHARS),
+            recall_chars: self.recall_lines_chars.min(share(RECALL_WINDOW_PERCENT)),
         }
     }
 }
@@ -357,15 +369,18 @@ pub fn kept_form(message: &Message) -> Message {
     }
 }
 
-/// Tool results to mask: every unmasked tool result before the recent window.
+/// Tool results to mask: every unmasked tool result before the recent window, and the
+/// relevance notes there (`relevance.rs`: archived lines brought back for a turn that is
+/// no longer recent).
 pub fn plan_mask(messages: &[Message], counts: &[u64], recent_turns: usize) -> Vec<usize> {
     let start = recent_start(messages, counts, recent_turns, 0);
     (0..start)
         .filter(|&i| {
-            messages[i].role == MessageRole::Tool
+            (messages[i].role == MessageRole::Tool
                 && messages[i].parts.iter().any(
                     |p| matches!(p, MessagePart::ToolResult(r) if !r.content.starts_with(MASKED) && !r.content.starts_with(ARCHIVED)),
-                )
+                ))
+                || crate::relevance::is_note(&messages[i])
         })
         .collect()
 }
@@ -402,9 +417,13 @@ pub(crate) fn with_results(message: &Message, content: impl Fn(&ToolResult) -> S
         .parts
         .iter()
         .map(|part| match part {
+            // Field by field: `..result.clone()` would copy the whole output only to drop it
+            // (a mask of a 1M-token conversation copied 3.7 MB that way).
             MessagePart::ToolResult(result) => MessagePart::ToolResult(ToolResult {
+                call_id: result.call_id.clone(),
+                name: result.name.clone(),
                 content: content(result),
-                ..result.clone()
+                is_error: result.is_error,
             }),
             other @ (MessagePart::Text { .. }
             | MessagePart::ToolCall(_)
@@ -527,23 +546,43 @@ const RARE_LINES: usize = 6;
 /// (source code, prose) has no rare lines. No list of formats: what is kept is what
 /// differs from the rest.
 fn rare_lines(content: &str) -> Vec<(usize, &str)> {
-    let mut lines: Vec<(usize, &str, u64)> = Vec::new();
-    let mut counts: std::collections::HashMap<u64, u32, foldhash::fast::FixedState> =
-        std::collections::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0));
+    let bytes = content.as_bytes();
+    // Lines the scan may still see, at most: the two exits below are exact because each
+    // line left can add at most one to a shape's count and take at most one line out of
+    // the once-only ones.
+    let raw_lines = memchr::memchr_iter(b'\n', bytes).count() + 1;
+    let mut raw_seen = 0;
+    // Sized once: growing the table and the list line by line was a third of this scan.
+    let capacity = raw_lines.min(SHAPE_LINES);
+    let mut lines: Vec<(usize, &str, u64)> = Vec::with_capacity(capacity);
+    let mut counts: std::collections::HashMap<u64, u32, ShapeHasher> =
+        std::collections::HashMap::with_capacity_and_hasher(capacity, ShapeHasher);
+    let (mut dominant, mut once) = (0_usize, 0_usize);
     let mut start = 0;
     while start < content.len() && lines.len() < SHAPE_LINES {
-        let end = memchr::memchr(b'\n', &content.as_bytes()[start..])
-            .map_or(content.len(), |i| start + i);
+        let end = memchr::memchr(b'\n', &bytes[start..]).map_or(content.len(), |i| start + i);
+        raw_seen += 1;
         let line = content[start..end].trim();
         if !line.is_empty() {
             let shape = line_shape(line);
-            *counts.entry(shape).or_default() += 1;
+            let count = counts.entry(shape).or_default();
+            *count += 1;
+            match *count {
+                1 => once += 1,
+                2 => once -= 1,
+                _ => {}
+            }
+            dominant = dominant.max(*count as usize);
             lines.push((start, line, shape));
+            let left = (SHAPE_LINES - lines.len()).min(raw_lines - raw_seen);
+            // No shape can make up half of the lines any more, or too many lines stay odd.
+            if 2 * dominant + left < lines.len() || once > RARE_LINES + left {
+                return Vec::new();
+            }
         }
         start = end + 1;
     }
-    let dominant = counts.values().copied().max().unwrap_or(0);
-    if lines.len() < 8 || (dominant as usize) * 2 < lines.len() {
+    if lines.len() < 8 || dominant * 2 < lines.len() {
         return Vec::new();
     }
     let rare: Vec<(usize, &str)> = lines
@@ -558,27 +597,79 @@ fn rare_lines(content: &str) -> Vec<(usize, &str)> {
     }
 }
 
+/// Shapes are FNV hashes already: the table uses them as they are.
+#[derive(Clone, Copy, Default)]
+struct ShapeHasher;
+
+impl std::hash::BuildHasher for ShapeHasher {
+    type Hasher = ShapeHash;
+
+    fn build_hasher(&self) -> ShapeHash {
+        ShapeHash(0)
+    }
+}
+
+struct ShapeHash(u64);
+
+impl std::hash::Hasher for ShapeHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 /// The shape of a line: each run of letters, digits and `_` is one word, whatever it
 /// holds; punctuation and spacing runs stay as they are (a run of spaces counts once).
 fn line_shape(line: &str) -> u64 {
     // FNV-1a over the classes: a few instructions a byte, where a 1M-token conversation
-    // holds 3.7 MB of tool output.
+    // holds 3.7 MB of tool output. A word run is skipped in a tight loop, one table look-up
+    // a byte: words are most of an output's bytes.
+    const WORD: u8 = b'w';
+    let step = |hash: u64, class: u8| (hash ^ u64::from(class)).wrapping_mul(0x0000_0100_0000_01b3);
+    let bytes = line.as_bytes();
     let mut hash = 0xcbf2_9ce4_8422_2325_u64;
     let mut last = 0_u8;
-    for byte in line.bytes() {
-        let class = if byte.is_ascii_alphanumeric() || byte == b'_' || byte >= 0x80 {
-            b'w'
-        } else {
-            byte
-        };
-        if class == last && (class == b'w' || class == b' ') {
-            continue;
+    let mut i = 0;
+    while i < bytes.len() {
+        let byte = bytes[i];
+        i += 1;
+        if IS_WORD[usize::from(byte)] {
+            if last != WORD {
+                hash = step(hash, WORD);
+                last = WORD;
+            }
+            while i < bytes.len() && IS_WORD[usize::from(bytes[i])] {
+                i += 1;
+            }
+        } else if !(byte == b' ' && last == b' ') {
+            hash = step(hash, byte);
+            last = byte;
         }
-        hash = (hash ^ u64::from(class)).wrapping_mul(0x0000_0100_0000_01b3);
-        last = class;
     }
     hash
 }
+
+/// The bytes that belong to a word for [`line_shape`]: ASCII letters and digits, `_`, and
+/// every byte of a non-ASCII character.
+static IS_WORD: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = byte.is_ascii_alphanumeric() || byte == b'_' || byte >= 0x80;
+        b += 1;
+    }
+    table
+};
 
 /// What a line found, as (key, text): a path at its start, with the line number when one
 /// follows (`rg -n`, `find`, `ls`), or a `key = value` setting. Only the line's first word is
@@ -738,8 +829,13 @@ static ERROR: LazyLock<Regex> = LazyLock::new(|| {
 /// source code and logs `Error` is mostly a type name (`Result<T, Error>`, `Error::Missing`),
 /// so here "error" counts only as a label (`error:`, `error[E0308]:`, `TypeError:`,
 /// `ERROR`), beside the words that only failures use.
-const TOOL_ERROR_PATTERN: &str = r"(?i)(?:error(?:\[[^\]\n]*\])?|exception):(?:[^:]|$)|(?-i:\bERROR\b)|\b(?:failed|failure|fatal|exception|panic|panicked|traceback|denied|not found|cannot|refused|timed out)\b";
-const DECISION_PATTERN: &str = r"(?i)\b(?:decided|decide|will use|instead|because|chose|choose|must|must not|never|always|constraint|require[sd]?)\b";
+///
+/// Word boundaries are ASCII ones (`(?-u:\b)`): with Unicode ones the regex's fast engine
+/// gives up at the first non-ASCII byte (`✓`, `→`, an accented name) and the slow one reads
+/// the rest of the output, 10 to 40 times slower; a keyword glued to a non-ASCII letter is
+/// all that the ASCII boundary reads differently.
+const TOOL_ERROR_PATTERN: &str = r"(?i)(?:error(?:\[[^\]\n]*\])?|exception):(?:[^:]|$)|(?-i:(?-u:\b)ERROR(?-u:\b))|(?-u:\b)(?:failed|failure|fatal|exception|panic|panicked|traceback|denied|not found|cannot|refused|timed out)(?-u:\b)";
+const DECISION_PATTERN: &str = r"(?i)(?-u:\b)(?:decided|decide|will use|instead|because|chose|choose|must|must not|never|always|constraint|require[sd]?)(?-u:\b)";
 static TOOL_ERROR: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant pattern.
     Regex::new(TOOL_ERROR_PATTERN).expect("tool error pattern")
@@ -753,7 +849,7 @@ static DECISION: LazyLock<Regex> = LazyLock::new(|| {
 static TOOL_LINE: LazyLock<Regex> = LazyLock::new(|| {
     #[allow(clippy::expect_used)] // Constant patterns.
     Regex::new(&format!(
-        r"(?:{TOOL_ERROR_PATTERN})|(?:{DECISION_PATTERN})|(?i:\b(?:do not|don't)\b)"
+        r"(?:{TOOL_ERROR_PATTERN})|(?:{DECISION_PATTERN})|(?i:(?-u:\b)(?:do not|don't)(?-u:\b))"
     ))
     .expect("tool line pattern")
 });
@@ -1295,6 +1391,81 @@ mod tests {
 
     use super::*;
 
+    /// The byte-by-byte definition of [`line_shape`], which skips word runs faster: both
+    /// give the same hash for every line.
+    fn line_shape_by_byte(line: &str) -> u64 {
+        let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+        let mut last = 0_u8;
+        for byte in line.bytes() {
+            let class = if byte.is_ascii_alphanumeric() || byte == b'_' || byte >= 0x80 {
+                b'w'
+            } else {
+                byte
+            };
+            if class == last && (class == b'w' || class == b' ') {
+                continue;
+            }
+            hash = (hash ^ u64::from(class)).wrapping_mul(0x0000_0100_0000_01b3);
+            last = class;
+        }
+        hash
+    }
+
+    /// [`rare_lines`] without its early exits: both keep the same lines.
+    fn rare_lines_whole_scan(content: &str) -> Vec<(usize, &str)> {
+        let mut lines: Vec<(usize, &str, u64)> = Vec::new();
+        let mut counts: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+        let mut start = 0;
+        while start < content.len() && lines.len() < SHAPE_LINES {
+            let end = content[start..]
+                .find('\n')
+                .map_or(content.len(), |i| start + i);
+            let line = content[start..end].trim();
+            if !line.is_empty() {
+                let shape = line_shape_by_byte(line);
+                *counts.entry(shape).or_default() += 1;
+                lines.push((start, line, shape));
+            }
+            start = end + 1;
+        }
+        let dominant = counts.values().copied().max().unwrap_or(0) as usize;
+        if lines.len() < 8 || dominant * 2 < lines.len() {
+            return Vec::new();
+        }
+        let rare: Vec<(usize, &str)> = lines
+            .into_iter()
+            .filter(|(_, _, shape)| counts[shape] == 1)
+            .map(|(start, line, _)| (start, line))
+            .collect();
+        if rare.len() > RARE_LINES {
+            Vec::new()
+        } else {
+            rare
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn rare_lines_exit_early_only_when_the_answer_is_known(
+            lines in proptest::collection::vec(
+                proptest::prop_oneof![
+                    4 => proptest::strategy::Just("pkg1==1.2.3".to_owned()),
+                    3 => "[a-z]{1,6}==[0-9]\\.[0-9]{1,2}\\.[0-9]",
+                    3 => "[a-z =:,.-]{0,12}",
+                ],
+                0..60,
+            )
+        ) {
+            let content = lines.join("\n");
+            proptest::prop_assert_eq!(rare_lines(&content), rare_lines_whole_scan(&content));
+        }
+
+        #[test]
+        fn line_shape_is_the_byte_by_byte_definition(line in "[a-zA-Z0-9_ \t:=.,/\\-\"{}()é]{0,80}") {
+            proptest::prop_assert_eq!(line_shape(&line), line_shape_by_byte(&line));
+        }
+    }
+
     fn check_indicator(fill: u64, capacity: u64, blocks: usize, expected: &str) {
         assert_eq!(indicator(fill, capacity, blocks), expected);
     }
@@ -1617,6 +1788,13 @@ mod tests {
             build,
             60,
             &["error[E0308]: mismatched types", "--> src/x.rs:41:9"],
+        );
+        // Non-ASCII text around (the patterns' word boundaries are ASCII ones) changes
+        // nothing.
+        check_digest(
+            "✓ café loaded → ok\nerror: the café is closed (ünïcode)\n→ done",
+            300,
+            &["error: the café is closed (ünïcode)"],
         );
         // A Python traceback gives the location before the error; a Java exception names
         // its class before the colon and its cause on a `Caused by:` line.

@@ -912,3 +912,77 @@ async fn an_output_recalled_twice_is_archived_once() {
         .collect();
     assert_eq!(holding.len(), 1, "{holding:?}");
 }
+
+/// Relevance-driven recall: an output offloaded long ago holds a line like all its others
+/// (its preview shows the head and the tail, and no digest keeps the line); when the agent later asks about what the line names, in its own words,
+/// the line comes back after that turn, once, recorded as a message, within its budget. A
+/// question about something the archive does not hold brings nothing.
+#[tokio::test]
+async fn a_line_the_agent_asks_about_comes_back_from_the_archive() {
+    let fact = "orjson==3.9.104";
+    let mut cassette = vec![
+        r#"{"tool_calls":[{"name":"shell","arguments":{"freeze":400}}],"usage":{"input_tokens":10,"output_tokens":10}}"#.to_owned(),
+    ];
+    cassette.extend((0..30).map(small));
+    cassette.push(
+        r#"{"text":"Which pydantic release is this? Which orjson version is installed here?","tool_calls":[{"name":"shell","arguments":{"command":"step asked"}}]}"#.to_owned(),
+    );
+    cassette.push(r#"{"text":"done"}"#.to_owned());
+    let window = 8_000;
+    let outcome = run(&cassette.join("\n"), config(window)).await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    // (index, message) of every message appended.
+    let appended: Vec<(u32, Message)> = outcome
+        .sink
+        .events()
+        .into_iter()
+        .filter_map(|e| {
+            if let Event::MessageAppended(m) = e {
+                Some((m.index, m.message))
+            } else {
+                None
+            }
+        })
+        .collect();
+    let notes: Vec<&(u32, Message)> = appended
+        .iter()
+        .filter(|(_, m)| {
+            m.role == MessageRole::User && m.text_content().starts_with("[Nerve] Archived lines")
+        })
+        .collect();
+    assert_eq!(notes.len(), 1, "{notes:#?}");
+    let (_, note) = notes[0];
+    let text = note.text_content();
+    assert!(text.contains(fact), "{text}");
+    assert!(text.contains("`orjson`"), "{text}");
+    assert!(!text.contains("pydantic"), "{text}");
+    // It names the block that holds the whole output.
+    let archived: Vec<BlockId> = outcome
+        .compactions()
+        .iter()
+        .flat_map(|c| c.archived.clone())
+        .collect();
+    assert!(
+        archived.iter().any(|id| text.contains(&id.to_string())),
+        "{text}"
+    );
+    // Right after the question's turn: the last assistant message before it asks.
+    let position = appended.iter().position(|(_, m)| m == note).unwrap();
+    let asked = appended[..position]
+        .iter()
+        .rev()
+        .find(|(_, m)| m.role == MessageRole::Assistant)
+        .unwrap();
+    assert!(
+        asked.1.text_content().contains("Which orjson version"),
+        "{asked:#?}"
+    );
+    // Bounded by the budget.
+    let budget = CompactionConfig::default()
+        .budget(Some(window))
+        .recall_chars;
+    assert!(text.len() <= budget + 400, "{} > {budget}", text.len());
+}

@@ -21,6 +21,7 @@ use crate::compaction::{
 };
 use crate::config::EngineConfig;
 use crate::journal::Journal;
+use crate::relevance;
 use crate::stop::Stop;
 use crate::telemetry;
 use crate::window::{ContentKey, Window};
@@ -510,9 +511,64 @@ impl Compactor<'_> {
                 .await?;
             }
         }
+        self.recall_relevant(turn).await?;
         let target = self.budget().prompt;
         self.fit(turn, target, CompactionTrigger::HardThreshold)
             .await
+    }
+
+    /// Relevance-driven recall (`relevance.rs`): when what the agent or the user said since
+    /// the last turn names something the context no longer shows, the archived lines that
+    /// mention it are appended as a note (recorded like every message), within
+    /// [`Budget::recall_chars`]; the fit pass after it keeps the request inside the window.
+    /// Runs after this boundary's compaction, so that an output masked just now can come
+    /// back too; deterministic for a given archive.
+    async fn recall_relevant(&mut self, turn: u32) -> Result<(), Stop> {
+        let max_chars = self.budget().recall_chars;
+        let messages = self.window.messages();
+        let start = relevance::new_messages(messages);
+        if max_chars == 0 || start >= messages.len() {
+            return Ok(());
+        }
+        let (said, rest) = relevance::said(messages, start);
+        if said.trim().is_empty() {
+            return Ok(());
+        }
+        let terms = relevance::salient_terms(&said, &relevance::context_chunks(rest));
+        if terms.is_empty() {
+            return Ok(());
+        }
+        let mut blocks: Vec<relevance::Found> = Vec::new();
+        let mut kept: Vec<String> = Vec::new();
+        for term in terms {
+            let hits = self
+                .archive
+                .search(self.execution, &term, relevance::MAX_BLOCKS)
+                .await?;
+            if hits.is_empty() || hits.len() >= relevance::MAX_BLOCKS {
+                continue;
+            }
+            kept.push(term);
+            for hit in hits {
+                if blocks.iter().any(|b| b.id == hit.id) {
+                    continue;
+                }
+                if let Some(block) = self.archive.fetch(self.execution, hit.id).await? {
+                    blocks.push(relevance::Found {
+                        id: hit.id,
+                        note: block.note.clone(),
+                        text: block_text(&block),
+                    });
+                }
+            }
+        }
+        let context = relevance::context_chunks(self.window.messages());
+        let Some(note) = relevance::relevance_note(&kept, &blocks, &context, max_chars) else {
+            return Ok(());
+        };
+        tracing::debug!(turn, terms = ?kept, chars = note.len(), "archived lines recalled");
+        self.window.push(self.journal, Message::user(note));
+        Ok(())
     }
 
     /// Compacts after a `context_overflow` whatever the thresholds say: the provider
@@ -629,6 +685,8 @@ impl Compactor<'_> {
             let tokens = self.window.counts()[i];
             let (placeholder, archive) = if is_recall_result(message) {
                 (recalled(message, tokens), None)
+            } else if relevance::is_note(message) {
+                (relevance::stub(message), None)
             } else {
                 let key = content_key(message);
                 match self
@@ -667,31 +725,32 @@ impl Compactor<'_> {
         ) else {
             return Ok(());
         };
+        let before = self.window.fill();
         let mut archived = Vec::new();
-        for (i, placeholder, _, archive) in &placeholders {
+        // Each original is moved out of the window into its block, not copied. Should the
+        // archive fail, the run stops and the log, which has no `compaction` event for this
+        // mask, still holds the originals: a resume starts from them.
+        for (i, placeholder, tokens, archive) in placeholders {
+            let named = placeholder_block(&placeholder);
+            let original = self.window.replace(i, placeholder, tokens);
             if let Some((key, id)) = archive {
-                let original = self.window.messages()[*i].clone();
                 let note = message_note(&original, turn, "masked");
                 self.archive
                     .archive(
                         self.execution,
                         ArchivedBlock {
-                            id: *id,
+                            id,
                             messages: vec![original],
                             note,
                         },
                     )
                     .await?;
                 self.window.compaction.archived_blocks += 1;
-                self.window.compaction.archived_content.insert(*key, *id);
-                archived.push(*id);
-            } else if let Some(id) = placeholder_block(placeholder) {
+                self.window.compaction.archived_content.insert(key, id);
+                archived.push(id);
+            } else if let Some(id) = named {
                 archived.push(id);
             }
-        }
-        let before = self.window.fill();
-        for (i, placeholder, tokens, _) in placeholders {
-            self.window.replace(i, placeholder, tokens);
         }
         self.finish_in_place(
             turn,
@@ -867,7 +926,7 @@ impl Compactor<'_> {
             }
             if let Some(id) = placeholder_block(message) {
                 archived.push(id);
-            } else if !is_recall_result(message) {
+            } else if !is_recall_result(message) && !relevance::is_note_or_stub(message) {
                 let note = message_note(message, turn, "summarised");
                 let id = self.archive_message(message.clone(), note).await?;
                 archived.push(id);

@@ -24,6 +24,7 @@ mod plan;
 pub mod prompt;
 pub mod provider;
 mod react;
+mod relevance;
 mod request;
 pub mod retry;
 mod runner;

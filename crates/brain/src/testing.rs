@@ -75,7 +75,9 @@ impl MemorySink {
 }
 
 /// A tool executor whose every call echoes its arguments; `fail` makes calls error results.
-/// A call with `{"lines": N}` answers N numbered lines instead (large outputs).
+/// A call with `{"lines": N}` answers N numbered lines instead (large outputs), one with
+/// `{"freeze": N}` N pinned packages like `pip freeze`, `orjson==3.9.104` among them (a
+/// fact its arguments do not state).
 #[derive(Debug, Default)]
 pub(crate) struct EchoTools {
     pub(crate) fail: bool,
@@ -108,6 +110,23 @@ impl ToolExecutor for EchoTools {
 
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
         self.calls.lock().unwrap().push(call.clone());
+        if let Some(n) = call
+            .arguments
+            .get("freeze")
+            .and_then(serde_json::Value::as_u64)
+        {
+            let text = (0..n)
+                .map(|i| {
+                    if i == n / 2 {
+                        "orjson==3.9.104".to_owned()
+                    } else {
+                        format!("pkg{i}==1.{i}.0")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            return Ok(ToolOutput::ok(text));
+        }
         let text = match call
             .arguments
             .get("lines")

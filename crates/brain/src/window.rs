@@ -112,10 +112,11 @@ impl Window {
         self.messages.push(message);
     }
 
-    /// Replaces message `index` (a compaction's placeholder; its event records it).
-    pub(crate) fn replace(&mut self, index: usize, message: Message, tokens: u64) {
+    /// Replaces message `index` (a compaction's placeholder; its event records it) and
+    /// returns the message it replaced.
+    pub(crate) fn replace(&mut self, index: usize, message: Message, tokens: u64) -> Message {
         self.counts[index] = tokens;
-        self.messages[index] = message;
+        std::mem::replace(&mut self.messages[index], message)
     }
 
     /// Replaces `range` by `replacement` (a summary and what it keeps), keeping the plan
