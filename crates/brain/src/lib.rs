@@ -36,6 +36,7 @@ pub mod telemetry;
 pub mod tokens;
 mod turn;
 mod window;
+mod workspace;
 
 #[cfg(test)]
 mod compaction_tests;

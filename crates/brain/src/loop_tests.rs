@@ -320,6 +320,7 @@ async fn ask_without_a_user_parks_and_an_approved_resume_completes() {
         attempt: 1,
         from_checkpoint_seq: None,
         finished_in_incomplete_turn: Vec::new(),
+        workspace_tree: None,
     };
     let resumed = engine
         .resume(ExecutionId::new(), state, CancellationToken::new())
@@ -455,6 +456,7 @@ async fn a_denial_asked_live_or_read_from_the_log_refuses_the_call_alike() {
         attempt: 1,
         from_checkpoint_seq: None,
         finished_in_incomplete_turn: Vec::new(),
+        workspace_tree: None,
     };
     let resumed = engine
         .resume(ExecutionId::new(), state, CancellationToken::new())
@@ -727,6 +729,7 @@ async fn resume_records_a_turn_whose_calls_finished_but_whose_record_was_lost() 
     );
     let state = ResumeState {
         finished_in_incomplete_turn: vec![call],
+        workspace_tree: None,
         ..first_resume(first.result.context.task_id, messages)
     };
     let resumed = engine
@@ -1026,6 +1029,7 @@ fn state_after(
         attempt: 1,
         from_checkpoint_seq: None,
         finished_in_incomplete_turn: Vec::new(),
+        workspace_tree: None,
     }
 }
 
@@ -1044,6 +1048,7 @@ fn first_resume(task_id: TaskId, messages: Vec<nerve_core::Message>) -> ResumeSt
         attempt: 1,
         from_checkpoint_seq: None,
         finished_in_incomplete_turn: Vec::new(),
+        workspace_tree: None,
     }
 }
 
@@ -1107,6 +1112,7 @@ fn cut_state(full: &ExecutionResult, cut: usize) -> (ResumeState, usize, usize) 
     let state = ResumeState {
         turns,
         finished_in_incomplete_turn: finished,
+        workspace_tree: None,
         ..first_resume(full.context.task_id, messages.to_vec())
     };
     (state, plan_calls, agent_calls)

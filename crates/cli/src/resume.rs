@@ -283,6 +283,7 @@ fn rebuild(
         attempt,
         from_checkpoint_seq: replay.checkpoints.last().map(|c| c.seq),
         finished_in_incomplete_turn: finished_calls,
+        workspace_tree: replay.workspace.current.clone(),
     };
     Resumable {
         execution,

@@ -653,7 +653,9 @@ fn expected_gaps(prefix: &[Event]) -> Vec<GapKind> {
             | Event::Stagnation(_)
             | Event::ProxyDecision(_)
             | Event::Checkpoint(_)
-            | Event::Resumed(_) => {}
+            | Event::Resumed(_)
+            | Event::WorkspaceSnapshot(_)
+            | Event::WorkspaceRewound(_) => {}
         }
     }
     let mut gaps = vec![GapKind::ToolCallInDoubt; open.len()];
