@@ -123,6 +123,12 @@ pub struct WorkspaceHistory {
     /// The workspace as the log last recorded it (a turn's snapshot, changes found at a
     /// resume, or a rewind).
     pub current: Option<String>,
+    /// The tree of the last `workspace_snapshot` (a rewind after it is not one: the run
+    /// that goes on finds the rewound workspace changed, and tells the model).
+    pub last_snapshot: Option<String>,
+    /// The turn whose end state the workspace is in: the last turn completed, or the turn a
+    /// rewind restored.
+    pub position: u32,
     pub snapshots: u32,
     pub rewinds: u32,
 }
@@ -142,11 +148,14 @@ impl WorkspaceHistory {
                     .or_insert_with(|| (before.clone(), snapshot.tree.clone()));
             }
             self.after.insert(snapshot.turn, snapshot.tree.clone());
+            self.position = snapshot.turn;
         }
+        self.last_snapshot = Some(snapshot.tree.clone());
         self.current = Some(snapshot.tree);
     }
 
     fn turn_completed(&mut self, turn: u32) {
+        self.position = turn;
         if let Some(current) = &self.current {
             self.after.entry(turn).or_insert_with(|| current.clone());
         }
@@ -465,6 +474,7 @@ impl Replayer {
             Event::WorkspaceSnapshot(snapshot) => out.workspace.snapshot(snapshot),
             Event::WorkspaceRewound(rewound) => {
                 out.workspace.rewinds += 1;
+                out.workspace.position = rewound.turn;
                 out.workspace.current = Some(rewound.tree);
             }
         }
