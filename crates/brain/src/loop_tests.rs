@@ -1320,9 +1320,12 @@ fn workspace_engine(
 fn workspace_snapshots(sink: &MemorySink) -> Vec<(u32, String, usize)> {
     sink.events()
         .into_iter()
-        .filter_map(|event| match event {
-            Event::WorkspaceSnapshot(s) => Some((s.turn, s.tree, s.outside.len())),
-            _ => None,
+        .filter_map(|event| {
+            if let Event::WorkspaceSnapshot(s) = event {
+                Some((s.turn, s.tree, s.outside.len()))
+            } else {
+                None
+            }
         })
         .collect()
 }
