@@ -422,3 +422,108 @@ fn a_resume_tells_the_model_what_changed_outside_the_execution() {
     );
     verify(&db, &id);
 }
+
+#[test]
+fn chat_shows_the_diff_and_undoes_one_change_at_a_time() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("workspace");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("keep.txt"), "keep\n").unwrap();
+    let db = dir.path().join("nerve.db");
+    let script = dir.path().join("cassette.jsonl");
+    let lines = [
+        write("a.txt", "alpha\n"),
+        write("b.txt", "beta\n"),
+        json!({"text": "Written."}),
+        json!({"text": "Noted."}),
+    ];
+    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    std::fs::write(&script, text).unwrap();
+    let mut chat = std::process::Command::new(crate::support::nerve_bin())
+        .arg("--db")
+        .arg(&db)
+        .args([
+            "chat",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--provider",
+            &format!("script:{}", script.display()),
+        ])
+        .env_remove("NERVE_CONFIG")
+        .env("XDG_STATE_HOME", dir.path().join("state"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut input = chat.stdin.take().unwrap();
+        input
+            .write_all(
+                b"/diff\nWrite the notes.\n/diff\n/diff last\n/undo\n/undo\n/undo\nGo on.\n/exit\n",
+            )
+            .unwrap();
+    }
+    let chat = chat.wait_with_output().unwrap();
+    assert_eq!(chat.status.code(), Some(0), "{}", stderr(&chat));
+    let text = stdout(&chat);
+    let after = |marker: &str| text.split(marker).nth(1).unwrap_or_default().to_owned();
+    assert!(
+        after("› /diff\n").starts_with("nothing yet"),
+        "/diff before the first message: {text}"
+    );
+    // The whole execution, then the last turn that changed something.
+    let whole = after("Written.");
+    let whole = whole.split("› /diff last").next().unwrap();
+    assert_eq!(
+        diffed_paths(whole),
+        BTreeSet::from(["a.txt".to_owned(), "b.txt".to_owned()]),
+        "{text}"
+    );
+    let last = after("› /diff last");
+    let last = last.split("› /undo").next().unwrap();
+    assert_eq!(
+        diffed_paths(last),
+        BTreeSet::from(["b.txt".to_owned()]),
+        "{text}"
+    );
+    // Each /undo takes one change back; then there is nothing left to undo.
+    assert!(text.contains("to turn 1: 1 deleted: b.txt"), "{text}");
+    assert!(text.contains("to turn 0: 1 deleted: a.txt"), "{text}");
+    assert!(text.contains("nothing to undo"), "{text}");
+    assert!(text.contains("Noted."), "{text}");
+    assert_eq!(
+        tree(&ws),
+        BTreeMap::from([("keep.txt".to_owned(), b"keep\n".to_vec())])
+    );
+
+    // The next message was told what the undos changed, and the log says all of it.
+    let id = {
+        let list = nerve(&db, &["list", "--json"]);
+        let list: Value = serde_json::from_str(stdout(&list).trim()).unwrap();
+        list[0]["execution_id"].as_str().unwrap().to_owned()
+    };
+    let events = events_json(&db, &id);
+    let rewinds: Vec<u64> = events
+        .iter()
+        .filter(|e| e["kind"] == "workspace_rewound")
+        .map(|e| e["payload"]["turn"].as_u64().unwrap())
+        .collect();
+    assert_eq!(rewinds, [1, 0]);
+    let outside = events
+        .iter()
+        .find(|e| e["kind"] == "workspace_snapshot" && e["payload"]["outside"].is_array())
+        .expect("the follow-up found the workspace changed");
+    assert_eq!(
+        outside["payload"]["outside"],
+        json!([
+            {"change": "deleted", "path": "a.txt"},
+            {"change": "deleted", "path": "b.txt"},
+        ])
+    );
+    verify(&db, &id);
+}

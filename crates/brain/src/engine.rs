@@ -460,6 +460,9 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
         {
             Ok(()) => match plan {
                 Some((mode, resumed)) => plan::resume(&mut run, mode, resumed).await,
+                // The crash came after the final answer's turn was recorded and before the
+                // finish: the answer stands, the model is not asked again.
+                None if answered(run.window.messages()) => Stop::completed(),
                 None => react::run(&mut run).await,
             },
             Err(stop) => stop,
@@ -472,6 +475,16 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
         }
     };
     finish(run, outcome).await
+}
+
+/// Whether the conversation ends with the agent's final answer: an assistant message with
+/// text and no tool calls (a re-prompt or a continuation would follow it with a message).
+fn answered(messages: &[Message]) -> bool {
+    messages.last().is_some_and(|last| {
+        last.role == nerve_core::MessageRole::Assistant
+            && last.tool_calls().next().is_none()
+            && !last.text_content().trim().is_empty()
+    })
 }
 
 /// Records how the execution ended on its span.

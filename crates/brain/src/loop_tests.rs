@@ -1424,3 +1424,39 @@ async fn a_resume_tells_the_model_the_workspace_changed_since_its_last_snapshot(
         ]
     );
 }
+
+#[tokio::test]
+async fn a_resume_after_the_final_answer_was_recorded_finishes_without_asking_again() {
+    let first = run(
+        &lines(&[tool("ls"), text("all done")]),
+        EngineConfig::default(),
+        EchoTools::default(),
+    )
+    .await;
+    // The crash came between the answer's turn and the finish.
+    let state = ResumeState {
+        turns: 2,
+        ..first_resume(
+            first.result.context.task_id,
+            first.result.context.messages.clone(),
+        )
+    };
+    let sink = Arc::new(MemorySink::default());
+    let engine = AgentEngine::new(
+        Arc::new(ScriptedProvider::parse("test", &text("asked again")).unwrap()),
+        Arc::new(EchoTools::default()),
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig::default(),
+    );
+    let resumed = engine
+        .resume(ExecutionId::new(), state, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(resumed.termination_reason, TerminationReason::Completed);
+    assert_eq!(resumed.context.turn_count(), 2);
+    assert!(
+        !sink.kinds().contains(&"model_called"),
+        "{:?}",
+        sink.kinds()
+    );
+}
