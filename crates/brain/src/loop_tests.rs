@@ -71,17 +71,21 @@ async fn run_on(
         sink as Arc<dyn EventSink>,
         config,
     );
-    let task = Task {
+    engine
+        .run(ExecutionId::new(), do_it(), CancellationToken::new())
+        .await
+        .unwrap()
+}
+
+/// The task "do it", new.
+fn do_it() -> Task {
+    Task {
         id: TaskId::new(),
         description: "do it".into(),
         metadata: serde_json::Value::Null,
         status: TaskStatus::Created,
         workspace: "/w".into(),
-    };
-    engine
-        .run(ExecutionId::new(), task, CancellationToken::new())
-        .await
-        .unwrap()
+    }
 }
 
 fn tool(command: &str) -> String {
@@ -1341,15 +1345,8 @@ async fn the_workspace_is_snapshotted_at_the_start_and_after_each_turn_that_chan
         text("done"),
     ]);
     let (engine, sink) = workspace_engine(&cassette, &workspace);
-    let task = Task {
-        id: TaskId::new(),
-        description: "do it".into(),
-        metadata: serde_json::Value::Null,
-        status: TaskStatus::Created,
-        workspace: "/w".into(),
-    };
     let result = engine
-        .run(ExecutionId::new(), task, CancellationToken::new())
+        .run(ExecutionId::new(), do_it(), CancellationToken::new())
         .await
         .unwrap();
     // A failed snapshot (turn 3) is skipped, not fatal; turn 4 records both changes.
