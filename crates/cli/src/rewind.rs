@@ -3,7 +3,8 @@
 //! `nerve rewind`; and the same two for chat's `/diff` and `/undo`.
 //!
 //! The store of an execution is `checkpoints/<execution id>` beside the SQLite log (for a
-//! PostgreSQL log, under the state directory where the default log lives): outside the
+//! PostgreSQL log, under the state directory where the default log lives; `$NERVE_CHECKPOINTS`
+//! names another directory for them): outside the
 //! workspace, and found again from the log's location and the execution's id alone. Which
 //! tree was the workspace after which turn is read from the log's `workspace_snapshot` and
 //! `workspace_rewound` events ([`nerve_session::WorkspaceHistory`]); the store only holds
@@ -21,8 +22,15 @@ use nerve_session::{Replay, WorkspaceHistory};
 use crate::Failure;
 use crate::output;
 
+/// Names the directory that holds the executions' snapshot stores instead of
+/// `checkpoints/` beside the log (another disk than the log's, say).
+pub(crate) const CHECKPOINTS_ENV: &str = "NERVE_CHECKPOINTS";
+
 /// Where `execution`'s snapshot store lives for the log at `db`.
 pub(crate) fn store_dir(db: &Path, execution: ExecutionId) -> Result<PathBuf, Failure> {
+    if let Some(dir) = std::env::var_os(CHECKPOINTS_ENV).filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir).join(execution.to_string()));
+    }
     let base = if crate::log::is_postgres(db) {
         crate::args::default_db()?
     } else {
