@@ -355,6 +355,19 @@ fn diff_and_rewind_explain_what_they_cannot_do_in_one_line() {
         store.join("HEAD").is_file(),
         "the store lives beside the log"
     );
+    // NERVE_CHECKPOINTS names where stores are looked for (and made).
+    let elsewhere = dir.path().join("elsewhere");
+    let output = crate::support::nerve_env(
+        &db,
+        &["diff", &id],
+        &[("NERVE_CHECKPOINTS", elsewhere.to_str().unwrap())],
+    );
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(&elsewhere.join(&id).display().to_string()),
+        "{}",
+        stderr(&output)
+    );
     std::fs::rename(&store, dir.path().join("moved")).unwrap();
     let output = nerve(&db, &["diff", &id]);
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
