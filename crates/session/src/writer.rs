@@ -917,6 +917,78 @@ mod tests {
         (dir, wal)
     }
 
+    /// A job of `execution`: one event, or (with `block`) an archive block.
+    fn job_of(execution: &str, block: Option<nerve_core::BlockId>) -> (Job, Answer) {
+        let write = match block {
+            Some(block_id) => crate::encode::encode_blocks(
+                execution.to_owned(),
+                &[NewBlock {
+                    block_id,
+                    messages: Vec::new(),
+                    note: "note".into(),
+                }],
+                None,
+                &Redactor::new(),
+            )
+            .unwrap(),
+            None => {
+                let mut job = job().0.write;
+                job.execution_id = execution.to_owned();
+                job
+            }
+        };
+        let (reply, answer) = oneshot::channel();
+        (Job { write, reply }, answer)
+    }
+
+    /// A write that fails leaves no hole: the writes of its execution queued before the
+    /// failure (later in its batch, or waiting in the queue) are refused; one queued after
+    /// it is made, and other executions are not touched.
+    #[test]
+    fn writes_queued_behind_a_failed_one_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("log.db")).unwrap();
+        let (x, y) = (
+            ExecutionId::new().to_string(),
+            ExecutionId::new().to_string(),
+        );
+        let block = nerve_core::BlockId::new();
+        let (first, first_hears) = job_of(&x, Some(block));
+        let queue = Queue::default();
+        let mut refusing = std::collections::HashMap::new();
+        reply(commit(&mut store, vec![first], &queue, &mut refusing));
+        assert!(heard(first_hears).is_ok());
+
+        // The same block again fails; X's event behind it in the batch and X's event
+        // waiting in the queue are refused; Y's event is written.
+        let (again, again_hears) = job_of(&x, Some(block));
+        let (behind, behind_hears) = job_of(&x, None);
+        let (other, other_hears) = job_of(&y, None);
+        let (waiting, waiting_hears) = job_of(&x, None);
+        assert!(queue.push(waiting));
+        reply(commit(
+            &mut store,
+            vec![again, behind, other],
+            &queue,
+            &mut refusing,
+        ));
+        assert!(heard(again_hears).is_err());
+        let refused = heard(behind_hears).unwrap_err();
+        assert!(
+            refused.contains("an earlier write of this execution failed"),
+            "{refused}"
+        );
+        assert!(heard(other_hears).is_ok());
+        let waiting = queue.next_batch(0, Duration::ZERO).unwrap();
+        reply(commit(&mut store, waiting, &queue, &mut refusing));
+        assert!(heard(waiting_hears).is_err());
+
+        // Queued after the failure was heard: written, right after X's first write.
+        let (after, after_hears) = job_of(&x, None);
+        reply(commit(&mut store, vec![after], &queue, &mut refusing));
+        assert_eq!(heard(after_hears).unwrap().seqs, [1]);
+    }
+
     #[test]
     fn committed_writes_are_reported_after_the_flush() {
         let (_dir, mut wal) = wal();
