@@ -455,33 +455,13 @@ fn chat_shows_the_diff_and_undoes_one_change_at_a_time() {
     ];
     let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
     std::fs::write(&script, text).unwrap();
-    let mut chat = std::process::Command::new(crate::support::nerve_bin())
-        .arg("--db")
-        .arg(&db)
-        .args([
-            "chat",
-            "--workspace",
-            ws.to_str().unwrap(),
-            "--provider",
-            &format!("script:{}", script.display()),
-        ])
-        .env_remove("NERVE_CONFIG")
-        .env("XDG_STATE_HOME", dir.path().join("state"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut input = chat.stdin.take().unwrap();
-        input
-            .write_all(
-                b"/diff\nWrite the notes.\n/diff\n/diff last\n/undo\n/undo\n/undo\nGo on.\n/exit\n",
-            )
-            .unwrap();
-    }
-    let chat = chat.wait_with_output().unwrap();
+    let provider = format!("script:{}", script.display());
+    let chat = crate::support::chat_piped(
+        &db,
+        &["--workspace", ws.to_str().unwrap(), "--provider", &provider],
+        &dir.path().join("state"),
+        b"/diff\nWrite the notes.\n/diff\n/diff last\n/undo\n/undo\n/undo\nGo on.\n/exit\n",
+    );
     assert_eq!(chat.status.code(), Some(0), "{}", stderr(&chat));
     let text = stdout(&chat);
     let after = |marker: &str| text.split(marker).nth(1).unwrap_or_default().to_owned();
