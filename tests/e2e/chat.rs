@@ -554,25 +554,12 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
     assert!(text.contains("completed after 7 turns"), "{text}");
 
     // A chat with its input from a pipe: plain lines, no escape sequence.
-    let mut chat = Command::new(nerve_bin())
-        .arg("--db")
-        .arg(&db)
-        .args(["chat", &id, "--provider", &provider])
-        .env_remove("NERVE_CONFIG")
-        .env("XDG_STATE_HOME", dir.path().join("state"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut input = chat.stdin.take().unwrap();
-        input
-            .write_all(b"Anything else?\n/cost\n/compact\nGo on.\n/plan\nPlan this.\n/exit\n")
-            .unwrap();
-    }
-    let chat = chat.wait_with_output().unwrap();
+    let chat = crate::support::chat_piped(
+        &db,
+        &[&id, "--provider", &provider],
+        &dir.path().join("state"),
+        b"Anything else?\n/cost\n/compact\nGo on.\n/plan\nPlan this.\n/exit\n",
+    );
     assert_eq!(chat.status.code(), Some(0), "{}", stderr(&chat));
     let text = stdout(&chat);
     assert!(text.contains("Chatted."), "{text}");

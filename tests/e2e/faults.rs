@@ -18,8 +18,8 @@ use serde_json::json;
 
 use crate::crash::{check_sequence, completed_turns, execution_id, replay_json, verify};
 use crate::support::{
-    PATIENCE, copy_example, docker_available, is_turn_event, last_json, nerve, nerve_env, read_log,
-    root, spawn_nerve_env, stderr, tree, wait_for_event,
+    PATIENCE, copy_example, docker_available, is_turn_event, last_json, nerve_env, read_log, root,
+    spawn_nerve_env, stderr, tree, wait_for_event,
 };
 
 /// A tmpfs mounted on a fresh directory, unmounted when dropped.
@@ -124,7 +124,11 @@ fn a_full_log_filesystem_stops_the_run_and_a_resume_finishes_it_once_freed() {
         "40",
         "--json",
     ];
-    let run = nerve(&db, &args);
+    // The workspace's snapshots go to another disk: this is about the log filling (git's
+    // temporary files on the log's disk would take and give back room under it).
+    let checkpoints = dir.path().join("checkpoints");
+    let checkpoints = [("NERVE_CHECKPOINTS", checkpoints.to_str().unwrap())];
+    let run = nerve_env(&db, &args, &checkpoints);
     assert_eq!(run.status.code(), Some(1), "{}", stderr(&run));
     let result = last_json(&run);
     assert_eq!(result["termination_reason"], "error", "{result}");
@@ -158,7 +162,7 @@ fn a_full_log_filesystem_stops_the_run_and_a_resume_finishes_it_once_freed() {
 
     // Space freed: the resume completes the run.
     std::fs::remove_file(filler).unwrap();
-    let resume = nerve(&db, &["resume", &id, "--json"]);
+    let resume = nerve_env(&db, &["resume", &id, "--json"], &checkpoints);
     assert_eq!(resume.status.code(), Some(0), "{}", stderr(&resume));
     let result = last_json(&resume);
     assert_eq!(result["termination_reason"], "completed", "{result}");

@@ -27,6 +27,7 @@ mod proxy;
 mod real;
 mod reaper;
 mod resume;
+mod rewind;
 mod sandbox;
 mod sandbox_env;
 mod sandbox_python;

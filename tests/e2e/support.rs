@@ -450,6 +450,28 @@ pub(crate) fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     files
 }
 
+/// `nerve chat <args>` with `input` piped in (its history under `state`), to its end.
+pub(crate) fn chat_piped(db: &Path, args: &[&str], state: &Path, input: &[u8]) -> Output {
+    let mut chat = Command::new(nerve_bin())
+        .arg("--db")
+        .arg(db)
+        .arg("chat")
+        .args(args)
+        .env_remove("NERVE_CONFIG")
+        .env("XDG_STATE_HOME", state)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = chat.stdin.take().unwrap();
+        stdin.write_all(input).unwrap();
+    }
+    chat.wait_with_output().unwrap()
+}
+
 /// `nerve events ID --json`, parsed.
 pub(crate) fn events_json(db: &Path, id: &str) -> Vec<serde_json::Value> {
     let output = nerve(db, &["events", id, "--json"]);

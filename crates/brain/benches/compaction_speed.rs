@@ -236,6 +236,7 @@ fn sample(
         attempt: 1,
         from_checkpoint_seq: None,
         finished_in_incomplete_turn: Vec::new(),
+        workspace_tree: None,
     };
     let result = runtime
         .block_on(engine.resume(ExecutionId::new(), state, CancellationToken::new()))

@@ -31,6 +31,7 @@ use crate::stop::Stop;
 use crate::telemetry::{self, TraceConfig};
 use crate::tokens::{TokenCounter, counter_for_model};
 use crate::turn::{self, Interrupted};
+use crate::workspace::WorkspaceTracker;
 
 pub use crate::config::{EngineConfig, Pricing};
 
@@ -69,6 +70,9 @@ pub struct ResumeState {
     /// Tool calls of the turn that began but never completed which did finish: when every
     /// call of that turn finished, only its `turn_completed` record is missing.
     pub finished_in_incomplete_turn: Vec<ToolCall>,
+    /// The workspace's tree as the log last recorded it (`workspace_snapshot` or
+    /// `workspace_rewound`); `None` for logs without snapshots.
+    pub workspace_tree: Option<String>,
 }
 
 /// A person's next message on an execution that already ran: `nerve chat` and
@@ -121,6 +125,8 @@ pub struct AgentEngine {
     pub archive: Arc<dyn nerve_core::ContextArchive>,
     /// Who sees answers as they stream; nobody unless the CLI wires a display in.
     pub deltas: Arc<dyn crate::stream::DeltaObserver>,
+    /// Snapshots of the workspace at turn boundaries; `None`: none are taken.
+    pub workspace: Option<Arc<dyn nerve_core::WorkspaceSnapshots>>,
     pub config: EngineConfig,
 }
 
@@ -149,6 +155,7 @@ impl AgentEngine {
             approver: Arc::new(Unattended),
             archive: Arc::new(MemoryArchive::default()),
             deltas: Arc::new(crate::stream::IgnoreDeltas),
+            workspace: None,
             config,
         }
     }
@@ -161,6 +168,7 @@ impl AgentEngine {
         messages: Vec<Message>,
         spent: (TokenUsage, MicroUsd),
         cancel: CancellationToken,
+        workspace_tree: Option<String>,
     ) -> Run {
         let counter: Arc<dyn TokenCounter> = counter_for_model(self.provider.model());
         let mut definitions = self.tools.definitions();
@@ -197,6 +205,7 @@ impl AgentEngine {
             archive: Arc::clone(&self.archive),
             progress,
             stagnation: StagnationDetector::new(self.config.stagnation),
+            workspace: WorkspaceTracker::new(self.workspace.clone(), workspace_tree),
             cancel,
         }
     }
@@ -229,7 +238,7 @@ impl AgentEngine {
             step: None,
         };
         let spent = (TokenUsage::default(), MicroUsd::ZERO);
-        let mut run = self.new_run(execution_id, progress, Vec::new(), spent, cancel);
+        let mut run = self.new_run(execution_id, progress, Vec::new(), spent, cancel, None);
         // A fresh run has spent nothing, so only the complexity decides here.
         run.progress.loop_type = select_loop(
             self.config.loop_type,
@@ -333,6 +342,7 @@ impl AgentEngine {
             state.messages.clone(),
             spent,
             cancel,
+            state.workspace_tree.clone(),
         );
         Ok(execute(run, Begin::Resumed(&state, plan)).await)
     }
@@ -379,6 +389,7 @@ impl AgentEngine {
             state.messages.clone(),
             spent,
             cancel,
+            state.workspace_tree.clone(),
         );
         Ok(execute(run, Begin::FollowUp(&state, &follow_up)).await)
     }
@@ -437,8 +448,9 @@ async fn execute(run: Run, begin: Begin<'_>) -> ExecutionResult {
 async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
     let outcome = match begin {
         Begin::Fresh { engine, task } => match engine.start(&mut run, task) {
-            // Durable before the first model call, however long that takes: the run is listed.
-            Ok(()) => match run.journal.flush().await {
+            // Durable before the first model call, however long that takes: the run is
+            // listed. The workspace as the run found it is the base of turn 1's changes.
+            Ok(()) => match start_snapshot(&mut run).await {
                 Ok(()) => drive(&mut run).await,
                 Err(error) => error.into(),
             },
@@ -448,6 +460,9 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
         {
             Ok(()) => match plan {
                 Some((mode, resumed)) => plan::resume(&mut run, mode, resumed).await,
+                // The crash came after the final answer's turn was recorded and before the
+                // finish: the answer stands, the model is not asked again.
+                None if answered(run.window.messages()) => Stop::completed(),
                 None => react::run(&mut run).await,
             },
             Err(stop) => stop,
@@ -460,6 +475,16 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
         }
     };
     finish(run, outcome).await
+}
+
+/// Whether the conversation ends with the agent's final answer: an assistant message with
+/// text and no tool calls (a re-prompt or a continuation would follow it with a message).
+fn answered(messages: &[Message]) -> bool {
+    messages.last().is_some_and(|last| {
+        last.role == nerve_core::MessageRole::Assistant
+            && last.tool_calls().next().is_none()
+            && !last.text_content().trim().is_empty()
+    })
 }
 
 /// Records how the execution ended on its span.
@@ -480,6 +505,12 @@ fn trace_end(span: &tracing::Span, config: &TraceConfig, result: &ExecutionResul
     );
 }
 
+/// Records the workspace as the run found it (turn 0), then makes the start durable.
+async fn start_snapshot(run: &mut Run) -> Result<(), nerve_core::SinkError> {
+    run.workspace.after_turn(&mut run.journal, 0).await;
+    run.journal.flush().await
+}
+
 async fn resume_start(
     run: &mut Run,
     state: &ResumeState,
@@ -494,10 +525,23 @@ async fn resume_start(
     if run.progress.task_status != TaskStatus::InProgress {
         run.transition(TaskStatus::InProgress)?;
     }
+    // Before the interrupted turn is settled (which snapshots its end): what differs now
+    // was done by the interrupted calls or by someone else, and the model is told.
+    let changed = run.workspace.reconcile(&mut run.journal, state.turns).await;
     run.journal.flush().await?;
     if let Some((mode, resumed)) = plan {
         resumed.answer_pending(run, *mode);
     }
+    let settled = settle_interrupted(run, state).await;
+    // After the settled calls' results: a message between a call and its result would be
+    // refused by the providers.
+    if let Some(message) = changed {
+        run.push_message(Message::user(message));
+    }
+    settled
+}
+
+async fn settle_interrupted(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
     turn::settle(
         run,
         Interrupted {
@@ -520,8 +564,15 @@ async fn follow_up_start(
 ) -> Result<(), Stop> {
     if follow_up.recover {
         resume_start(run, state, None).await?;
-    } else if run.progress.task_status != TaskStatus::InProgress {
-        run.transition(TaskStatus::InProgress)?;
+    } else {
+        if run.progress.task_status != TaskStatus::InProgress {
+            run.transition(TaskStatus::InProgress)?;
+        }
+        // The person may have edited the workspace since the last message.
+        let turns = run.progress.turn_count();
+        if let Some(message) = run.workspace.reconcile(&mut run.journal, turns).await {
+            run.push_message(Message::user(message));
+        }
     }
     if follow_up.compact {
         let turns = run.progress.turn_count();

@@ -37,6 +37,7 @@ pub mod telemetry;
 pub mod tokens;
 mod turn;
 mod window;
+mod workspace;
 
 #[cfg(test)]
 mod compaction_tests;

@@ -71,17 +71,21 @@ async fn run_on(
         sink as Arc<dyn EventSink>,
         config,
     );
-    let task = Task {
+    engine
+        .run(ExecutionId::new(), do_it(), CancellationToken::new())
+        .await
+        .unwrap()
+}
+
+/// The task "do it", new.
+fn do_it() -> Task {
+    Task {
         id: TaskId::new(),
         description: "do it".into(),
         metadata: serde_json::Value::Null,
         status: TaskStatus::Created,
         workspace: "/w".into(),
-    };
-    engine
-        .run(ExecutionId::new(), task, CancellationToken::new())
-        .await
-        .unwrap()
+    }
 }
 
 fn tool(command: &str) -> String {
@@ -320,6 +324,7 @@ async fn ask_without_a_user_parks_and_an_approved_resume_completes() {
         attempt: 1,
         from_checkpoint_seq: None,
         finished_in_incomplete_turn: Vec::new(),
+        workspace_tree: None,
     };
     let resumed = engine
         .resume(ExecutionId::new(), state, CancellationToken::new())
@@ -455,6 +460,7 @@ async fn a_denial_asked_live_or_read_from_the_log_refuses_the_call_alike() {
         attempt: 1,
         from_checkpoint_seq: None,
         finished_in_incomplete_turn: Vec::new(),
+        workspace_tree: None,
     };
     let resumed = engine
         .resume(ExecutionId::new(), state, CancellationToken::new())
@@ -727,6 +733,7 @@ async fn resume_records_a_turn_whose_calls_finished_but_whose_record_was_lost() 
     );
     let state = ResumeState {
         finished_in_incomplete_turn: vec![call],
+        workspace_tree: None,
         ..first_resume(first.result.context.task_id, messages)
     };
     let resumed = engine
@@ -1026,6 +1033,7 @@ fn state_after(
         attempt: 1,
         from_checkpoint_seq: None,
         finished_in_incomplete_turn: Vec::new(),
+        workspace_tree: None,
     }
 }
 
@@ -1044,6 +1052,7 @@ fn first_resume(task_id: TaskId, messages: Vec<nerve_core::Message>) -> ResumeSt
         attempt: 1,
         from_checkpoint_seq: None,
         finished_in_incomplete_turn: Vec::new(),
+        workspace_tree: None,
     }
 }
 
@@ -1107,6 +1116,7 @@ fn cut_state(full: &ExecutionResult, cut: usize) -> (ResumeState, usize, usize) 
     let state = ResumeState {
         turns,
         finished_in_incomplete_turn: finished,
+        workspace_tree: None,
         ..first_resume(full.context.task_id, messages.to_vec())
     };
     (state, plan_calls, agent_calls)
@@ -1232,4 +1242,218 @@ async fn a_plan_whose_conversation_was_not_written_by_the_loop_resumes_as_react(
         .unwrap();
     assert_eq!(resumed.termination_reason, TerminationReason::Completed);
     assert_eq!(resumed.context.loop_type, LoopType::React);
+}
+
+/// A workspace whose tree is a version number: `write` commands of [`Writer`] bump it.
+#[derive(Default)]
+struct FakeWorkspace {
+    version: std::sync::atomic::AtomicU32,
+    /// Snapshots fail while set.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl FakeWorkspace {
+    fn tree(version: u32) -> String {
+        format!("{version:040x}")
+    }
+}
+
+#[async_trait::async_trait]
+impl nerve_core::WorkspaceSnapshots for FakeWorkspace {
+    async fn snapshot(&self) -> Result<String, nerve_core::WorkspaceError> {
+        use std::sync::atomic::Ordering;
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(nerve_core::WorkspaceError("disk full".into()));
+        }
+        Ok(Self::tree(self.version.load(Ordering::SeqCst)))
+    }
+
+    async fn changes(
+        &self,
+        _from: &str,
+        _to: &str,
+    ) -> Result<Vec<nerve_core::event::WorkspaceChange>, nerve_core::WorkspaceError> {
+        Ok(vec![nerve_core::event::WorkspaceChange {
+            change: nerve_core::event::ChangeKind::Modified,
+            path: "notes.txt".into(),
+        }])
+    }
+}
+
+/// Echoes; a command containing `write` changes the workspace, `break` breaks its store.
+struct Writer(Arc<FakeWorkspace>);
+
+#[async_trait::async_trait]
+impl nerve_core::ToolExecutor for Writer {
+    fn definitions(&self) -> Vec<nerve_core::ToolDefinition> {
+        EchoTools::default().definitions()
+    }
+
+    async fn execute(
+        &self,
+        call: &nerve_core::ToolCall,
+    ) -> Result<nerve_core::ToolOutput, nerve_core::ToolError> {
+        use std::sync::atomic::Ordering;
+        let command = call.arguments["command"].as_str().unwrap_or_default();
+        if command.contains("write") {
+            self.0.version.fetch_add(1, Ordering::SeqCst);
+        }
+        self.0
+            .broken
+            .store(command.contains("break"), Ordering::SeqCst);
+        Ok(nerve_core::ToolOutput::ok("done"))
+    }
+}
+
+fn workspace_engine(
+    cassette: &str,
+    workspace: &Arc<FakeWorkspace>,
+) -> (AgentEngine, Arc<MemorySink>) {
+    let sink = Arc::new(MemorySink::default());
+    let mut engine = AgentEngine::new(
+        Arc::new(ScriptedProvider::parse("test", cassette).unwrap()),
+        Arc::new(Writer(Arc::clone(workspace))),
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig::default(),
+    );
+    engine.workspace = Some(Arc::clone(workspace) as _);
+    (engine, sink)
+}
+
+/// `(turn, tree, outside paths)` of every `workspace_snapshot`.
+fn workspace_snapshots(sink: &MemorySink) -> Vec<(u32, String, usize)> {
+    sink.events()
+        .into_iter()
+        .filter_map(|event| {
+            if let Event::WorkspaceSnapshot(s) = event {
+                Some((s.turn, s.tree, s.outside.len()))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_workspace_is_snapshotted_at_the_start_and_after_each_turn_that_changed_it() {
+    let workspace = Arc::new(FakeWorkspace::default());
+    let cassette = lines(&[
+        tool("write a"),
+        tool("cat a"),
+        tool("write b; break"),
+        tool("write c"),
+        text("done"),
+    ]);
+    let (engine, sink) = workspace_engine(&cassette, &workspace);
+    let result = engine
+        .run(ExecutionId::new(), do_it(), CancellationToken::new())
+        .await
+        .unwrap();
+    // A failed snapshot (turn 3) is skipped, not fatal; turn 4 records both changes.
+    assert_eq!(result.termination_reason, TerminationReason::Completed);
+    assert_eq!(
+        workspace_snapshots(&sink),
+        [
+            (0, FakeWorkspace::tree(0), 0),
+            (1, FakeWorkspace::tree(1), 0),
+            (4, FakeWorkspace::tree(3), 0),
+        ]
+    );
+    // Each in its turn's batch, right after the turn's record.
+    let kinds = sink.kinds();
+    let turn_one = kinds
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k == "workspace_snapshot")
+        .nth(1)
+        .unwrap()
+        .0;
+    assert_eq!(kinds[turn_one - 1], "turn_completed", "{kinds:?}");
+}
+
+#[tokio::test]
+async fn a_resume_tells_the_model_the_workspace_changed_since_its_last_snapshot() {
+    let workspace = Arc::new(FakeWorkspace::default());
+    let (engine, sink) = workspace_engine(&lines(&[text("noted")]), &workspace);
+    let first = run(
+        &lines(&[text("hello")]),
+        EngineConfig::default(),
+        EchoTools::default(),
+    )
+    .await;
+    // Unchanged since the last snapshot: nothing recorded, nothing told.
+    let state = ResumeState {
+        workspace_tree: Some(FakeWorkspace::tree(0)),
+        ..first_resume(
+            first.result.context.task_id,
+            first.result.context.messages.clone(),
+        )
+    };
+    engine
+        .resume(ExecutionId::new(), state.clone(), CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(workspace_snapshots(&sink).is_empty());
+
+    // Changed: recorded with the paths, and the model is told.
+    workspace
+        .version
+        .store(5, std::sync::atomic::Ordering::SeqCst);
+    let (engine, sink) = workspace_engine(&lines(&[text("noted")]), &workspace);
+    let resumed = engine
+        .resume(ExecutionId::new(), state, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(resumed.termination_reason, TerminationReason::Completed);
+    assert_eq!(workspace_snapshots(&sink), [(0, FakeWorkspace::tree(5), 1)]);
+    let told: Vec<String> = resumed
+        .context
+        .messages
+        .iter()
+        .map(|m| m.text_content())
+        .filter(|t| t.contains("changed since its last snapshot"))
+        .collect();
+    assert_eq!(
+        told,
+        [
+            "[Nerve] The workspace changed since its last snapshot (after turn 0), outside your tool calls: \
+          modified notes.txt. Read what you rely on again before changing it."
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_resume_after_the_final_answer_was_recorded_finishes_without_asking_again() {
+    let first = run(
+        &lines(&[tool("ls"), text("all done")]),
+        EngineConfig::default(),
+        EchoTools::default(),
+    )
+    .await;
+    // The crash came between the answer's turn and the finish.
+    let state = ResumeState {
+        turns: 2,
+        ..first_resume(
+            first.result.context.task_id,
+            first.result.context.messages.clone(),
+        )
+    };
+    let sink = Arc::new(MemorySink::default());
+    let engine = AgentEngine::new(
+        Arc::new(ScriptedProvider::parse("test", &text("asked again")).unwrap()),
+        Arc::new(EchoTools::default()),
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig::default(),
+    );
+    let resumed = engine
+        .resume(ExecutionId::new(), state, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(resumed.termination_reason, TerminationReason::Completed);
+    assert_eq!(resumed.context.turn_count(), 2);
+    assert!(
+        !sink.kinds().contains(&"model_called"),
+        "{:?}",
+        sink.kinds()
+    );
 }

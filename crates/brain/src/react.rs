@@ -76,7 +76,8 @@ async fn turn_in(run: &mut Run, span: &tracing::Span) -> Result<TurnEnd, Stop> {
         response.finish,
         &calls,
         started,
-    );
+    )
+    .await;
     telemetry::record_turn_end(
         span,
         response.finish.as_str(),

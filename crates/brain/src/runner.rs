@@ -84,6 +84,8 @@ pub(crate) struct Run {
     pub(crate) archive: Arc<dyn ContextArchive>,
     pub(crate) progress: Progress,
     pub(crate) stagnation: StagnationDetector,
+    /// Workspace snapshots at turn boundaries.
+    pub(crate) workspace: crate::workspace::WorkspaceTracker,
     pub(crate) cancel: CancellationToken,
 }
 

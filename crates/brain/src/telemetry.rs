@@ -1023,6 +1023,7 @@ mod tests {
             attempt: 1,
             from_checkpoint_seq: None,
             finished_in_incomplete_turn: Vec::new(),
+            workspace_tree: None,
         };
         let engine = engine(DONE, crate::EngineConfig::default());
         let resume = engine.resume(

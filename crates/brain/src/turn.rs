@@ -253,9 +253,9 @@ pub(crate) fn finish_tool(
     result
 }
 
-/// Records the end of turn `number` and issues its commit (with a checkpoint when one is
-/// due): where a turn ends.
-pub(crate) fn complete(
+/// Records the end of turn `number` (and the workspace's snapshot when the turn changed
+/// it) and issues its commit (with a checkpoint when one is due): where a turn ends.
+pub(crate) async fn complete(
     run: &mut Run,
     number: u32,
     usage: TokenUsage,
@@ -280,6 +280,7 @@ pub(crate) fn complete(
         duration_ms: record.duration_ms,
     }));
     run.progress.turns.push(record);
+    run.workspace.after_turn(&mut run.journal, number).await;
     run.checkpoint();
 }
 
@@ -371,7 +372,8 @@ async fn settle_in(
         FinishReason::ToolCalls,
         &calls,
         started,
-    );
+    )
+    .await;
     Ok(calls.len())
 }
 

@@ -174,6 +174,27 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+    /// What the agent changed in the workspace: over the whole execution, or in one turn
+    /// (a unified diff; binary files named).
+    Diff {
+        /// The execution id, or a unique prefix of it.
+        id: String,
+        /// Only what this turn changed.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        turn: Option<u32>,
+    },
+    /// Restore the workspace to its state after a turn (0: as the run found it); refused
+    /// when the workspace changed outside the execution since its last snapshot.
+    Rewind {
+        /// The execution id, or a unique prefix of it.
+        id: String,
+        /// The turn whose end state to restore.
+        #[arg(long, value_name = "N")]
+        turn: u32,
+        /// Overwrite changes made outside the execution since its last snapshot.
+        #[arg(long)]
+        force: bool,
+    },
     /// Decide the pending approvals of a parked execution.
     Approve {
         /// The execution id, or a unique prefix of it.

@@ -33,6 +33,8 @@ const HELP: &[&str] = &[
     "  /context   how full the context is, compactions and archived blocks",
     "  /compact   compact the context before the next message runs",
     "  /plan      plan the next message first (plan-execute), then carry it out",
+    "  /diff      what the agent changed in the workspace (/diff last: the last turn that changed it; /diff N: turn N)",
+    "  /undo      put the workspace back as it was before the last change (/undo force: over your own edits too)",
     "  /exit      end the session (or Ctrl-D)",
     "Ctrl-C stops the agent's turn and returns here.",
 ];
@@ -261,6 +263,14 @@ pub(crate) async fn converse(
                         "the next message is planned first (plan-execute)".to_owned(),
                     )]);
                 }
+                "diff" => {
+                    let lines = workspace_command(db, execution_id, started, command).await;
+                    display.lines(&lines);
+                }
+                "undo" => {
+                    let lines = workspace_command(db, execution_id, started, command).await;
+                    display.lines(&lines);
+                }
                 other => display.lines(&[(
                     Style::Error,
                     format!("unknown command /{other}: /help lists them"),
@@ -329,6 +339,55 @@ pub(crate) async fn converse(
         display.lines(&lines);
     }
     Ok(0)
+}
+
+/// `/diff [last|N]` and `/undo [force]` on the execution's workspace (docs/checkpoints.md).
+async fn workspace_command(
+    db: &Path,
+    execution_id: ExecutionId,
+    started: bool,
+    command: &str,
+) -> Vec<Line> {
+    if !started {
+        return vec![(Style::Dim, "nothing yet: the agent has not run".to_owned())];
+    }
+    let mut words = command.split_whitespace();
+    let id = execution_id.to_string();
+    let outcome = match (words.next(), words.next(), words.next()) {
+        (Some("diff"), None, None) => {
+            crate::rewind::diff_text(db, &id, crate::rewind::Scope::Execution)
+                .await
+                .map(|text| vec![text])
+        }
+        (Some("diff"), Some("last"), None) => {
+            crate::rewind::diff_text(db, &id, crate::rewind::Scope::LastChange)
+                .await
+                .map(|text| vec![text])
+        }
+        (Some("diff"), Some(turn), None) if turn.parse::<u32>().is_ok_and(|t| t > 0) => {
+            let turn = turn.parse::<u32>().unwrap_or(1);
+            crate::rewind::diff_text(db, &id, crate::rewind::Scope::Turn(turn))
+                .await
+                .map(|text| vec![text])
+        }
+        (Some("undo"), force @ (None | Some("force")), None) => {
+            crate::rewind::rewind_to(db, &id, crate::rewind::Target::Undo, force.is_some()).await
+        }
+        _ => Err(Failure::usage(
+            "usage: /diff, /diff last, /diff N, /undo or /undo force",
+        )),
+    };
+    match outcome {
+        Ok(lines) => lines
+            .iter()
+            .flat_map(|text| text.lines())
+            .map(|line| (Style::Text, line.to_owned()))
+            .collect(),
+        Err(failure) => vec![(
+            Style::Error,
+            failure.message.replace("pass --force", "use /undo force"),
+        )],
+    }
 }
 
 /// The next message of a running chat: the execution as its log left it, continued (a

@@ -136,7 +136,9 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             | Event::Finish(_)
             | Event::Stagnation(_)
             | Event::Checkpoint(_)
-            | Event::Resumed(_) => {}
+            | Event::Resumed(_)
+            | Event::WorkspaceSnapshot(_)
+            | Event::WorkspaceRewound(_) => {}
         }
     }
 

@@ -23,6 +23,7 @@ mod provider;
 mod queue;
 mod reap;
 mod resume;
+mod rewind;
 mod run;
 mod telemetry;
 mod transcript;
@@ -106,6 +107,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Worker { .. }
         | Command::Cancel { .. }
         | Command::Approve { .. }
+        | Command::Diff { .. }
+        | Command::Rewind { .. }
         | Command::Mcp { .. } => false,
     };
     if log::is_postgres(&db) && continues {
@@ -123,6 +126,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Resume { id, .. }
         | Command::Approve { id, .. }
         | Command::Cancel { id }
+        | Command::Diff { id, .. }
+        | Command::Rewind { id, .. }
         | Command::Export { id } => *id = inspect::resolve(&db, id).await?,
         Command::Run(args) => {
             if let Some(id) = &mut args.continue_id {
@@ -186,6 +191,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), output).await
         }
         Command::Approve { id, deny, reason } => resume::approve(&db, &id, deny, reason).await,
+        Command::Diff { id, turn } => rewind::diff(&db, &id, turn).await,
+        Command::Rewind { id, turn, force } => rewind::rewind(&db, &id, turn, force).await,
         Command::Reap { all, id } => reap::reap(all, id.as_deref()).await,
         Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
     }

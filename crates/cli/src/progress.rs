@@ -440,12 +440,28 @@ impl Display {
                     resumed.from_turn, resumed.attempt
                 ),
             )),
+            Event::WorkspaceSnapshot(snapshot) if !snapshot.outside.is_empty() => lines.push((
+                Style::Note,
+                format!(
+                    "· the workspace changed outside the execution: {} path(s), told to the model",
+                    snapshot.outside.len()
+                ),
+            )),
+            Event::WorkspaceRewound(rewound) => lines.push((
+                Style::Note,
+                format!(
+                    "· workspace rewound to turn {} ({} path(s))",
+                    rewound.turn,
+                    rewound.changes.len()
+                ),
+            )),
             Event::Started(_)
             | Event::ContextCreated(_)
             | Event::TaskTransition(_)
             | Event::Finish(_)
             | Event::ProxyDecision(_)
-            | Event::Checkpoint(_) => {}
+            | Event::Checkpoint(_)
+            | Event::WorkspaceSnapshot(_) => {}
         }
         lines
     }

@@ -283,12 +283,31 @@ fn rebuild(
         attempt,
         from_checkpoint_seq: replay.checkpoints.last().map(|c| c.seq),
         finished_in_incomplete_turn: finished_calls,
+        workspace_tree: replay.workspace.last_snapshot.clone(),
     };
     Resumable {
         execution,
         started,
         state,
         model_calls,
+    }
+}
+
+/// A sink for what a person appends to a finished execution's log (`approve`, `rewind`),
+/// with the PostgreSQL store when the log is one (its task queue).
+pub(crate) async fn person_sink(
+    db: &Path,
+) -> Result<(Arc<dyn EventSink>, Option<Arc<PgStore>>), Failure> {
+    if let Some(url) = db.to_str().filter(|_| crate::log::is_postgres(db)) {
+        let store = Arc::new(
+            PgStore::connect(url, Arc::new(Redactor::new()))
+                .await
+                .map_err(Failure::usage)?,
+        );
+        Ok((Arc::clone(&store) as Arc<dyn EventSink>, Some(store)))
+    } else {
+        let sink = SqliteSink::open(db, Arc::new(Redactor::new())).map_err(Failure::usage)?;
+        Ok((Arc::new(sink), None))
     }
 }
 
@@ -314,18 +333,7 @@ pub(crate) async fn approve(
             "execution {execution} is not parked; approvals are decided on parked executions"
         )));
     }
-    let (sink, queue): (Arc<dyn EventSink>, Option<Arc<PgStore>>) =
-        if let Some(url) = db.to_str().filter(|_| crate::log::is_postgres(db)) {
-            let store = Arc::new(
-                PgStore::connect(url, Arc::new(Redactor::new()))
-                    .await
-                    .map_err(Failure::usage)?,
-            );
-            (Arc::clone(&store) as Arc<dyn EventSink>, Some(store))
-        } else {
-            let sink = SqliteSink::open(db, Arc::new(Redactor::new())).map_err(Failure::usage)?;
-            (Arc::new(sink), None)
-        };
+    let (sink, queue) = person_sink(db).await?;
     let decision = if deny {
         ApprovalDecision::Denied
     } else {

@@ -560,6 +560,17 @@ impl Launch<'_> {
             None => Arc::clone(&display) as Arc<dyn nerve_brain::DeltaObserver>,
         };
         let id = self.execution_id;
+        // Snapshots of the workspace at turn boundaries (docs/checkpoints.md); without a
+        // store the run goes on, and `nerve diff` has nothing for it.
+        match crate::rewind::snapshots_for(self.db, id, &self.workspace).await {
+            Ok(port) => engine.workspace = Some(port),
+            Err(reason) if self.mode == Mode::Silent => {
+                tracing::warn!(%reason, "no workspace snapshots for this run");
+            }
+            Err(reason) => output::error_line(&format!(
+                "warning: no workspace snapshots for this run: {reason}"
+            )),
+        }
         let start = match self.start {
             Start::Chat(reopened) => {
                 let session = Session {

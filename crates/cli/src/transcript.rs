@@ -126,6 +126,17 @@ pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<Strin
                 lines.push(format!("  (approval {})", snake(&decided.decision)));
             }
             Event::Resumed(_) => lines.push("  (resumed)".to_owned()),
+            Event::WorkspaceSnapshot(snapshot) if !snapshot.outside.is_empty() => {
+                lines.push(format!(
+                    "  (the workspace changed outside the execution: {} path(s))",
+                    snapshot.outside.len()
+                ));
+            }
+            Event::WorkspaceRewound(rewound) => lines.push(format!(
+                "  (workspace rewound to turn {}: {} path(s))",
+                rewound.turn,
+                rewound.changes.len()
+            )),
             Event::Started(_)
             | Event::ContextCreated(_)
             | Event::TurnCompleted(_)
@@ -133,7 +144,8 @@ pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<Strin
             | Event::Finish(_)
             | Event::Stagnation(_)
             | Event::ProxyDecision(_)
-            | Event::Checkpoint(_) => {}
+            | Event::Checkpoint(_)
+            | Event::WorkspaceSnapshot(_) => {}
         }
         if !lines.is_empty() {
             if let Some(heading) = heading.take() {

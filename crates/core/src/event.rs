@@ -318,6 +318,63 @@ pub struct Resumed {
     pub in_doubt: Vec<ToolCallId>,
 }
 
+/// How a path differs between two workspace snapshots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl ChangeKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "added",
+            Self::Modified => "modified",
+            Self::Deleted => "deleted",
+        }
+    }
+}
+
+/// One path (relative to the workspace) that differs between two snapshots.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WorkspaceChange {
+    pub change: ChangeKind,
+    pub path: String,
+}
+
+/// The workspace was recorded in the execution's snapshot store (docs/checkpoints.md):
+/// at the start (turn 0), after each turn that changed it, and when a resume or a person's
+/// next message found it changed since the last snapshot. Written after the snapshot is in
+/// the store, so every tree the log names exists there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceSnapshot {
+    /// The turn whose end the snapshot records (0: the workspace as the run found it).
+    pub turn: u32,
+    /// The tree's hash in the snapshot store (40 or 64 hex digits).
+    pub tree: String,
+    /// When not empty, the snapshot was taken at a resume or a follow-up and records
+    /// changes made outside the execution's turns: the paths that differ from the previous
+    /// snapshot (the model was told).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outside: Vec<WorkspaceChange>,
+}
+
+/// A person restored the workspace to the snapshot of an earlier turn (`nerve rewind`,
+/// chat's `/undo`). From here on the workspace is `tree`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceRewound {
+    /// The turn whose snapshot was restored.
+    pub turn: u32,
+    pub tree: String,
+    /// Changes made outside the execution were overwritten (`--force`).
+    pub forced: bool,
+    /// What the restore changed in the workspace, from its state just before.
+    #[serde(default)]
+    pub changes: Vec<WorkspaceChange>,
+}
+
 /// Every event an execution can record, tagged by `kind`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -339,6 +396,8 @@ pub enum Event {
     ProxyDecision(ProxyDecision),
     Checkpoint(Checkpoint),
     Resumed(Resumed),
+    WorkspaceSnapshot(WorkspaceSnapshot),
+    WorkspaceRewound(WorkspaceRewound),
 }
 
 /// The `kind` tag of an [`Event`], as stored in the log's `kind` column.
@@ -361,11 +420,13 @@ pub enum EventKind {
     ProxyDecision,
     Checkpoint,
     Resumed,
+    WorkspaceSnapshot,
+    WorkspaceRewound,
 }
 
 impl EventKind {
     /// Every kind, in the order `docs/events.md` documents them.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 19] = [
         Self::Started,
         Self::ContextCreated,
         Self::MessageAppended,
@@ -383,6 +444,8 @@ impl EventKind {
         Self::ProxyDecision,
         Self::Checkpoint,
         Self::Resumed,
+        Self::WorkspaceSnapshot,
+        Self::WorkspaceRewound,
     ];
 
     /// The payload version this build writes for this kind.
@@ -404,7 +467,9 @@ impl EventKind {
             | Self::ApprovalDecided
             | Self::ProxyDecision
             | Self::Checkpoint
-            | Self::Resumed => EVENT_VERSION,
+            | Self::Resumed
+            | Self::WorkspaceSnapshot
+            | Self::WorkspaceRewound => EVENT_VERSION,
         }
     }
 
@@ -432,6 +497,8 @@ impl EventKind {
             Self::ProxyDecision => "proxy_decision",
             Self::Checkpoint => "checkpoint",
             Self::Resumed => "resumed",
+            Self::WorkspaceSnapshot => "workspace_snapshot",
+            Self::WorkspaceRewound => "workspace_rewound",
         }
     }
 }
@@ -456,6 +523,8 @@ impl Event {
             Self::ProxyDecision(_) => EventKind::ProxyDecision,
             Self::Checkpoint(_) => EventKind::Checkpoint,
             Self::Resumed(_) => EventKind::Resumed,
+            Self::WorkspaceSnapshot(_) => EventKind::WorkspaceSnapshot,
+            Self::WorkspaceRewound(_) => EventKind::WorkspaceRewound,
         }
     }
 }

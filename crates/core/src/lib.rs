@@ -24,7 +24,8 @@ pub use id::{BlockId, ExecutionId, TaskId, ToolCallId};
 pub use message::{Message, MessagePart, MessageRole, ToolCall, ToolResult};
 pub use ports::{
     ArchivedBlock, ContextArchive, Enqueued, EventSink, PendingCommit, RecallHit, SinkError,
-    Snapshot, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
+    Snapshot, ToolDefinition, ToolError, ToolExecutor, ToolOutput, WorkspaceError,
+    WorkspaceSnapshots,
 };
 pub use redact::{Redactor, StreamRedaction};
 pub use task::{MAX_RESUMES, TaskStatus, TransitionError, may_resume};

@@ -194,6 +194,30 @@ pub trait ToolExecutor: Send + Sync {
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError>;
 }
 
+/// The workspace's snapshot store failed (git missing, a full disk, a store removed).
+/// Not fatal for the execution: the run goes on without that snapshot, and the next
+/// boundary tries again; `nerve diff` then shows the turns together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("workspace snapshot: {0}")]
+pub struct WorkspaceError(pub String);
+
+/// Snapshots of the execution's workspace, taken at turn boundaries (docs/checkpoints.md).
+/// `cli` implements it with the shadow git store of `nerve_hands::checkpoint`, off the
+/// async runtime; engines without one take no snapshots.
+#[async_trait]
+pub trait WorkspaceSnapshots: Send + Sync {
+    /// Records the workspace as it is now and returns its tree hash. Costs what changed
+    /// since the last snapshot (plus a `stat` per file).
+    async fn snapshot(&self) -> Result<String, WorkspaceError>;
+
+    /// The paths that differ from tree `from` to tree `to`, sorted by path.
+    async fn changes(
+        &self,
+        from: &str,
+        to: &str,
+    ) -> Result<Vec<crate::event::WorkspaceChange>, WorkspaceError>;
+}
+
 /// A block of archived context: messages taken out of the conversation by a compaction,
 /// kept beside the log so that the agent can `recall` them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

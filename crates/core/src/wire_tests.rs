@@ -10,6 +10,7 @@ use crate::event::{
     MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry, Stagnation,
     StagnationAction, Started, TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
+use crate::event::{ChangeKind, WorkspaceChange, WorkspaceRewound, WorkspaceSnapshot};
 use crate::{
     BlockId, Complexity, ExecutionStatus, LoopType, Message, MessagePart, MessageRole, MicroUsd,
     TaskId, TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolResult, TurnRecord,
@@ -238,6 +239,33 @@ fn events() {
             from_turn: 4,
             in_doubt: vec!["call_7".into()],
         }),
+        Event::WorkspaceSnapshot(WorkspaceSnapshot {
+            turn: 4,
+            tree: "9c1185a5c5e9fc54612808977ee8f548b2258d31".into(),
+            outside: vec![
+                WorkspaceChange {
+                    change: ChangeKind::Added,
+                    path: "notes/todo.md".into(),
+                },
+                WorkspaceChange {
+                    change: ChangeKind::Modified,
+                    path: "src/lib.rs".into(),
+                },
+                WorkspaceChange {
+                    change: ChangeKind::Deleted,
+                    path: "old.txt".into(),
+                },
+            ],
+        }),
+        Event::WorkspaceRewound(WorkspaceRewound {
+            turn: 3,
+            tree: "4b825dc642cb6eb9a060e54bf8d69288fbee4904".into(),
+            forced: true,
+            changes: vec![WorkspaceChange {
+                change: ChangeKind::Deleted,
+                path: "notes/todo.md".into(),
+            }],
+        }),
     ];
     let mut kinds: Vec<&str> = events.iter().map(|e| e.kind().as_str()).collect();
     let mut all: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
@@ -255,6 +283,20 @@ fn events() {
         assert_eq!(&back, event);
     }
     insta::assert_json_snapshot!("events", events);
+}
+
+/// A snapshot taken at a turn's end has no `outside` list on the wire, and reads back.
+#[test]
+fn workspace_snapshot_of_a_turn() {
+    let event = Event::WorkspaceSnapshot(WorkspaceSnapshot {
+        turn: 3,
+        tree: "4b825dc642cb6eb9a060e54bf8d69288fbee4904".into(),
+        outside: Vec::new(),
+    });
+    let wire = json!({"kind": "workspace_snapshot", "turn": 3,
+        "tree": "4b825dc642cb6eb9a060e54bf8d69288fbee4904"});
+    assert_eq!(serde_json::to_value(&event).unwrap(), wire);
+    assert_eq!(serde_json::from_value::<Event>(wire).unwrap(), event);
 }
 
 /// `model_called` without stream timings (older logs, whole answers, the scripted

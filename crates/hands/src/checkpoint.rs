@@ -138,11 +138,33 @@ impl Checkpoints {
 
     /// Records the workspace as it is and returns its tree. Costs a `stat` of each file
     /// that is not ignored and a read of each that changed since the last snapshot.
+    ///
+    /// Two git processes, as `git add -A && git write-tree` (one walk of the workspace):
+    /// the size cap is checked among the paths `git add` reports, so it costs nothing when
+    /// no file crosses it. The first snapshot of a store lists the workspace's files first
+    /// and leaves those over the cap out before anything is hashed; later, a file that
+    /// appears or grows over the cap is hashed once (its blob stays in the store, in no
+    /// tree), then taken out of the index and excluded.
     pub fn snapshot(&self) -> Result<TreeHash, HandsError> {
-        self.exclude_large_files()?;
-        self.git(&["add", "--all", "."])?;
+        if !self.config.store.join("index").is_file() {
+            self.exclude_large_files()?;
+        }
+        let out = self.git(&["add", "--all", "--verbose", "."])?;
+        let added = out
+            .stdout
+            .split(|&b| b == b'\n')
+            .filter_map(|line| line.strip_prefix(b"add '")?.strip_suffix(b"'"))
+            .map(|path| String::from_utf8_lossy(path).into_owned());
+        let large: Vec<String> = added.filter(|path| self.over_cap(path)).collect();
+        self.exclude(&large)?;
         let out = self.git(&["write-tree"])?;
         TreeHash::parse(String::from_utf8_lossy(&out.stdout).trim())
+    }
+
+    /// Whether the workspace's `path` is a regular file larger than the cap.
+    fn over_cap(&self, path: &str) -> bool {
+        std::fs::symlink_metadata(self.config.workspace.join(path))
+            .is_ok_and(|m| m.is_file() && m.len() > self.config.max_file_bytes)
     }
 
     /// The unified diff from `from` to `to` (binary files named, not shown), paths relative
@@ -205,9 +227,8 @@ impl Checkpoints {
         Ok(())
     }
 
-    /// Lists files over the cap (among those git would add) in the store's exclude file,
-    /// and takes any that were snapshotted before out of the index. Only untracked and
-    /// modified files are looked at: the cost follows what changed.
+    /// Before the first snapshot: lists files over the cap (among those git would add) in
+    /// the store's exclude file, so that none of them is ever hashed.
     fn exclude_large_files(&self) -> Result<(), HandsError> {
         let out = self.git(&[
             "ls-files",
@@ -216,22 +237,25 @@ impl Checkpoints {
             "--modified",
             "--exclude-standard",
         ])?;
-        let mut large = Vec::new();
-        for path in out.stdout.split(|&b| b == 0).filter(|p| !p.is_empty()) {
-            let path = String::from_utf8_lossy(path).into_owned();
-            let size = std::fs::symlink_metadata(self.config.workspace.join(&path))
-                .map(|m| if m.is_file() { m.len() } else { 0 })
-                .unwrap_or(0);
-            if size > self.config.max_file_bytes {
-                large.push(path);
-            }
-        }
+        let large: Vec<String> = out
+            .stdout
+            .split(|&b| b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|path| String::from_utf8_lossy(path).into_owned())
+            .filter(|path| self.over_cap(path))
+            .collect();
+        self.exclude(&large)
+    }
+
+    /// Adds `large` to the store's exclude file (anchored, one path each) and takes them
+    /// out of the index.
+    fn exclude(&self, large: &[String]) -> Result<(), HandsError> {
         if large.is_empty() {
             return Ok(());
         }
         let exclude = self.config.store.join("info").join("exclude");
         let mut text = std::fs::read_to_string(&exclude).unwrap_or_default();
-        for path in &large {
+        for path in large {
             // Anchored, with the pattern characters escaped: this one path only.
             let mut pattern = String::from("/");
             for c in path.chars() {
@@ -270,6 +294,9 @@ impl Checkpoints {
             .env("GIT_CONFIG_NOSYSTEM", "1")
             .env("GIT_CONFIG_GLOBAL", "/dev/null")
             .env("GIT_TERMINAL_PROMPT", "0")
+            // `add --verbose` is parsed: untranslated. Paths are never patterns.
+            .env("LC_ALL", "C")
+            .env("GIT_LITERAL_PATHSPECS", "1")
             .env_remove("GIT_INDEX_FILE")
             .env_remove("GIT_OBJECT_DIRECTORY")
             .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
@@ -487,5 +514,40 @@ mod tests {
             dir.path().join("ws-missing"),
         ));
         assert!(store.is_err());
+    }
+
+    /// A file that grows over the cap after the first snapshot, and one created over it,
+    /// leave the snapshots (a path with pattern characters included) and stay as they are
+    /// through a restore.
+    #[test]
+    fn files_that_cross_the_cap_later_leave_the_snapshots() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        write(&root, "grows[1].log", b"small\n");
+        write(&root, "kept.txt", b"kept\n");
+        let mut config = CheckpointConfig::new(dir.path().join("store.git"), &root);
+        config.max_file_bytes = 1024;
+        let store = Checkpoints::open(config).unwrap();
+        let first = store.snapshot().unwrap();
+
+        write(&root, "grows[1].log", &vec![1u8; 4096]);
+        write(&root, "new/big.bin", &vec![2u8; 4096]);
+        write(&root, "kept.txt", b"kept, changed\n");
+        let second = store.snapshot().unwrap();
+        let listed = store
+            .git(&["ls-tree", "-r", "--name-only", second.as_str()])
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&listed.stdout), "kept.txt\n");
+        // Left out from now on: the next snapshot is the same tree.
+        write(&root, "grows[1].log", &vec![3u8; 8192]);
+        assert_eq!(store.snapshot().unwrap(), second);
+
+        store.restore(&first).unwrap();
+        assert_eq!(std::fs::read(root.join("kept.txt")).unwrap(), b"kept\n");
+        assert_eq!(
+            std::fs::read(root.join("new/big.bin")).unwrap(),
+            vec![2u8; 4096]
+        );
     }
 }

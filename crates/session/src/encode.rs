@@ -304,7 +304,9 @@ pub(crate) fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
         | Event::ApprovalRequested(_)
         | Event::ApprovalDecided(_)
         | Event::ProxyDecision(_)
-        | Event::Checkpoint(_) => IndexUpdate::Nothing,
+        | Event::Checkpoint(_)
+        | Event::WorkspaceSnapshot(_)
+        | Event::WorkspaceRewound(_) => IndexUpdate::Nothing,
     }
 }
 

@@ -28,7 +28,7 @@ pub use pg::{PgStore, is_postgres_url};
 pub use pg_queue::{Cancelled, Claim, LeaseState, Listener, QueueEntry};
 pub use replay::{
     COMPLETE_AT, CheckpointMark, CompactionRecord, Gap, GapKind, PendingApproval, ProxyTally,
-    Replay, ResumeMark, replay,
+    Replay, ResumeMark, WorkspaceHistory, replay,
 };
 pub use store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint, StoredEvent};
 pub use transfer::{

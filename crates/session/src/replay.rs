@@ -17,7 +17,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use nerve_core::event::{
     ApprovalDecided, ApprovalRequested, CallPurpose, Compaction, ContextCreated, Finish,
     MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry, Stagnation, Started,
-    TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted,
+    TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted, WorkspaceRewound,
+    WorkspaceSnapshot,
 };
 use nerve_core::{
     BlockId, Event, EventKind, Message, MessagePart, MessageRole, MicroUsd, TaskStatus,
@@ -107,6 +108,60 @@ pub struct ProxyTally {
     pub injected: u32,
 }
 
+/// The workspace as the log's `workspace_snapshot` and `workspace_rewound` events describe
+/// it (docs/checkpoints.md): which tree it was after each turn, and which turns changed it.
+/// Empty for logs written before snapshots existed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WorkspaceHistory {
+    /// The first tree recorded, with its turn (0: the workspace as the run found it).
+    pub first: Option<(u32, String)>,
+    /// The workspace after each turn: that turn's snapshot, or the tree current when the
+    /// turn completed when it changed nothing.
+    pub after: BTreeMap<u32, String>,
+    /// The turns that changed the workspace: the tree before and after each.
+    pub changed: BTreeMap<u32, (String, String)>,
+    /// The workspace as the log last recorded it (a turn's snapshot, changes found at a
+    /// resume, or a rewind).
+    pub current: Option<String>,
+    /// The tree of the last `workspace_snapshot` (a rewind after it is not one: the run
+    /// that goes on finds the rewound workspace changed, and tells the model).
+    pub last_snapshot: Option<String>,
+    /// The turn whose end state the workspace is in: the last turn completed, or the turn a
+    /// rewind restored.
+    pub position: u32,
+    pub snapshots: u32,
+    pub rewinds: u32,
+}
+
+impl WorkspaceHistory {
+    fn snapshot(&mut self, snapshot: nerve_core::event::WorkspaceSnapshot) {
+        self.snapshots += 1;
+        self.first
+            .get_or_insert_with(|| (snapshot.turn, snapshot.tree.clone()));
+        if snapshot.outside.is_empty() {
+            if snapshot.turn > 0
+                && let Some(before) = &self.current
+                && before != &snapshot.tree
+            {
+                self.changed
+                    .entry(snapshot.turn)
+                    .or_insert_with(|| (before.clone(), snapshot.tree.clone()));
+            }
+            self.after.insert(snapshot.turn, snapshot.tree.clone());
+            self.position = snapshot.turn;
+        }
+        self.last_snapshot = Some(snapshot.tree.clone());
+        self.current = Some(snapshot.tree);
+    }
+
+    fn turn_completed(&mut self, turn: u32) {
+        self.position = turn;
+        if let Some(current) = &self.current {
+            self.after.entry(turn).or_insert_with(|| current.clone());
+        }
+    }
+}
+
 /// An execution rebuilt from its log.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Replay {
@@ -140,6 +195,7 @@ pub struct Replay {
     pub checkpoints: Vec<CheckpointMark>,
     /// Every resume of this execution; its length is the number of attempts so far.
     pub resumes: Vec<ResumeMark>,
+    pub workspace: WorkspaceHistory,
     pub gaps: Vec<Gap>,
     /// Events skipped because they do not decode, disagree with their `kind` column, come
     /// from a newer payload version, or contradict the conversation (an impossible index).
@@ -246,6 +302,7 @@ impl Replayer {
                 proxy: ProxyTally::default(),
                 checkpoints: Vec::new(),
                 resumes: Vec::new(),
+                workspace: WorkspaceHistory::default(),
                 gaps: Vec::new(),
                 malformed_events: 0,
                 duplicate_turns: 0,
@@ -337,6 +394,7 @@ impl Replayer {
                 } else {
                     out.usage += turn.usage;
                     out.cost += turn.cost;
+                    out.workspace.turn_completed(turn.turn);
                     self.cost_recorded = true;
                 }
             }
@@ -411,6 +469,13 @@ impl Replayer {
                 out.termination_reason = None;
                 out.error = None;
                 out.resumes.push(ResumeMark { seq, resumed });
+            }
+            // Neither starts an attempt: a rewind is a person's act on a finished run.
+            Event::WorkspaceSnapshot(snapshot) => out.workspace.snapshot(snapshot),
+            Event::WorkspaceRewound(rewound) => {
+                out.workspace.rewinds += 1;
+                out.workspace.position = rewound.turn;
+                out.workspace.current = Some(rewound.tree);
             }
         }
     }
@@ -554,6 +619,10 @@ fn decode(kind: EventKind, version: u32, payload: &str) -> Option<Event> {
         EventKind::ProxyDecision => read::<ProxyDecision>(payload, Event::ProxyDecision),
         EventKind::Checkpoint => read::<nerve_core::event::Checkpoint>(payload, Event::Checkpoint),
         EventKind::Resumed => read::<Resumed>(payload, Event::Resumed),
+        EventKind::WorkspaceSnapshot => {
+            read::<WorkspaceSnapshot>(payload, Event::WorkspaceSnapshot)
+        }
+        EventKind::WorkspaceRewound => read::<WorkspaceRewound>(payload, Event::WorkspaceRewound),
     }
 }
 

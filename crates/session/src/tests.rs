@@ -235,6 +235,62 @@ fn replay_scores_table() {
     assert!(!check(&neither, 75, &[]).complete);
 }
 
+fn snapshot(turn: u32, tree: &str, outside: &[&str]) -> Event {
+    Event::WorkspaceSnapshot(nerve_core::event::WorkspaceSnapshot {
+        turn,
+        tree: tree.repeat(40),
+        outside: outside
+            .iter()
+            .map(|path| nerve_core::event::WorkspaceChange {
+                change: nerve_core::event::ChangeKind::Modified,
+                path: (*path).into(),
+            })
+            .collect(),
+    })
+}
+
+/// The workspace's history: the tree after each turn (a turn without a snapshot keeps
+/// the tree before it), the turns that changed it, changes found at a resume (not a
+/// turn's), and a rewind after the finish, which neither reopens the execution nor
+/// costs completeness. A log without snapshots has an empty history.
+#[test]
+fn replay_follows_the_workspace_through_snapshots_and_rewinds() {
+    let mut log = full_log();
+    log.insert(4, snapshot(0, "a", &[]));
+    // turn(1) is at 5: its snapshot after it; turn 2 changes nothing.
+    log.insert(6, snapshot(1, "b", &[]));
+    log.insert(8, snapshot(2, "c", &["notes.txt"]));
+    log.push(Event::WorkspaceRewound(
+        nerve_core::event::WorkspaceRewound {
+            turn: 0,
+            tree: "a".repeat(40),
+            forced: false,
+            changes: Vec::new(),
+        },
+    ));
+    let replayed = check(&log, 100, &[]);
+    assert_eq!(
+        replayed.termination_reason,
+        Some(TerminationReason::Completed)
+    );
+    let history = &replayed.workspace;
+    let tree = |t: &str| t.repeat(40);
+    assert_eq!(history.first, Some((0, tree("a"))));
+    assert_eq!(
+        history.after,
+        [(0, tree("a")), (1, tree("b")), (2, tree("b"))].into()
+    );
+    assert_eq!(history.changed, [(1, (tree("a"), tree("b")))].into());
+    assert_eq!(history.last_snapshot, Some(tree("c")));
+    assert_eq!(history.current, Some(tree("a")));
+    assert_eq!(
+        (history.position, history.snapshots, history.rewinds),
+        (0, 3, 1)
+    );
+    let none = check(&full_log(), 100, &[]).workspace;
+    assert!(none.first.is_none() && none.after.is_empty() && none.current.is_none());
+}
+
 #[test]
 fn a_follow_up_after_the_finish_reopens_the_execution_until_it_finishes_again() {
     let mut log = full_log();
@@ -653,7 +709,9 @@ fn expected_gaps(prefix: &[Event]) -> Vec<GapKind> {
             | Event::Stagnation(_)
             | Event::ProxyDecision(_)
             | Event::Checkpoint(_)
-            | Event::Resumed(_) => {}
+            | Event::Resumed(_)
+            | Event::WorkspaceSnapshot(_)
+            | Event::WorkspaceRewound(_) => {}
         }
     }
     let mut gaps = vec![GapKind::ToolCallInDoubt; open.len()];

@@ -414,26 +414,94 @@ fn run_flusher(unflushed: &Unflushed, mut wal: WalFlush) {
 }
 
 /// Commits `jobs` in one transaction; when that fails, each on its own.
-fn commit(store: &mut Store, jobs: Vec<Job>) -> Vec<Outcome> {
-    let writes: Vec<&Write> = jobs.iter().map(|job| &job.write).collect();
+///
+/// When a write of an execution fails, the writes of that execution queued before the
+/// failure (later in this batch, or waiting in `queue`) are refused, not written: their
+/// caller queued them before it could hear of the failure (an engine issues its next batch
+/// while the last is being written), and writing them would leave a hole in the log (a
+/// turn's end lost, the next turn's start kept). `refusing` counts, per execution, the
+/// queued writes still to refuse; a write queued after the failure was heard is made. The
+/// failure is replied at once (nothing of it was written, so there is nothing to flush),
+/// so that a caller about to queue its next write can see it first.
+fn commit(
+    store: &mut Store,
+    jobs: Vec<Job>,
+    queue: &Queue,
+    refusing: &mut std::collections::HashMap<String, (usize, String)>,
+) -> Vec<Outcome> {
+    let mut refused: Vec<Outcome> = Vec::new();
+    let mut kept: Vec<Job> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match refuse(refusing, &job.write.execution_id) {
+            Some(message) => refused.push((job, Err(message))),
+            None => kept.push(job),
+        }
+    }
+    reply(refused);
+    if kept.is_empty() {
+        return Vec::new();
+    }
+    let writes: Vec<&Write> = kept.iter().map(|job| &job.write).collect();
     match store.apply(&writes) {
-        Ok(written) => jobs.into_iter().zip(written.into_iter().map(Ok)).collect(),
+        Ok(written) => kept.into_iter().zip(written.into_iter().map(Ok)).collect(),
         Err(error) => {
             // One bad write must not fail every execution that shared its batch: retry
             // each on its own (the failed transaction wrote nothing, and the heads it
             // touched were dropped from the cache, so they are re-read).
-            tracing::warn!(%error, writes = jobs.len(), "event log batch failed; retrying writes one by one");
-            jobs.into_iter()
-                .map(|job| {
-                    let result = store.apply_one(&job.write).map_err(|e| e.to_string());
-                    if let Err(message) = &result {
+            tracing::warn!(%error, writes = kept.len(), "event log batch failed; retrying writes one by one");
+            let mut outcomes = Vec::with_capacity(kept.len());
+            let mut failed_now: Vec<Outcome> = Vec::new();
+            // Executions whose write failed in this batch, with the failure: their later
+            // writes in it were queued before it.
+            let mut failed_here: std::collections::HashMap<String, String> =
+                std::collections::HashMap::new();
+            for job in kept {
+                if let Some(first) = failed_here.get(&job.write.execution_id) {
+                    let message = after_failure(first);
+                    failed_now.push((job, Err(message)));
+                    continue;
+                }
+                match store.apply_one(&job.write) {
+                    Ok(written) => outcomes.push((job, Ok(written))),
+                    Err(error) => {
+                        let message = error.to_string();
                         tracing::error!(%message, "event log write failed");
+                        let execution = job.write.execution_id.clone();
+                        let queued = queue
+                            .lock()
+                            .jobs
+                            .iter()
+                            .filter(|queued| queued.write.execution_id == execution)
+                            .count();
+                        refusing.insert(execution.clone(), (queued, message.clone()));
+                        failed_here.insert(execution, message.clone());
+                        failed_now.push((job, Err(message)));
                     }
-                    (job, result)
-                })
-                .collect()
+                }
+            }
+            reply(failed_now);
+            outcomes
         }
     }
+}
+
+/// Whether the next write of `execution` taken from the queue is refused (it was queued
+/// before one of its writes failed), with the reason.
+fn refuse(
+    refusing: &mut std::collections::HashMap<String, (usize, String)>,
+    execution: &str,
+) -> Option<String> {
+    let (left, first) = refusing.get_mut(execution)?;
+    if *left == 0 {
+        refusing.remove(execution);
+        return None;
+    }
+    *left -= 1;
+    Some(after_failure(first))
+}
+
+fn after_failure(first: &str) -> String {
+    format!("an earlier write of this execution failed ({first}); nothing after it is written")
 }
 
 fn run_writer(mut store: Store, queue: &Queue, checkpoint: &mpsc::SyncSender<()>) {
@@ -488,6 +556,8 @@ fn write_batches(
     let (mut last_jobs, mut last_commit) = (0usize, Duration::ZERO);
     // Rows committed since the checkpointer was last asked to run.
     let mut unchecked = 0usize;
+    // Executions with a failed write, and how many of their queued writes to refuse.
+    let mut refusing = std::collections::HashMap::new();
     // Group commit proper. Appenders woken by the last commit are still producing their
     // next event; committing the moment the first arrives would pay a whole flush for a
     // handful of them. So when the last batch had company, wait for as many again while
@@ -508,7 +578,7 @@ fn write_batches(
         let weight: usize = jobs.iter().map(|job| job.write.weight()).sum();
         last_jobs = jobs.len();
         let committing_since = Instant::now();
-        let outcomes = commit(store, jobs);
+        let outcomes = commit(store, jobs, queue, &mut refusing);
         unchecked += weight;
         if unchecked >= CHECKPOINT_EVERY_ROWS {
             // Full: it is still busy with the previous request, which will cover this one.
@@ -838,6 +908,78 @@ mod tests {
         std::fs::write(dir.path().join("log.db-wal"), b"frames").unwrap();
         let wal = WalFlush::new(database.to_str().unwrap());
         (dir, wal)
+    }
+
+    /// A job of `execution`: one event, or (with `block`) an archive block.
+    fn job_of(execution: &str, block: Option<nerve_core::BlockId>) -> (Job, Answer) {
+        let write = match block {
+            Some(block_id) => crate::encode::encode_blocks(
+                execution.to_owned(),
+                &[NewBlock {
+                    block_id,
+                    messages: Vec::new(),
+                    note: "note".into(),
+                }],
+                None,
+                &Redactor::new(),
+            )
+            .unwrap(),
+            None => {
+                let mut job = job().0.write;
+                job.execution_id = execution.to_owned();
+                job
+            }
+        };
+        let (reply, answer) = oneshot::channel();
+        (Job { write, reply }, answer)
+    }
+
+    /// A write that fails leaves no hole: the writes of its execution queued before the
+    /// failure (later in its batch, or waiting in the queue) are refused; one queued after
+    /// it is made, and other executions are not touched.
+    #[test]
+    fn writes_queued_behind_a_failed_one_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("log.db")).unwrap();
+        let (x, y) = (
+            ExecutionId::new().to_string(),
+            ExecutionId::new().to_string(),
+        );
+        let block = nerve_core::BlockId::new();
+        let (first, first_hears) = job_of(&x, Some(block));
+        let queue = Queue::default();
+        let mut refusing = std::collections::HashMap::new();
+        reply(commit(&mut store, vec![first], &queue, &mut refusing));
+        assert!(heard(first_hears).is_ok());
+
+        // The same block again fails; X's event behind it in the batch and X's event
+        // waiting in the queue are refused; Y's event is written.
+        let (again, again_hears) = job_of(&x, Some(block));
+        let (behind, behind_hears) = job_of(&x, None);
+        let (other, other_hears) = job_of(&y, None);
+        let (waiting, waiting_hears) = job_of(&x, None);
+        assert!(queue.push(waiting));
+        reply(commit(
+            &mut store,
+            vec![again, behind, other],
+            &queue,
+            &mut refusing,
+        ));
+        assert!(heard(again_hears).is_err());
+        let refused = heard(behind_hears).unwrap_err();
+        assert!(
+            refused.contains("an earlier write of this execution failed"),
+            "{refused}"
+        );
+        assert!(heard(other_hears).is_ok());
+        let waiting = queue.next_batch(0, Duration::ZERO).unwrap();
+        reply(commit(&mut store, waiting, &queue, &mut refusing));
+        assert!(heard(waiting_hears).is_err());
+
+        // Queued after the failure was heard: written, right after X's first write.
+        let (after, after_hears) = job_of(&x, None);
+        reply(commit(&mut store, vec![after], &queue, &mut refusing));
+        assert_eq!(heard(after_hears).unwrap().seqs, [1]);
     }
 
     #[test]
