@@ -87,6 +87,32 @@ pub(crate) fn bench() -> Result<()> {
         );
         return Ok(());
     }
+    // NERVE_BENCH_FLEET_PART=engine: only the like-for-like fleet (the engine with an
+    // in-process tool on the log) and the anchor's fleet, alternating, `rounds` times.
+    if std::env::var("NERVE_BENCH_FLEET_PART").is_ok_and(|p| p == "engine") {
+        let python = anchor_setup()?;
+        let mut report = String::new();
+        for round in 1..=rounds {
+            let engine = engine_fleet(&runtime, &database()?)?;
+            let anchor = anchor_run(&python, &anchor_fleet_args(&database()?))?;
+            let lg_tps = field(Some(&anchor), "turns_per_s").context("anchor turns_per_s")?;
+            writeln!(
+                report,
+                "round {round}: engine {:.0} turns/s, batch p50 {:.2} ms, p99 {:.2} ms ({} batches); anchor {lg_tps:.1} turns/s: {:.1}x; `{anchor}`",
+                engine.turns_per_s,
+                engine.p50_ms,
+                engine.p99_ms,
+                engine.batches,
+                engine.turns_per_s / lg_tps
+            )?;
+        }
+        println!(
+            "{report}{}; load average {load_before} before, {} after",
+            machine_note(),
+            load_average()
+        );
+        return Ok(());
+    }
     // NERVE_EXECUTOR names an executor already built (from the same sources): the sandbox
     // image is still made when missing, but the executor is not rebuilt.
     let executor = match std::env::var_os(nerve_hands::EXECUTOR_ENV) {
@@ -133,19 +159,13 @@ pub(crate) fn bench() -> Result<()> {
         commits.turns_per_s, commits.p50_ms, commits.p99_ms
     );
 
+    // 3b. The same fleet like for like: the engine, an in-process tool, the log.
+    let engine = engine_fleet(&runtime, &database()?)?;
+
     // 4. The anchor on the same server.
     let anchor = anchor_setup().and_then(|python| {
-        let single = anchor_run(&python, &[&database()?, "single", &LONG.to_string()])?;
-        let fleet = anchor_run(
-            &python,
-            &[
-                &database()?,
-                "fleet",
-                &EXECUTIONS.to_string(),
-                &FLEET_TURNS.to_string(),
-                &WORKERS.to_string(),
-            ],
-        )?;
+        let single = anchor_run(&python, &[database()?, "single".into(), LONG.to_string()])?;
+        let fleet = anchor_run(&python, &anchor_fleet_args(&database()?))?;
         Ok((single, fleet))
     });
     if let Err(error) = &anchor {
@@ -178,12 +198,7 @@ pub(crate) fn bench() -> Result<()> {
         Ok((single, fleet)) => (Some(single), Some(fleet)),
         Err(_) => (None, None),
     };
-    let get = |line: Option<&String>, key: &str| -> Option<f64> {
-        line?
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-            .and_then(|v| v.parse().ok())
-    };
+    let get = field;
     let lg_turn = get(lg_single, "us_per_turn");
     writeln!(
         report,
@@ -215,7 +230,24 @@ pub(crate) fn bench() -> Result<()> {
         lg_tps.map_or("skipped".into(), |v| format!("{v:.0} (the whole agent)")),
         lg_tps.map_or("-".into(), |v| format!("{:.1}×", commits.turns_per_s / v))
     )?;
+    writeln!(
+        report,
+        "| the same fleet like for like (the engine, an in-process tool, the log; {WORKERS} processes): turns/s | {:.0} | {} | {} |",
+        engine.turns_per_s,
+        lg_tps.map_or("skipped".into(), |v| format!("{v:.0}")),
+        lg_tps.map_or("-".into(), |v| format!("{:.1}×", engine.turns_per_s / v))
+    )?;
     let (lg_p50, lg_p99) = (get(lg_fleet, "p50_ms"), get(lg_fleet, "p99_ms"));
+    writeln!(
+        report,
+        "| the same fleet like for like: a batch's durable wait (Nerve) / a checkpoint write (anchor), p50 / p99 | {:.2} / {:.2} ms | {} | {} |",
+        engine.p50_ms,
+        engine.p99_ms,
+        lg_p50
+            .zip(lg_p99)
+            .map_or("skipped".into(), |(a, b)| format!("{a:.2} / {b:.2} ms")),
+        lg_p99.map_or("-".into(), |v| format!("{:.1}× (p99)", v / engine.p99_ms))
+    )?;
     writeln!(
         report,
         "| the same concurrency: a turn's durable wait (Nerve, at the store) / a checkpoint write (anchor), p50 / p99 | {:.2} / {:.2} ms | {} | {} |",
@@ -245,6 +277,37 @@ pub(crate) fn bench() -> Result<()> {
     )?;
     println!("{report}");
     Ok(())
+}
+
+/// `key=value` of an anchor's output line, as a number.
+fn field(line: Option<&String>, key: &str) -> Option<f64> {
+    line?
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+}
+
+fn anchor_fleet_args(db: &str) -> Vec<String> {
+    vec![
+        db.to_owned(),
+        "fleet".into(),
+        EXECUTIONS.to_string(),
+        FLEET_TURNS.to_string(),
+        WORKERS.to_string(),
+    ]
+}
+
+/// Part 3b (`bench_fleet_engine.rs`), reported as it finishes.
+fn engine_fleet(
+    runtime: &tokio::runtime::Runtime,
+    db: &str,
+) -> Result<crate::bench_fleet_engine::EngineFleet> {
+    let engine = crate::bench_fleet_engine::run(runtime, db, EXECUTIONS, FLEET_TURNS, WORKERS)?;
+    eprintln!(
+        "engine fleet: {:.0} turns/s, batch p50 {:.2} ms, p99 {:.2} ms",
+        engine.turns_per_s, engine.p50_ms, engine.p99_ms
+    );
+    Ok(engine)
 }
 
 fn list(runs: &[crate::bench_e2e::NerveRun]) -> String {
@@ -277,19 +340,8 @@ impl Drop for Workers {
 
 fn fleet_run(nerve: &Path, executor: &Path, dir: &Path, db: &str) -> Result<Fleet> {
     std::fs::create_dir_all(dir)?;
-    let mut cassette = String::new();
-    for i in 0..FLEET_TURNS {
-        writeln!(
-            cassette,
-            r#"{{"text": "step {i}", "tool_calls": [{{"name": "read_file", "arguments": {{"path": "f{i}.txt"}}}}], "usage": {{"input_tokens": 100, "output_tokens": 10}}}}"#
-        )?;
-    }
-    writeln!(
-        cassette,
-        r#"{{"text": "done", "usage": {{"input_tokens": 100, "output_tokens": 10}}}}"#
-    )?;
     let script = dir.join("cassette.jsonl");
-    std::fs::write(&script, cassette)?;
+    std::fs::write(&script, crate::bench_fleet_engine::cassette(FLEET_TURNS))?;
     let content = "x".repeat(200);
     let mut ids = Vec::new();
     for e in 0..EXECUTIONS {
@@ -522,7 +574,7 @@ fn anchor_setup() -> Result<PathBuf> {
     Ok(python)
 }
 
-fn anchor_run(python: &Path, args: &[&str]) -> Result<String> {
+fn anchor_run<S: AsRef<std::ffi::OsStr>>(python: &Path, args: &[S]) -> Result<String> {
     let script = crate::project_root().join("xtask/anchors/langgraph_postgres.py");
     let output = Command::new(python)
         .arg(&script)
