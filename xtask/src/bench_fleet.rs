@@ -92,10 +92,23 @@ pub(crate) fn bench() -> Result<()> {
     if std::env::var("NERVE_BENCH_FLEET_PART").is_ok_and(|p| p == "engine") {
         let python = anchor_setup()?;
         let mut report = String::new();
+        let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for round in 1..=rounds {
-            let engine = engine_fleet(&runtime, &database()?)?;
-            let anchor = anchor_run(&python, &anchor_fleet_args(&database()?))?;
+            // Who goes first alternates: a fresh cluster's first writes are its slowest.
+            let (engine, anchor) = if round % 2 == 1 {
+                let engine = engine_fleet(&runtime, &database()?)?;
+                (
+                    engine,
+                    anchor_run(&python, &anchor_fleet_args(&database()?))?,
+                )
+            } else {
+                let anchor = anchor_run(&python, &anchor_fleet_args(&database()?))?;
+                (engine_fleet(&runtime, &database()?)?, anchor)
+            };
             let lg_tps = field(Some(&anchor), "turns_per_s").context("anchor turns_per_s")?;
+            ours.push(engine.turns_per_s);
+            theirs.push(lg_tps);
+            ratios.push(engine.turns_per_s / lg_tps);
             writeln!(
                 report,
                 "round {round}: engine {:.0} turns/s, batch p50 {:.2} ms, p99 {:.2} ms ({} batches); anchor {lg_tps:.1} turns/s: {:.1}x; `{anchor}`",
@@ -106,6 +119,13 @@ pub(crate) fn bench() -> Result<()> {
                 engine.turns_per_s / lg_tps
             )?;
         }
+        writeln!(
+            report,
+            "median: engine {:.0} turns/s, anchor {:.1} turns/s, ratio {:.1}x",
+            median(&ours),
+            median(&theirs),
+            median(&ratios)
+        )?;
         println!(
             "{report}{}; load average {load_before} before, {} after",
             machine_note(),

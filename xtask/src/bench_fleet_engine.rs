@@ -118,6 +118,8 @@ pub(crate) fn run(
             latencies.push(v.parse::<f64>()?);
         }
     }
+    // The measured window, for lining a profile up with it (`perf record -k CLOCK_REALTIME`).
+    eprintln!("engine fleet window: {begin:.6} to {end:.6} (seconds since the epoch)");
     for child in &mut children.0 {
         let status = child.wait()?;
         if !status.success() {
