@@ -14,13 +14,19 @@
 //!    (the answer and the call's intent, queued behind the previous turn's end and awaited
 //!    with it before the tool call; the result and the turn's end, queued without
 //!    waiting): turns per second, and p50 and p99 of a turn's durable wait.
+//! 3b. The same fleet like for like with the anchor (`bench_fleet_engine.rs`): the engine
+//!    with the scripted provider and an in-process tool, on the `PgStore` log under the
+//!    queue's leases, 64 executions claimed by 4 OS processes: turns per second and p50/p99
+//!    of a batch's durable wait.
 //! 4. The anchor: one agent of 1,000 turns (per-turn cost), and 64 agents of 25 turns in 4
 //!    processes (turns per second, p50/p99 of a checkpoint write). Its virtual environment
 //!    is cached under `~/.cache/nerve/langgraph-postgres` and made with pip when missing.
 //!
 //! `NERVE_BENCH_PROFILE` names the `nerve` measured (`target/<profile>/nerve`; only
 //! `release`, the default, is built here), `NERVE_BENCH_ROUNDS` the rounds of part 1,
-//! `NERVE_BENCH_FLEET_PART=store` runs part 3 alone (no sandbox image needed), and
+//! `NERVE_BENCH_FLEET_PART=store` runs part 3 alone (no sandbox image needed),
+//! `NERVE_BENCH_FLEET_PART=engine` part 3b and the anchor's fleet alternately, `rounds`
+//! times (each first in every other round; no sandbox image needed), and
 //! `NERVE_EXECUTOR` an executor already built (not rebuilt). The store part measures
 //! the client code as xtask was built: run it as `cargo run --release -p xtask -- bench
 //! fleet` for release figures.
