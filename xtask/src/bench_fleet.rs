@@ -14,18 +14,18 @@
 //!    (the answer and the call's intent, queued behind the previous turn's end and awaited
 //!    with it before the tool call; the result and the turn's end, queued without
 //!    waiting): turns per second, and p50 and p99 of a turn's durable wait.
-//! 3b. The same fleet like for like with the anchor (`bench_fleet_engine.rs`): the engine
+//! 4. The same fleet like for like with the anchor (`bench_fleet_engine.rs`): the engine
 //!    with the scripted provider and an in-process tool, on the `PgStore` log under the
 //!    queue's leases, 64 executions claimed by 4 OS processes: turns per second and p50/p99
 //!    of a batch's durable wait.
-//! 4. The anchor: one agent of 1,000 turns (per-turn cost), and 64 agents of 25 turns in 4
+//! 5. The anchor: one agent of 1,000 turns (per-turn cost), and 64 agents of 25 turns in 4
 //!    processes (turns per second, p50/p99 of a checkpoint write). Its virtual environment
 //!    is cached under `~/.cache/nerve/langgraph-postgres` and made with pip when missing.
 //!
 //! `NERVE_BENCH_PROFILE` names the `nerve` measured (`target/<profile>/nerve`; only
 //! `release`, the default, is built here), `NERVE_BENCH_ROUNDS` the rounds of part 1,
 //! `NERVE_BENCH_FLEET_PART=store` runs part 3 alone (no sandbox image needed),
-//! `NERVE_BENCH_FLEET_PART=engine` part 3b and the anchor's fleet alternately, `rounds`
+//! `NERVE_BENCH_FLEET_PART=engine` part 4 and the anchor's fleet alternately, `rounds`
 //! times (each first in every other round; no sandbox image needed), and
 //! `NERVE_EXECUTOR` an executor already built (not rebuilt). The store part measures
 //! the client code as xtask was built: run it as `cargo run --release -p xtask -- bench
@@ -185,10 +185,10 @@ pub(crate) fn bench() -> Result<()> {
         commits.turns_per_s, commits.p50_ms, commits.p99_ms
     );
 
-    // 3b. The same fleet like for like: the engine, an in-process tool, the log.
+    // 4. The same fleet like for like: the engine, an in-process tool, the log.
     let engine = engine_fleet(&runtime, &database()?)?;
 
-    // 4. The anchor on the same server.
+    // 5. The anchor on the same server.
     let anchor = anchor_setup().and_then(|python| {
         let single = anchor_run(&python, &[database()?, "single".into(), LONG.to_string()])?;
         let fleet = anchor_run(&python, &anchor_fleet_args(&database()?))?;
@@ -323,7 +323,7 @@ fn anchor_fleet_args(db: &str) -> Vec<String> {
     ]
 }
 
-/// Part 3b (`bench_fleet_engine.rs`), reported as it finishes.
+/// Part 4 (`bench_fleet_engine.rs`), reported as it finishes.
 fn engine_fleet(
     runtime: &tokio::runtime::Runtime,
     db: &str,

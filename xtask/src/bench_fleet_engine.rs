@@ -1,4 +1,4 @@
-//! Part 3 of `cargo xtask bench fleet`: the fleet like for like with the anchor. The real
+//! Part 4 of `cargo xtask bench fleet`: the fleet like for like with the anchor. The real
 //! engine (`nerve_brain::AgentEngine`, as `nerve worker` drives it) with the scripted
 //! provider and an in-process `read_file` that returns 200 bytes at once (the anchor's
 //! Python tool does the same; a bench harness may, a `nerve worker` never does: its tools
