@@ -14,13 +14,19 @@
 //!    (the answer and the call's intent, queued behind the previous turn's end and awaited
 //!    with it before the tool call; the result and the turn's end, queued without
 //!    waiting): turns per second, and p50 and p99 of a turn's durable wait.
-//! 4. The anchor: one agent of 1,000 turns (per-turn cost), and 64 agents of 25 turns in 4
+//! 4. The same fleet like for like with the anchor (`bench_fleet_engine.rs`): the engine
+//!    with the scripted provider and an in-process tool, on the `PgStore` log under the
+//!    queue's leases, 64 executions claimed by 4 OS processes: turns per second and p50/p99
+//!    of a batch's durable wait.
+//! 5. The anchor: one agent of 1,000 turns (per-turn cost), and 64 agents of 25 turns in 4
 //!    processes (turns per second, p50/p99 of a checkpoint write). Its virtual environment
 //!    is cached under `~/.cache/nerve/langgraph-postgres` and made with pip when missing.
 //!
 //! `NERVE_BENCH_PROFILE` names the `nerve` measured (`target/<profile>/nerve`; only
 //! `release`, the default, is built here), `NERVE_BENCH_ROUNDS` the rounds of part 1,
-//! `NERVE_BENCH_FLEET_PART=store` runs part 3 alone (no sandbox image needed), and
+//! `NERVE_BENCH_FLEET_PART=store` runs part 3 alone (no sandbox image needed),
+//! `NERVE_BENCH_FLEET_PART=engine` part 4 and the anchor's fleet alternately, `rounds`
+//! times (each first in every other round; no sandbox image needed), and
 //! `NERVE_EXECUTOR` an executor already built (not rebuilt). The store part measures
 //! the client code as xtask was built: run it as `cargo run --release -p xtask -- bench
 //! fleet` for release figures.
@@ -87,6 +93,52 @@ pub(crate) fn bench() -> Result<()> {
         );
         return Ok(());
     }
+    // NERVE_BENCH_FLEET_PART=engine: only the like-for-like fleet (the engine with an
+    // in-process tool on the log) and the anchor's fleet, alternating, `rounds` times.
+    if std::env::var("NERVE_BENCH_FLEET_PART").is_ok_and(|p| p == "engine") {
+        let python = anchor_setup()?;
+        let mut report = String::new();
+        let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 1..=rounds {
+            // Who goes first alternates: a fresh cluster's first writes are its slowest.
+            let (engine, anchor) = if round % 2 == 1 {
+                let engine = engine_fleet(&runtime, &database()?)?;
+                (
+                    engine,
+                    anchor_run(&python, &anchor_fleet_args(&database()?))?,
+                )
+            } else {
+                let anchor = anchor_run(&python, &anchor_fleet_args(&database()?))?;
+                (engine_fleet(&runtime, &database()?)?, anchor)
+            };
+            let lg_tps = field(Some(&anchor), "turns_per_s").context("anchor turns_per_s")?;
+            ours.push(engine.turns_per_s);
+            theirs.push(lg_tps);
+            ratios.push(engine.turns_per_s / lg_tps);
+            writeln!(
+                report,
+                "round {round}: engine {:.0} turns/s, batch p50 {:.2} ms, p99 {:.2} ms ({} batches); anchor {lg_tps:.1} turns/s: {:.1}x; `{anchor}`",
+                engine.turns_per_s,
+                engine.p50_ms,
+                engine.p99_ms,
+                engine.batches,
+                engine.turns_per_s / lg_tps
+            )?;
+        }
+        writeln!(
+            report,
+            "median: engine {:.0} turns/s, anchor {:.1} turns/s, ratio {:.1}x",
+            median(&ours),
+            median(&theirs),
+            median(&ratios)
+        )?;
+        println!(
+            "{report}{}; load average {load_before} before, {} after",
+            machine_note(),
+            load_average()
+        );
+        return Ok(());
+    }
     // NERVE_EXECUTOR names an executor already built (from the same sources): the sandbox
     // image is still made when missing, but the executor is not rebuilt.
     let executor = match std::env::var_os(nerve_hands::EXECUTOR_ENV) {
@@ -133,19 +185,13 @@ pub(crate) fn bench() -> Result<()> {
         commits.turns_per_s, commits.p50_ms, commits.p99_ms
     );
 
-    // 4. The anchor on the same server.
+    // 4. The same fleet like for like: the engine, an in-process tool, the log.
+    let engine = engine_fleet(&runtime, &database()?)?;
+
+    // 5. The anchor on the same server.
     let anchor = anchor_setup().and_then(|python| {
-        let single = anchor_run(&python, &[&database()?, "single", &LONG.to_string()])?;
-        let fleet = anchor_run(
-            &python,
-            &[
-                &database()?,
-                "fleet",
-                &EXECUTIONS.to_string(),
-                &FLEET_TURNS.to_string(),
-                &WORKERS.to_string(),
-            ],
-        )?;
+        let single = anchor_run(&python, &[database()?, "single".into(), LONG.to_string()])?;
+        let fleet = anchor_run(&python, &anchor_fleet_args(&database()?))?;
         Ok((single, fleet))
     });
     if let Err(error) = &anchor {
@@ -178,12 +224,7 @@ pub(crate) fn bench() -> Result<()> {
         Ok((single, fleet)) => (Some(single), Some(fleet)),
         Err(_) => (None, None),
     };
-    let get = |line: Option<&String>, key: &str| -> Option<f64> {
-        line?
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-            .and_then(|v| v.parse().ok())
-    };
+    let get = field;
     let lg_turn = get(lg_single, "us_per_turn");
     writeln!(
         report,
@@ -215,7 +256,24 @@ pub(crate) fn bench() -> Result<()> {
         lg_tps.map_or("skipped".into(), |v| format!("{v:.0} (the whole agent)")),
         lg_tps.map_or("-".into(), |v| format!("{:.1}×", commits.turns_per_s / v))
     )?;
+    writeln!(
+        report,
+        "| the same fleet like for like (the engine, an in-process tool, the log; {WORKERS} processes): turns/s | {:.0} | {} | {} |",
+        engine.turns_per_s,
+        lg_tps.map_or("skipped".into(), |v| format!("{v:.0}")),
+        lg_tps.map_or("-".into(), |v| format!("{:.1}×", engine.turns_per_s / v))
+    )?;
     let (lg_p50, lg_p99) = (get(lg_fleet, "p50_ms"), get(lg_fleet, "p99_ms"));
+    writeln!(
+        report,
+        "| the same fleet like for like: a batch's durable wait (Nerve) / a checkpoint write (anchor), p50 / p99 | {:.2} / {:.2} ms | {} | {} |",
+        engine.p50_ms,
+        engine.p99_ms,
+        lg_p50
+            .zip(lg_p99)
+            .map_or("skipped".into(), |(a, b)| format!("{a:.2} / {b:.2} ms")),
+        lg_p99.map_or("-".into(), |v| format!("{:.1}× (p99)", v / engine.p99_ms))
+    )?;
     writeln!(
         report,
         "| the same concurrency: a turn's durable wait (Nerve, at the store) / a checkpoint write (anchor), p50 / p99 | {:.2} / {:.2} ms | {} | {} |",
@@ -245,6 +303,37 @@ pub(crate) fn bench() -> Result<()> {
     )?;
     println!("{report}");
     Ok(())
+}
+
+/// `key=value` of an anchor's output line, as a number.
+fn field(line: Option<&String>, key: &str) -> Option<f64> {
+    line?
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+}
+
+fn anchor_fleet_args(db: &str) -> Vec<String> {
+    vec![
+        db.to_owned(),
+        "fleet".into(),
+        EXECUTIONS.to_string(),
+        FLEET_TURNS.to_string(),
+        WORKERS.to_string(),
+    ]
+}
+
+/// Part 4 (`bench_fleet_engine.rs`), reported as it finishes.
+fn engine_fleet(
+    runtime: &tokio::runtime::Runtime,
+    db: &str,
+) -> Result<crate::bench_fleet_engine::EngineFleet> {
+    let engine = crate::bench_fleet_engine::run(runtime, db, EXECUTIONS, FLEET_TURNS, WORKERS)?;
+    eprintln!(
+        "engine fleet: {:.0} turns/s, batch p50 {:.2} ms, p99 {:.2} ms",
+        engine.turns_per_s, engine.p50_ms, engine.p99_ms
+    );
+    Ok(engine)
 }
 
 fn list(runs: &[crate::bench_e2e::NerveRun]) -> String {
@@ -277,19 +366,8 @@ impl Drop for Workers {
 
 fn fleet_run(nerve: &Path, executor: &Path, dir: &Path, db: &str) -> Result<Fleet> {
     std::fs::create_dir_all(dir)?;
-    let mut cassette = String::new();
-    for i in 0..FLEET_TURNS {
-        writeln!(
-            cassette,
-            r#"{{"text": "step {i}", "tool_calls": [{{"name": "read_file", "arguments": {{"path": "f{i}.txt"}}}}], "usage": {{"input_tokens": 100, "output_tokens": 10}}}}"#
-        )?;
-    }
-    writeln!(
-        cassette,
-        r#"{{"text": "done", "usage": {{"input_tokens": 100, "output_tokens": 10}}}}"#
-    )?;
     let script = dir.join("cassette.jsonl");
-    std::fs::write(&script, cassette)?;
+    std::fs::write(&script, crate::bench_fleet_engine::cassette(FLEET_TURNS))?;
     let content = "x".repeat(200);
     let mut ids = Vec::new();
     for e in 0..EXECUTIONS {
@@ -522,7 +600,7 @@ fn anchor_setup() -> Result<PathBuf> {
     Ok(python)
 }
 
-fn anchor_run(python: &Path, args: &[&str]) -> Result<String> {
+fn anchor_run<S: AsRef<std::ffi::OsStr>>(python: &Path, args: &[S]) -> Result<String> {
     let script = crate::project_root().join("xtask/anchors/langgraph_postgres.py");
     let output = Command::new(python)
         .arg(&script)

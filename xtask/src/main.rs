@@ -20,6 +20,7 @@
 
 mod bench_e2e;
 mod bench_fleet;
+mod bench_fleet_engine;
 mod fuzz;
 mod phoenix;
 mod real;
@@ -51,6 +52,8 @@ fn main() -> Result<()> {
         Some("demo") => demo(),
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
+        // One process of the fleet bench's engine part (started by `bench fleet` itself).
+        Some("bench-fleet-process") => bench_fleet_engine::process(&args[1..]),
         Some("phoenix") => phoenix::ensure().map(|venv| println!("{}", venv.display())),
         Some(other) => bail!("unknown task `{other}`\n{USAGE}"),
         None => bail!("{USAGE}"),
