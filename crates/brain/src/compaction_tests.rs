@@ -348,18 +348,27 @@ async fn agent_controlled_mode_compacts_only_when_asked_below_the_safety_net() {
             .iter()
             .all(|c| c.strategy != CompactionStrategy::Summarize)
     );
-    // Asked: compacts at the next boundary.
-    let mut asked: Vec<String> = (0..4).map(small).collect();
+    // Asked: compacts at the next boundary. Outputs large enough that the archive note
+    // (which lists block ids, random and so of varying token counts) always shrinks the
+    // context, in a window that no threshold reaches.
+    let mut asked: Vec<String> = (0..4).map(|i| big(40, &format!("fact {i}"))).collect();
     asked.push(r#"{"tool_calls":[{"name":"compress_context","arguments":{"reason":"sub-goal done","strategy":"archive"}}]}"#.to_owned());
     asked.push(r#"{"text":"done"}"#.to_owned());
-    let (cassette, cfg) = agent(&asked);
+    let (cassette, mut cfg) = agent(&asked);
+    cfg.context_window = Some(100_000);
     let outcome = run(&cassette, cfg).await;
     let archived: Vec<_> = outcome
         .compactions()
         .into_iter()
         .filter(|c| c.trigger == CompactionTrigger::Agent)
         .collect();
-    assert_eq!(archived.len(), 1, "{:?}", outcome.compactions());
+    assert_eq!(
+        archived.len(),
+        1,
+        "{:?} {:?}",
+        outcome.compactions(),
+        outcome.sink.events()
+    );
     assert_eq!(archived[0].strategy, CompactionStrategy::Archive);
 }
 

@@ -621,11 +621,18 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
         | TerminationReason::Parked => None,
     };
     let mut error = outcome.error;
+    if outcome.log_failed {
+        // Nothing more goes to a log that refused a write (see `Stop::log_failed`).
+        return result(run, outcome.reason, error);
+    }
     if let Some(to) = target
         && run.progress.task_status.can_transition_to(to)
         && let Err(stop) = run.transition(to)
     {
         error.get_or_insert(stop.error.unwrap_or_default());
+        if stop.log_failed {
+            return result(run, outcome.reason, error);
+        }
     }
     if outcome.reason == TerminationReason::Error && error.is_none() {
         error = Some("unknown error".into());
@@ -643,6 +650,15 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
         tracing::error!(%sink_error, "could not record the finish event");
         error.get_or_insert_with(|| sink_error.to_string());
     }
+    result(run, outcome.reason, error)
+}
+
+/// What the caller gets back: the run's state and why it stopped.
+fn result(
+    run: Run,
+    termination_reason: TerminationReason,
+    error: Option<String>,
+) -> ExecutionResult {
     let Run {
         execution_id,
         window,
@@ -664,7 +680,7 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
             checkpoints: progress.checkpoints,
             loop_type: progress.loop_type,
         },
-        termination_reason: outcome.reason,
+        termination_reason,
         error,
     }
 }

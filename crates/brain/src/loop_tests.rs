@@ -835,7 +835,10 @@ async fn a_turn_boundary_commit_that_fails_stops_the_run_before_the_next_tool() 
     );
     assert!(!kinds.contains(&"tool_call_finished"), "{kinds:?}");
     assert!(!kinds.contains(&"turn_completed"), "{kinds:?}");
-    assert_eq!(kinds.last(), Some(&"finish"));
+    // Nothing is recorded after the failure, though the sink would take it: a finish
+    // after the lost batch would hide the hole; the log is a crashed run's, for `resume`.
+    assert!(!kinds.contains(&"finish"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"tool_call_started"), "{kinds:?}");
 }
 
 #[tokio::test]

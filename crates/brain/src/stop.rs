@@ -8,6 +8,10 @@ use nerve_core::{SinkError, TerminationReason};
 pub(crate) struct Stop {
     pub(crate) reason: TerminationReason,
     pub(crate) error: Option<String>,
+    /// The event log refused a write: the engine records nothing more (no transition, no
+    /// finish), so the log stays the committed prefix of a crashed run, which `resume`
+    /// continues; a finish squeezed in after a lost batch would leave a hole before it.
+    pub(crate) log_failed: bool,
 }
 
 impl Stop {
@@ -15,6 +19,7 @@ impl Stop {
         Self {
             reason,
             error: Some(error.into()),
+            log_failed: false,
         }
     }
 
@@ -22,6 +27,7 @@ impl Stop {
         Self {
             reason: TerminationReason::Completed,
             error: None,
+            log_failed: false,
         }
     }
 
@@ -29,12 +35,16 @@ impl Stop {
         Self {
             reason: TerminationReason::Shutdown,
             error: None,
+            log_failed: false,
         }
     }
 }
 
 impl From<SinkError> for Stop {
     fn from(error: SinkError) -> Self {
-        Self::new(TerminationReason::Error, error.to_string())
+        Self {
+            log_failed: true,
+            ..Self::new(TerminationReason::Error, error.to_string())
+        }
     }
 }
