@@ -256,6 +256,26 @@ pub(crate) fn bench() -> Result<()> {
         lg_tps.map_or("skipped".into(), |v| format!("{v:.0} (the whole agent)")),
         lg_tps.map_or("-".into(), |v| format!("{:.1}×", commits.turns_per_s / v))
     )?;
+    let (lg_p50, lg_p99) = (get(lg_fleet, "p50_ms"), get(lg_fleet, "p99_ms"));
+    // A row of durable waits against the anchor's checkpoint writes.
+    let wait_row = |what: &str, p50: f64, p99: f64| {
+        format!(
+            "| {what}, p50 / p99 | {p50:.2} / {p99:.2} ms | {} | {} |",
+            lg_p50
+                .zip(lg_p99)
+                .map_or("skipped".into(), |(a, b)| format!("{a:.2} / {b:.2} ms")),
+            lg_p99.map_or("-".into(), |v| format!("{:.1}× (p99)", v / p99))
+        )
+    };
+    writeln!(
+        report,
+        "{}",
+        wait_row(
+            "the same concurrency: a turn's durable wait (Nerve, at the store) / a checkpoint write (anchor)",
+            commits.p50_ms,
+            commits.p99_ms
+        )
+    )?;
     writeln!(
         report,
         "| the same fleet like for like (the engine, an in-process tool, the log; {WORKERS} processes): turns/s | {:.0} | {} | {} |",
@@ -263,26 +283,14 @@ pub(crate) fn bench() -> Result<()> {
         lg_tps.map_or("skipped".into(), |v| format!("{v:.0}")),
         lg_tps.map_or("-".into(), |v| format!("{:.1}×", engine.turns_per_s / v))
     )?;
-    let (lg_p50, lg_p99) = (get(lg_fleet, "p50_ms"), get(lg_fleet, "p99_ms"));
     writeln!(
         report,
-        "| the same fleet like for like: a batch's durable wait (Nerve) / a checkpoint write (anchor), p50 / p99 | {:.2} / {:.2} ms | {} | {} |",
-        engine.p50_ms,
-        engine.p99_ms,
-        lg_p50
-            .zip(lg_p99)
-            .map_or("skipped".into(), |(a, b)| format!("{a:.2} / {b:.2} ms")),
-        lg_p99.map_or("-".into(), |v| format!("{:.1}× (p99)", v / engine.p99_ms))
-    )?;
-    writeln!(
-        report,
-        "| the same concurrency: a turn's durable wait (Nerve, at the store) / a checkpoint write (anchor), p50 / p99 | {:.2} / {:.2} ms | {} | {} |",
-        commits.p50_ms,
-        commits.p99_ms,
-        lg_p50
-            .zip(lg_p99)
-            .map_or("skipped".into(), |(a, b)| format!("{a:.2} / {b:.2} ms")),
-        lg_p99.map_or("-".into(), |v| format!("{:.1}× (p99)", v / commits.p99_ms))
+        "{}",
+        wait_row(
+            "the same fleet like for like: a batch's durable wait (Nerve) / a checkpoint write (anchor)",
+            engine.p50_ms,
+            engine.p99_ms
+        )
     )?;
     writeln!(report)?;
     writeln!(
