@@ -345,9 +345,8 @@ fn can_run_dockerd() -> bool {
     false
 }
 
-/// Depends on `nerve resume` taking up an execution that ended `error` (issue 16; branch
-/// h/resume): until then the resume is refused with `illegal task transition failed ->
-/// in_progress` and this test fails there, at its last step.
+/// The resume takes up an execution that ended `error` (issue 16: the failed task goes
+/// back to `in_progress`).
 #[test]
 fn a_docker_daemon_restart_mid_run_ends_in_error_and_the_run_resumes() {
     if !docker_available() || !can_run_dockerd() {
