@@ -967,10 +967,9 @@ fn the_container_of_a_killed_run_is_reaped_at_the_next_start() {
     let control = control_dir_of(&container);
     child.kill().unwrap(); // SIGKILL: no chance to clean up.
     child.wait().unwrap();
-    assert!(
-        container_exists(&container),
-        "the orphan should still exist"
-    );
+    // The container may already be going by itself (its executor stops when the host's
+    // control connection closes, see `sandbox_env.rs`), or be reaped by another test's
+    // `nerve` on this engine; the host's control directory stays until a start removes it.
     assert!(control.is_dir(), "{}", control.display());
 
     let quick = cassette(dir.path(), "quick.jsonl", &[json!({"text": "done"})]);

@@ -467,12 +467,23 @@ fn commit(
                         let message = error.to_string();
                         tracing::error!(%message, "event log write failed");
                         let execution = job.write.execution_id.clone();
-                        let queued = queue
-                            .lock()
-                            .jobs
-                            .iter()
-                            .filter(|queued| queued.write.execution_id == execution)
-                            .count();
+                        // A lost batch of events dooms every later write of the
+                        // execution in this writer, not only those queued now: a caller
+                        // may queue its next batch after the failure but before it hears
+                        // of it, and that batch would follow the hole too. (The engine
+                        // writes nothing once it has heard; `resume` runs in a process
+                        // with a writer of its own.) A failed write of archive blocks
+                        // alone leaves no hole: only what was queued behind it is refused.
+                        let queued = if job.write.events.is_empty() {
+                            queue
+                                .lock()
+                                .jobs
+                                .iter()
+                                .filter(|queued| queued.write.execution_id == execution)
+                                .count()
+                        } else {
+                            FOR_GOOD
+                        };
                         refusing.insert(execution.clone(), (queued, message.clone()));
                         failed_here.insert(execution, message.clone());
                         failed_now.push((job, Err(message)));
@@ -492,6 +503,9 @@ fn refuse(
     execution: &str,
 ) -> Option<String> {
     let (left, first) = refusing.get_mut(execution)?;
+    if *left == FOR_GOOD {
+        return Some(after_failure(first));
+    }
     if *left == 0 {
         refusing.remove(execution);
         return None;
@@ -499,6 +513,9 @@ fn refuse(
     *left -= 1;
     Some(after_failure(first))
 }
+
+/// The count of writes to refuse after a lost batch of events: all of them.
+const FOR_GOOD: usize = usize::MAX;
 
 fn after_failure(first: &str) -> String {
     format!("an earlier write of this execution failed ({first}); nothing after it is written")
