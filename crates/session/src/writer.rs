@@ -999,6 +999,74 @@ mod tests {
         assert_eq!(heard(after_hears).unwrap().seqs, [1]);
     }
 
+    /// A lost batch of events dooms the execution in this writer for good: unlike a lost
+    /// archive block, a write queued after the failure was heard is refused too (it may
+    /// have been queued before its caller heard, and would follow the hole). Other
+    /// executions write on.
+    #[test]
+    fn a_lost_batch_of_events_refuses_every_later_write_of_its_execution() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("log.db")).unwrap();
+        let (x, y) = (
+            ExecutionId::new().to_string(),
+            ExecutionId::new().to_string(),
+        );
+        let block = nerve_core::BlockId::new();
+        let queue = Queue::default();
+        let mut refusing = std::collections::HashMap::new();
+        let (first, first_hears) = job_of(&x, Some(block));
+        reply(commit(&mut store, vec![first], &queue, &mut refusing));
+        assert!(heard(first_hears).is_ok());
+
+        // Events with the same block again: the whole write fails, its events are lost.
+        let event = Event::TaskTransition(TaskTransition {
+            from: TaskStatus::Assigned,
+            to: TaskStatus::InProgress,
+        });
+        let write = crate::encode::encode_blocks(
+            x.clone(),
+            &[NewBlock {
+                block_id: block,
+                messages: Vec::new(),
+                note: "note".into(),
+            }],
+            Some(&event),
+            &Redactor::new(),
+        )
+        .unwrap();
+        assert!(!write.events.is_empty());
+        let (reply_to, lost_hears) = oneshot::channel();
+        let (other, other_hears) = job_of(&y, None);
+        reply(commit(
+            &mut store,
+            vec![
+                Job {
+                    write,
+                    reply: reply_to,
+                },
+                other,
+            ],
+            &queue,
+            &mut refusing,
+        ));
+        assert!(heard(lost_hears).is_err());
+        assert!(heard(other_hears).is_ok());
+
+        // Queued long after the failure was heard: still refused, each time.
+        for _ in 0..3 {
+            let (later, later_hears) = job_of(&x, None);
+            reply(commit(&mut store, vec![later], &queue, &mut refusing));
+            let refused = heard(later_hears).unwrap_err();
+            assert!(
+                refused.contains("an earlier write of this execution failed"),
+                "{refused}"
+            );
+        }
+        let (y_again, y_again_hears) = job_of(&y, None);
+        reply(commit(&mut store, vec![y_again], &queue, &mut refusing));
+        assert_eq!(heard(y_again_hears).unwrap().seqs, [2]);
+    }
+
     #[test]
     fn committed_writes_are_reported_after_the_flush() {
         let (_dir, mut wal) = wal();
