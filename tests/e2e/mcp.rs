@@ -55,8 +55,14 @@ fn packages_key() -> String {
 }
 
 /// The servers' wheels for Debian bookworm's Python (3.11.2), downloaded once for each set
-/// of [`PACKAGES`] (`pip download` into the same directory adds only what is missing).
+/// of [`PACKAGES`] (`pip download` into the same directory adds only what is missing), and
+/// once per test process: the image and the host venv ask for them at the same time.
 fn wheels() -> PathBuf {
+    static DOWNLOADED: OnceLock<PathBuf> = OnceLock::new();
+    DOWNLOADED.get_or_init(download_wheels).clone()
+}
+
+fn download_wheels() -> PathBuf {
     let dir = cache().join("mcp-wheels-py3.11.2");
     let complete = dir.join(".complete");
     if std::fs::read_to_string(&complete).ok() != Some(packages_key()) {
@@ -132,18 +138,28 @@ pub(crate) fn python_image() -> &'static str {
     PYTHON_IMAGE
 }
 
-/// A host virtualenv with `mcp-server-time`, for the `trust = "host"` case.
+/// A host virtualenv with `mcp-server-time`, for the `trust = "host"` case. Made once per
+/// test process (tests asking at the same time wait for it: two `venv`s made at once in
+/// one directory left one test without its `pip`), and only trusted once its marker says
+/// the install finished (a run cut mid-install leaves no half-made venv behind for good).
 fn host_time_server() -> PathBuf {
-    let venv = cache().join("mcp-host-venv");
-    let program = venv.join("bin/mcp-server-time");
-    if !program.exists() {
-        run(Command::new("python3").arg("-m").arg("venv").arg(&venv));
-        run(Command::new(venv.join("bin/pip"))
-            .args(["install", "-q", "--no-index", "--find-links"])
-            .arg(wheels())
-            .arg("mcp-server-time"));
-    }
-    program
+    static MADE: OnceLock<PathBuf> = OnceLock::new();
+    MADE.get_or_init(|| {
+        let venv = cache().join("mcp-host-venv");
+        let program = venv.join("bin/mcp-server-time");
+        let marker = venv.join(".nerve-complete");
+        if !(marker.exists() && program.exists()) {
+            let _ = std::fs::remove_dir_all(&venv);
+            run(Command::new("python3").arg("-m").arg("venv").arg(&venv));
+            run(Command::new(venv.join("bin/pip"))
+                .args(["install", "-q", "--no-index", "--find-links"])
+                .arg(wheels())
+                .arg("mcp-server-time"));
+            std::fs::write(&marker, b"").unwrap();
+        }
+        program
+    })
+    .clone()
 }
 
 /// A fault-injecting server on the official Python SDK: `crash` exits mid-call,
