@@ -1689,6 +1689,34 @@ mod tests {
             proptest::prop_assert_eq!(rare_lines(&content), rare_lines_whole_scan(&content));
         }
 
+        /// Odd lines are lines of the output, at most [`ODD_LINES`], most odd first, and
+        /// only in an output with a template: the same one whatever the early exit.
+        #[test]
+        fn odd_lines_are_few_ranked_lines_of_a_templated_output(
+            lines in proptest::collection::vec(
+                proptest::prop_oneof![
+                    4 => "LISTEN 0 128 0\\.0\\.0\\.0:[0-9]{4} users:\\(\\([a-c]{1,2}\\)\\)",
+                    2 => "[a-z]{1,6}==[0-9]\\.[0-9]{1,2}\\.[0-9]",
+                    1 => "[a-z =:,.-]{0,12}",
+                ],
+                0..60,
+            )
+        ) {
+            let content = lines.join("\n");
+            let odd = odd_lines(&content);
+            proptest::prop_assert!(odd.len() <= ODD_LINES);
+            if template(&content).is_none() {
+                proptest::prop_assert!(odd.is_empty());
+            }
+            for pair in odd.windows(2) {
+                proptest::prop_assert!((pair[0].2, std::cmp::Reverse(pair[0].0)) >= (pair[1].2, std::cmp::Reverse(pair[1].0)));
+            }
+            for (start, line, score) in odd {
+                proptest::prop_assert!(score > 0);
+                proptest::prop_assert_eq!(content[start..].lines().next().map(str::trim), Some(line));
+            }
+        }
+
         #[test]
         fn line_shape_is_the_byte_by_byte_definition(line in "[a-zA-Z0-9_ \t:=.,/\\-\"{}()é]{0,80}") {
             proptest::prop_assert_eq!(line_shape(&line), line_shape_by_byte(&line));
@@ -2106,6 +2134,161 @@ mod tests {
             .map(|(rank, line)| (if rank == 0 { "error" } else { "rule" }, line))
             .collect();
         assert_eq!(got, expected, "{content}");
+    }
+
+    /// The odd lines of `content` are exactly `expected`, most odd first.
+    fn check_odd(content: &str, expected: &[&str]) {
+        let got: Vec<&str> = odd_lines(content).into_iter().map(|(_, l, _)| l).collect();
+        assert_eq!(got, expected, "{content}");
+    }
+
+    #[test]
+    fn odd_lines_table() {
+        // The odd value of a column that holds few: a loopback address and a backlog among
+        // the same ones (the header's shape is rare too).
+        let mut ss = String::from("State Recv-Q Send-Q Local Peer\n");
+        for i in 0..30 {
+            let _ = writeln!(
+                ss,
+                "LISTEN 0 128 0.0.0.0:{} 0.0.0.0:* users:((\"w{i}\",pid={}))",
+                20_000 + i * 7,
+                900 + i
+            );
+        }
+        ss.push_str("LISTEN 0 511 127.0.0.1:6379 0.0.0.0:* users:((\"cache\",pid=77))\n");
+        // (The header's shape is rare and its words are its own: it comes first.)
+        check_odd(
+            &ss,
+            &[
+                "State Recv-Q Send-Q Local Peer",
+                "LISTEN 0 511 127.0.0.1:6379 0.0.0.0:* users:((\"cache\",pid=77))",
+            ],
+        );
+        // A key whose words no other key uses, among keys drawn from a few words.
+        let words = ["ledger", "refund", "tenant", "quota", "audit"];
+        let mut config = String::new();
+        for i in 0..40 {
+            let _ = writeln!(
+                config,
+                "\"{}_{}\": {},",
+                words[i % 5],
+                words[(i / 5) % 5],
+                i * 13
+            );
+        }
+        config.push_str("\"retry_budget_ms\": 2750,\n");
+        check_odd(&config, &["\"retry_budget_ms\": 2750,"]);
+        // A stack's frames after a log: the application's frame differs from the
+        // framework's in several columns.
+        let mut log = String::new();
+        for i in 0..20 {
+            let _ = writeln!(
+                log,
+                "10:00:{i:02} INFO [main] c.a.Worker - handled in {i} ms"
+            );
+        }
+        log.push_str("java.lang.RuntimeException: posting failed\n");
+        for (pkg, class) in [("web", "Filter"), ("tx", "Proxy"), ("aop", "Chain")] {
+            let _ = writeln!(
+                log,
+                "\tat org.springframework.{pkg}.{class}.invoke({class}.java:42)"
+            );
+        }
+        log.push_str("\tat com.acme.ledger.Posting.apply(Posting.java:118)\n");
+        log.push_str("Caused by: java.lang.IllegalStateException: period 2031 is closed\n");
+        let odd = odd_lines(&log);
+        assert_eq!(
+            odd.first().map(|(_, l, _)| *l),
+            Some("at com.acme.ledger.Posting.apply(Posting.java:118)"),
+            "{odd:?}"
+        );
+        // Source code has no template; a listing whose every line has its own name and
+        // nothing else odd has no odd line.
+        check_odd(
+            "fn main() {\n    let x = 1;\n    println!(\"{x}\");\n}\n",
+            &[],
+        );
+        let freeze: String = (0..50)
+            .map(|i| {
+                format!(
+                    "pkg{}=={}.{}.{}\n",
+                    ["alpha", "beta", "gamma", "delta", "omega"][i % 5].repeat(1 + i / 5),
+                    i % 7,
+                    i,
+                    i * 37 % 211
+                )
+            })
+            .collect();
+        check_odd(&freeze, &[]);
+    }
+
+    #[test]
+    fn an_exception_chain_keeps_the_first_frame_the_application_frame_and_the_cause() {
+        let mut log = String::new();
+        for i in 0..20 {
+            let _ = writeln!(
+                log,
+                "10:00:{i:02} INFO [main] c.a.Worker - handled in {i} ms"
+            );
+        }
+        log.push_str("java.lang.RuntimeException: posting failed\n");
+        for (pkg, class) in [
+            ("web", "Filter"),
+            ("tx", "Proxy"),
+            ("aop", "Chain"),
+            ("orm", "Session"),
+        ] {
+            let _ = writeln!(
+                log,
+                "\tat org.springframework.{pkg}.{class}.invoke({class}.java:42)"
+            );
+        }
+        log.push_str("\tat com.acme.ledger.Posting.apply(Posting.java:118)\n");
+        log.push_str(
+            "Caused by: java.lang.IllegalStateException: period 2031 is closed\n\t... 12 more\n",
+        );
+        check_digest(
+            &log,
+            300,
+            &[
+                "java.lang.RuntimeException: posting failed",
+                "at org.springframework.web.Filter.invoke(Filter.java:42)",
+                "at com.acme.ledger.Posting.apply(Posting.java:118)",
+                "Caused by: java.lang.IllegalStateException: period 2031 is closed",
+                "... 12 more",
+            ],
+        );
+    }
+
+    #[test]
+    fn the_summary_puts_repeated_lines_last_and_keeps_few_questions_open() {
+        let mut messages = Vec::new();
+        for i in 0..30 {
+            messages.push(Message::text(
+                MessageRole::Assistant,
+                &format!("Step {i}: Next I look at what the tool shows."),
+            ));
+        }
+        for i in 0..8 {
+            messages.push(Message::text(
+                MessageRole::Assistant,
+                &format!("Which port does daemon_{i} use?"),
+            ));
+        }
+        messages.push(tool(
+            "[masked: the output of shell (900 tokens) was archived as block b; call recall with this block_id to see it; its notable lines:]\nLISTEN 0 511 127.0.0.1:6379",
+            false,
+        ));
+        messages.push(Message::user("[Nerve] Archived lines that mention what was just said (`x`), from block b:\nsrc/a.rs:1"));
+        // The odd line and the five newest questions come first; older questions and the
+        // thirty steps alike go when room runs out, and Nerve's note never comes in.
+        check_extractive(
+            &messages,
+            None,
+            430,
+            &["LISTEN 0 511 127.0.0.1:6379", "daemon_7", "daemon_3"],
+            &["daemon_0", "Step ", "[Nerve]", "src/a.rs:1"],
+        );
     }
 
     #[test]
