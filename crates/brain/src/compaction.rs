@@ -2266,13 +2266,13 @@ mod tests {
         for i in 0..30 {
             messages.push(Message::text(
                 MessageRole::Assistant,
-                &format!("Step {i}: Next I look at what the tool shows."),
+                format!("Step {i}: Next I look at what the tool shows."),
             ));
         }
         for i in 0..8 {
             messages.push(Message::text(
                 MessageRole::Assistant,
-                &format!("Which port does daemon_{i} use?"),
+                format!("Which port does daemon_{i} use?"),
             ));
         }
         messages.push(tool(
