@@ -663,23 +663,39 @@ fn odd_columns(
     counts: &std::collections::HashMap<u64, u32, ShapeHasher>,
     scores: &mut [u32],
 ) {
-    for (&shape, &count) in counts {
-        let count = count as usize;
-        if count < 3 {
-            continue;
+    // The lines of each shape that has at least three, in one pass.
+    let mut groups: std::collections::HashMap<u64, Vec<usize>, ShapeHasher> =
+        std::collections::HashMap::with_hasher(ShapeHasher);
+    for (i, (_, _, shape)) in lines.iter().enumerate() {
+        if counts.get(shape).is_some_and(|&n| n >= 3) {
+            groups.entry(*shape).or_default().push(i);
         }
-        let members: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].2 == shape).collect();
-        let rows: Vec<Vec<&[u8]>> = members
-            .iter()
-            .map(|&i| words(lines[i].1).collect())
-            .collect();
-        let columns = rows.iter().map(Vec::len).min().unwrap_or(0);
-        let few = (count / 4).max(2);
+    }
+    let mut values: Vec<(&[u8], u32)> = Vec::new();
+    // The words of a group's lines, one flat list (a list per line was most of the cost):
+    // line `r`'s words start at `starts[r]`.
+    let mut flat: Vec<&[u8]> = Vec::new();
+    let mut starts: Vec<usize> = Vec::new();
+    for members in groups.values() {
+        flat.clear();
+        starts.clear();
+        for &i in members {
+            starts.push(flat.len());
+            flat.extend(words(lines[i].1));
+        }
+        starts.push(flat.len());
+        let columns = starts.windows(2).map(|w| w[1] - w[0]).min().unwrap_or(0);
+        let few = (members.len() / 4).max(2);
         for column in 0..columns {
-            let mut values: std::collections::HashMap<&[u8], u32> =
-                std::collections::HashMap::new();
-            for row in &rows {
-                *values.entry(row[column]).or_default() += 1;
+            let cell = |r: usize| flat[starts[r] + column];
+            // Few values by definition: a list beats a table.
+            values.clear();
+            for r in 0..members.len() {
+                if let Some(entry) = values.iter_mut().find(|(value, _)| *value == cell(r)) {
+                    entry.1 += 1;
+                    continue;
+                }
+                values.push((cell(r), 1));
                 if values.len() > few {
                     break;
                 }
@@ -687,8 +703,8 @@ fn odd_columns(
             if values.len() > few || values.len() < 2 {
                 continue;
             }
-            for (row, &i) in rows.iter().zip(&members) {
-                if values.get(row[column]) == Some(&1) {
+            for (r, &i) in members.iter().enumerate() {
+                if values.iter().any(|&(value, n)| n == 1 && value == cell(r)) {
                     scores[i] += 1;
                 }
             }
@@ -700,32 +716,26 @@ fn odd_columns(
 /// eight holds such a word (see [`odd_lines`]). Words here are runs of letters split at
 /// digits, `_` and a lower-to-upper case change, compared without case.
 fn odd_words(lines: &[(usize, &str, u64)], scores: &mut [u32]) {
-    // Word hash → (lines holding it, the last line that did).
+    // Word hash → (lines holding it, the last line that did); and each line's words, once.
     let mut seen: std::collections::HashMap<u64, (u32, usize), ShapeHasher> =
-        std::collections::HashMap::with_hasher(ShapeHasher);
-    let mut each: Vec<Vec<u64>> = Vec::with_capacity(lines.len());
+        std::collections::HashMap::with_capacity_and_hasher(lines.len() * 2, ShapeHasher);
+    let mut each: Vec<(usize, u64)> = Vec::with_capacity(lines.len() * 4);
     for (i, (_, line, _)) in lines.iter().enumerate() {
-        let mut mine = Vec::new();
         letter_words(line, |hash| {
             let entry = seen.entry(hash).or_insert((0, usize::MAX));
             if entry.1 != i {
                 entry.0 += 1;
                 entry.1 = i;
-                mine.push(hash);
+                each.push((i, hash));
             }
         });
-        each.push(mine);
     }
-    let unique: Vec<u32> = each
-        .iter()
-        .map(|mine| {
-            let n = mine
-                .iter()
-                .filter(|hash| seen.get(hash).is_some_and(|e| e.0 == 1))
-                .count();
-            u32::try_from(n).unwrap_or(u32::MAX)
-        })
-        .collect();
+    let mut unique = vec![0_u32; lines.len()];
+    for (i, hash) in each {
+        if seen.get(&hash).is_some_and(|e| e.0 == 1) {
+            unique[i] += 1;
+        }
+    }
     let odd = unique.iter().filter(|&&n| n > 0).count();
     if odd * 8 > lines.len() {
         return;
@@ -1076,12 +1086,14 @@ const MAX_ITEM_CHARS: usize = 240;
 struct Item {
     section: Section,
     rank: u8,
-    order: usize,
+    /// (the message it comes from, counted from 1; 0 for an earlier summary's items, the
+    /// order it was added in).
+    order: (usize, usize),
     text: String,
 }
 
 #[derive(Debug, Default)]
-struct Items(Vec<Item>);
+struct Items(Vec<Item>, usize);
 
 impl Items {
     fn add(&mut self, section: Section, rank: u8, text: &str) {
@@ -1089,7 +1101,7 @@ impl Items {
         if text.is_empty() {
             return;
         }
-        let order = self.0.len();
+        let order = (self.1, self.0.len());
         self.0.push(Item {
             section,
             rank,
@@ -1115,11 +1127,12 @@ impl Items {
     }
 
     /// The lines of a tool output worth keeping: errors with the few lines after them
-    /// (where compilers and test runners put the location and the values), rules, and the
-    /// lines that stand out of a repeated template ([`odd_lines`]). Everything else in an
-    /// output is bulk that `recall` returns on demand. A masked placeholder contributes the
-    /// lines of its digest, which were picked the same way; an offload preview, the lines
-    /// its digest kept of the middle and what stands out of its head and tail.
+    /// (where compilers and test runners put the location and the values), and rules; the
+    /// lines that stand out of a repeated template ([`odd_lines`]) are added after, while
+    /// they fit (see [`extractive_summary`]). Everything else in an output is bulk that
+    /// `recall` returns on demand. A masked placeholder contributes the lines of its
+    /// digest, which were picked the same way; an offload preview, the lines its digest
+    /// kept of the middle.
     fn tool_output(&mut self, result: &ToolResult) {
         let content = result.content.as_str();
         if content.starts_with(MASKED) {
@@ -1131,11 +1144,7 @@ impl Items {
             return;
         }
         let prefix = if result.is_error { "failed: " } else { "" };
-        let mut lines = notable_lines(content, RANK_TOOL_ERROR, RANK_RULE);
-        for (start, line, _) in odd_lines(content) {
-            lines.entry(start).or_insert((RANK_ODD, line));
-        }
-        for (rank, line) in lines.into_values() {
+        for (rank, line) in notable_lines(content, RANK_TOOL_ERROR, RANK_RULE).into_values() {
             if line.starts_with(ARCHIVED) || line.starts_with("[...") {
                 continue;
             }
@@ -1467,7 +1476,8 @@ pub fn extractive_summary(
         items.earlier(earlier);
     }
     let mut next = None;
-    for message in messages {
+    for (i, message) in messages.iter().enumerate() {
+        items.1 = i + 1;
         for part in &message.parts {
             match part {
                 // Nerve's own notes (archived lines brought back, or their stubs) point at
@@ -1497,6 +1507,45 @@ pub fn extractive_summary(
     let note_reserve = 80;
     let mut used =
         goal.len() + headers.len() + note_reserve + next.as_ref().map_or(0, |n| n.len() + 3);
+    // The odd lines of the outputs not masked yet, newest first, only while they can still
+    // fit beside what ranks above them: looking for them in every output of a long history
+    // would cost more than the rest of the summary.
+    let mut above: HashSet<(Section, &str)> = HashSet::new();
+    let mut room = max_chars.saturating_sub(used);
+    for item in items.0.iter().filter(|item| item.rank < RANK_ODD) {
+        if above.insert((item.section, item.text.as_str())) {
+            room = room.saturating_sub(item.text.len() + 3);
+        }
+    }
+    let mut odd: Vec<Item> = Vec::new();
+    'outputs: for (i, message) in messages.iter().enumerate().rev() {
+        for part in &message.parts {
+            let MessagePart::ToolResult(result) = part else {
+                continue;
+            };
+            if result.content.starts_with(MASKED) {
+                continue;
+            }
+            for (_, line, _) in odd_lines(&result.content) {
+                if line.starts_with(ARCHIVED) || line.starts_with("[...") {
+                    continue;
+                }
+                if room < line.len().min(MAX_ITEM_CHARS) + 3 {
+                    break 'outputs;
+                }
+                room -= line.len().min(MAX_ITEM_CHARS) + 3;
+                odd.push(Item {
+                    section: Section::Findings,
+                    rank: RANK_ODD,
+                    order: (i + 1, usize::MAX - odd.len()),
+                    text: line.chars().take(MAX_ITEM_CHARS).collect(),
+                });
+            }
+        }
+    }
+    drop(above);
+    items.0.extend(odd);
+    items.0.sort_by_key(|item| item.order);
     // Newest first, each line once per section, at most MAX_STEPS steps.
     let mut seen = HashSet::new();
     let mut steps = 0;
