@@ -671,31 +671,28 @@ fn odd_columns(
             groups.entry(*shape).or_default().push(i);
         }
     }
-    let mut values: Vec<(&[u8], u32)> = Vec::new();
-    // The words of a group's lines, one flat list (a list per line was most of the cost):
-    // line `r`'s words start at `starts[r]`.
-    let mut flat: Vec<&[u8]> = Vec::new();
+    // Value → lines holding it in the column at hand; reused from column to column.
+    let mut values: std::collections::HashMap<u64, u32, ShapeHasher> =
+        std::collections::HashMap::with_hasher(ShapeHasher);
+    // The words of a group's lines (as hashes), one flat list (a list per line was most of
+    // the cost): line `r`'s words start at `starts[r]`.
+    let mut flat: Vec<u64> = Vec::new();
     let mut starts: Vec<usize> = Vec::new();
     for members in groups.values() {
         flat.clear();
         starts.clear();
         for &i in members {
             starts.push(flat.len());
-            flat.extend(words(lines[i].1));
+            flat.extend(words(lines[i].1).map(word_hash));
         }
         starts.push(flat.len());
         let columns = starts.windows(2).map(|w| w[1] - w[0]).min().unwrap_or(0);
         let few = (members.len() / 4).max(2);
         for column in 0..columns {
             let cell = |r: usize| flat[starts[r] + column];
-            // Few values by definition: a list beats a table.
             values.clear();
             for r in 0..members.len() {
-                if let Some(entry) = values.iter_mut().find(|(value, _)| *value == cell(r)) {
-                    entry.1 += 1;
-                    continue;
-                }
-                values.push((cell(r), 1));
+                *values.entry(cell(r)).or_default() += 1;
                 if values.len() > few {
                     break;
                 }
@@ -704,12 +701,19 @@ fn odd_columns(
                 continue;
             }
             for (r, &i) in members.iter().enumerate() {
-                if values.iter().any(|&(value, n)| n == 1 && value == cell(r)) {
+                if values.get(&cell(r)) == Some(&1) {
                     scores[i] += 1;
                 }
             }
         }
     }
+}
+
+/// FNV-1a of a word, for the tables of [`odd_columns`].
+fn word_hash(word: &[u8]) -> u64 {
+    word.iter().fold(0xcbf2_9ce4_8422_2325_u64, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// A point per word a line holds that no other line does, where at most one line in
