@@ -11,6 +11,11 @@
 //! were chosen against, carries over. The first table's trajectories are unchanged.
 //!
 //! `cargo xtask bench compaction`, or `cargo bench -p nerve-brain --bench compaction_retention`.
+//! Knobs for quicker runs and diagnosis: `NERVE_BENCH_RETENTION=first,second,realistic` (the
+//! parts), `NERVE_BENCH_WINDOWS=16000,32000`, `NERVE_BENCH_STRATEGIES=mask,layered,extractive`
+//! (the reference runs always run), `NERVE_BENCH_MISSES=1` (for each fact not in context before
+//! the turn that asks, which part of each request held it: `output@56 → digest@60 → none@70`)
+//! and `NERVE_BENCH_DUMP=1` (the first seed's final context, message by message).
 //!
 //! Strategies:
 //! - `none`: compaction disabled; its final conversation is the uncompacted reference.
