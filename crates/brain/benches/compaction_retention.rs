@@ -11,6 +11,11 @@
 //! were chosen against, carries over. The first table's trajectories are unchanged.
 //!
 //! `cargo xtask bench compaction`, or `cargo bench -p nerve-brain --bench compaction_retention`.
+//! Knobs for quicker runs and diagnosis: `NERVE_BENCH_RETENTION=first,second,realistic` (the
+//! parts), `NERVE_BENCH_WINDOWS=16000,32000`, `NERVE_BENCH_STRATEGIES=mask,layered,extractive`
+//! (the reference runs always run), `NERVE_BENCH_MISSES=1` (for each fact not in context before
+//! the turn that asks, which part of each request held it: `output@56 → digest@60 → none@70`)
+//! and `NERVE_BENCH_DUMP=1` (the first seed's final context, message by message).
 //!
 //! Strategies:
 //! - `none`: compaction disabled; its final conversation is the uncompacted reference.
@@ -186,6 +191,56 @@ struct Record {
     /// Relevance notes (`[Nerve] Archived lines …`) the engine appended, and their characters.
     notes: usize,
     note_chars: usize,
+    /// With `NERVE_BENCH_MISSES`: per fact, where each request held it, as (turn, holder)
+    /// at every change (see [`holder`]), to tell which step lost a fact.
+    trails: HashMap<usize, Vec<(usize, &'static str)>>,
+}
+
+/// Which part of a request holds all of `fact`'s needles: the original output, a masked
+/// placeholder's digest, an offload preview, a summary, a relevance note, the assistant's
+/// text; `none` when no part does (`split` when the request does, but no one part).
+fn holder(messages: &[Message], fact: &Fact) -> &'static str {
+    for message in messages.iter().rev() {
+        for part in &message.parts {
+            let (text, label) = match part {
+                nerve_core::MessagePart::ToolResult(result) => (
+                    result.content.as_str(),
+                    if result.content.starts_with("[masked: ") {
+                        "digest"
+                    } else if result.content.starts_with("[archived output: ") {
+                        "preview"
+                    } else {
+                        "output"
+                    },
+                ),
+                nerve_core::MessagePart::CompactionSummary { text, .. } => {
+                    (text.as_str(), "summary")
+                }
+                nerve_core::MessagePart::Text { text } if text.starts_with("[Nerve] Archived") => {
+                    (text.as_str(), "note")
+                }
+                nerve_core::MessagePart::Text { text } => (
+                    text.as_str(),
+                    if message.role == MessageRole::Assistant {
+                        "assistant"
+                    } else {
+                        "text"
+                    },
+                ),
+                nerve_core::MessagePart::ToolCall(_) | nerve_core::MessagePart::Thinking { .. } => {
+                    continue;
+                }
+            };
+            if fact.is_in(text) {
+                return label;
+            }
+        }
+    }
+    if fact.is_in(&haystack(messages)) {
+        "split"
+    } else {
+        "none"
+    }
 }
 
 /// Records every agent request, then sends it (and every summary request) through the
@@ -233,6 +288,17 @@ impl Provider for BenchProvider {
                 record.note_chars += last.len();
             }
             record.lengths.push(request.messages.len());
+            if misses_wanted() {
+                for (index, fact) in self.trajectory.facts.iter().enumerate() {
+                    if fact.planted < turn && turn <= fact.needed {
+                        let label = holder(request.messages, fact);
+                        let trail = record.trails.entry(index).or_default();
+                        if trail.last().is_none_or(|(_, last)| *last != label) {
+                            trail.push((turn, label));
+                        }
+                    }
+                }
+            }
             let needed: Vec<(usize, &Fact)> = self.trajectory.needed_at(turn).collect();
             let asked: Vec<(usize, &Fact)> = self.trajectory.needed_at(turn - 1).collect();
             if !needed.is_empty() || !asked.is_empty() {
@@ -492,6 +558,26 @@ fn engine_run(
     }
 }
 
+/// Whether to print, per run, how each fact missed before the turn that asks was lost
+/// (`NERVE_BENCH_MISSES=1`).
+fn misses_wanted() -> bool {
+    std::env::var_os("NERVE_BENCH_MISSES").is_some()
+}
+
+/// The strategies to run (`NERVE_BENCH_STRATEGIES=mask,layered,extractive`, all by
+/// default): a quicker run while working on one of them.
+fn strategy_wanted(strategy: Strategy) -> bool {
+    let key = match strategy {
+        Strategy::None | Strategy::Truncate => return true,
+        Strategy::Mask => "mask",
+        Strategy::Layered => "layered",
+        Strategy::Extractive => "extractive",
+    };
+    std::env::var("NERVE_BENCH_STRATEGIES")
+        .ok()
+        .is_none_or(|keep| keep.split(',').any(|s| s.trim() == key))
+}
+
 /// Whether `recall` gets `fact` back: a search with the words the agent knows returns a
 /// block (among the 8 hits the tool shows) whose full text holds the fact.
 fn recallable(runtime: &tokio::runtime::Runtime, run: &Run, fact: &Fact) -> bool {
@@ -694,7 +780,48 @@ fn measure(
                 );
             }
             for strategy in [Strategy::Mask, Strategy::Layered, Strategy::Extractive] {
+                if !strategy_wanted(strategy) {
+                    continue;
+                }
                 let run = engine_run(runtime, &trajectory, &cassette, strategy, Some(window));
+                if std::env::var_os("NERVE_BENCH_DUMP").is_some() && seed == SEEDS[0] {
+                    for message in &run.messages {
+                        println!(
+                            "dump {window} {}: {:?} {}",
+                            strategy.name(),
+                            message.role,
+                            haystack(std::slice::from_ref(message))
+                        );
+                        for part in &message.parts {
+                            if let nerve_core::MessagePart::ToolResult(r) = part {
+                                println!(
+                                    "dump-result {}",
+                                    r.content.chars().take(1500).collect::<String>()
+                                );
+                            }
+                        }
+                    }
+                }
+                if misses_wanted() {
+                    for (index, fact) in trajectory.facts.iter().enumerate() {
+                        if at_need_missed(&run, index) {
+                            let trail =
+                                run.record.trails.get(&index).map_or_else(String::new, |t| {
+                                    t.iter()
+                                        .map(|(turn, label)| format!("{label}@{turn}"))
+                                        .collect::<Vec<_>>()
+                                        .join(" → ")
+                                });
+                            println!(
+                                "miss {window} {} seed {seed} {} (planted {}, needed {}): {trail}",
+                                strategy.name(),
+                                fact.kind.name(),
+                                fact.planted,
+                                fact.needed
+                            );
+                        }
+                    }
+                }
                 let text = haystack(&run.messages);
                 let at_need: HashMap<usize, bool> = run.record.at_need.iter().copied().collect();
                 let after_ask: HashMap<usize, bool> =
@@ -737,6 +864,15 @@ fn measure(
         }
     }
     Measured { cells, sizes }
+}
+
+/// Whether `run` did not have fact `index` in context in the request before the turn that
+/// asks for it.
+fn at_need_missed(run: &Run, index: usize) -> bool {
+    run.record
+        .at_need
+        .iter()
+        .any(|&(i, present)| i == index && !present)
 }
 
 /// The main table: one row per window and strategy.

@@ -466,8 +466,8 @@ pub fn digest(content: &str, max_chars: usize) -> String {
     if max_chars == 0 || content.is_empty() {
         return String::new();
     }
-    // (rank, position, line).
-    let mut candidates: Vec<(u8, usize, &str)> = Vec::new();
+    // (rank, order within the rank, position, line).
+    let mut candidates: Vec<(u8, u32, usize, &str)> = Vec::new();
     let mut seen: HashSet<&str> = HashSet::new();
     let mut cost = 0;
     for (start, (rank, line)) in notable_lines(content, DIGEST_ERROR, DIGEST_RULE) {
@@ -480,19 +480,19 @@ pub fn digest(content: &str, max_chars: usize) -> String {
             rank
         };
         cost += digest_cost(line);
-        candidates.push((rank, start, line));
+        candidates.push((rank, 0, start, line));
     }
     if let Some(status) = failed_status(content)
         && seen.insert(status)
     {
         cost += digest_cost(status);
-        candidates.push((DIGEST_ERROR, content.len(), status));
+        candidates.push((DIGEST_ERROR, 0, content.len(), status));
     }
     if cost < max_chars {
-        for (start, line) in rare_lines(content) {
+        for (start, line, score) in odd_lines(content) {
             if seen.insert(line) {
                 cost += digest_cost(line);
-                candidates.push((DIGEST_RARE, start, line));
+                candidates.push((DIGEST_RARE, u32::MAX - score, start, line));
             }
         }
     }
@@ -507,15 +507,15 @@ pub fn digest(content: &str, max_chars: usize) -> String {
                 && seen.insert(text)
             {
                 cost += digest_cost(text);
-                candidates.push((DIGEST_FOUND, start, text));
+                candidates.push((DIGEST_FOUND, 0, start, text));
             }
             start = end + 1;
         }
     }
-    candidates.sort_by_key(|&(rank, start, _)| (rank, start));
+    candidates.sort_by_key(|&(rank, order, start, _)| (rank, order, start));
     let mut used = 0;
     let mut chosen: Vec<(usize, &str)> = Vec::new();
-    for (_, start, line) in candidates {
+    for (_, _, start, line) in candidates {
         let line = clip(line, DIGEST_LINE_CHARS);
         if used + line.len() <= max_chars {
             used += line.len() + 1;
@@ -537,19 +537,20 @@ const SHAPE_LINES: usize = 400;
 /// digest with noise.
 const RARE_LINES: usize = 6;
 
-/// The lines of an output that say most: in an output made of one repeated template (a
-/// log, a listing, a table, `pip freeze`, `env`), the lines whose shape occurs once. A
-/// line's shape is its sequence of word runs and punctuation, whatever the words and
-/// numbers: `{"level":"info",…,"ms":12}` lines share one, the `warn` line with other keys
-/// does not. Only when one shape makes up at least half of at least eight lines, and at
-/// most [`RARE_LINES`], in the output's order: an output without a dominant template
-/// (source code, prose) has no rare lines. No list of formats: what is kept is what
-/// differs from the rest.
-fn rare_lines(content: &str) -> Vec<(usize, &str)> {
+/// The first lines of an output (at most [`SHAPE_LINES`], trimmed, not empty) with their
+/// start and shape, and how many lines have each shape: `None` unless one shape makes up
+/// at least half of at least eight lines (a log, a listing, a table, `pip freeze`, `env`).
+/// Source code and prose have no dominant shape, and the scan stops as soon as none can
+/// dominate any more.
+struct Template<'a> {
+    lines: Vec<(usize, &'a str, u64)>,
+    counts: std::collections::HashMap<u64, u32, ShapeHasher>,
+}
+
+fn template(content: &str) -> Option<Template<'_>> {
     let bytes = content.as_bytes();
-    // Lines the scan may still see, at most: the two exits below are exact because each
-    // line left can add at most one to a shape's count and take at most one line out of
-    // the once-only ones.
+    // Lines the scan may still see, at most: the exit below is exact because each line
+    // left can add at most one to a shape's count.
     let raw_lines = memchr::memchr_iter(b'\n', bytes).count() + 1;
     let mut raw_seen = 0;
     // Sized once: growing the table and the list line by line was a third of this scan.
@@ -557,7 +558,7 @@ fn rare_lines(content: &str) -> Vec<(usize, &str)> {
     let mut lines: Vec<(usize, &str, u64)> = Vec::with_capacity(capacity);
     let mut counts: std::collections::HashMap<u64, u32, ShapeHasher> =
         std::collections::HashMap::with_capacity_and_hasher(capacity, ShapeHasher);
-    let (mut dominant, mut once) = (0_usize, 0_usize);
+    let mut dominant = 0_usize;
     let mut start = 0;
     while start < content.len() && lines.len() < SHAPE_LINES {
         let end = memchr::memchr(b'\n', &bytes[start..]).map_or(content.len(), |i| start + i);
@@ -567,24 +568,29 @@ fn rare_lines(content: &str) -> Vec<(usize, &str)> {
             let shape = line_shape(line);
             let count = counts.entry(shape).or_default();
             *count += 1;
-            match *count {
-                1 => once += 1,
-                2 => once -= 1,
-                _ => {}
-            }
             dominant = dominant.max(*count as usize);
             lines.push((start, line, shape));
             let left = (SHAPE_LINES - lines.len()).min(raw_lines - raw_seen);
-            // No shape can make up half of the lines any more, or too many lines stay odd.
-            if 2 * dominant + left < lines.len() || once > RARE_LINES + left {
-                return Vec::new();
+            // No shape can make up half of the lines any more.
+            if 2 * dominant + left < lines.len() {
+                return None;
             }
         }
         start = end + 1;
     }
-    if lines.len() < 8 || dominant * 2 < lines.len() {
+    (lines.len() >= 8 && dominant * 2 >= lines.len()).then_some(Template { lines, counts })
+}
+
+/// The first criterion of [`odd_lines`] alone: in an output made of one repeated template
+/// (see [`template`]), the lines whose shape occurs once, at most [`RARE_LINES`] of them, in
+/// the output's order. A line's shape is its sequence of word runs and punctuation,
+/// whatever the words and numbers: `{"level":"info",…,"ms":12}` lines share one, the `warn`
+/// line with other keys does not. The tests check [`template`]'s early exit with it.
+#[cfg(test)]
+fn rare_lines(content: &str) -> Vec<(usize, &str)> {
+    let Some(Template { lines, counts }) = template(content) else {
         return Vec::new();
-    }
+    };
     let rare: Vec<(usize, &str)> = lines
         .into_iter()
         .filter(|(_, _, shape)| counts.get(shape) == Some(&1))
@@ -594,6 +600,178 @@ fn rare_lines(content: &str) -> Vec<(usize, &str)> {
         Vec::new()
     } else {
         rare
+    }
+}
+
+/// Odd lines kept at most.
+const ODD_LINES: usize = 6;
+
+/// The lines that stand out of an output made of one repeated template (see [`template`]),
+/// with how much each stands out, most first (then in the output's order), at most
+/// [`ODD_LINES`]. A line scores for each way it differs from its neighbours, none of which
+/// names a format:
+///
+/// - its shape occurs once ([`rare_lines`]; 2 points);
+/// - among the lines of its shape (at least three), a word in a column that holds few
+///   values (at most a quarter as many as lines, or two) occurs in no other line there:
+///   the `127.0.0.1` among `0.0.0.0`, the backlog `511` among `128`, a replica count of 73
+///   in a column of 1 to 8, the `com.acme` frame among `org.springframework` ones (a point
+///   per column);
+/// - it holds words (runs of three letters or more, `ledger_budget_ms` being three) found
+///   in no other line, where at most one line in eight does: an odd key among keys drawn
+///   from a small vocabulary (a point per word).
+fn odd_lines(content: &str) -> Vec<(usize, &str, u32)> {
+    let Some(Template { lines, counts }) = template(content) else {
+        return Vec::new();
+    };
+    let mut scores = vec![0_u32; lines.len()];
+    let rare = lines
+        .iter()
+        .filter(|(_, _, shape)| counts.get(shape) == Some(&1))
+        .count();
+    if rare <= RARE_LINES {
+        for (score, (_, _, shape)) in scores.iter_mut().zip(&lines) {
+            if counts.get(shape) == Some(&1) {
+                *score += 2;
+            }
+        }
+    }
+    odd_columns(&lines, &counts, &mut scores);
+    odd_words(&lines, &mut scores);
+    let mut odd: Vec<(usize, &str, u32)> = lines
+        .iter()
+        .zip(&scores)
+        .filter(|(_, score)| **score > 0)
+        .map(|(&(start, line, _), &score)| (start, line, score))
+        .collect();
+    odd.sort_by_key(|&(start, _, score)| (std::cmp::Reverse(score), start));
+    odd.truncate(ODD_LINES);
+    odd
+}
+
+/// The word runs of `line`, as [`line_shape`] sees them.
+fn words(line: &str) -> impl Iterator<Item = &[u8]> {
+    line.as_bytes()
+        .split(|b| !IS_WORD[usize::from(*b)])
+        .filter(|word| !word.is_empty())
+}
+
+/// A point per column in which a line's word is the odd one out among the lines of its
+/// shape (see [`odd_lines`]).
+fn odd_columns(
+    lines: &[(usize, &str, u64)],
+    counts: &std::collections::HashMap<u64, u32, ShapeHasher>,
+    scores: &mut [u32],
+) {
+    // The lines of each shape that has at least three, in one pass.
+    let mut groups: std::collections::HashMap<u64, Vec<usize>, ShapeHasher> =
+        std::collections::HashMap::with_hasher(ShapeHasher);
+    for (i, (_, _, shape)) in lines.iter().enumerate() {
+        if counts.get(shape).is_some_and(|&n| n >= 3) {
+            groups.entry(*shape).or_default().push(i);
+        }
+    }
+    // Value → lines holding it in the column at hand; reused from column to column.
+    let mut values: std::collections::HashMap<u64, u32, ShapeHasher> =
+        std::collections::HashMap::with_hasher(ShapeHasher);
+    // The words of a group's lines (as hashes), one flat list (a list per line was most of
+    // the cost): line `r`'s words start at `starts[r]`.
+    let mut flat: Vec<u64> = Vec::new();
+    let mut starts: Vec<usize> = Vec::new();
+    for members in groups.values() {
+        flat.clear();
+        starts.clear();
+        for &i in members {
+            starts.push(flat.len());
+            flat.extend(words(lines[i].1).map(word_hash));
+        }
+        starts.push(flat.len());
+        let columns = starts.windows(2).map(|w| w[1] - w[0]).min().unwrap_or(0);
+        let few = (members.len() / 4).max(2);
+        for column in 0..columns {
+            let cell = |r: usize| flat[starts[r] + column];
+            values.clear();
+            for r in 0..members.len() {
+                *values.entry(cell(r)).or_default() += 1;
+                if values.len() > few {
+                    break;
+                }
+            }
+            if values.len() > few || values.len() < 2 {
+                continue;
+            }
+            for (r, &i) in members.iter().enumerate() {
+                if values.get(&cell(r)) == Some(&1) {
+                    scores[i] += 1;
+                }
+            }
+        }
+    }
+}
+
+/// FNV-1a of a word, for the tables of [`odd_columns`].
+fn word_hash(word: &[u8]) -> u64 {
+    word.iter().fold(0xcbf2_9ce4_8422_2325_u64, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// A point per word a line holds that no other line does, where at most one line in
+/// eight holds such a word (see [`odd_lines`]). Words here are runs of letters split at
+/// digits, `_` and a lower-to-upper case change, compared without case.
+fn odd_words(lines: &[(usize, &str, u64)], scores: &mut [u32]) {
+    // Word hash → (lines holding it, the last line that did); and each line's words, once.
+    let mut seen: std::collections::HashMap<u64, (u32, usize), ShapeHasher> =
+        std::collections::HashMap::with_capacity_and_hasher(lines.len() * 2, ShapeHasher);
+    let mut each: Vec<(usize, u64)> = Vec::with_capacity(lines.len() * 4);
+    for (i, (_, line, _)) in lines.iter().enumerate() {
+        letter_words(line, |hash| {
+            let entry = seen.entry(hash).or_insert((0, usize::MAX));
+            if entry.1 != i {
+                entry.0 += 1;
+                entry.1 = i;
+                each.push((i, hash));
+            }
+        });
+    }
+    let mut unique = vec![0_u32; lines.len()];
+    for (i, hash) in each {
+        if seen.get(&hash).is_some_and(|e| e.0 == 1) {
+            unique[i] += 1;
+        }
+    }
+    let odd = unique.iter().filter(|&&n| n > 0).count();
+    if odd * 8 > lines.len() {
+        return;
+    }
+    for (score, n) in scores.iter_mut().zip(unique) {
+        *score += n;
+    }
+}
+
+/// Calls `each` with the FNV hash (lowercase) of every run of at least three ASCII letters
+/// in `line`, split at anything else and where a lowercase letter meets an uppercase one.
+fn letter_words(line: &str, mut each: impl FnMut(u64)) {
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if !bytes[i].is_ascii_alphabetic() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+        while i < bytes.len()
+            && bytes[i].is_ascii_alphabetic()
+            && !(i > start && bytes[i].is_ascii_uppercase() && bytes[i - 1].is_ascii_lowercase())
+        {
+            hash = (hash ^ u64::from(bytes[i].to_ascii_lowercase()))
+                .wrapping_mul(0x0000_0100_0000_01b3);
+            i += 1;
+        }
+        if i - start >= 3 {
+            each(hash);
+        }
     }
 }
 
@@ -758,7 +936,13 @@ pub fn preview(content: &str, chars: usize, block: BlockId, digest_chars: usize)
         &content[head_end..tail_start],
         &content[tail_start..],
     );
-    let kept = digest(middle, digest_chars);
+    // The middle's whole lines: a line cut by the head or the tail shows there, and as a
+    // fragment it would stand out of the rest for nothing.
+    let whole = middle.find('\n').map_or("", |first| {
+        let rest = &middle[first + 1..];
+        rest.rfind('\n').map_or("", |last| &rest[..last])
+    });
+    let kept = digest(whole, digest_chars);
     let gap = if kept.is_empty() {
         "[...]".to_owned()
     } else {
@@ -874,17 +1058,27 @@ enum Section {
 }
 
 // What the extractive summary keeps first when space is short (lower first), newest before
-// oldest within a rank: a decision or a constraint is the costliest to rediscover; open
-// questions are few; the agent's notes about errors and the error lines of tool outputs
-// (with their locations) come next; then the agent's other notes with paths and numbers,
-// rules read in tool output, and the steps taken (which recall lists anyway).
+// oldest within a rank: a decision or a constraint is the costliest to rediscover; the
+// latest open questions are few; the agent's notes about errors and the error lines of tool
+// outputs (with their locations) come next; then the lines that stood out of a tool output
+// (its odd lines, see [`odd_lines`]), the agent's other notes with paths and numbers,
+// rules, settings and paths read in tool output, and the steps taken (which recall lists
+// anyway). Whatever its rank, a line of a shape repeated more than [`REPEATED_SHAPE`] times
+// among the candidates (a listing's paths, a stack's frames, "Step 12: looking at it")
+// comes after every other: one of many alike says least.
 const RANK_DECISION: u8 = 0;
 const RANK_QUESTION: u8 = 1;
 const RANK_NOTE_ERROR: u8 = 2;
 const RANK_TOOL_ERROR: u8 = 3;
-const RANK_NOTE: u8 = 4;
-const RANK_RULE: u8 = 5;
-const RANK_STEP: u8 = 6;
+const RANK_ODD: u8 = 4;
+const RANK_NOTE: u8 = 5;
+const RANK_RULE: u8 = 6;
+const RANK_STEP: u8 = 7;
+/// Candidates of one shape (see [`line_shape`]) beyond which the shape counts as repeated.
+const REPEATED_SHAPE: usize = 8;
+/// Questions kept as open at most (the newest): an older question was most likely answered
+/// by the turns after it, so it ranks as a note.
+const OPEN_QUESTIONS: usize = 5;
 
 /// Steps kept in the summary at most: the newest.
 const MAX_STEPS: usize = 20;
@@ -896,12 +1090,14 @@ const MAX_ITEM_CHARS: usize = 240;
 struct Item {
     section: Section,
     rank: u8,
-    order: usize,
+    /// (the message it comes from, counted from 1; 0 for an earlier summary's items, the
+    /// order it was added in).
+    order: (usize, usize),
     text: String,
 }
 
 #[derive(Debug, Default)]
-struct Items(Vec<Item>);
+struct Items(Vec<Item>, usize);
 
 impl Items {
     fn add(&mut self, section: Section, rank: u8, text: &str) {
@@ -909,7 +1105,7 @@ impl Items {
         if text.is_empty() {
             return;
         }
-        let order = self.0.len();
+        let order = (self.1, self.0.len());
         self.0.push(Item {
             section,
             rank,
@@ -935,27 +1131,25 @@ impl Items {
     }
 
     /// The lines of a tool output worth keeping: errors with the few lines after them
-    /// (where compilers and test runners put the location and the values), and rules.
-    /// Everything else in an output is bulk that `recall` returns on demand. A masked
-    /// placeholder contributes the lines of its digest, which were picked the same way.
+    /// (where compilers and test runners put the location and the values), and rules; the
+    /// lines that stand out of a repeated template ([`odd_lines`]) are added after, while
+    /// they fit (see [`extractive_summary`]). Everything else in an output is bulk that
+    /// `recall` returns on demand. A masked placeholder contributes the lines of its
+    /// digest, which were picked the same way; an offload preview, the lines its digest
+    /// kept of the middle.
     fn tool_output(&mut self, result: &ToolResult) {
         let content = result.content.as_str();
         if content.starts_with(MASKED) {
             // The digest: one kept line per line, after the placeholder's own line.
             let digest = content.split_once('\n').map_or("", |(_, digest)| digest);
             for line in digest.lines().map(str::trim) {
-                let rank = if TOOL_ERROR.is_match(line) {
-                    RANK_TOOL_ERROR
-                } else {
-                    RANK_RULE
-                };
-                self.add(Section::Findings, rank, line);
+                self.add(Section::Findings, digest_line_rank(line), line);
             }
             return;
         }
         let prefix = if result.is_error { "failed: " } else { "" };
         for (rank, line) in notable_lines(content, RANK_TOOL_ERROR, RANK_RULE).into_values() {
-            if line.starts_with(ARCHIVED) {
+            if line.starts_with(ARCHIVED) || line.starts_with("[...") {
                 continue;
             }
             if rank == RANK_TOOL_ERROR && TOOL_ERROR.is_match(line) {
@@ -1010,6 +1204,21 @@ impl Items {
     }
 }
 
+/// The rank in the extractive summary of a line of a masked output's digest, which does
+/// not say why the digest kept it: an error; a bare path or a setting (what the output
+/// found) or a rule; otherwise a line that stood out of the output or an error's location.
+fn digest_line_rank(line: &str) -> u8 {
+    if TOOL_ERROR.is_match(line) {
+        RANK_TOOL_ERROR
+    } else if found(line).is_some_and(|(_, text)| text.len() == line.trim().len())
+        || TOOL_LINE.is_match(line)
+    {
+        RANK_RULE
+    } else {
+        RANK_ODD
+    }
+}
+
 /// The notable lines of a tool output, by line start, in the order of the output: error
 /// lines, each with those of the next three lines that carry a location or a value (ranked
 /// `error`), and rules (ranked `rule`). Most lines match nothing, so one pattern runs once
@@ -1058,17 +1267,24 @@ fn notable_lines(content: &str, error: u8, rule: u8) -> BTreeMap<usize, (u8, &st
         let error_start = start;
         let mut at = end + 1;
         let mut context = 0;
+        // Of a run of locations of one shape (a stack's frames), the first: where it was
+        // thrown; a frame that stands out is the odd lines' business.
+        let mut location_shape = None;
         while context < 3 && at < content.len() {
             let (start, end) = line_bounds(content, at);
             let line = content[start..end].trim();
             if !line.is_empty() {
                 context += 1;
+                let location = LOCATION.is_match(line);
+                let shape = location.then(|| line_shape(line));
                 if !line.starts_with(ARCHIVED)
                     && !is_snippet(line)
+                    && (shape.is_none() || shape != location_shape)
                     && (introduces || PATH.is_match(line) || NUMBER.is_match(line))
                 {
-                    located |= LOCATION.is_match(line);
+                    located |= location;
                     picked.insert(start, (error, line));
+                    location_shape = location_shape.or(shape);
                 }
                 introduces = false;
             }
@@ -1264,9 +1480,13 @@ pub fn extractive_summary(
         items.earlier(earlier);
     }
     let mut next = None;
-    for message in messages {
+    for (i, message) in messages.iter().enumerate() {
+        items.1 = i + 1;
         for part in &message.parts {
             match part {
+                // Nerve's own notes (archived lines brought back, or their stubs) point at
+                // the archive, which keeps the lines.
+                MessagePart::Text { text } if text.starts_with(crate::relevance::NERVE_NOTE) => {}
                 MessagePart::Text { text } => {
                     for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
                         items.text_line(line);
@@ -1291,10 +1511,49 @@ pub fn extractive_summary(
     let note_reserve = 80;
     let mut used =
         goal.len() + headers.len() + note_reserve + next.as_ref().map_or(0, |n| n.len() + 3);
+    // The odd lines of the outputs not masked yet, newest first, only while they can still
+    // fit beside what ranks above them: looking for them in every output of a long history
+    // would cost more than the rest of the summary.
+    let mut above: HashSet<(Section, &str)> = HashSet::new();
+    let mut room = max_chars.saturating_sub(used);
+    for item in items.0.iter().filter(|item| item.rank < RANK_ODD) {
+        if above.insert((item.section, item.text.as_str())) {
+            room = room.saturating_sub(item.text.len() + 3);
+        }
+    }
+    let mut odd: Vec<Item> = Vec::new();
+    'outputs: for (i, message) in messages.iter().enumerate().rev() {
+        for part in &message.parts {
+            let MessagePart::ToolResult(result) = part else {
+                continue;
+            };
+            if result.content.starts_with(MASKED) {
+                continue;
+            }
+            for (_, line, _) in odd_lines(&result.content) {
+                if line.starts_with(ARCHIVED) || line.starts_with("[...") {
+                    continue;
+                }
+                if room < line.len().min(MAX_ITEM_CHARS) + 3 {
+                    break 'outputs;
+                }
+                room -= line.len().min(MAX_ITEM_CHARS) + 3;
+                odd.push(Item {
+                    section: Section::Findings,
+                    rank: RANK_ODD,
+                    order: (i + 1, usize::MAX - odd.len()),
+                    text: line.chars().take(MAX_ITEM_CHARS).collect(),
+                });
+            }
+        }
+    }
+    drop(above);
+    items.0.extend(odd);
+    items.0.sort_by_key(|item| item.order);
     // Newest first, each line once per section, at most MAX_STEPS steps.
     let mut seen = HashSet::new();
     let mut steps = 0;
-    let mut candidates: Vec<&Item> = items
+    let candidates: Vec<&Item> = items
         .0
         .iter()
         .rev()
@@ -1307,7 +1566,30 @@ pub fn extractive_summary(
             steps <= MAX_STEPS
         })
         .collect();
-    candidates.sort_by_key(|item| item.rank); // Stable: newest first within a rank.
+    // How many candidates share each shape, and which questions are the newest.
+    let mut shapes: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for item in &candidates {
+        *shapes.entry(line_shape(&item.text)).or_default() += 1;
+    }
+    let mut questions = 0;
+    let keys: Vec<(bool, u8)> = candidates
+        .iter()
+        .map(|item| {
+            let repeated =
+                shapes.get(&line_shape(&item.text)).copied().unwrap_or(0) > REPEATED_SHAPE;
+            let mut rank = item.rank;
+            if rank == RANK_QUESTION {
+                questions += 1;
+                if questions > OPEN_QUESTIONS {
+                    rank = RANK_NOTE;
+                }
+            }
+            (repeated, rank)
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by_key(|&i| keys[i]); // Stable: newest first within a rank.
+    let candidates: Vec<&Item> = order.iter().map(|&i| candidates[i]).collect();
     let mut chosen = Vec::with_capacity(candidates.len());
     let mut left_out = 0;
     for item in candidates {
@@ -1458,6 +1740,34 @@ mod tests {
         ) {
             let content = lines.join("\n");
             proptest::prop_assert_eq!(rare_lines(&content), rare_lines_whole_scan(&content));
+        }
+
+        /// Odd lines are lines of the output, at most [`ODD_LINES`], most odd first, and
+        /// only in an output with a template: the same one whatever the early exit.
+        #[test]
+        fn odd_lines_are_few_ranked_lines_of_a_templated_output(
+            lines in proptest::collection::vec(
+                proptest::prop_oneof![
+                    4 => "LISTEN 0 128 0\\.0\\.0\\.0:[0-9]{4} users:\\(\\([a-c]{1,2}\\)\\)",
+                    2 => "[a-z]{1,6}==[0-9]\\.[0-9]{1,2}\\.[0-9]",
+                    1 => "[a-z =:,.-]{0,12}",
+                ],
+                0..60,
+            )
+        ) {
+            let content = lines.join("\n");
+            let odd = odd_lines(&content);
+            proptest::prop_assert!(odd.len() <= ODD_LINES);
+            if template(&content).is_none() {
+                proptest::prop_assert!(odd.is_empty());
+            }
+            for pair in odd.windows(2) {
+                proptest::prop_assert!((pair[0].2, std::cmp::Reverse(pair[0].0)) >= (pair[1].2, std::cmp::Reverse(pair[1].0)));
+            }
+            for (start, line, score) in odd {
+                proptest::prop_assert!(score > 0);
+                proptest::prop_assert_eq!(content[start..].lines().next().map(str::trim), Some(line));
+            }
         }
 
         #[test]
@@ -1877,6 +2187,161 @@ mod tests {
             .map(|(rank, line)| (if rank == 0 { "error" } else { "rule" }, line))
             .collect();
         assert_eq!(got, expected, "{content}");
+    }
+
+    /// The odd lines of `content` are exactly `expected`, most odd first.
+    fn check_odd(content: &str, expected: &[&str]) {
+        let got: Vec<&str> = odd_lines(content).into_iter().map(|(_, l, _)| l).collect();
+        assert_eq!(got, expected, "{content}");
+    }
+
+    #[test]
+    fn odd_lines_table() {
+        // The odd value of a column that holds few: a loopback address and a backlog among
+        // the same ones (the header's shape is rare too).
+        let mut ss = String::from("State Recv-Q Send-Q Local Peer\n");
+        for i in 0..30 {
+            let _ = writeln!(
+                ss,
+                "LISTEN 0 128 0.0.0.0:{} 0.0.0.0:* users:((\"w{i}\",pid={}))",
+                20_000 + i * 7,
+                900 + i
+            );
+        }
+        ss.push_str("LISTEN 0 511 127.0.0.1:6379 0.0.0.0:* users:((\"cache\",pid=77))\n");
+        // (The header's shape is rare and its words are its own: it comes first.)
+        check_odd(
+            &ss,
+            &[
+                "State Recv-Q Send-Q Local Peer",
+                "LISTEN 0 511 127.0.0.1:6379 0.0.0.0:* users:((\"cache\",pid=77))",
+            ],
+        );
+        // A key whose words no other key uses, among keys drawn from a few words.
+        let words = ["ledger", "refund", "tenant", "quota", "audit"];
+        let mut config = String::new();
+        for i in 0..40 {
+            let _ = writeln!(
+                config,
+                "\"{}_{}\": {},",
+                words[i % 5],
+                words[(i / 5) % 5],
+                i * 13
+            );
+        }
+        config.push_str("\"retry_budget_ms\": 2750,\n");
+        check_odd(&config, &["\"retry_budget_ms\": 2750,"]);
+        // A stack's frames after a log: the application's frame differs from the
+        // framework's in several columns.
+        let mut log = String::new();
+        for i in 0..20 {
+            let _ = writeln!(
+                log,
+                "10:00:{i:02} INFO [main] c.a.Worker - handled in {i} ms"
+            );
+        }
+        log.push_str("java.lang.RuntimeException: posting failed\n");
+        for (pkg, class) in [("web", "Filter"), ("tx", "Proxy"), ("aop", "Chain")] {
+            let _ = writeln!(
+                log,
+                "\tat org.springframework.{pkg}.{class}.invoke({class}.java:42)"
+            );
+        }
+        log.push_str("\tat com.acme.ledger.Posting.apply(Posting.java:118)\n");
+        log.push_str("Caused by: java.lang.IllegalStateException: period 2031 is closed\n");
+        let odd = odd_lines(&log);
+        assert_eq!(
+            odd.first().map(|(_, l, _)| *l),
+            Some("at com.acme.ledger.Posting.apply(Posting.java:118)"),
+            "{odd:?}"
+        );
+        // Source code has no template; a listing whose every line has its own name and
+        // nothing else odd has no odd line.
+        check_odd(
+            "fn main() {\n    let x = 1;\n    println!(\"{x}\");\n}\n",
+            &[],
+        );
+        let freeze: String = (0..50)
+            .map(|i| {
+                format!(
+                    "pkg{}=={}.{}.{}\n",
+                    ["alpha", "beta", "gamma", "delta", "omega"][i % 5].repeat(1 + i / 5),
+                    i % 7,
+                    i,
+                    i * 37 % 211
+                )
+            })
+            .collect();
+        check_odd(&freeze, &[]);
+    }
+
+    #[test]
+    fn an_exception_chain_keeps_the_first_frame_the_application_frame_and_the_cause() {
+        let mut log = String::new();
+        for i in 0..20 {
+            let _ = writeln!(
+                log,
+                "10:00:{i:02} INFO [main] c.a.Worker - handled in {i} ms"
+            );
+        }
+        log.push_str("java.lang.RuntimeException: posting failed\n");
+        for (pkg, class) in [
+            ("web", "Filter"),
+            ("tx", "Proxy"),
+            ("aop", "Chain"),
+            ("orm", "Session"),
+        ] {
+            let _ = writeln!(
+                log,
+                "\tat org.springframework.{pkg}.{class}.invoke({class}.java:42)"
+            );
+        }
+        log.push_str("\tat com.acme.ledger.Posting.apply(Posting.java:118)\n");
+        log.push_str(
+            "Caused by: java.lang.IllegalStateException: period 2031 is closed\n\t... 12 more\n",
+        );
+        check_digest(
+            &log,
+            300,
+            &[
+                "java.lang.RuntimeException: posting failed",
+                "at org.springframework.web.Filter.invoke(Filter.java:42)",
+                "at com.acme.ledger.Posting.apply(Posting.java:118)",
+                "Caused by: java.lang.IllegalStateException: period 2031 is closed",
+                "... 12 more",
+            ],
+        );
+    }
+
+    #[test]
+    fn the_summary_puts_repeated_lines_last_and_keeps_few_questions_open() {
+        let mut messages = Vec::new();
+        for i in 0..30 {
+            messages.push(Message::text(
+                MessageRole::Assistant,
+                format!("Step {i}: Next I look at what the tool shows."),
+            ));
+        }
+        for i in 0..8 {
+            messages.push(Message::text(
+                MessageRole::Assistant,
+                format!("Which port does daemon_{i} use?"),
+            ));
+        }
+        messages.push(tool(
+            "[masked: the output of shell (900 tokens) was archived as block b; call recall with this block_id to see it; its notable lines:]\nLISTEN 0 511 127.0.0.1:6379",
+            false,
+        ));
+        messages.push(Message::user("[Nerve] Archived lines that mention what was just said (`x`), from block b:\nsrc/a.rs:1"));
+        // The odd line and the five newest questions come first; older questions and the
+        // thirty steps alike go when room runs out, and Nerve's note never comes in.
+        check_extractive(
+            &messages,
+            None,
+            430,
+            &["LISTEN 0 511 127.0.0.1:6379", "daemon_7", "daemon_3"],
+            &["daemon_0", "Step ", "[Nerve]", "src/a.rs:1"],
+        );
     }
 
     #[test]

@@ -115,12 +115,18 @@ impl ToolExecutor for EchoTools {
             .get("freeze")
             .and_then(serde_json::Value::as_u64)
         {
+            // Each package its own name, as in a real environment, and versions that vary
+            // in every part: nothing but its name sets the fact's line apart.
+            let name = |i: u64| -> String {
+                let letter = |n: u64| char::from(b'a' + u8::try_from(n % 26).unwrap_or(0));
+                format!("py{}{}{}", letter(i / 676), letter(i / 26), letter(i))
+            };
             let text = (0..n)
                 .map(|i| {
                     if i == n / 2 {
                         "orjson==3.9.104".to_owned()
                     } else {
-                        format!("pkg{i}==1.{i}.0")
+                        format!("{}=={}.{}.{}", name(i), i % 7, i, i * 37 % 211)
                     }
                 })
                 .collect::<Vec<_>>()
