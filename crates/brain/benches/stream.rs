@@ -155,9 +155,11 @@ fn serve(stream: TcpStream, paced: bool, tokens: usize, sent: &Mutex<Vec<Instant
         times.resize(tokens, now);
         stream.write_all(body.as_bytes()).unwrap();
     }
+    // Noted before the end goes out: the engine stops reading at `[DONE]`, and its round
+    // may end before this thread runs again.
+    *sent.lock().unwrap() = times;
     stream.write_all(chunk(&tail(tokens)).as_bytes()).unwrap();
     stream.write_all(b"0\r\n\r\n").unwrap();
-    *sent.lock().unwrap() = times;
 }
 
 /// The anchor: POST, then read chunks until the end, noting when each event completed.

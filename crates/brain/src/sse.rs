@@ -135,12 +135,12 @@ impl SseParser {
         };
         match field {
             b"data" => {
-                self.current.data.push_str(&String::from_utf8_lossy(value));
+                push_lossy(&mut self.current.data, value);
                 self.current.data.push('\n');
             }
             b"event" => {
                 self.current.event.clear();
-                self.current.event.push_str(&String::from_utf8_lossy(value));
+                push_lossy(&mut self.current.event, value);
             }
             // `id` and `retry` only matter for reconnecting, which a model call never does.
             _ => {}
@@ -154,6 +154,15 @@ impl SseParser {
         }
         self.current.event.clear();
         self.current.data.clear();
+    }
+}
+
+/// Appends `bytes` as text, invalid UTF-8 as U+FFFD. Valid text (nearly always) takes the
+/// validator's fast path; `String::from_utf8_lossy` walks it in chunks even then.
+fn push_lossy(out: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => out.push_str(text),
+        Err(_) => out.push_str(&String::from_utf8_lossy(bytes)),
     }
 }
 
