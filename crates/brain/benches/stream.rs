@@ -5,16 +5,25 @@
 //! program that only reads the socket.
 //!
 //! The server is a plain thread on a loopback socket (`TCP_NODELAY`) answering
-//! `POST /v1/chat/completions` with a chunked `text/event-stream` of TOKENS one-token
-//! content events, timing the moment it writes each one. Two shapes:
+//! `POST /v1/chat/completions` with a chunked `text/event-stream` of one-token content
+//! events, timing the moment it writes each one. Two shapes:
 //! - paced: one event every PACE (a fast model), each its own write: the median latency
-//!   per token, from the server writing the event to the delta reaching the observer (the
-//!   engine) or to the read that completes the event returning (the bare loop);
+//!   per token of a round, from the server writing the event to the delta reaching the
+//!   observer (the engine) or to the read that completes the event returning (the bare
+//!   loop);
 //! - unpaced: the whole stream written at once: from the server's first byte to the last
 //!   token, per token (the decoding cost when the network is never the bottleneck).
 //!
-//! `cargo xtask bench stream` (or `cargo bench -p nerve-brain --bench stream`); ROUNDS
-//! rounds of each, alternating, medians reported.
+//! Method, for a shared machine whose load changes from one second to the next: rounds
+//! come in *pairs*, one of each path back to back (which goes first alternates), and the
+//! figure is the median over pairs of the ratio within a pair, with its quartiles. A pair
+//! takes well under a second, so both of its rounds see about the same load; the median
+//! of many pairs is then robust to the pairs a burst of load hit. The engine's provider
+//! (its HTTP client) is built once, as in a run that makes many calls; the bare loop's
+//! client likewise. Every round opens a new connection (the server closes it).
+//!
+//! `cargo xtask bench stream` (or `cargo bench -p nerve-brain --bench stream [-- paced |
+//! unpaced]`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // A benchmark's report.
 
@@ -34,9 +43,36 @@ use nerve_core::{
 };
 use tokio_util::sync::CancellationToken;
 
-const TOKENS: usize = 400;
 const PACE: Duration = Duration::from_millis(2);
-const ROUNDS: usize = 11;
+
+/// One shape: how the server writes, how many tokens and pairs, what is measured.
+struct Shape {
+    paced: bool,
+    tokens: usize,
+    pairs: usize,
+    name: &'static str,
+    measure: fn(&[Instant], &[Instant]) -> f64,
+}
+
+const SHAPES: [Shape; 2] = [
+    Shape {
+        paced: true,
+        tokens: 200,
+        pairs: 41,
+        name: "paced (one event every 2 ms, 200 tokens): latency per token, server write -> reader (a round's median)",
+        measure: latency,
+    },
+    Shape {
+        paced: false,
+        tokens: 400,
+        pairs: 151,
+        name: "unpaced (400 events written at once): first byte -> last token, per token",
+        measure: per_token,
+    },
+];
+
+/// Pairs run before the measured ones (connections, caches, the allocator).
+const WARM_UP: usize = 3;
 
 /// When the server wrote each token's event.
 type Sent = Arc<Mutex<Vec<Instant>>>;
@@ -52,10 +88,14 @@ fn event(k: usize) -> String {
     format!("data: {chunk}\n\n")
 }
 
-const TAIL: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":50,\"completion_tokens\":400}}\n\ndata: [DONE]\n\n";
+fn tail(tokens: usize) -> String {
+    format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}],\"usage\":{{\"prompt_tokens\":50,\"completion_tokens\":{tokens}}}}}\n\ndata: [DONE]\n\n"
+    )
+}
 
 impl Server {
-    fn start(paced: bool) -> Self {
+    fn start(paced: bool, tokens: usize) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/v1", listener.local_addr().unwrap());
         let sent: Sent = Arc::default();
@@ -63,7 +103,7 @@ impl Server {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
-                serve(stream, paced, &times);
+                serve(stream, paced, tokens, &times);
             }
         });
         Self { url, sent }
@@ -74,7 +114,7 @@ impl Server {
     }
 }
 
-fn serve(stream: TcpStream, paced: bool, sent: &Mutex<Vec<Instant>>) {
+fn serve(stream: TcpStream, paced: bool, tokens: usize, sent: &Mutex<Vec<Instant>>) {
     stream.set_nodelay(true).unwrap();
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
@@ -101,27 +141,29 @@ fn serve(stream: TcpStream, paced: bool, sent: &Mutex<Vec<Instant>>) {
         .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n")
         .unwrap();
     let chunk = |text: &str| format!("{:x}\r\n{text}\r\n", text.len());
-    let mut times = Vec::with_capacity(TOKENS);
+    let mut times = Vec::with_capacity(tokens);
     if paced {
-        for k in 0..TOKENS {
+        for k in 0..tokens {
             let bytes = chunk(&event(k));
             std::thread::sleep(PACE);
             times.push(Instant::now());
             stream.write_all(bytes.as_bytes()).unwrap();
         }
     } else {
-        let body: String = (0..TOKENS).map(|k| chunk(&event(k))).collect();
+        let body: String = (0..tokens).map(|k| chunk(&event(k))).collect();
         let now = Instant::now();
-        times.resize(TOKENS, now);
+        times.resize(tokens, now);
         stream.write_all(body.as_bytes()).unwrap();
     }
-    stream.write_all(chunk(TAIL).as_bytes()).unwrap();
-    stream.write_all(b"0\r\n\r\n").unwrap();
+    // Noted before the end goes out: the engine stops reading at `[DONE]`, and its round
+    // may end before this thread runs again.
     *sent.lock().unwrap() = times;
+    stream.write_all(chunk(&tail(tokens)).as_bytes()).unwrap();
+    stream.write_all(b"0\r\n\r\n").unwrap();
 }
 
 /// The anchor: POST, then read chunks until the end, noting when each event completed.
-async fn bare(client: &reqwest::Client, url: &str) -> Vec<Instant> {
+async fn bare(client: &reqwest::Client, url: &str, tokens: usize) -> Vec<Instant> {
     let mut response = client
         .post(format!("{url}/chat/completions"))
         .header("content-type", "application/json")
@@ -129,7 +171,7 @@ async fn bare(client: &reqwest::Client, url: &str) -> Vec<Instant> {
         .send()
         .await
         .unwrap();
-    let mut done = Vec::with_capacity(TOKENS + 2);
+    let mut done = Vec::with_capacity(tokens + 2);
     let mut last = 0_u8;
     while let Some(bytes) = response.chunk().await.unwrap() {
         let now = Instant::now();
@@ -140,7 +182,7 @@ async fn bare(client: &reqwest::Client, url: &str) -> Vec<Instant> {
             last = byte;
         }
     }
-    done.truncate(TOKENS);
+    done.truncate(tokens);
     done
 }
 
@@ -179,12 +221,10 @@ impl ToolExecutor for NoTools {
 }
 
 /// The engine's path: one run whose single answer streams from the server.
-async fn engine(url: &str) -> Vec<Instant> {
-    let mut config = OpenAiConfig::new("bench");
-    config.base_url = url.to_owned();
+async fn engine(provider: &Arc<OpenAiProvider>) -> Vec<Instant> {
     let arrivals = Arc::new(Arrivals::default());
     let mut engine = AgentEngine::new(
-        Arc::new(OpenAiProvider::new(config).unwrap()),
+        Arc::clone(provider) as Arc<dyn nerve_brain::Provider>,
         Arc::new(NoTools),
         Arc::new(NoSink),
         EngineConfig::default(),
@@ -209,27 +249,56 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+/// The value at quantile `q` (0 to 1, nearest rank) of `values`.
+fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let at = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[at]
+}
+
+fn median(values: &[f64]) -> f64 {
+    quantile(values, 0.5)
 }
 
 /// The median latency of one round's tokens, in µs (a median: on a shared machine a few
 /// tokens wait for a core, whichever path reads them).
 fn latency(sent: &[Instant], arrived: &[Instant]) -> f64 {
-    assert_eq!(sent.len(), TOKENS);
-    assert_eq!(arrived.len(), TOKENS, "every token arrived");
+    assert_eq!(arrived.len(), sent.len(), "every token arrived");
     median(
-        sent.iter()
+        &sent
+            .iter()
             .zip(arrived)
             .map(|(s, a)| micros(a.saturating_duration_since(*s)))
-            .collect(),
+            .collect::<Vec<_>>(),
     )
 }
 
 /// From the first byte to the last token, per token, in µs.
 fn per_token(sent: &[Instant], arrived: &[Instant]) -> f64 {
-    micros(arrived[TOKENS - 1].saturating_duration_since(sent[0])) / TOKENS as f64
+    assert_eq!(arrived.len(), sent.len(), "every token arrived");
+    let last = arrived[arrived.len() - 1];
+    micros(last.saturating_duration_since(sent[0])) / sent.len() as f64
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// `median (p25–p75, min–max)` of `values`, each shown by `show`.
+fn spread(values: &[f64], show: impl Fn(f64) -> String) -> String {
+    format!(
+        "median {} (p25 {}, p75 {}; min {}, max {})",
+        show(median(values)),
+        show(quantile(values, 0.25)),
+        show(quantile(values, 0.75)),
+        show(quantile(values, 0.0)),
+        show(quantile(values, 1.0)),
+    )
 }
 
 fn main() {
@@ -241,36 +310,53 @@ fn main() {
     // The engine's client brings its own TLS set-up; a bare client needs a process default.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    println!("stream benchmark: {TOKENS} one-token events, {ROUNDS} rounds, medians");
-    for (paced, name, measure) in [
-        (
-            true,
-            "paced (one event every 2 ms): median latency per token, server write -> reader",
-            latency as fn(&[Instant], &[Instant]) -> f64,
-        ),
-        (
-            false,
-            "unpaced (whole stream at once): first byte -> last token, per token",
-            per_token,
-        ),
-    ] {
-        let server = Server::start(paced);
-        let (mut anchor, mut ours) = (Vec::new(), Vec::new());
-        // One warm-up of each, then alternating rounds.
-        for round in 0..=ROUNDS {
-            let arrived = runtime.block_on(bare(&client, &server.url));
-            let a = measure(&server.take_sent(), &arrived);
-            let arrived = runtime.block_on(engine(&server.url));
-            let e = measure(&server.take_sent(), &arrived);
-            if round > 0 {
-                anchor.push(a);
-                ours.push(e);
+    // `cargo bench` passes `--bench`; any other argument names the shapes to run.
+    let chosen: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    println!(
+        "stream benchmark: rounds in pairs (order alternating), {WARM_UP} warm-up pairs; load average {} at the start",
+        load_average()
+    );
+    for shape in &SHAPES {
+        let key = if shape.paced { "paced" } else { "unpaced" };
+        if !chosen.is_empty() && !chosen.iter().any(|c| c == key) {
+            continue;
+        }
+        let server = Server::start(shape.paced, shape.tokens);
+        let mut config = OpenAiConfig::new("bench");
+        config.base_url.clone_from(&server.url);
+        let provider = Arc::new(OpenAiProvider::new(config).unwrap());
+        let anchor = || {
+            let arrived = runtime.block_on(bare(&client, &server.url, shape.tokens));
+            (shape.measure)(&server.take_sent(), &arrived)
+        };
+        let ours = || {
+            let arrived = runtime.block_on(engine(&provider));
+            (shape.measure)(&server.take_sent(), &arrived)
+        };
+        let (mut anchors, mut engines, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for pair in 0..WARM_UP + shape.pairs {
+            let (a, e) = if pair % 2 == 0 {
+                let a = anchor();
+                (a, ours())
+            } else {
+                let e = ours();
+                (anchor(), e)
+            };
+            if pair >= WARM_UP {
+                anchors.push(a);
+                engines.push(e);
+                ratios.push(e / a);
             }
         }
-        let (anchor, ours) = (median(anchor), median(ours));
-        println!("{name}");
-        println!("  bare reqwest loop (anchor) {anchor:>9.2} µs");
-        println!("  engine -> DeltaObserver    {ours:>9.2} µs");
-        println!("  ratio                      {:>9.2}x", ours / anchor);
+        let us = |v: f64| format!("{v:.2} µs");
+        let times = |v: f64| format!("{v:.3}x");
+        println!("{} ({} pairs)", shape.name, shape.pairs);
+        println!("  bare reqwest loop (anchor)  {}", spread(&anchors, us));
+        println!("  engine -> DeltaObserver     {}", spread(&engines, us));
+        println!("  ratio within a pair         {}", spread(&ratios, times));
+        println!("  load average now {}", load_average());
     }
 }

@@ -27,9 +27,10 @@ use async_trait::async_trait;
 use nerve_core::{Message, MessagePart, MessageRole, TokenUsage, ToolDefinition};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use secrecy::{ExposeSecret, SecretString};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::http::{self, ClientError, HttpConfig};
+use crate::json_text::{Text, text};
 use crate::provider::{
     FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, kind,
 };
@@ -675,12 +676,92 @@ impl MessagesStreamDecoder {
     }
 
     fn block(&self, event: &serde_json::Value) -> Option<usize> {
-        let index = event.get("index").and_then(serde_json::Value::as_u64)?;
+        self.block_at(event.get("index").and_then(serde_json::Value::as_u64)?)
+    }
+
+    fn block_at(&self, index: u64) -> Option<usize> {
         self.blocks
             .iter()
             .find(|(wire, _)| *wire == index)
             .and_then(|(_, block)| *block)
     }
+
+    /// A block's delta: more text, thinking, signature or tool-call arguments.
+    fn block_delta<'d>(
+        &mut self,
+        block: usize,
+        kind: &str,
+        get: impl Fn(&str) -> Option<&'d str>,
+        deltas: &mut VecDeque<Delta>,
+    ) {
+        let field = |name: &str| get(name).unwrap_or_default();
+        match kind {
+            "text_delta" => self.asm.push(block, field("text"), deltas),
+            "thinking_delta" => self.asm.push(block, field("thinking"), deltas),
+            "signature_delta" => self.asm.sign(block, field("signature")),
+            "input_json_delta" => self.asm.push(block, field("partial_json"), deltas),
+            other => tracing::debug!(
+                delta_type = other,
+                "ignoring a delta type Nerve does not use"
+            ),
+        }
+    }
+
+    /// Most events of a stream are `content_block_delta`s: those are read into borrowed
+    /// strings ([`crate::json_text`]) instead of a `Value`. `false` when `data` is not one
+    /// (or not in the expected shape: the general path then reads it).
+    fn fast_block_delta(&mut self, event: &SseEvent, deltas: &mut VecDeque<Delta>) -> bool {
+        let Ok(wire) = serde_json::from_str::<WireBlockDeltaEvent<'_>>(&event.data) else {
+            return false;
+        };
+        let kind = text(wire.kind.as_ref()).unwrap_or(&event.event);
+        if kind != "content_block_delta" {
+            return false;
+        }
+        let Some(block) = wire.index.and_then(|index| self.block_at(index)) else {
+            return true;
+        };
+        let delta = wire.delta.unwrap_or_default();
+        let delta_kind = text(delta.kind.as_ref()).unwrap_or_default();
+        self.block_delta(
+            block,
+            delta_kind,
+            |name| match name {
+                "text" => text(delta.text.as_ref()),
+                "thinking" => text(delta.thinking.as_ref()),
+                "signature" => text(delta.signature.as_ref()),
+                "partial_json" => text(delta.partial_json.as_ref()),
+                _ => None,
+            },
+            deltas,
+        );
+        true
+    }
+}
+
+/// A `content_block_delta` event, its strings borrowed from the event.
+#[derive(Debug, Deserialize)]
+struct WireBlockDeltaEvent<'a> {
+    #[serde(rename = "type", default, borrow)]
+    kind: Option<Text<'a>>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    delta: Option<WireBlockDelta<'a>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct WireBlockDelta<'a> {
+    #[serde(rename = "type", default, borrow)]
+    kind: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    text: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    thinking: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    signature: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    partial_json: Option<Text<'a>>,
 }
 
 impl StreamDecoder for MessagesStreamDecoder {
@@ -689,6 +770,9 @@ impl StreamDecoder for MessagesStreamDecoder {
         event: &SseEvent,
         deltas: &mut VecDeque<Delta>,
     ) -> Result<Flow, ProviderError> {
+        if self.fast_block_delta(event, deltas) {
+            return Ok(Flow::Continue);
+        }
         let value: serde_json::Value = match serde_json::from_str(&event.data) {
             Ok(value) => value,
             Err(error) => {
@@ -722,19 +806,12 @@ impl StreamDecoder for MessagesStreamDecoder {
                     return Ok(Flow::Continue);
                 };
                 let delta = value.get("delta").unwrap_or(&serde_json::Value::Null);
-                match text_field(delta, "type") {
-                    "text_delta" => self.asm.push(block, text_field(delta, "text"), deltas),
-                    "thinking_delta" => self.asm.push(block, text_field(delta, "thinking"), deltas),
-                    "signature_delta" => self.asm.sign(block, text_field(delta, "signature")),
-                    "input_json_delta" => {
-                        self.asm
-                            .push(block, text_field(delta, "partial_json"), deltas)
-                    }
-                    other => tracing::debug!(
-                        delta_type = other,
-                        "ignoring a delta type Nerve does not use"
-                    ),
-                }
+                self.block_delta(
+                    block,
+                    text_field(delta, "type"),
+                    |name| delta.get(name).and_then(serde_json::Value::as_str),
+                    deltas,
+                );
             }
             "message_delta" => {
                 if let Some(reason) = value

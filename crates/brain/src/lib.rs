@@ -18,6 +18,7 @@ pub mod engine;
 pub mod epistemic;
 pub mod http;
 mod journal;
+mod json_text;
 pub mod models;
 pub mod openai;
 mod plan;

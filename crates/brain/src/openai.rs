@@ -25,6 +25,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 use crate::http::{self, ClientError, HttpConfig};
+use crate::json_text::{Arguments, Content, Text, text};
 use crate::provider::{
     FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, kind,
 };
@@ -384,92 +385,71 @@ impl WireUsage {
 }
 
 #[derive(Debug, Deserialize)]
-struct WireCallIn {
+struct WireCallIn<'a> {
     #[serde(default)]
     index: Option<usize>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    function: Option<WireFunctionIn>,
+    #[serde(default, borrow)]
+    id: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    function: Option<WireFunctionIn<'a>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct WireFunctionIn {
-    #[serde(default)]
-    name: Option<String>,
+struct WireFunctionIn<'a> {
+    #[serde(default, borrow)]
+    name: Option<Text<'a>>,
     /// A string by the spec; some servers send the object itself.
-    #[serde(default)]
-    arguments: Option<serde_json::Value>,
+    #[serde(default, borrow)]
+    arguments: Option<Arguments<'a>>,
 }
 
-impl WireFunctionIn {
-    fn arguments(&self) -> Option<Cow<'_, str>> {
-        match self.arguments.as_ref()? {
-            serde_json::Value::String(text) => Some(Cow::Borrowed(text)),
-            serde_json::Value::Null => None,
-            other @ (serde_json::Value::Bool(_)
-            | serde_json::Value::Number(_)
-            | serde_json::Value::Array(_)
-            | serde_json::Value::Object(_)) => Some(Cow::Owned(other.to_string())),
-        }
+impl WireFunctionIn<'_> {
+    fn arguments(&self) -> Option<&str> {
+        self.arguments.as_ref()?.0.as_deref()
     }
 }
 
-/// The content of a message or delta: a string by the spec, sometimes an array of parts.
-fn content_text(content: Option<&serde_json::Value>) -> Option<Cow<'_, str>> {
-    let content = content?;
-    if let Some(text) = content.as_str() {
-        return Some(Cow::Borrowed(text));
-    }
-    let parts = content.as_array()?;
-    Some(Cow::Owned(
-        parts
-            .iter()
-            .filter_map(|part| part.get("text").and_then(serde_json::Value::as_str))
-            .collect(),
-    ))
-}
-
-/// The content of a choice, whole (`message`) or in pieces (`delta`).
+/// The content of a choice, whole (`message`) or in pieces (`delta`). Its strings are
+/// borrowed from the response or event wherever they hold no escapes ([`json_text`]).
 #[derive(Debug, Default, Deserialize)]
-struct WireContent {
-    #[serde(default)]
-    content: Option<serde_json::Value>,
-    #[serde(default)]
-    reasoning_content: Option<String>,
-    #[serde(default)]
-    reasoning: Option<String>,
-    #[serde(default)]
-    tool_calls: Option<Vec<WireCallIn>>,
+struct WireContent<'a> {
+    #[serde(default, borrow)]
+    content: Option<Content<'a>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<WireCallIn<'a>>>,
     /// The deprecated single-call form.
-    #[serde(default)]
-    function_call: Option<WireFunctionIn>,
+    #[serde(default, borrow)]
+    function_call: Option<WireFunctionIn<'a>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct WireChoice {
+struct WireChoice<'a> {
     #[serde(default)]
     index: Option<u64>,
-    #[serde(default, alias = "delta")]
-    message: Option<WireContent>,
-    #[serde(default)]
-    finish_reason: Option<String>,
+    #[serde(default, alias = "delta", borrow)]
+    message: Option<WireContent<'a>>,
+    #[serde(default, borrow)]
+    finish_reason: Option<Text<'a>>,
 }
 
 /// A whole response, or one chunk of a stream: the same shape, `message` or `delta`.
 #[derive(Debug, Deserialize)]
-struct WireResponse {
-    #[serde(default)]
-    choices: Option<Vec<WireChoice>>,
+struct WireResponse<'a> {
+    #[serde(default, borrow)]
+    choices: Option<Vec<WireChoice<'a>>>,
     #[serde(default)]
     usage: Option<WireUsage>,
     #[serde(default)]
     error: Option<serde_json::Value>,
 }
 
-impl WireResponse {
+impl WireResponse<'_> {
     /// The first choice: Nerve never asks for more than one.
-    fn choice(&self) -> Option<&WireChoice> {
+    fn choice(&self) -> Option<&WireChoice<'_>> {
         self.choices
             .as_deref()?
             .iter()
@@ -523,27 +503,32 @@ impl ChoiceState {
         }
     }
 
-    fn absorb(&mut self, content: &WireContent, deltas: &mut VecDeque<Delta>) {
+    fn absorb(&mut self, content: &WireContent<'_>, deltas: &mut VecDeque<Delta>) {
         for reasoning in [&content.reasoning_content, &content.reasoning]
             .into_iter()
             .flatten()
         {
-            if !reasoning.is_empty() {
+            if !reasoning.as_str().is_empty() {
                 let block = *self
                     .thinking
                     .get_or_insert_with(|| self.asm.open_thinking());
-                self.asm.push(block, reasoning, deltas);
+                self.asm.push(block, reasoning.as_str(), deltas);
             }
         }
-        if let Some(text) = content_text(content.content.as_ref()).filter(|t| !t.is_empty()) {
+        if let Some(text) = content
+            .content
+            .as_ref()
+            .and_then(|c| c.0.as_deref())
+            .filter(|t| !t.is_empty())
+        {
             let block = *self.text.get_or_insert_with(|| self.asm.open_text());
-            self.asm.push(block, &text, deltas);
+            self.asm.push(block, text, deltas);
         }
         for (position, call) in content.tool_calls.iter().flatten().enumerate() {
             self.saw_tool_calls = true;
             self.tool_call(
                 call.index,
-                call.id.as_deref(),
+                text(call.id.as_ref()),
                 call.function.as_ref(),
                 position,
                 deltas,
@@ -564,7 +549,7 @@ impl ChoiceState {
         &mut self,
         index: Option<usize>,
         id: Option<&str>,
-        function: Option<&WireFunctionIn>,
+        function: Option<&WireFunctionIn<'_>>,
         position: usize,
         deltas: &mut VecDeque<Delta>,
     ) {
@@ -586,7 +571,9 @@ impl ChoiceState {
             (None, None, Some(last)) if id.is_none() && position == 0 => last,
             (None, None, _) => fresh,
         };
-        let name = function.and_then(|f| f.name.as_deref()).unwrap_or_default();
+        let name = function
+            .and_then(|f| text(f.name.as_ref()))
+            .unwrap_or_default();
         let block = match self.tools.iter().find(|(wire, _)| *wire == wire_index) {
             Some((_, block)) => {
                 let block = *block;
@@ -603,7 +590,7 @@ impl ChoiceState {
         };
         self.last_tool = Some(wire_index);
         if let Some(arguments) = function.and_then(WireFunctionIn::arguments) {
-            self.asm.push(block, &arguments, deltas);
+            self.asm.push(block, arguments, deltas);
         }
     }
 }
@@ -635,8 +622,8 @@ pub(crate) fn decode_response(
             }
             choice
                 .finish_reason
-                .as_deref()
-                .map(finish_reason)
+                .as_ref()
+                .map(|reason| finish_reason(reason.as_str()))
                 .transpose()?
         }
         None => {
@@ -714,8 +701,8 @@ impl StreamDecoder for ChatStreamDecoder {
             if let Some(content) = &choice.message {
                 self.state.absorb(content, deltas);
             }
-            if let Some(reason) = choice.finish_reason.as_deref() {
-                self.finish = Some(finish_reason(reason)?);
+            if let Some(reason) = &choice.finish_reason {
+                self.finish = Some(finish_reason(reason.as_str())?);
             }
         }
         Ok(Flow::Continue)

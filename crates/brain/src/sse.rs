@@ -27,9 +27,10 @@ pub struct SseTooLarge {
 pub struct SseParser {
     /// The start of a line whose end has not arrived yet.
     partial: Vec<u8>,
-    event: String,
-    /// Data lines so far, each followed by `\n` (the spec's data buffer).
-    data: String,
+    /// The event being read: its `event:` field, and its data lines so far, each followed
+    /// by `\n` (the spec's data buffer). Both keep their capacity from one event to the
+    /// next: a stream of many small events allocates nothing per event.
+    current: SseEvent,
     /// The previous read ended with `\r`: a `\n` at the start of the next one ends nothing.
     skip_lf: bool,
     /// The first line has been seen (a byte-order mark is stripped only from it).
@@ -47,7 +48,18 @@ impl SseParser {
     }
 
     /// Feeds the next bytes; complete events are appended to `out`.
-    pub fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseTooLarge> {
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseTooLarge> {
+        self.feed_each(bytes, |event| out.push(std::mem::take(event)))
+    }
+
+    /// Feeds the next bytes; each complete event is lent to `on_event`, in order, and its
+    /// buffers are reused for the next one (the streaming path: no allocation per event).
+    /// Whatever `on_event` leaves in the event is cleared before the next one.
+    pub fn feed_each(
+        &mut self,
+        mut bytes: &[u8],
+        mut on_event: impl FnMut(&mut SseEvent),
+    ) -> Result<(), SseTooLarge> {
         if bytes.is_empty() {
             // An empty read (a body can deliver one) must not end a `\r` wait: the `\n`
             // of the pair may come next (found by tests/fuzz.rs).
@@ -62,11 +74,11 @@ impl SseParser {
         while let Some(end) = memchr::memchr2(b'\n', b'\r', bytes) {
             let line = &bytes[..end];
             if self.partial.is_empty() {
-                self.line(line, out);
+                self.line(line, &mut on_event);
             } else {
                 let mut whole = std::mem::take(&mut self.partial);
                 whole.extend_from_slice(line);
-                self.line(&whole, out);
+                self.line(&whole, &mut on_event);
                 whole.clear();
                 self.partial = whole;
             }
@@ -81,7 +93,7 @@ impl SseParser {
             }
         }
         self.partial.extend_from_slice(bytes);
-        if self.partial.len() + self.data.len() > Self::MAX_EVENT_BYTES {
+        if self.partial.len() + self.current.data.len() > Self::MAX_EVENT_BYTES {
             return Err(SseTooLarge {
                 limit: Self::MAX_EVENT_BYTES,
             });
@@ -93,17 +105,22 @@ impl SseParser {
     /// dispatch it when all its lines are complete, because some servers end the body right
     /// after the last `data:` line. A line cut off mid-way is dropped: it is a fragment.
     pub fn finish(&mut self, out: &mut Vec<SseEvent>) {
-        self.partial.clear();
-        self.dispatch(out);
+        self.finish_each(|event| out.push(std::mem::take(event)));
     }
 
-    fn line(&mut self, mut line: &[u8], out: &mut Vec<SseEvent>) {
+    /// [`SseParser::finish`], lending the last event (if any) to `on_event`.
+    pub fn finish_each(&mut self, mut on_event: impl FnMut(&mut SseEvent)) {
+        self.partial.clear();
+        self.dispatch(&mut on_event);
+    }
+
+    fn line(&mut self, mut line: &[u8], on_event: &mut impl FnMut(&mut SseEvent)) {
         if !self.started {
             self.started = true;
             line = line.strip_prefix(BOM).unwrap_or(line);
         }
         if line.is_empty() {
-            self.dispatch(out);
+            self.dispatch(on_event);
             return;
         }
         if line[0] == b':' {
@@ -118,28 +135,34 @@ impl SseParser {
         };
         match field {
             b"data" => {
-                self.data.push_str(&String::from_utf8_lossy(value));
-                self.data.push('\n');
+                push_lossy(&mut self.current.data, value);
+                self.current.data.push('\n');
             }
             b"event" => {
-                self.event.clear();
-                self.event.push_str(&String::from_utf8_lossy(value));
+                self.current.event.clear();
+                push_lossy(&mut self.current.event, value);
             }
             // `id` and `retry` only matter for reconnecting, which a model call never does.
             _ => {}
         }
     }
 
-    fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
-        if self.data.is_empty() {
-            self.event.clear();
-            return;
+    fn dispatch(&mut self, on_event: &mut impl FnMut(&mut SseEvent)) {
+        if !self.current.data.is_empty() {
+            self.current.data.pop();
+            on_event(&mut self.current);
         }
-        self.data.pop();
-        out.push(SseEvent {
-            event: std::mem::take(&mut self.event),
-            data: std::mem::take(&mut self.data),
-        });
+        self.current.event.clear();
+        self.current.data.clear();
+    }
+}
+
+/// Appends `bytes` as text, invalid UTF-8 as U+FFFD. Valid text (nearly always) takes the
+/// validator's fast path; `String::from_utf8_lossy` walks it in chunks even then.
+fn push_lossy(out: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => out.push_str(text),
+        Err(_) => out.push_str(&String::from_utf8_lossy(bytes)),
     }
 }
 

@@ -120,7 +120,6 @@ struct Live {
     source: Box<dyn ByteSource>,
     parser: SseParser,
     decoder: Box<dyn StreamDecoder>,
-    events: Vec<SseEvent>,
     deltas: VecDeque<Delta>,
     terminal: Option<Result<ModelResponse, ProviderError>>,
 }
@@ -146,7 +145,6 @@ impl ModelStream {
                 source: Box::new(source),
                 parser: SseParser::new(),
                 decoder: Box::new(decoder),
-                events: Vec::new(),
                 deltas: VecDeque::new(),
                 terminal: None,
             })),
@@ -239,48 +237,59 @@ impl ModelStream {
 
 impl Live {
     /// Reads once from the source; afterwards there are deltas, a terminal, or neither
-    /// (the read completed no event).
+    /// (the read completed no event). Events are decoded as the parser completes them,
+    /// straight from its buffers.
     async fn pull(&mut self) {
-        match self.source.next_chunk().await {
+        let Self {
+            source,
+            parser,
+            decoder,
+            deltas,
+            terminal,
+        } = self;
+        match source.next_chunk().await {
             Ok(Some(bytes)) => {
-                if let Err(error) = self.parser.feed(&bytes, &mut self.events) {
-                    self.terminal = Some(Err(ProviderError::permanent(
+                let fed = parser.feed_each(&bytes, |event| {
+                    decode(&mut **decoder, event, deltas, terminal);
+                });
+                if let Err(error) = fed
+                    && terminal.is_none()
+                {
+                    *terminal = Some(Err(ProviderError::permanent(
                         kind::INVALID_RESPONSE,
                         error.to_string(),
                     )));
-                    return;
                 }
-                self.dispatch();
             }
             Ok(None) => {
-                self.parser.finish(&mut self.events);
-                self.dispatch();
-                if self.terminal.is_none() {
-                    self.terminal = Some(self.decoder.finish(false));
+                parser.finish_each(|event| decode(&mut **decoder, event, deltas, terminal));
+                if terminal.is_none() {
+                    *terminal = Some(decoder.finish(false));
                 }
             }
             Err(error) => {
                 // Whatever the decoder holds is incomplete: the answer is lost, the deltas stay.
-                self.terminal = Some(Err(error));
+                *terminal = Some(Err(error));
             }
         }
     }
+}
 
-    fn dispatch(&mut self) {
-        for event in self.events.drain(..) {
-            match self.decoder.event(&event, &mut self.deltas) {
-                Ok(Flow::Continue) => {}
-                Ok(Flow::Done) => {
-                    self.terminal = Some(self.decoder.finish(true));
-                    break;
-                }
-                Err(error) => {
-                    self.terminal = Some(Err(error));
-                    break;
-                }
-            }
-        }
-        self.events.clear();
+/// One event into the decoder, unless the stream already ended: events after the done
+/// marker or an error are ignored.
+fn decode(
+    decoder: &mut dyn StreamDecoder,
+    event: &SseEvent,
+    deltas: &mut VecDeque<Delta>,
+    terminal: &mut Option<Result<ModelResponse, ProviderError>>,
+) {
+    if terminal.is_some() {
+        return;
+    }
+    match decoder.event(event, deltas) {
+        Ok(Flow::Continue) => {}
+        Ok(Flow::Done) => *terminal = Some(decoder.finish(true)),
+        Err(error) => *terminal = Some(Err(error)),
     }
 }
 

@@ -590,10 +590,54 @@ mod tests {
         }
     }
 
+    /// The process-wide subscriber of this test binary: it records nothing (a thread's own
+    /// [`Recorder`] or [`Tree`] does), and exists to keep tracing's global caches from
+    /// hiding spans from those.
+    ///
+    /// tracing caches each callsite's interest and a maximum level for the whole process,
+    /// combined over the subscribers alive when they are computed, and other tests register
+    /// callsites and subscribers on other threads at any moment. With no global subscriber,
+    /// a recording test's subscriber is often the only one registered, and then tracing
+    /// computes interest from *the registering thread's* current subscriber: an engine test
+    /// elsewhere that reaches the `chat` span first, with none, caches `never` for it, and a
+    /// recording test running meanwhile records no span (rebuilding the cache first does not
+    /// help: the other thread may write after). With this subscriber always registered,
+    /// every computation includes it, and it answers `sometimes` and no level hint, so no
+    /// callsite is ever cached as `never` and the maximum level stays `TRACE`.
+    struct KeepInterest;
+
+    impl Subscriber for KeepInterest {
+        fn register_callsite(
+            &self,
+            _: &'static tracing::Metadata<'static>,
+        ) -> tracing::subscriber::Interest {
+            tracing::subscriber::Interest::sometimes()
+        }
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            false
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1) // never called: nothing is enabled
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    /// Installs [`KeepInterest`] once per process, before a test records. Installing it
+    /// rebuilds every callsite's interest, so a `never` cached before it is gone too.
+    fn keep_interest() {
+        static INSTALLED: std::sync::Once = std::sync::Once::new();
+        INSTALLED.call_once(|| {
+            tracing::subscriber::set_global_default(KeepInterest)
+                .expect("no other global subscriber in this test binary");
+        });
+    }
+
     impl Subscriber for &'static Recorder {
-        // Asked again at every span: tests run in parallel, each with its own subscriber, and
-        // an interest cached while another test's subscriber (or none) was current would
-        // hide this one's spans.
+        // Asked again at every span (as [`KeepInterest`] makes sure for every subscriber).
         fn register_callsite(
             &self,
             _: &'static tracing::Metadata<'static>,
@@ -622,11 +666,9 @@ mod tests {
     }
 
     fn recorded(f: impl FnOnce()) -> Vec<(String, BTreeMap<String, String>)> {
+        keep_interest();
         let recorder: &'static Recorder = Box::leak(Box::default());
-        tracing::subscriber::with_default(recorder, || {
-            tracing::callsite::rebuild_interest_cache();
-            f();
-        });
+        tracing::subscriber::with_default(recorder, f);
         recorder.spans.lock().unwrap().clone()
     }
 
@@ -833,9 +875,7 @@ mod tests {
     }
 
     impl Subscriber for &'static Tree {
-        // Asked again at every span: tests run in parallel, each with its own subscriber, and
-        // an interest cached while another test's subscriber (or none) was current would
-        // hide this one's spans.
+        // Asked again at every span (as [`KeepInterest`] makes sure for every subscriber).
         fn register_callsite(
             &self,
             _: &'static tracing::Metadata<'static>,
@@ -882,9 +922,9 @@ mod tests {
 
     /// Runs `body` on this thread with a [`Tree`] as the subscriber; returns the spans.
     async fn traced<F: std::future::Future>(body: F) -> (F::Output, Vec<Node>) {
+        keep_interest();
         let tree: &'static Tree = Box::leak(Box::default());
         let _default = tracing::subscriber::set_default(tree);
-        tracing::callsite::rebuild_interest_cache();
         let output = body.await;
         let nodes = tree.nodes.lock().unwrap().clone();
         (output, nodes)
