@@ -26,7 +26,7 @@ use nerve_brain::compaction::{
     self, CompactionConfig, SummaryPolicy, extractive_summary, plan_mask, plan_summary,
 };
 use nerve_brain::prompt::PromptProfile;
-use nerve_brain::tokens::estimate_message;
+use nerve_brain::tokens::{estimate_message, estimate_text};
 use nerve_brain::{
     AgentEngine, EngineConfig, FinishReason, ModelRequest, ModelResponse, Provider, ProviderError,
     ResumeState,
@@ -381,7 +381,8 @@ fn main() {
     );
     println!("| step | median | fastest | slowest |");
     println!("|---|---|---|---|");
-    let rows: [(&str, (Duration, Duration, Duration)); 5] = [
+    let transcript = compaction::transcript(&summarised, None);
+    let rows: [(&str, (Duration, Duration, Duration)); 6] = [
         (
             "`plan_summary`",
             time(|| plan_summary(&messages, &counts, window, policy)),
@@ -395,6 +396,10 @@ fn main() {
         (
             "`transcript` (the summary call's input)",
             time(|| compaction::transcript(&summarised, None)),
+        ),
+        (
+            "counting that transcript (the summary call checks it fits)",
+            time(|| estimate_text(&transcript)),
         ),
         ("`plan_mask`", time(|| plan_mask(&messages, &counts, 3))),
         (

@@ -27,6 +27,14 @@ struct Stored {
 }
 
 impl Stored {
+    fn new(block: ArchivedBlock) -> Self {
+        Self {
+            block,
+            text: OnceLock::new(),
+            label: OnceLock::new(),
+        }
+    }
+
     fn text(&self) -> &str {
         self.text
             .get_or_init(|| transcript(&self.block.messages.iter().collect::<Vec<_>>(), None))
@@ -57,13 +65,23 @@ impl ContextArchive for MemoryArchive {
             .blocks
             .lock()
             .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
-        blocks.insert(
-            (execution, block.id),
-            Stored {
-                block,
-                text: OnceLock::new(),
-                label: OnceLock::new(),
-            },
+        blocks.insert((execution, block.id), Stored::new(block));
+        Ok(())
+    }
+
+    /// All of them under one lock.
+    async fn archive_many(
+        &self,
+        execution: ExecutionId,
+        new: Vec<ArchivedBlock>,
+    ) -> Result<(), SinkError> {
+        let mut blocks = self
+            .blocks
+            .lock()
+            .map_err(|_| SinkError::Unavailable("archive lock poisoned".into()))?;
+        blocks.extend(
+            new.into_iter()
+                .map(|block| ((execution, block.id), Stored::new(block))),
         );
         Ok(())
     }

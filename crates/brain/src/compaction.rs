@@ -27,7 +27,7 @@ use nerve_core::{BlockId, Complexity, Message, MessagePart, MessageRole, ToolRes
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::epistemic::{keep_threshold, marker_groups};
+use crate::epistemic::{keep_threshold, matches_groups};
 
 /// Thresholds and sizes. Percentages are of the context window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -329,7 +329,7 @@ fn is_kept(message: &Message, epistemic_threshold: usize) -> bool {
         return false;
     }
     matches!(message.role, MessageRole::Assistant | MessageRole::User)
-        && marker_groups(&message.text_content()) >= epistemic_threshold
+        && matches_groups(&message.text_content(), epistemic_threshold)
 }
 
 pub fn is_summary(message: &Message) -> bool {

@@ -390,6 +390,24 @@ impl Compactor<'_> {
         Ok(id)
     }
 
+    /// Archives `blocks` (each with the key of the content it holds) in one write and
+    /// records their content, so that it is never archived again.
+    async fn archive_blocks(
+        &mut self,
+        blocks: Vec<(ContentKey, ArchivedBlock)>,
+    ) -> Result<(), Stop> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<(ContentKey, BlockId)> = blocks.iter().map(|(key, b)| (*key, b.id)).collect();
+        self.archive
+            .archive_many(self.execution, blocks.into_iter().map(|(_, b)| b).collect())
+            .await?;
+        self.window.compaction.archived_blocks += keys.len();
+        self.window.compaction.archived_content.extend(keys);
+        Ok(())
+    }
+
     /// Archives an oversized tool output of turn `turn` and returns the preview to keep
     /// instead. Oversized is over [`Budget::output_tokens`], which scales with the window.
     pub(crate) async fn offload(
@@ -534,7 +552,7 @@ impl Compactor<'_> {
         if said.trim().is_empty() {
             return Ok(());
         }
-        let terms = relevance::salient_terms(&said, &relevance::context_chunks(rest));
+        let terms = relevance::salient_terms(&said, relevance::context_chunks(rest));
         if terms.is_empty() {
             return Ok(());
         }
@@ -563,7 +581,7 @@ impl Compactor<'_> {
             }
         }
         let context = relevance::context_chunks(self.window.messages());
-        let Some(note) = relevance::relevance_note(&kept, &blocks, &context, max_chars) else {
+        let Some(note) = relevance::relevance_note(&kept, &blocks, context, max_chars) else {
             return Ok(());
         };
         tracing::debug!(turn, terms = ?kept, chars = note.len(), "archived lines recalled");
@@ -675,6 +693,8 @@ impl Compactor<'_> {
             std::collections::HashMap::new();
         let mut savings = 0;
         let fill = self.window.fill();
+        // Ids for the blocks this mask may make, drawn together (see `BlockId::batch`).
+        let mut ids = BlockId::batch(indices.len()).into_iter();
         for i in indices {
             if let Need::FillAtMost(target) = need
                 && fill - savings <= target
@@ -698,7 +718,7 @@ impl Compactor<'_> {
                 {
                     Some(id) => (masked(message, tokens, *id, digest_chars), None),
                     None => {
-                        let id = BlockId::new();
+                        let id = ids.next().unwrap_or_default();
                         (masked(message, tokens, id, digest_chars), Some((key, id)))
                     }
                 }
@@ -727,31 +747,31 @@ impl Compactor<'_> {
         };
         let before = self.window.fill();
         let mut archived = Vec::new();
-        // Each original is moved out of the window into its block, not copied. Should the
-        // archive fail, the run stops and the log, which has no `compaction` event for this
-        // mask, still holds the originals: a resume starts from them.
+        let mut blocks = Vec::new();
+        // Each original is moved out of the window into its block, not copied, and the
+        // blocks are archived in one write. Should the archive fail, the run stops and the
+        // log, which has no `compaction` event for this mask, still holds the originals: a
+        // resume starts from them.
         for (i, placeholder, tokens, archive) in placeholders {
-            let named = placeholder_block(&placeholder);
-            let original = self.window.replace(i, placeholder, tokens);
             if let Some((key, id)) = archive {
+                let original = self.window.replace(i, placeholder, tokens);
                 let note = message_note(&original, turn, "masked");
-                self.archive
-                    .archive(
-                        self.execution,
-                        ArchivedBlock {
-                            id,
-                            messages: vec![original],
-                            note,
-                        },
-                    )
-                    .await?;
-                self.window.compaction.archived_blocks += 1;
-                self.window.compaction.archived_content.insert(key, id);
+                blocks.push((
+                    key,
+                    ArchivedBlock {
+                        id,
+                        messages: vec![original],
+                        note,
+                    },
+                ));
                 archived.push(id);
-            } else if let Some(id) = named {
-                archived.push(id);
+            } else {
+                let named = placeholder_block(&placeholder);
+                self.window.replace(i, placeholder, tokens);
+                archived.extend(named);
             }
         }
+        self.archive_blocks(blocks).await?;
         self.finish_in_place(
             turn,
             CompactionStrategy::Mask,
@@ -899,15 +919,11 @@ impl Compactor<'_> {
                 .collect();
         }
         let before = self.window.fill();
-        let summarised: Vec<Message> = plan
-            .summarised
-            .iter()
-            .map(|&i| self.window.messages()[i].clone())
-            .collect();
+        let messages = self.window.messages();
+        let summarised = || plan.summarised.iter().map(|&i| &messages[i]);
         // Fold an earlier summary into this one rather than nesting it.
         let earlier: Option<String> =
-            summarised
-                .iter()
+            summarised()
                 .flat_map(|m| &m.parts)
                 .rev()
                 .find_map(|p| match p {
@@ -917,8 +933,17 @@ impl Compactor<'_> {
                     | MessagePart::ToolResult(_)
                     | MessagePart::Thinking { .. } => None,
                 });
+        // The block of each summarised message: the one it has (a placeholder's, an earlier
+        // summary's, the same content's), or a new one, made once the summary is in so that
+        // the original moves from the window into it instead of being copied.
+        let mut ids = BlockId::batch(plan.summarised.len()).into_iter();
+        let mut pending: std::collections::HashMap<ContentKey, BlockId> =
+            std::collections::HashMap::new();
+        // (index, content key, block) of each message to archive.
+        let mut new_blocks: Vec<(usize, ContentKey, BlockId)> = Vec::new();
         let mut archived: Vec<BlockId> = Vec::new();
-        for message in &summarised {
+        for &i in &plan.summarised {
+            let message = &messages[i];
             for part in &message.parts {
                 if let MessagePart::CompactionSummary { archived: ids, .. } = part {
                     archived.extend(ids);
@@ -927,17 +952,29 @@ impl Compactor<'_> {
             if let Some(id) = placeholder_block(message) {
                 archived.push(id);
             } else if !is_recall_result(message) && !relevance::is_note_or_stub(message) {
-                let note = message_note(message, turn, "summarised");
-                let id = self.archive_message(message.clone(), note).await?;
+                let key = content_key(message);
+                let known = self.window.compaction.archived_content.get(&key);
+                let id = match known.or_else(|| pending.get(&key)) {
+                    Some(id) => *id,
+                    None => {
+                        let id = ids.next().unwrap_or_default();
+                        pending.insert(key, id);
+                        new_blocks.push((i, key, id));
+                        id
+                    }
+                };
                 archived.push(id);
             }
         }
         let mut seen = std::collections::HashSet::new();
         archived.retain(|id| seen.insert(*id));
-        let fresh: Vec<&Message> = summarised.iter().filter(|m| !is_summary(m)).collect();
-        let task = self
-            .window
-            .messages()
+        let fresh: Vec<usize> = plan
+            .summarised
+            .iter()
+            .copied()
+            .filter(|&i| !is_summary(&messages[i]))
+            .collect();
+        let task = messages
             .iter()
             .find(|m| m.pinned)
             .map(Message::text_content)
@@ -948,24 +985,31 @@ impl Compactor<'_> {
             CompactionStrategy::Summarize
         };
         let max_chars = summary_max_chars(self.window.capacity());
-        let extractive =
-            |fresh: &[&Message]| extractive_summary(&task, fresh, earlier.as_deref(), max_chars);
+        let extractive = |messages: &[Message]| {
+            let fresh: Vec<&Message> = fresh.iter().map(|&i| &messages[i]).collect();
+            extractive_summary(&task, &fresh, earlier.as_deref(), max_chars)
+        };
         let (summary, extractive) = match how.archive_note {
             Some(reason) => (format!("Archived at the agent's request: {reason}"), false),
             // Nothing new since the last summary: no call over zero messages.
-            None if fresh.is_empty() => (extractive(&fresh), true),
-            None => match self.summary_call(turn, &fresh, earlier.as_deref()).await {
-                Ok(text) => (cut_summary(text, max_chars), false),
-                Err(SummaryFailure::Stop(stop)) => return Err(stop),
-                Err(SummaryFailure::Failed) => (extractive(&fresh), true),
-            },
+            None if fresh.is_empty() => (extractive(messages), true),
+            None => {
+                let fresh_messages: Vec<&Message> = fresh.iter().map(|&i| &messages[i]).collect();
+                let input = transcript(&fresh_messages, earlier.as_deref());
+                match self.summary_call(turn, input).await {
+                    Ok(text) => (cut_summary(text, max_chars), false),
+                    Err(SummaryFailure::Stop(stop)) => return Err(stop),
+                    Err(SummaryFailure::Failed) => (extractive(self.window.messages()), true),
+                }
+            }
         };
-        let total_blocks = self.window.compaction.archived_blocks;
+        let messages = self.window.messages();
+        let total_blocks = self.window.compaction.archived_blocks + new_blocks.len();
         let mut replacement: Vec<Message> = plan
             .kept
             .iter()
-            .filter(|&&i| self.window.messages()[i].pinned)
-            .map(|&i| kept_form(&self.window.messages()[i]))
+            .filter(|&&i| messages[i].pinned)
+            .map(|&i| kept_form(&messages[i]))
             .collect();
         replacement.push(summary_message(
             &summary,
@@ -976,8 +1020,8 @@ impl Compactor<'_> {
         replacement.extend(
             plan.kept
                 .iter()
-                .filter(|&&i| !self.window.messages()[i].pinned)
-                .map(|&i| kept_form(&self.window.messages()[i])),
+                .filter(|&&i| !messages[i].pinned)
+                .map(|&i| kept_form(&messages[i])),
         );
         let replacement_counts: Vec<u64> = replacement
             .iter()
@@ -985,14 +1029,47 @@ impl Compactor<'_> {
             .collect();
         let removed: u64 = self.window.counts()[plan.from..plan.to].iter().sum();
         let added: u64 = replacement_counts.iter().sum();
+        let block = |key, id, message: Message| {
+            let note = message_note(&message, turn, "summarised");
+            (
+                key,
+                ArchivedBlock {
+                    id,
+                    messages: vec![message],
+                    note,
+                },
+            )
+        };
         if added >= removed {
-            // Summarising would not shrink the context: never loop on it, never grow.
+            // Summarising would not shrink the context: never loop on it, never grow. The
+            // messages stay; copies of them are archived all the same, as a summary that
+            // goes ahead archives them.
+            let blocks = new_blocks
+                .into_iter()
+                .map(|(i, key, id)| block(key, id, messages[i].clone()))
+                .collect();
+            self.archive_blocks(blocks).await?;
             self.window.compaction.exhausted_at = Some(before);
             self.window.compaction.cooldown_until = turn + self.config.compaction.cooldown_turns;
             return Ok(());
         }
-        self.window
-            .splice(plan.from..plan.to, replacement.clone(), replacement_counts);
+        let mut removed: Vec<Option<Message>> = self
+            .window
+            .splice(plan.from..plan.to, replacement.clone(), replacement_counts)
+            .into_iter()
+            .map(Some)
+            .collect();
+        // Should the archive fail, the run stops; the log has no `compaction` event for
+        // this summary and still holds the originals (as for a mask).
+        let blocks = new_blocks
+            .into_iter()
+            .filter_map(|(i, key, id)| {
+                let message = removed.get_mut(i - plan.from)?.take()?;
+                Some(block(key, id, message))
+            })
+            .collect();
+        drop(removed);
+        self.archive_blocks(blocks).await?;
         self.finish_compaction(
             turn,
             strategy,
@@ -1013,13 +1090,11 @@ impl Compactor<'_> {
     async fn summary_call(
         &mut self,
         turn: u32,
-        messages: &[&Message],
-        earlier: Option<&str>,
+        mut text: String,
     ) -> Result<String, SummaryFailure> {
         let system = Message::system(SUMMARY_PROMPT);
         let budget = self.budget().prompt;
         let room = budget.saturating_sub(self.window.counter().count_message(&system) + 64);
-        let mut text = transcript(messages, earlier);
         // Two characters a token is about the densest text there is (ids, numbers): below
         // that the transcript fits without being counted.
         if u64::try_from(text.len()).unwrap_or(u64::MAX) / 2 > room {

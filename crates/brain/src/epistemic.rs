@@ -26,6 +26,23 @@ pub fn marker_groups(text: &str) -> usize {
     GROUPS.iter().filter(|group| group.is_match(text)).count()
 }
 
+/// Whether `text` matches at least `threshold` of the five groups, as
+/// `marker_groups(text) >= threshold`, but stopping as soon as the answer is known: a plan
+/// asks this of every message of a long conversation, and most match none.
+pub fn matches_groups(text: &str, threshold: usize) -> bool {
+    let mut found = 0;
+    for (checked, group) in GROUPS.iter().enumerate() {
+        if found >= threshold {
+            return true;
+        }
+        if found + (GROUPS.len() - checked) < threshold {
+            return false;
+        }
+        found += usize::from(group.is_match(text));
+    }
+    found >= threshold
+}
+
 /// The groups a message must match to be kept verbatim: complex work depends on its
 /// reasoning more, so one group suffices there.
 pub fn keep_threshold(complexity: Option<Complexity>) -> usize {
@@ -41,6 +58,13 @@ mod tests {
 
     fn check(text: &str, groups: usize) {
         assert_eq!(marker_groups(text), groups, "{text}");
+        for threshold in 0..=GROUPS.len() + 1 {
+            assert_eq!(
+                matches_groups(text, threshold),
+                groups >= threshold,
+                "{text}, threshold {threshold}"
+            );
+        }
     }
 
     #[test]

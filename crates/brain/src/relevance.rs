@@ -154,31 +154,41 @@ fn string_values(value: &serde_json::Value) -> String {
 }
 
 /// Everything of `messages` the model reads, a piece per part: what "already in the
-/// context" is checked against, in one pass (see [`found_in`]).
-pub(crate) fn context_chunks<'a>(
-    messages: impl IntoIterator<Item = &'a Message>,
-) -> Vec<Cow<'a, str>> {
-    let mut out = Vec::new();
-    for message in messages {
-        for part in &message.parts {
-            out.push(match part {
-                MessagePart::Text { text }
-                | MessagePart::Thinking { text, .. }
-                | MessagePart::CompactionSummary { text, .. } => Cow::Borrowed(text.as_str()),
-                MessagePart::ToolCall(call) => {
-                    Cow::Owned(format!("{} {}", call.name, call.arguments))
-                }
-                MessagePart::ToolResult(result) => Cow::Borrowed(result.content.as_str()),
-            });
-        }
+/// context" is checked against, in one pass (see [`found_in`]). Made as the pass reaches
+/// each piece (a tool call's arguments are formatted then), newest first, so that a pass
+/// that stops early formats nothing it did not read.
+pub(crate) fn context_chunks<'a, M>(messages: M) -> impl DoubleEndedIterator<Item = Cow<'a, str>>
+where
+    M: IntoIterator<Item = &'a Message>,
+    M::IntoIter: DoubleEndedIterator,
+{
+    messages
+        .into_iter()
+        .flat_map(|message| message.parts.iter().map(chunk))
+}
+
+/// What the model reads of one part.
+fn chunk(part: &MessagePart) -> Cow<'_, str> {
+    match part {
+        MessagePart::Text { text }
+        | MessagePart::Thinking { text, .. }
+        | MessagePart::CompactionSummary { text, .. } => Cow::Borrowed(text.as_str()),
+        MessagePart::ToolCall(call) => Cow::Owned(format!("{} {}", call.name, call.arguments)),
+        MessagePart::ToolResult(result) => Cow::Borrowed(result.content.as_str()),
     }
-    out
 }
 
 /// Which of `needles` occur in `chunks` (ASCII case ignored with `ignore_case`): one pass
 /// over the context, however many needles, where a search per needle would read a large
-/// context once each.
-pub(crate) fn found_in(needles: &[&str], chunks: &[Cow<'_, str>], ignore_case: bool) -> Vec<bool> {
+/// context once each. The pass reads the chunks last first and stops once every needle is
+/// found: what was just said is most often in the latest messages, and a boundary with
+/// nothing to compact then reads a few of them, not the whole context.
+pub(crate) fn found_in<C, I>(needles: &[&str], chunks: I, ignore_case: bool) -> Vec<bool>
+where
+    C: AsRef<str>,
+    I: IntoIterator<Item = C>,
+    I::IntoIter: DoubleEndedIterator,
+{
     let mut found = vec![false; needles.len()];
     if needles.is_empty() {
         return found;
@@ -190,7 +200,7 @@ pub(crate) fn found_in(needles: &[&str], chunks: &[Cow<'_, str>], ignore_case: b
         return found;
     };
     let mut left = needles.len();
-    for chunk in chunks {
+    for chunk in chunks.into_iter().rev() {
         for hit in matcher.find_overlapping_iter(chunk.as_ref()) {
             let seen = &mut found[hit.pattern().as_usize()];
             if !*seen {
@@ -211,7 +221,12 @@ pub(crate) fn found_in(needles: &[&str], chunks: &[Cow<'_, str>], ignore_case: b
 /// rest of the context (`context`, lowercased): a word the model can see is not what it
 /// lost. Marked words (a digit, `_`, `.`, `/`, `-` or `:` inside, or a capital after the
 /// first letter: identifiers, paths, versions) come first, then the longer ones.
-pub(crate) fn salient_terms(said: &str, context: &[Cow<'_, str>]) -> Vec<String> {
+pub(crate) fn salient_terms<C, I>(said: &str, context: I) -> Vec<String>
+where
+    C: AsRef<str>,
+    I: IntoIterator<Item = C>,
+    I::IntoIter: DoubleEndedIterator,
+{
     let mut seen: HashSet<String> = HashSet::new();
     let mut terms: Vec<(bool, usize, usize, String)> = Vec::new();
     let is_part = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ':');
@@ -262,12 +277,17 @@ pub(crate) struct Found {
 /// words it holds, and the lines scoring at least half the best (at most [`MAX_HITS`])
 /// come back, best first, then the line after and the line before each while room is
 /// left (where an error's cause or location tends to be), in the output's order per block.
-pub(crate) fn relevance_note(
+pub(crate) fn relevance_note<C, I>(
     terms: &[String],
     blocks: &[Found],
-    context: &[Cow<'_, str>],
+    context: I,
     max_chars: usize,
-) -> Option<String> {
+) -> Option<String>
+where
+    C: AsRef<str>,
+    I: IntoIterator<Item = C>,
+    I::IntoIter: DoubleEndedIterator,
+{
     if terms.is_empty() || blocks.is_empty() || max_chars == 0 {
         return None;
     }
@@ -478,6 +498,27 @@ mod tests {
     }
 
     #[test]
+    fn found_in_finds_needles_in_any_chunk_and_stops_when_all_are_found() {
+        let context = vec![
+            Cow::Borrowed("Orjson 3.9 here"),
+            Cow::Borrowed("tenant_005 and orjson"),
+            Cow::Borrowed("nothing"),
+        ];
+        let needles = ["orjson", "tenant_005", "ledger", "3.9"];
+        assert_eq!(
+            found_in(&needles, &context, true),
+            [true, true, false, true]
+        );
+        // Case matters without ignore_case: the capitalised one in the first chunk does not
+        // count, the later lowercase one does.
+        assert_eq!(
+            found_in(&["Orjson", "orjson", "ORJSON"], &context, false),
+            [true, true, false]
+        );
+        assert_eq!(found_in(&[], &context, true), Vec::<bool>::new());
+    }
+
+    #[test]
     fn a_masked_note_keeps_its_words() {
         let note = Message::user(format!(
             "{NOTE_HEAD} (`orjson`, `tenant_005`), from outputs that left the context; call recall with a block_id for all of one:\nblock x (output):\n  orjson==1.2.3"
@@ -504,7 +545,10 @@ mod tests {
         assert_eq!(new_messages(&messages), 2);
         let (said, rest) = said(&messages, 2);
         assert_eq!(said, "Which orjson version?\n");
-        assert_eq!(context_chunks(rest), ["sys", "task", "ok"]);
+        assert_eq!(
+            context_chunks(rest).collect::<Vec<_>>(),
+            ["sys", "task", "ok"]
+        );
         let mut noted = messages.clone();
         noted.push(Message::user(format!("{NOTE_HEAD} (`orjson`)")));
         assert_eq!(new_messages(&noted), noted.len());

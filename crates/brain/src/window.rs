@@ -120,20 +120,21 @@ impl Window {
     }
 
     /// Replaces `range` by `replacement` (a summary and what it keeps), keeping the plan
-    /// step's protected messages where they are.
+    /// step's protected messages where they are, and returns the messages it replaced.
     pub(crate) fn splice(
         &mut self,
         range: Range<usize>,
         replacement: Vec<Message>,
         counts: Vec<u64>,
-    ) {
+    ) -> Vec<Message> {
         let removed = range.len();
         let added = replacement.len();
-        self.messages.splice(range.clone(), replacement);
+        let replaced = self.messages.splice(range.clone(), replacement).collect();
         self.counts.splice(range, counts);
         if let Some(protected) = self.protect_from.as_mut() {
             *protected = protected.saturating_sub(removed).saturating_add(added);
         }
+        replaced
     }
 
     /// Rewrites the context indicator in the system prompt. Only at start and after a

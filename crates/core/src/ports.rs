@@ -242,6 +242,20 @@ pub struct RecallHit {
 #[async_trait]
 pub trait ContextArchive: Send + Sync {
     async fn archive(&self, execution: ExecutionId, block: ArchivedBlock) -> Result<(), SinkError>;
+    /// Archives `blocks` (in order), as [`Self::archive`] does each: one compaction archives
+    /// one block per output or message it takes out (over a thousand on a long
+    /// conversation), so a store that can write them together should. The default archives
+    /// them one by one.
+    async fn archive_many(
+        &self,
+        execution: ExecutionId,
+        blocks: Vec<ArchivedBlock>,
+    ) -> Result<(), SinkError> {
+        for block in blocks {
+            self.archive(execution, block).await?;
+        }
+        Ok(())
+    }
     async fn fetch(
         &self,
         execution: ExecutionId,

@@ -22,6 +22,34 @@ pub struct NewBlock {
     pub note: String,
 }
 
+impl From<nerve_core::ArchivedBlock> for NewBlock {
+    fn from(block: nerve_core::ArchivedBlock) -> Self {
+        Self {
+            block_id: block.id,
+            messages: block.messages,
+            note: block.note,
+        }
+    }
+}
+
+/// [`nerve_core::ContextArchive::archive_many`] for a store: the blocks in one write (one
+/// transaction, one flush), none when there are none.
+pub(crate) async fn put_archived<S: crate::EventStore + ?Sized>(
+    store: &S,
+    execution: nerve_core::ExecutionId,
+    blocks: Vec<nerve_core::ArchivedBlock>,
+) -> Result<(), nerve_core::SinkError> {
+    if blocks.is_empty() {
+        return Ok(());
+    }
+    let blocks = blocks.into_iter().map(NewBlock::from).collect();
+    store
+        .put_blocks(execution, blocks)
+        .await
+        .map(|_| ())
+        .map_err(nerve_core::SinkError::from)
+}
+
 /// An archived block as stored (its messages redacted like every payload).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ArchiveBlock {

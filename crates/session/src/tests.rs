@@ -1775,6 +1775,39 @@ async fn the_sink_is_the_archive_brain_compacts_into() {
     );
 }
 
+/// A compaction's blocks go in one write; each is there as if archived alone.
+#[tokio::test]
+async fn the_sink_archives_a_compactions_blocks_in_one_write() {
+    use nerve_core::{ArchivedBlock, ContextArchive};
+    let (_dir, path) = temp_db();
+    let sink = SqliteSink::open(&path, Arc::new(Redactor::new())).unwrap();
+    let id = ExecutionId::new();
+    let blocks: Vec<ArchivedBlock> = BlockId::batch(3)
+        .into_iter()
+        .enumerate()
+        .map(|(i, block)| ArchivedBlock {
+            id: block,
+            messages: vec![Message::user(format!(
+                "output {i}: listening on port 84{i}0"
+            ))],
+            note: format!("output of shell masked at turn {i}"),
+        })
+        .collect();
+    sink.archive_many(id, blocks.clone()).await.unwrap();
+    for block in &blocks {
+        assert_eq!(
+            sink.fetch(id, block.id).await.unwrap().as_ref(),
+            Some(block)
+        );
+    }
+    let hits = sink.search(id, "8410", 5).await.unwrap();
+    assert_eq!(
+        hits.iter().map(|h| h.id).collect::<Vec<_>>(),
+        [blocks[1].id]
+    );
+    sink.archive_many(id, Vec::new()).await.unwrap();
+}
+
 #[test]
 fn an_id_prefix_finds_its_executions_in_id_order() {
     let (_dir, path) = temp_db();

@@ -835,15 +835,16 @@ impl EventStore for SqliteSink {
 #[async_trait]
 impl ContextArchive for SqliteSink {
     async fn archive(&self, execution: ExecutionId, block: ArchivedBlock) -> Result<(), SinkError> {
-        let block = NewBlock {
-            block_id: block.id,
-            messages: block.messages,
-            note: block.note,
-        };
-        self.put_blocks(execution, vec![block])
-            .await
-            .map(|_| ())
-            .map_err(SinkError::from)
+        self.archive_many(execution, vec![block]).await
+    }
+
+    /// One write for all of them.
+    async fn archive_many(
+        &self,
+        execution: ExecutionId,
+        blocks: Vec<ArchivedBlock>,
+    ) -> Result<(), SinkError> {
+        crate::archive::put_archived(self, execution, blocks).await
     }
 
     async fn fetch(
