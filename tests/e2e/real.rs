@@ -1,8 +1,8 @@
 //! The real `nerve` binary against real model servers that no one on this project wrote,
-//! all serving SmolLM2-135M-Instruct: llama.cpp's C++ server (`llama-server`, tools through
-//! its Jinja chat template) and llama-cpp-python's server (`chatml-function-calling`), each
-//! reached directly with `--provider openai`, and LiteLLM's proxy in front of
-//! `llama-server`, reached with `--provider openai` and with `--provider anthropic` (its
+//! all serving SmolLM2-135M-Instruct: llama.cpp's C++ server (`llama-server`: streamed
+//! text) and llama-cpp-python's server (`chatml-function-calling`: tools, not streamed),
+//! each reached directly with `--provider openai`, and LiteLLM's proxy in front of
+//! llama-cpp-python's server, reached with `--provider openai` and with `--provider anthropic` (its
 //! Messages endpoint). `cargo xtask test-real` starts the servers, sets `NERVE_REAL_*` and
 //! compiles this module in (the `real-servers` feature of nerve-tests); a test here without
 //! them fails.
@@ -42,9 +42,10 @@ struct Servers {
     key: String,
     llama_key: String,
     window: String,
-    /// The `llama-server` binary and its arguments but `--host` and `--port`.
-    server_binary: PathBuf,
-    server_args: Vec<String>,
+    /// The Python of llama-cpp-python's virtual environment.
+    python: PathBuf,
+    /// The SmolLM2 GGUF file.
+    model: PathBuf,
 }
 
 /// The servers `cargo xtask test-real` started. Panics without them.
@@ -58,11 +59,8 @@ fn servers() -> Option<Servers> {
             key: var("NERVE_REAL_LITELLM_KEY")?,
             llama_key: var("NERVE_REAL_LLAMA_KEY")?,
             window: var("NERVE_REAL_CONTEXT_WINDOW")?,
-            server_binary: var("NERVE_REAL_LLAMA_SERVER")?.into(),
-            server_args: var("NERVE_REAL_LLAMA_SERVER_ARGS")?
-                .lines()
-                .map(str::to_owned)
-                .collect(),
+            python: var("NERVE_REAL_LLAMA_PYTHON")?.into(),
+            model: var("NERVE_REAL_MODEL")?.into(),
         })
     })();
     assert!(
@@ -91,14 +89,15 @@ enum Mode {
     NotStreamed,
 }
 
-/// Both modes: every route but llama-cpp-python's.
+/// Both modes: `llama-server` streams (text; it serves SmolLM2 without tools, see
+/// [`Route::tools`]).
 const BOTH: &[Mode] = &[Mode::Streamed, Mode::NotStreamed];
 
 /// llama-cpp-python's `chatml-function-calling` cannot stream an answer when tools are
 /// offered (it raises "Automatic streaming tool choice is not supported" after the 200
 /// and its keep-alive comments, so the stream ends with no data; Nerve retries it as a
 /// cut stream, then ends `error`). docs/providers.md tells users to set `stream = false`
-/// for it.
+/// for it. LiteLLM is in front of it.
 const NOT_STREAMED: &[Mode] = &[Mode::NotStreamed];
 
 /// The configuration file of a run in `mode`. Behind LiteLLM the Messages endpoint fronts
@@ -128,6 +127,11 @@ struct Route {
     key: String,
     /// The modes the server can serve tools in.
     modes: &'static [Mode],
+    /// Whether the model calls tools through this server. Not through `llama-server`:
+    /// SmolLM2's own chat template has no tools, and llama.cpp then drops them from the
+    /// prompt without a word (its `/apply-template` shows none); given a Hermes-style
+    /// template with tools, the 135M model still answers in prose.
+    tools: bool,
     /// Whether the model, asked for text, answers in text here: not behind llama-cpp-python's
     /// `chatml-function-calling`, where SmolLM2 calls a tool on nearly every turn, whatever
     /// it is asked (seen here: 4 of 4 turns of "reply with the single word hello").
@@ -142,6 +146,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             base: servers.llama_server.clone(),
             key: servers.llama_key.clone(),
             modes: BOTH,
+            tools: false,
             answers_in_text: true,
         },
         Route {
@@ -150,6 +155,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             base: servers.llama_python.clone(),
             key: servers.llama_key.clone(),
             modes: NOT_STREAMED,
+            tools: true,
             answers_in_text: false,
         },
         Route {
@@ -157,16 +163,18 @@ fn routes(servers: &Servers) -> Vec<Route> {
             provider: "openai",
             base: format!("{}/v1", servers.litellm),
             key: servers.key.clone(),
-            modes: BOTH,
-            answers_in_text: true,
+            modes: NOT_STREAMED,
+            tools: true,
+            answers_in_text: false,
         },
         Route {
             name: "LiteLLM messages",
             provider: "anthropic",
             base: servers.litellm.clone(),
             key: servers.key.clone(),
-            modes: BOTH,
-            answers_in_text: true,
+            modes: NOT_STREAMED,
+            tools: true,
+            answers_in_text: false,
         },
     ]
 }
@@ -387,7 +395,7 @@ fn check_prefix(exchanges: &[Exchange], shown: &str) {
 }
 
 #[test]
-fn llama_server_runs_tools_and_answers_in_text() {
+fn llama_server_answers_in_text_streamed_and_not() {
     tools_and_text("llama-server direct");
 }
 
@@ -397,12 +405,12 @@ fn llama_cpp_python_runs_tools() {
 }
 
 #[test]
-fn litellm_chat_completions_runs_tools_and_answers_in_text() {
+fn litellm_chat_completions_runs_tools() {
     tools_and_text("LiteLLM chat completions");
 }
 
 #[test]
-fn litellm_messages_runs_tools_and_answers_in_text() {
+fn litellm_messages_runs_tools() {
     tools_and_text("LiteLLM messages");
 }
 
@@ -418,7 +426,9 @@ fn tools_and_text(name: &str) {
         .find(|r| r.name == name)
         .unwrap();
     for &mode in route.modes {
-        tool_run(dir.path(), &db, &servers, &route, mode);
+        if route.tools {
+            tool_run(dir.path(), &db, &servers, &route, mode);
+        }
         text_run(dir.path(), &db, &servers, &route, mode);
     }
     assert_no_key(&db, &[&servers.key, &servers.llama_key]);
@@ -587,7 +597,9 @@ fn a_wrong_key_is_one_line_and_no_retries() {
         );
         assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
         let out = stdout(&output);
-        assert_eq!(out.lines().count(), 1, "one line: {out}");
+        // The transcript of a run that failed at once; its error is one line.
+        let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("error: ")).collect();
+        assert_eq!(errors.len(), 1, "one error line: {out}");
         // llama.cpp's server says 401; LiteLLM without a database says 400 "No connected
         // db." to any key but its master key. Either way: permanent, in its own words.
         let (outcome, expected) = if route.name.starts_with("llama") {
@@ -604,8 +616,12 @@ fn a_wrong_key_is_one_line_and_no_retries() {
                 ),
             )
         };
-        assert!(out.contains(&expected), "`{expected}` in: {out}");
-        let id = out.split(':').next().unwrap();
+        assert!(errors[0].contains(&expected), "`{expected}` in: {out}");
+        let id = out
+            .lines()
+            .find_map(|l| l.strip_prefix("log: execution "))
+            .and_then(|l| l.split(' ').next())
+            .unwrap_or_else(|| panic!("no execution id in: {out}"));
         let wrong_run = trace(&db, id);
         assert_eq!(wrong_run.outcomes, vec![outcome.to_owned()], "{out}");
         assert!(wrong_run.retries.is_empty(), "{out}");
@@ -629,10 +645,9 @@ fn a_killed_server_is_retried_then_the_run_resumes() {
         .port();
     let log = dir.path().join("llama.log");
     let mut server = LlamaServer::start(&servers, port, &log);
-    // Streamed, as by default: the server dies before or during an answer's stream.
-    let config = config(dir.path(), Mode::Streamed);
+    let config = config(dir.path(), Mode::NotStreamed);
     let base = format!("http://127.0.0.1:{port}/v1");
-    let route = &routes(&servers)[0];
+    let route = &routes(&servers)[1];
     let env = route.env(&base, &servers.llama_key, &config);
     let workspace = workspace(dir.path(), "killed");
     let task = "Use the shell tool to run `ls`, then say in one sentence which files there are.";
@@ -795,8 +810,8 @@ fn a_terminal_shows_the_text_before_the_model_call_ends() {
     assert_no_key(&db, &[&servers.llama_key]);
 }
 
-/// A `llama-server` of a test's own, started like the one `cargo xtask test-real` starts;
-/// killed when dropped.
+/// A llama.cpp server of a test's own, started like the one `cargo xtask test-real`
+/// starts; killed when dropped.
 struct LlamaServer {
     child: Option<Child>,
 }
@@ -809,9 +824,21 @@ impl LlamaServer {
             .append(true)
             .open(log)
             .unwrap();
-        let child = Command::new(&servers.server_binary)
-            .args(&servers.server_args)
+        let child = Command::new(&servers.python)
+            .args(["-m", "llama_cpp.server", "--model"])
+            .arg(&servers.model)
+            .args(["--chat_format", "chatml-function-calling"])
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--n_ctx",
+                &servers.window,
+                "--n_threads",
+                "1",
+                "--n_threads_batch",
+                "1",
+            ])
+            .args(["--model_alias", "smollm2", "--seed", "7"])
+            .args(["--api_key", &servers.llama_key])
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -820,18 +847,18 @@ impl LlamaServer {
         let mut server = Self { child: Some(child) };
         let address = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + RUN_PATIENCE;
-        while !server_ready(address, &servers.llama_key) {
+        while !models_answer(address, &servers.llama_key) {
             if let Some(child) = server.child.as_mut() {
                 let exited = child.try_wait().unwrap();
                 assert!(
                     exited.is_none(),
-                    "llama-server exited ({exited:?}); see {}",
+                    "llama.cpp's server exited ({exited:?}); see {}",
                     log.display()
                 );
             }
             assert!(
                 Instant::now() < deadline,
-                "llama-server did not answer within {RUN_PATIENCE:?}"
+                "llama.cpp's server did not answer within {RUN_PATIENCE:?}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -856,14 +883,14 @@ impl Drop for LlamaServer {
     }
 }
 
-/// Whether `GET /health` answers 200: `llama-server` has loaded the model.
-fn server_ready(address: SocketAddr, key: &str) -> bool {
+/// Whether `GET /v1/models` answers 200.
+fn models_answer(address: SocketAddr, key: &str) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&address, Duration::from_secs(1)) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
     let request = format!(
-        "GET /health HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+        "GET /v1/models HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
     );
     if stream.write_all(request.as_bytes()).is_err() {
         return false;

@@ -7,8 +7,8 @@
 //!   libraries beside it;
 //! - llama-cpp-python's server (`python -m llama_cpp.server`), installed without compiling
 //!   anything: it loads those same libraries;
-//! - LiteLLM's proxy in front of `llama-server`, with an OpenAI and an Anthropic Messages
-//!   endpoint.
+//! - LiteLLM's proxy in front of llama-cpp-python's server (the one that gives SmolLM2
+//!   tools), with an OpenAI and an Anthropic Messages endpoint.
 //!
 //! Everything is cached under `~/.cache/nerve/` and made anew whenever missing or
 //! incomplete (a marker file is written last), so the cache is never needed, only faster.
@@ -145,7 +145,7 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
 
     let litellm_port = free_port()?;
     let config = logs.join("litellm.yaml");
-    std::fs::write(&config, litellm_config(server_port))?;
+    std::fs::write(&config, litellm_config(python_port))?;
     let litellm_server = Server::start(
         "LiteLLM",
         Command::new(litellm.join("bin/litellm"))
@@ -189,13 +189,9 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
         .env("NERVE_REAL_LITELLM_KEY", LITELLM_KEY)
         .env("NERVE_REAL_LLAMA_KEY", LLAMA_KEY)
         .env("NERVE_REAL_CONTEXT_WINDOW", CONTEXT_WINDOW.to_string())
-        // For the test that kills a server and starts it again: its own, the same way
-        // (`llama-server` with these arguments, then `--port N`).
-        .env("NERVE_REAL_LLAMA_SERVER", &llama_server_bin)
-        .env(
-            "NERVE_REAL_LLAMA_SERVER_ARGS",
-            llama_server_args(&model).join("\n"),
-        ));
+        // For the test that kills a server and starts it again: its own, the same way.
+        .env("NERVE_REAL_LLAMA_PYTHON", llama_python.join("bin/python"))
+        .env("NERVE_REAL_MODEL", &model));
     drop(litellm_server);
     drop(llama_server);
     drop(python_server);
@@ -233,7 +229,8 @@ fn llama_server_args(model: &Path) -> Vec<String> {
     args
 }
 
-/// LiteLLM in front of llama.cpp's server. Two settings learned the hard way: Anthropic
+/// LiteLLM in front of llama-cpp-python's server (`llama-server` would serve SmolLM2
+/// without its tools: docs/providers.md). Two settings learned the hard way: Anthropic
 /// Messages requests for an `openai/...` model go to the backend's `/v1/responses` (which
 /// llama.cpp lacks) unless told to use Chat Completions; and the master key makes a wrong
 /// client key a 401.
