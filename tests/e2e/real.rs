@@ -730,9 +730,9 @@ fn a_killed_server_is_retried_then_the_run_resumes() {
 }
 
 /// How much streamed text the proxy lets through before it holds the answer in the
-/// terminal test: well past the text the display keeps back while it could still become a
-/// secret (up to the longest registered secret, here the key).
-const HOLD_AFTER: usize = 120;
+/// terminal test: past the text the display keeps back while it could still become a
+/// secret (up to the longest registered secret, here the 19-byte key).
+const HOLD_AFTER: usize = 64;
 
 #[test]
 fn a_terminal_shows_the_text_before_the_model_call_ends() {
