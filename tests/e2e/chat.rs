@@ -14,14 +14,14 @@ use crate::support::{
 
 /// A terminal the test types into and reads from: a tmux server of its own (its own
 /// socket, so no other tmux on the machine is touched), one window running `command`.
-struct Tmux {
+pub(crate) struct Tmux {
     socket: String,
 }
 
 impl Tmux {
     /// Starts `nerve <args>` with `env` in a 160x50 terminal. When it exits, the pane says
     /// `nerve exited CODE` and stays, so the end can be read.
-    fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
+    pub(crate) fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let socket = format!("nerve-chat-e2e-{}-{n}", std::process::id());
@@ -77,7 +77,7 @@ impl Tmux {
 
     /// The screen and its scrollback, as text; when tmux cannot read it (its server is
     /// gone), what tmux said instead, so that a failure shows why.
-    fn screen(&self) -> String {
+    pub(crate) fn screen(&self) -> String {
         let output = Command::new("tmux")
             .args([
                 "-L",
@@ -127,7 +127,7 @@ impl Tmux {
         }
     }
 
-    fn wait_for(&self, text: &str) -> String {
+    pub(crate) fn wait_for(&self, text: &str) -> String {
         self.wait_for_count(text, 1)
     }
 

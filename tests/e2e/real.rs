@@ -1,9 +1,11 @@
-//! The real `nerve` binary against real model servers that no one on this project wrote:
-//! llama.cpp's server (llama-cpp-python) running SmolLM2-135M-Instruct, reached directly
-//! with `--provider openai`, and LiteLLM's proxy in front of it, reached with `--provider
-//! openai` and with `--provider anthropic` (its Messages endpoint). `cargo xtask
-//! test-real` starts the servers, sets `NERVE_REAL_*` and compiles this module in (the
-//! `real-servers` feature of nerve-tests); a test here without them fails.
+//! The real `nerve` binary against real model servers that no one on this project wrote,
+//! all serving SmolLM2-135M-Instruct: llama.cpp's C++ server (`llama-server`: streamed
+//! text) and llama-cpp-python's server (`chatml-function-calling`: tools, not streamed),
+//! each reached directly with `--provider openai`, and LiteLLM's proxy in front of
+//! llama-cpp-python's server, reached with `--provider openai` and with `--provider anthropic` (its
+//! Messages endpoint). `cargo xtask test-real` starts the servers, sets `NERVE_REAL_*` and
+//! compiles this module in (the `real-servers` feature of nerve-tests); a test here without
+//! them fails.
 //!
 //! A 135M model is a weak agent: it names tools that do not exist, writes odd arguments,
 //! and answers in text where a call was meant. Whatever it does, every request Nerve sends
@@ -18,20 +20,24 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
+use crate::chat::Tmux;
 use crate::support::{
     Running, events_json, last_json, nerve_env, read_log, sandbox_available, spawn_nerve_env,
     stderr, stdout,
 };
 
 /// The servers `cargo xtask test-real` started, and what it takes to start another
-/// llama.cpp server.
+/// `llama-server`.
 struct Servers {
-    llama: String,
+    /// llama-cpp-python's server (`.../v1`).
+    llama_python: String,
+    /// llama.cpp's `llama-server` (`.../v1`).
+    llama_server: String,
     litellm: String,
     key: String,
     llama_key: String,
@@ -47,7 +53,8 @@ fn servers() -> Option<Servers> {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let found = (|| {
         Some(Servers {
-            llama: var("NERVE_REAL_LLAMA_URL")?,
+            llama_python: var("NERVE_REAL_LLAMA_PYTHON_URL")?,
+            llama_server: var("NERVE_REAL_LLAMA_SERVER_URL")?,
             litellm: var("NERVE_REAL_LITELLM_URL")?,
             key: var("NERVE_REAL_LITELLM_KEY")?,
             llama_key: var("NERVE_REAL_LLAMA_KEY")?,
@@ -66,7 +73,7 @@ fn servers() -> Option<Servers> {
     found
 }
 
-/// One llama.cpp server on two cores: one run at a time.
+/// The model servers share two cores: one run at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// How long one real run may take before the test gives up on it: a watchdog far above
@@ -82,14 +89,16 @@ enum Mode {
     NotStreamed,
 }
 
-/// The modes the tool runs use. Not streamed alone: llama-cpp-python's
-/// `chatml-function-calling` cannot stream an answer when tools are offered (it raises
-/// "Automatic streaming tool choice is not supported" after the 200 and its keep-alive
-/// comments, so the stream ends with no data; Nerve retries it as a cut stream, then
-/// ends `error`), and behind LiteLLM the same. docs/providers.md tells users to set
-/// `stream = false` for it; the streamed path is tested against servers written here
-/// (tests/e2e/stream.rs) until a real server that streams tool calls joins these.
-const MODES: [Mode; 1] = [Mode::NotStreamed];
+/// Both modes: `llama-server` streams (text; it serves SmolLM2 without tools, see
+/// [`Route::tools`]).
+const BOTH: &[Mode] = &[Mode::Streamed, Mode::NotStreamed];
+
+/// llama-cpp-python's `chatml-function-calling` cannot stream an answer when tools are
+/// offered (it raises "Automatic streaming tool choice is not supported" after the 200
+/// and its keep-alive comments, so the stream ends with no data; Nerve retries it as a
+/// cut stream, then ends `error`). docs/providers.md tells users to set `stream = false`
+/// for it. LiteLLM is in front of it.
+const NOT_STREAMED: &[Mode] = &[Mode::NotStreamed];
 
 /// The configuration file of a run in `mode`. Behind LiteLLM the Messages endpoint fronts
 /// a model that is not Claude: no cache breakpoints.
@@ -116,27 +125,56 @@ struct Route {
     /// The base URL as the provider's variable takes it (`.../v1` for OpenAI).
     base: String,
     key: String,
+    /// The modes the server can serve tools in.
+    modes: &'static [Mode],
+    /// Whether the model calls tools through this server. Not through `llama-server`:
+    /// SmolLM2's own chat template has no tools, and llama.cpp then drops them from the
+    /// prompt without a word (its `/apply-template` shows none); given a Hermes-style
+    /// template with tools, the 135M model still answers in prose.
+    tools: bool,
+    /// Whether the model, asked for text, answers in text here: not behind llama-cpp-python's
+    /// `chatml-function-calling`, where SmolLM2 calls a tool on nearly every turn, whatever
+    /// it is asked (seen here: 4 of 4 turns of "reply with the single word hello").
+    answers_in_text: bool,
 }
 
 fn routes(servers: &Servers) -> Vec<Route> {
     vec![
         Route {
-            name: "llama.cpp direct",
+            name: "llama-server direct",
             provider: "openai",
-            base: servers.llama.clone(),
+            base: servers.llama_server.clone(),
             key: servers.llama_key.clone(),
+            modes: BOTH,
+            tools: false,
+            answers_in_text: true,
+        },
+        Route {
+            name: "llama-cpp-python direct",
+            provider: "openai",
+            base: servers.llama_python.clone(),
+            key: servers.llama_key.clone(),
+            modes: NOT_STREAMED,
+            tools: true,
+            answers_in_text: false,
         },
         Route {
             name: "LiteLLM chat completions",
             provider: "openai",
             base: format!("{}/v1", servers.litellm),
             key: servers.key.clone(),
+            modes: NOT_STREAMED,
+            tools: true,
+            answers_in_text: false,
         },
         Route {
             name: "LiteLLM messages",
             provider: "anthropic",
             base: servers.litellm.clone(),
             key: servers.key.clone(),
+            modes: NOT_STREAMED,
+            tools: true,
+            answers_in_text: false,
         },
     ]
 }
@@ -357,118 +395,159 @@ fn check_prefix(exchanges: &[Exchange], shown: &str) {
 }
 
 #[test]
-fn every_route_runs_tools_and_answers_in_text() {
+fn llama_server_answers_in_text_streamed_and_not() {
+    tools_and_text("llama-server direct");
+}
+
+#[test]
+fn llama_cpp_python_runs_tools() {
+    tools_and_text("llama-cpp-python direct");
+}
+
+#[test]
+fn litellm_chat_completions_runs_tools() {
+    tools_and_text("LiteLLM chat completions");
+}
+
+#[test]
+fn litellm_messages_runs_tools() {
+    tools_and_text("LiteLLM messages");
+}
+
+/// On route `name`, in each of its modes: a run whose tool call executes with at least two
+/// requests accepted after it, and a run asked to answer in text.
+fn tools_and_text(name: &str) {
     let Some(servers) = servers() else { return };
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("nerve.db");
-    for mode in MODES {
-        for route in routes(&servers) {
-            // A tool call executes, and at least two more requests follow it.
-            let (output, exchanges) = run_task(
-                dir.path(),
-                &db,
-                &servers,
-                &route,
-                mode,
-                "Use the shell tool to run `ls`, then use the shell tool to run `cat notes.txt`, then say which fruits are listed.",
-                "6",
-            );
-            let summary = last_json(&output);
-            let id = summary["execution_id"].as_str().unwrap();
-            let tools = trace(&db, id);
-            let shown = format!("{} ({mode:?}): {summary} {}", route.name, stderr(&output));
-            eprintln!(
-                "{} ({mode:?}): {} requests, {} tool calls ({} errors), {}",
-                route.name,
-                exchanges.len(),
-                tools.tools_finished,
-                tools.tool_errors,
-                summary["termination_reason"]
-            );
-            assert!(tools.tools_finished >= 1, "no tool ran: {shown}");
-            assert!(
-                tools.ok_after_first_tool >= 2,
-                "{} requests accepted after the first tool: {shown}",
-                tools.ok_after_first_tool
-            );
-            // Whatever the model wrote, the server accepted every request, each once.
-            assert!(
-                tools.outcomes.iter().all(|o| o == "ok"),
-                "{:?}: {shown}",
-                tools.outcomes
-            );
-            assert!(tools.retries.is_empty(), "{:?}: {shown}", tools.retries);
-            assert_ne!(summary["termination_reason"], "error", "{shown}");
-            assert_eq!(exchanges.len(), tools.outcomes.len(), "{shown}");
-            assert!(
-                exchanges.iter().all(|e| e.status == 200),
-                "{:?}: {shown}",
-                exchanges.iter().map(|e| e.status).collect::<Vec<_>>()
-            );
-            check_streaming(&exchanges, mode, &shown);
-            // Ordinary turns only (no compaction, no planning): each request extends the
-            // one before it.
-            assert!(
-                tools.purposes.iter().all(|p| p == "agent"),
-                "{:?}: {shown}",
-                tools.purposes
-            );
-            check_prefix(&exchanges, &shown);
-
-            // A run that ends with the model's text.
-            let (output, exchanges) = run_task(
-                dir.path(),
-                &db,
-                &servers,
-                &route,
-                mode,
-                "Say hello in one short sentence. Do not use any tool.",
-                "3",
-            );
-            let summary = last_json(&output);
-            let id = summary["execution_id"].as_str().unwrap();
-            let text = trace(&db, id);
-            let shown = format!("{} ({mode:?}): {summary} {}", route.name, stderr(&output));
-            assert!(
-                text.outcomes.iter().all(|o| o == "ok"),
-                "{:?}: {shown}",
-                text.outcomes
-            );
-            // SmolLM2 behind `chatml-function-calling` calls a tool on nearly every turn,
-            // whatever it is asked (seen here: 4 of 4 turns of "reply with the single word
-            // hello"), so a text ending cannot be required of it; what Nerve controls can:
-            // every request accepted, no error, and a completed run ends in text.
-            assert_ne!(summary["termination_reason"], "error", "{shown}");
-            check_streaming(&exchanges, mode, &shown);
-            if summary["termination_reason"] != "completed" {
-                eprintln!(
-                    "{}: the model never answered in text: {summary}",
-                    route.name
-                );
-                continue;
-            }
-            let events = events_json(&db, id);
-            let last_answer = events
-                .iter()
-                .rev()
-                .find(|e| {
-                    e["kind"] == "message_appended"
-                        && e["payload"]["message"]["role"] == "assistant"
-                })
-                .map(|e| e["payload"]["message"]["parts"].clone())
-                .unwrap_or_default();
-            let parts = last_answer.as_array().cloned().unwrap_or_default();
-            assert!(
-                parts.iter().any(|p| p["type"] == "text"
-                    && p["text"].as_str().is_some_and(|t| !t.trim().is_empty()))
-                    && !parts.iter().any(|p| p["type"] == "tool_call"),
-                "the run ends with text: {last_answer} {shown}"
-            );
+    let route = routes(&servers)
+        .into_iter()
+        .find(|r| r.name == name)
+        .unwrap();
+    for &mode in route.modes {
+        if route.tools {
+            tool_run(dir.path(), &db, &servers, &route, mode);
         }
+        text_run(dir.path(), &db, &servers, &route, mode);
     }
     assert_no_key(&db, &[&servers.key, &servers.llama_key]);
 }
+
+/// A finished run: its summary, its id, what its log shows, and what a failure shows.
+struct Finished {
+    summary: serde_json::Value,
+    id: String,
+    trace: Trace,
+    shown: String,
+}
+
+/// Reads the run that gave `output` and checks what every run must show: every request
+/// accepted once, streamed as configured, and no `error` ending.
+fn finished(
+    db: &Path,
+    route: &Route,
+    mode: Mode,
+    what: &str,
+    output: &Output,
+    exchanges: &[Exchange],
+) -> Finished {
+    let summary = last_json(output);
+    let id = summary["execution_id"].as_str().unwrap().to_owned();
+    let trace = trace(db, &id);
+    let shown = format!("{} ({mode:?}): {summary} {}", route.name, stderr(output));
+    eprintln!(
+        "{} ({mode:?}): {what}: {} requests, {} tool calls ({} errors), {}",
+        route.name,
+        exchanges.len(),
+        trace.tools_finished,
+        trace.tool_errors,
+        summary["termination_reason"]
+    );
+    // Whatever the model wrote, the server accepted every request, each once.
+    assert!(
+        trace.outcomes.iter().all(|o| o == "ok"),
+        "{:?}: {shown}",
+        trace.outcomes
+    );
+    assert!(trace.retries.is_empty(), "{:?}: {shown}", trace.retries);
+    assert_ne!(summary["termination_reason"], "error", "{shown}");
+    assert_eq!(exchanges.len(), trace.outcomes.len(), "{shown}");
+    assert!(
+        exchanges.iter().all(|e| e.status == 200),
+        "{:?}: {shown}",
+        exchanges.iter().map(|e| e.status).collect::<Vec<_>>()
+    );
+    check_streaming(exchanges, mode, &shown);
+    Finished {
+        summary,
+        id,
+        trace,
+        shown,
+    }
+}
+
+/// A tool call executes, and at least two more requests follow it, every one accepted.
+fn tool_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode) {
+    let (output, exchanges) = run_task(
+        dir,
+        db,
+        servers,
+        route,
+        mode,
+        "Use the shell tool to run `ls`, then use the shell tool to run `cat notes.txt`, then say which fruits are listed.",
+        "6",
+    );
+    let run = finished(db, route, mode, "tool run", &output, &exchanges);
+    let shown = &run.shown;
+    assert!(run.trace.tools_finished >= 1, "no tool ran: {shown}");
+    assert!(
+        run.trace.ok_after_first_tool >= 2,
+        "{} requests accepted after the first tool: {shown}",
+        run.trace.ok_after_first_tool
+    );
+    // Ordinary turns only (no compaction, no planning): each request extends the one
+    // before it.
+    assert!(
+        run.trace.purposes.iter().all(|p| p == "agent"),
+        "{:?}: {shown}",
+        run.trace.purposes
+    );
+    check_prefix(&exchanges, shown);
+}
+
+/// A run asked to answer in text: every request accepted, no error, and (where the model
+/// can) the run completes with the model's text.
+fn text_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode) {
+    let (output, exchanges) = run_task(dir, db, servers, route, mode, TEXT_TASK, "3");
+    let run = finished(db, route, mode, "text run", &output, &exchanges);
+    let (summary, shown) = (&run.summary, &run.shown);
+    if !route.answers_in_text && summary["termination_reason"] != "completed" {
+        eprintln!(
+            "{}: the model never answered in text: {summary}",
+            route.name
+        );
+        return;
+    }
+    assert_eq!(summary["termination_reason"], "completed", "{shown}");
+    let events = events_json(db, &run.id);
+    let last_answer = events
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "message_appended" && e["payload"]["message"]["role"] == "assistant")
+        .map(|e| e["payload"]["message"]["parts"].clone())
+        .unwrap_or_default();
+    let parts = last_answer.as_array().cloned().unwrap_or_default();
+    assert!(
+        parts.iter().any(
+            |p| p["type"] == "text" && p["text"].as_str().is_some_and(|t| !t.trim().is_empty())
+        ) && !parts.iter().any(|p| p["type"] == "tool_call"),
+        "the run ends with text: {last_answer} {shown}"
+    );
+}
+
+/// What the text runs ask.
+const TEXT_TASK: &str = "Say hello in one short sentence. Do not use any tool.";
 
 /// The keys are nowhere on disk: not in the database, its WAL or its shared memory.
 fn assert_no_key(db: &Path, keys: &[&str]) {
@@ -518,7 +597,9 @@ fn a_wrong_key_is_one_line_and_no_retries() {
         );
         assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
         let out = stdout(&output);
-        assert_eq!(out.lines().count(), 1, "one line: {out}");
+        // The transcript of a run that failed at once; its error is one line.
+        let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("error: ")).collect();
+        assert_eq!(errors.len(), 1, "one error line: {out}");
         // llama.cpp's server says 401; LiteLLM without a database says 400 "No connected
         // db." to any key but its master key. Either way: permanent, in its own words.
         let (outcome, expected) = if route.name.starts_with("llama") {
@@ -535,8 +616,12 @@ fn a_wrong_key_is_one_line_and_no_retries() {
                 ),
             )
         };
-        assert!(out.contains(&expected), "`{expected}` in: {out}");
-        let id = out.split(':').next().unwrap();
+        assert!(errors[0].contains(&expected), "`{expected}` in: {out}");
+        let id = out
+            .lines()
+            .find_map(|l| l.strip_prefix("log: execution "))
+            .and_then(|l| l.split(' ').next())
+            .unwrap_or_else(|| panic!("no execution id in: {out}"));
         let wrong_run = trace(&db, id);
         assert_eq!(wrong_run.outcomes, vec![outcome.to_owned()], "{out}");
         assert!(wrong_run.retries.is_empty(), "{out}");
@@ -562,7 +647,7 @@ fn a_killed_server_is_retried_then_the_run_resumes() {
     let mut server = LlamaServer::start(&servers, port, &log);
     let config = config(dir.path(), Mode::NotStreamed);
     let base = format!("http://127.0.0.1:{port}/v1");
-    let route = &routes(&servers)[0];
+    let route = &routes(&servers)[1];
     let env = route.env(&base, &servers.llama_key, &config);
     let workspace = workspace(dir.path(), "killed");
     let task = "Use the shell tool to run `ls`, then say in one sentence which files there are.";
@@ -641,6 +726,87 @@ fn a_killed_server_is_retried_then_the_run_resumes() {
         resumed.outcomes.len() > killed.outcomes.len(),
         "no model call after the resume: {shown}"
     );
+    assert_no_key(&db, &[&servers.llama_key]);
+}
+
+/// How much streamed text the proxy lets through before it holds the answer in the
+/// terminal test: past the text the display keeps back while it could still become a
+/// secret (up to the longest registered secret, here the 19-byte key).
+const HOLD_AFTER: usize = 64;
+
+#[test]
+fn a_terminal_shows_the_text_before_the_model_call_ends() {
+    let Some(servers) = servers() else { return };
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let route = &routes(&servers)[0];
+    let recorder = Recorder::start(&route.base);
+    recorder.hold_after(HOLD_AFTER);
+    let config = config(dir.path(), Mode::Streamed);
+    let env = route.env(&recorder.base, &route.key, &config);
+    let workspace = workspace(dir.path(), "terminal");
+    let task = "Write a paragraph of four sentences about apples. Do not use any tool.";
+    let db_arg = db.display().to_string();
+    let mut args = vec!["--db", db_arg.as_str()];
+    args.extend(run_args(
+        workspace.to_str().unwrap(),
+        &servers,
+        "openai",
+        task,
+        "3",
+    ));
+    // On a terminal: the live transcript, not the JSON summary.
+    assert_eq!(args.pop(), Some("--json"));
+    let term = Tmux::start(&args, &as_env(&env));
+    // The server has sent HOLD_AFTER bytes of text, and the proxy holds the rest of the
+    // answer back: the model call has not ended.
+    let deadline = Instant::now() + RUN_PATIENCE;
+    let held = loop {
+        if let Some(held) = recorder.held(Duration::from_millis(200)) {
+            break held;
+        }
+        let screen = term.screen();
+        assert!(
+            !screen.contains("nerve exited"),
+            "the run ended without {HOLD_AFTER} bytes of streamed text:\n{screen}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no streamed text within {RUN_PATIENCE:?}:\n{screen}"
+        );
+    };
+    // A word of it well before its end (the display keeps back only what could still
+    // become a secret), and not one of the task's.
+    let cut = (0..=held.len() - HOLD_AFTER / 2)
+        .rev()
+        .find(|&i| held.is_char_boundary(i))
+        .unwrap_or(0);
+    let early = &held[..cut];
+    let word = early
+        .split_whitespace()
+        .rev()
+        .skip(1)
+        .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()))
+        .find(|w| w.len() >= 4 && !task.to_lowercase().contains(&w.to_lowercase()))
+        .unwrap_or_else(|| panic!("no word to look for in {held:?}"))
+        .to_owned();
+    let screen = term.wait_for(&word);
+    let calls = read_log(&db)
+        .iter()
+        .filter(|e| e.kind == "model_called")
+        .count();
+    let finished = recorder.exchanges().len();
+    eprintln!(
+        "the terminal shows {word:?} of {held:?} with the call open ({finished} finished before it)"
+    );
+    assert_eq!(
+        calls, finished,
+        "a model call ended while its answer was held:\n{screen}"
+    );
+    recorder.release();
+    let screen = term.wait_for("nerve exited");
+    assert!(screen.contains("nerve exited 0"), "{screen}");
     assert_no_key(&db, &[&servers.llama_key]);
 }
 
@@ -750,6 +916,44 @@ struct Recorder {
     /// The upstream base URL with this proxy's address in place of the upstream's.
     base: String,
     exchanges: Arc<Mutex<Vec<Exchange>>>,
+    hold: Arc<Hold>,
+}
+
+/// A streamed answer stopped part-way: once the text a stream carried reaches `after`
+/// bytes, the proxy passes nothing more on until [`Recorder::release`] (once per
+/// recorder). Off unless armed.
+#[derive(Default)]
+struct Hold {
+    state: Mutex<HoldState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct HoldState {
+    after: Option<usize>,
+    /// The text passed on when the stream was stopped.
+    held: Option<String>,
+    released: bool,
+}
+
+impl Hold {
+    /// Called with the bytes an answer sent so far; blocks while the answer is held.
+    fn check(&self, answer: &[u8]) {
+        let mut state = self.state.lock().unwrap();
+        let Some(after) = state.after else { return };
+        if state.held.is_some() {
+            return;
+        }
+        let text = streamed_text(answer);
+        if text.len() < after {
+            return;
+        }
+        state.held = Some(text);
+        self.changed.notify_all();
+        while !state.released {
+            state = self.changed.wait(state).unwrap();
+        }
+    }
 }
 
 impl Recorder {
@@ -763,28 +967,79 @@ impl Recorder {
         let base = format!("http://{}{path}", listener.local_addr().unwrap());
         let exchanges = Arc::new(Mutex::new(Vec::new()));
         let recorded = Arc::clone(&exchanges);
+        let hold = Arc::new(Hold::default());
+        let holding = Arc::clone(&hold);
         // The thread ends with the test process; it holds nothing but the listener.
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let recorded = Arc::clone(&recorded);
+                let holding = Arc::clone(&holding);
                 std::thread::spawn(move || {
-                    if let Some(exchange) = forward(client, upstream) {
+                    if let Some(exchange) = forward(client, upstream, &holding) {
                         recorded.lock().unwrap().push(exchange);
                     }
                 });
             }
         });
-        Self { base, exchanges }
+        Self {
+            base,
+            exchanges,
+            hold,
+        }
     }
 
     /// The exchanges so far, in the order they finished.
     fn exchanges(&self) -> Vec<Exchange> {
         self.exchanges.lock().unwrap().clone()
     }
+
+    /// Stops the first stream whose text reaches `after` bytes, there.
+    fn hold_after(&self, after: usize) {
+        self.hold.state.lock().unwrap().after = Some(after);
+    }
+
+    /// The text of the held stream, once a stream is held; `None` while none is yet.
+    fn held(&self, wait: Duration) -> Option<String> {
+        let state = self.hold.state.lock().unwrap();
+        let (state, _) = self
+            .hold
+            .changed
+            .wait_timeout_while(state, wait, |s| s.held.is_none())
+            .unwrap();
+        state.held.clone()
+    }
+
+    /// Lets the held stream go on.
+    fn release(&self) {
+        self.hold.state.lock().unwrap().released = true;
+        self.hold.changed.notify_all();
+    }
+}
+
+/// The text in the Chat Completions stream `answer` (the `content` of its deltas), up to
+/// the last whole piece.
+fn streamed_text(answer: &[u8]) -> String {
+    const NEEDLE: &[u8] = b"\"content\":\"";
+    let mut text = String::new();
+    let mut from = 0;
+    while let Some(at) = answer[from..]
+        .windows(NEEDLE.len())
+        .position(|w| w == NEEDLE)
+    {
+        let start = from + at + NEEDLE.len() - 1;
+        let mut strings =
+            serde_json::Deserializer::from_slice(&answer[start..]).into_iter::<String>();
+        let Some(Ok(piece)) = strings.next() else {
+            break;
+        };
+        text.push_str(&piece);
+        from = start + strings.byte_offset();
+    }
+    text
 }
 
 /// Passes one request from `client` to `upstream` and its answer back.
-fn forward(client: TcpStream, upstream: SocketAddr) -> Option<Exchange> {
+fn forward(client: TcpStream, upstream: SocketAddr, hold: &Hold) -> Option<Exchange> {
     let mut from_client = BufReader::new(client.try_clone().ok()?);
     let head = read_head(&mut from_client)?;
     let length = header(&head, "content-length").map_or(0, |v| v.parse().unwrap_or(0));
@@ -801,6 +1056,7 @@ fn forward(client: TcpStream, upstream: SocketAddr) -> Option<Exchange> {
         .ok()?;
     // The rest as it comes: a streamed answer passes chunk by chunk.
     let mut buffer = [0_u8; 4096];
+    let mut sent = Vec::new();
     loop {
         let n = from_server.read(&mut buffer).ok()?;
         if n == 0 {
@@ -808,6 +1064,8 @@ fn forward(client: TcpStream, upstream: SocketAddr) -> Option<Exchange> {
         }
         to_client.write_all(&buffer[..n]).ok()?;
         to_client.flush().ok()?;
+        sent.extend_from_slice(&buffer[..n]);
+        hold.check(&sent);
     }
     let _ = to_client.shutdown(Shutdown::Both);
     let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);

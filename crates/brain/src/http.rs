@@ -391,8 +391,9 @@ impl ErrorDetails {
     }
 
     /// Whether a 5xx blames the request rather than the server: llama.cpp's Python server
-    /// answers a request it cannot validate or render with 500, and gateways pass on
-    /// the backend's 400 as their own 500.
+    /// answers a request it cannot validate or render with 500 (a Jinja template missing a
+    /// field says "'dict object' has no attribute 'content'"), and gateways pass on the
+    /// backend's 400 as their own 500.
     fn blames_the_request(&self) -> bool {
         self.status
             .is_some_and(|status| (400..500).contains(&status))
@@ -407,6 +408,7 @@ impl ErrorDetails {
                 "field required",
                 "input should be",
                 "template",
+                "has no attribute",
             ])
     }
 }
@@ -811,6 +813,14 @@ mod tests {
             r#"{"error":{"message":"litellm.APIError: OpenAIException - Value is not callable","type":null,"param":null,"code":"400"}}"#,
             None,
             "server_rejected: HTTP 500 from openai: litellm.APIError: OpenAIException - Value is not callable",
+        );
+        // LiteLLM's Messages endpoint in front of llama-cpp-python: the chat template
+        // fails on a message LiteLLM made without `content`.
+        check_status(
+            500,
+            r#"{"error":{"message":"litellm.InternalServerError: InternalServerError: OpenAIException - 'dict object' has no attribute 'content'. Received Model Group=smollm2","type":null,"param":null,"code":"500"}}"#,
+            None,
+            "server_rejected: HTTP 500 from openai: litellm.InternalServerError: InternalServerError: OpenAIException - 'dict object' has no attribute 'content'. Received Model Group=smollm2",
         );
         check_status(302, "", None, "bad_request: HTTP 302 from openai");
     }
