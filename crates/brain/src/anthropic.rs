@@ -237,7 +237,7 @@ impl Provider for AnthropicProvider {
     }
 
     async fn stream(&self, request: ModelRequest<'_>) -> ModelStream {
-        if !self.config.stream {
+        if !self.config.stream || !self.endpoint.streams() {
             return ModelStream::from_result(self.complete(request).await);
         }
         let estimate = self.endpoint.estimate(&request);

@@ -116,20 +116,20 @@ impl HttpClient {
         })
     }
 
-    /// POSTs `body` as JSON. Any non-2xx status becomes the matching [`ProviderError`].
+    /// How errors name the provider.
+    pub(crate) fn provider(&self) -> &'static str {
+        self.provider
+    }
+
+    /// POSTs `body`, a JSON document ([`encode`]). Any non-2xx status becomes the matching
+    /// [`ProviderError`].
     pub(crate) async fn post(
         &self,
         url: &str,
         headers: HeaderMap,
-        body: &impl serde::Serialize,
+        body: Bytes,
         streaming: bool,
     ) -> Result<reqwest::Response, ProviderError> {
-        let body = serde_json::to_vec(body).map_err(|e| {
-            ProviderError::permanent(
-                crate::answer::kind::BAD_REQUEST,
-                format!("cannot encode the request: {e}"),
-            )
-        })?;
         let mut request = self
             .client
             .post(url)
@@ -163,6 +163,16 @@ impl HttpClient {
             &body,
         ))
     }
+}
+
+/// A request body as the JSON bytes to send.
+pub(crate) fn encode(body: &impl serde::Serialize) -> Result<Bytes, ProviderError> {
+    serde_json::to_vec(body).map(Bytes::from).map_err(|e| {
+        ProviderError::permanent(
+            crate::answer::kind::BAD_REQUEST,
+            format!("cannot encode the request: {e}"),
+        )
+    })
 }
 
 /// Whether a response is a whole JSON document: what a server that ignores `stream: true`

@@ -5,13 +5,15 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
 use reqwest::header::HeaderMap;
 
 use crate::answer::{ModelRequest, ModelResponse, ProviderError};
 use crate::http::{self, ClientError, HttpClient, HttpConfig, ResponseSource};
 pub(crate) use crate::stream::RawArguments;
-use crate::stream::{ModelStream, StreamDecoder};
+use crate::stream::{ModelStream, StreamDecoder, WholeAnswer};
 use crate::tokens::{TokenCounter, UsageEstimate, counter_for_model};
 
 /// Decodes a whole response body.
@@ -27,6 +29,8 @@ pub(crate) struct Endpoint {
     counter: Arc<dyn TokenCounter>,
     /// The arguments of the tool calls this endpoint returned, as it wrote them.
     pub(crate) raw: Arc<RawArguments>,
+    /// Set once the server gave whole an answer it would not stream.
+    whole_only: Arc<AtomicBool>,
 }
 
 impl Endpoint {
@@ -45,6 +49,7 @@ impl Endpoint {
             client: HttpClient::new(provider, http, base)?,
             counter: counter_for_model(model),
             raw: Arc::new(RawArguments::default()),
+            whole_only: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -62,14 +67,23 @@ impl Endpoint {
     ) -> Result<ModelResponse, ProviderError> {
         let response = self
             .client
-            .post(&self.url, self.headers.clone(), body, false)
+            .post(&self.url, self.headers.clone(), http::encode(body)?, false)
             .await?;
         let body = http::read_body(response).await?;
         decode(&body, estimate, Some(&self.raw))
     }
 
+    /// Whether answers are still asked for as streams: not once a server accepted a
+    /// streamed request, sent nothing, and then gave the same answer whole.
+    pub(crate) fn streams(&self) -> bool {
+        !self.whole_only.load(Ordering::Relaxed)
+    }
+
     /// Posts `body` asking for a stream and decodes it with `decoder`; a server that
-    /// ignores `stream: true` and answers whole is decoded with `decode`.
+    /// ignores `stream: true` and answers whole is decoded with `decode`. A stream that
+    /// ends, or is cut, before its first event is asked for again whole (the same body
+    /// with `stream: false`); when that answer comes, this endpoint asks for whole answers
+    /// from then on ([`Endpoint::streams`]).
     pub(crate) async fn stream(
         &self,
         body: &impl serde::Serialize,
@@ -77,9 +91,13 @@ impl Endpoint {
         decode: Decode,
         decoder: impl StreamDecoder + 'static,
     ) -> ModelStream {
+        let body = match http::encode(body) {
+            Ok(body) => body,
+            Err(error) => return ModelStream::from_result(Err(error)),
+        };
         match self
             .client
-            .post(&self.url, self.headers.clone(), body, true)
+            .post(&self.url, self.headers.clone(), body.clone(), true)
             .await
         {
             Ok(response) if http::is_json(&response) => {
@@ -88,10 +106,58 @@ impl Endpoint {
                     body.and_then(|body| decode(&body, &estimate, Some(&self.raw))),
                 )
             }
-            Ok(response) => ModelStream::new(ResponseSource(response), decoder),
+            Ok(response) => ModelStream::new(ResponseSource(response), decoder)
+                .or_whole(self.whole_answer(body, estimate, decode)),
             Err(error) => ModelStream::from_result(Err(error)),
         }
     }
+
+    /// What asks for the answer to the streamed request `streamed` whole.
+    fn whole_answer(
+        &self,
+        streamed: Bytes,
+        estimate: UsageEstimate,
+        decode: Decode,
+    ) -> WholeAnswer {
+        let client = self.client.clone();
+        let url = self.url.clone();
+        let headers = self.headers.clone();
+        let raw = Arc::clone(&self.raw);
+        let whole_only = Arc::clone(&self.whole_only);
+        Box::new(move || {
+            Box::pin(async move {
+                tracing::warn!(
+                    provider = client.provider(),
+                    "the server accepted a streamed request and ended it before sending anything; asking for the answer whole"
+                );
+                let body = not_streamed(&streamed)?;
+                let response = client.post(&url, headers, body, false).await?;
+                let body = http::read_body(response).await?;
+                let answer = decode(&body, &estimate, Some(&raw))?;
+                if !whole_only.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        provider = client.provider(),
+                        "the server answered whole what it would not stream: asking for whole answers from now on (`stream = false` in the provider's configuration skips the attempt)"
+                    );
+                }
+                Ok(answer)
+            })
+        })
+    }
+}
+
+/// The JSON body `streamed` with streaming off: `stream: false`, no `stream_options`.
+fn not_streamed(streamed: &[u8]) -> Result<Bytes, ProviderError> {
+    let mut body: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(streamed)
+        .map_err(|e| {
+            ProviderError::permanent(
+                crate::answer::kind::BAD_REQUEST,
+                format!("cannot re-encode the request: {e}"),
+            )
+        })?;
+    body.insert("stream".into(), serde_json::Value::Bool(false));
+    body.remove("stream_options");
+    http::encode(&body)
 }
 
 /// Output tokens below this are not worth asking for: a prompt that leaves less room is

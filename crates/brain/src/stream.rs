@@ -122,7 +122,19 @@ struct Live {
     decoder: Box<dyn StreamDecoder>,
     deltas: VecDeque<Delta>,
     terminal: Option<Result<ModelResponse, ProviderError>>,
+    /// Whether any event has arrived.
+    evented: bool,
+    /// What asks for the whole answer instead when the stream ends (or is cut) before its
+    /// first event.
+    fallback: Option<WholeAnswer>,
 }
+
+/// Asks for the same answer whole (not streamed): a stream's fallback.
+pub type WholeAnswer = Box<
+    dyn FnOnce() -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<ModelResponse, ProviderError>> + Send>,
+        > + Send,
+>;
 
 impl std::fmt::Debug for ModelStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -147,8 +159,20 @@ impl ModelStream {
                 decoder: Box::new(decoder),
                 deltas: VecDeque::new(),
                 terminal: None,
+                evented: false,
+                fallback: None,
             })),
         }
+    }
+
+    /// When the stream ends, or is cut, before its first event, `whole` is asked for the
+    /// answer instead, and the stream replays it (a server that accepts `stream: true` but
+    /// cannot stream this request: llama-cpp-python's tool calls).
+    pub fn or_whole(mut self, whole: WholeAnswer) -> Self {
+        if let State::Live(live) = &mut self.state {
+            live.fallback = Some(whole);
+        }
+        self
     }
 
     /// A stream that replays a finished call: its parts as deltas, then the terminal chunk.
@@ -215,7 +239,9 @@ impl ModelStream {
                         self.state = State::Ended;
                         return Some(StreamChunk::End(terminal));
                     }
-                    live.pull().await;
+                    if let Some(whole) = live.pull().await {
+                        self.state = Self::from_result(whole).state;
+                    }
                 }
             }
         }
@@ -238,18 +264,22 @@ impl ModelStream {
 impl Live {
     /// Reads once from the source; afterwards there are deltas, a terminal, or neither
     /// (the read completed no event). Events are decoded as the parser completes them,
-    /// straight from its buffers.
-    async fn pull(&mut self) {
+    /// straight from its buffers. A stream that ended or was cut before its first event
+    /// returns the fallback's whole answer, when it has one.
+    async fn pull(&mut self) -> Option<Result<ModelResponse, ProviderError>> {
         let Self {
             source,
             parser,
             decoder,
             deltas,
             terminal,
+            evented,
+            fallback,
         } = self;
         match source.next_chunk().await {
             Ok(Some(bytes)) => {
                 let fed = parser.feed_each(&bytes, |event| {
+                    *evented = true;
                     decode(&mut **decoder, event, deltas, terminal);
                 });
                 if let Err(error) = fed
@@ -262,16 +292,29 @@ impl Live {
                 }
             }
             Ok(None) => {
-                parser.finish_each(|event| decode(&mut **decoder, event, deltas, terminal));
+                parser.finish_each(|event| {
+                    *evented = true;
+                    decode(&mut **decoder, event, deltas, terminal);
+                });
+                if !*evented && let Some(whole) = fallback.take() {
+                    return Some(whole().await);
+                }
                 if terminal.is_none() {
                     *terminal = Some(decoder.finish(false));
                 }
             }
             Err(error) => {
+                if !*evented
+                    && error.kind() == kind::TRUNCATED_STREAM
+                    && let Some(whole) = fallback.take()
+                {
+                    return Some(whole().await);
+                }
                 // Whatever the decoder holds is incomplete: the answer is lost, the deltas stay.
                 *terminal = Some(Err(error));
             }
         }
+        None
     }
 }
 

@@ -625,6 +625,98 @@ async fn a_provider_with_streaming_off_asks_for_whole_answers() {
     }
 }
 
+/// llama-cpp-python accepts `stream: true` with tools, sends keep-alive comments, and ends
+/// the stream without an event when the model calls a tool ("Automatic streaming tool
+/// choice is not supported"). The same request is asked for whole, and from then on every
+/// answer is asked for whole; a stream that had begun is never asked for again.
+#[tokio::test]
+async fn a_stream_that_ends_before_any_event_is_asked_for_whole() {
+    let tool_answer = llama_cpp_tool_answer();
+    let anthropic_whole = serde_json::json!({"content": [{"type": "text", "text": "whole ✓"}], "stop_reason": "end_turn"});
+    let pings = |abort| Reply::Stream {
+        pieces: vec![
+            b": ping - 2026-11-25\r\n\r\n".to_vec(),
+            b": ping\n\n".to_vec(),
+        ],
+        abort,
+    };
+    let server = TestServer::start(vec![
+        pings(false),
+        json(200, tool_answer),
+        json(200, answer("then whole")),
+        pings(true),
+        json(200, anthropic_whole),
+    ])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let openai = openai(&server);
+    let (deltas, end) = drain(openai.stream(request(&messages, &tools)).await).await;
+    let response = end.unwrap();
+    assert_eq!(calls(&response).len(), 1, "{response:?}");
+    assert!(
+        deltas
+            .iter()
+            .any(|d| matches!(d, Delta::ToolCallStart { name, .. } if name == "shell")),
+        "{deltas:?}"
+    );
+    // Sticky: the next answer is not streamed.
+    let stream = openai.stream(request(&messages, &tools)).await;
+    assert!(!stream.is_live());
+    assert_eq!(
+        drain(stream).await.1.unwrap().message.text_content(),
+        "then whole"
+    );
+    // A stream cut before its first event (the Messages shape) is asked for whole too.
+    let (deltas, end) = drain(anthropic(&server).stream(request(&messages, &tools)).await).await;
+    assert_eq!(text_of(&deltas), "whole ✓");
+    assert_eq!(end.unwrap().message.text_content(), "whole ✓");
+    let streamed: Vec<_> = server
+        .requests()
+        .iter()
+        .map(|r| {
+            (
+                r.body["stream"].clone(),
+                r.body.get("stream_options").is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        streamed,
+        [
+            (serde_json::json!(true), true),
+            (serde_json::json!(false), false),
+            (serde_json::json!(false), false),
+            (serde_json::json!(true), false),
+            (serde_json::json!(false), false),
+        ]
+    );
+    // Everything but `stream` is the same request.
+    let mut bodies: Vec<_> = server.requests().into_iter().map(|r| r.body).collect();
+    for body in &mut bodies {
+        let body = body.as_object_mut().unwrap();
+        body.remove("stream");
+        body.remove("stream_options");
+    }
+    assert_eq!(bodies[0], bodies[1]);
+    assert_eq!(bodies[3], bodies[4]);
+}
+
+/// A stream that had begun and then broke is a transient error, never asked for whole.
+#[tokio::test]
+async fn a_stream_cut_after_its_first_event_is_not_asked_for_whole() {
+    let first = sse(&[chunk(serde_json::json!({"content": "hel"}), None)]);
+    let server = TestServer::start(vec![Reply::Stream {
+        pieces: vec![first.into_bytes()],
+        abort: true,
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let (deltas, end) = drain(openai(&server).stream(request(&messages, &tools)).await).await;
+    assert_eq!(text_of(&deltas), "hel");
+    assert_eq!(transient(&end.unwrap_err()).0, "truncated_stream");
+    assert_eq!(server.requests().len(), 1);
+}
+
 #[tokio::test]
 async fn openai_bad_input_from_the_model_never_crashes() {
     let mut text = String::from("data: this is not json\n\n: a comment\n\n");
