@@ -97,6 +97,7 @@ fn estimate() -> UsageEstimate {
     UsageEstimate {
         input: 0,
         counter: Arc::new(Estimate),
+        calibration: None,
     }
 }
 

@@ -188,7 +188,7 @@ impl AnthropicProvider {
         let max_tokens = output_limit(
             Some(self.config.max_output_tokens),
             self.config.context_window,
-            estimate.input,
+            estimate.prompt(),
         )
         .unwrap_or(self.config.max_output_tokens);
         // The thinking budget must stay below max_tokens, and at 1,024 or more.
@@ -865,6 +865,7 @@ mod tests {
         UsageEstimate {
             input: 100,
             counter: Arc::new(Estimate),
+            calibration: None,
         }
     }
 

@@ -437,6 +437,7 @@ mod tests {
             let estimate = UsageEstimate {
                 input: 10,
                 counter: Arc::new(Estimate),
+                calibration: None,
             };
             ModelStream::new(MemorySource(chunks), ChatStreamDecoder::new(estimate))
         }

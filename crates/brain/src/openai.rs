@@ -134,7 +134,7 @@ impl OpenAiProvider {
         let limit = output_limit(
             self.config.max_output_tokens,
             self.config.context_window,
-            estimate.input,
+            estimate.prompt(),
         );
         let (max_tokens, max_completion_tokens) = match limit {
             Some(limit) if self.official => (None, Some(limit)),
@@ -741,6 +741,7 @@ mod tests {
         UsageEstimate {
             input: 100,
             counter: Arc::new(Estimate),
+            calibration: None,
         }
     }
 

@@ -14,7 +14,7 @@ use crate::answer::{ModelRequest, ModelResponse, ProviderError};
 use crate::http::{self, ClientError, HttpClient, HttpConfig, ResponseSource};
 pub(crate) use crate::stream::RawArguments;
 use crate::stream::{ModelStream, StreamDecoder, WholeAnswer};
-use crate::tokens::{TokenCounter, UsageEstimate, counter_for_model};
+use crate::tokens::{Calibration, TokenCounter, UsageEstimate, counter_for_model};
 
 /// Decodes a whole response body.
 pub(crate) type Decode =
@@ -31,6 +31,8 @@ pub(crate) struct Endpoint {
     pub(crate) raw: Arc<RawArguments>,
     /// Set once the server gave whole an answer it would not stream.
     whole_only: Arc<AtomicBool>,
+    /// How the server's prompt counts compare with the estimate's.
+    calibration: Arc<Calibration>,
 }
 
 impl Endpoint {
@@ -50,12 +52,13 @@ impl Endpoint {
             counter: counter_for_model(model),
             raw: Arc::new(RawArguments::default()),
             whole_only: Arc::new(AtomicBool::new(false)),
+            calibration: Arc::default(),
         })
     }
 
     /// What the prompt costs, for the output limit and for usage the server does not report.
     pub(crate) fn estimate(&self, request: &ModelRequest<'_>) -> UsageEstimate {
-        UsageEstimate::for_request(&self.counter, request)
+        UsageEstimate::for_request(&self.counter, request).calibrated(&self.calibration)
     }
 
     /// Posts `body` and decodes the whole answer.

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nerve_core::{Message, MessagePart, TokenUsage, ToolDefinition};
@@ -489,6 +490,41 @@ pub struct UsageEstimate {
     /// The prompt's tokens, counted before sending.
     pub input: u64,
     pub counter: Arc<dyn TokenCounter>,
+    /// What the endpoint's server reported about earlier prompts: it scales
+    /// [`UsageEstimate::prompt`], and this prompt's report updates it.
+    pub calibration: Option<Arc<Calibration>>,
+}
+
+/// How much more the server counted than the estimate, for the last prompt it reported
+/// on: a model whose tokenizer splits text finer than the estimate assumes (SmolLM2's
+/// 49k-token vocabulary: about a fifth more tokens than estimated) would otherwise be asked
+/// for more output than its window leaves, and refuse. Never below 1 (an estimate above
+/// the server's count only costs a little output room), at most 4.
+#[derive(Debug, Default)]
+pub struct Calibration {
+    /// The last ratio in thousandths; 0 before any report.
+    permille: AtomicU64,
+}
+
+impl Calibration {
+    /// Prompts shorter than this say little about the ratio (the chat template's own
+    /// tokens dominate them).
+    const MIN_PROMPT: u64 = 100;
+
+    /// The server counted `reported` tokens for a prompt estimated at `estimated`.
+    pub fn observe(&self, estimated: u64, reported: u64) {
+        if estimated < Self::MIN_PROMPT || reported == 0 {
+            return;
+        }
+        let permille = (u128::from(reported) * 1000 / u128::from(estimated)).clamp(1000, 4000);
+        self.permille.store(permille as u64, Ordering::Relaxed);
+    }
+
+    /// `estimated` as the server would count it, going by its last report.
+    pub fn scale(&self, estimated: u64) -> u64 {
+        let permille = self.permille.load(Ordering::Relaxed).max(1000);
+        (u128::from(estimated) * u128::from(permille) / 1000).min(u128::from(u64::MAX)) as u64
+    }
 }
 
 impl UsageEstimate {
@@ -500,13 +536,34 @@ impl UsageEstimate {
         Self {
             input: counter.count_messages(request.messages) + counter.count_tools(request.tools),
             counter: Arc::clone(counter),
+            calibration: None,
         }
     }
 
-    /// Reported usage when there is some (servers that report zeros report nothing).
+    /// With `calibration`, the endpoint's.
+    pub fn calibrated(mut self, calibration: &Arc<Calibration>) -> Self {
+        self.calibration = Some(Arc::clone(calibration));
+        self
+    }
+
+    /// The prompt's tokens as the server is expected to count them: the estimate, scaled
+    /// by the calibration when there is one.
+    pub fn prompt(&self) -> u64 {
+        self.calibration
+            .as_ref()
+            .map_or(self.input, |c| c.scale(self.input))
+    }
+
+    /// Reported usage when there is some (servers that report zeros report nothing). A
+    /// reported prompt count updates the calibration.
     pub fn resolve(&self, reported: Option<TokenUsage>, message: &Message) -> TokenUsage {
         match reported {
-            Some(usage) if usage.input_tokens > 0 || usage.output_tokens > 0 => usage,
+            Some(usage) if usage.input_tokens > 0 || usage.output_tokens > 0 => {
+                if let Some(calibration) = &self.calibration {
+                    calibration.observe(self.input, usage.input_tokens);
+                }
+                usage
+            }
             Some(_) | None => {
                 tracing::debug!("the server reported no usage; estimating it");
                 TokenUsage::new(self.input, self.counter.count_message(message))

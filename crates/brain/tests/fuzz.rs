@@ -291,6 +291,7 @@ fn estimate() -> UsageEstimate {
     UsageEstimate {
         input: 10,
         counter: Arc::new(Estimate),
+        calibration: None,
     }
 }
 

@@ -1390,6 +1390,42 @@ async fn the_output_limit_fits_the_window() {
     assert_eq!(sent[2].body["max_tokens"], 512);
 }
 
+/// A server that counts the prompt higher than the estimate (a small model's tokenizer):
+/// the next request's output limit leaves the room its count says is left.
+#[tokio::test]
+async fn the_output_limit_learns_the_servers_count_of_the_prompt() {
+    let reported = |input: u64| {
+        serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": input, "completion_tokens": 1, "total_tokens": input + 1}})
+    };
+    let (messages, tools) = (conversation(), tools());
+    let estimate = nerve_brain::tokens::counter_for_model("smollm2");
+    let estimated = estimate.count_messages(&messages) + estimate.count_tools(&tools);
+    let server = TestServer::start(vec![
+        json(200, reported(estimated * 2)),
+        json(200, reported(estimated / 2)),
+        json(200, answer("ok")),
+    ])
+    .await;
+    let mut config = OpenAiConfig::new("smollm2");
+    config.base_url = format!("{}/v1", server.url);
+    config.context_window = Some(4_096);
+    config.http = http();
+    let provider = OpenAiProvider::new(config).unwrap();
+    for _ in 0..3 {
+        provider.complete(request(&messages, &tools)).await.unwrap();
+    }
+    let max: Vec<u64> = server
+        .requests()
+        .iter()
+        .map(|r| r.body["max_tokens"].as_u64().unwrap())
+        .collect();
+    let room = |prompt: u64| 4_096 - prompt - prompt / 10;
+    // Before any report: the estimate. After a count twice the estimate: twice the
+    // prompt. After one below it: the estimate again, never less.
+    assert_eq!(max, [room(estimated), room(estimated * 2), room(estimated)]);
+}
+
 #[tokio::test]
 async fn anthropic_cache_breakpoints_and_their_absence() {
     let reply = serde_json::json!({"content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 1}});
