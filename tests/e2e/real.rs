@@ -89,16 +89,8 @@ enum Mode {
     NotStreamed,
 }
 
-/// Both modes: `llama-server` streams (text; it serves SmolLM2 without tools, see
-/// [`Route::tools`]).
+/// Streamed (the default) and not (`stream = false`).
 const BOTH: &[Mode] = &[Mode::Streamed, Mode::NotStreamed];
-
-/// llama-cpp-python's `chatml-function-calling` cannot stream an answer when tools are
-/// offered (it raises "Automatic streaming tool choice is not supported" after the 200
-/// and its keep-alive comments, so the stream ends with no data; Nerve retries it as a
-/// cut stream, then ends `error`). docs/providers.md tells users to set `stream = false`
-/// for it. LiteLLM is in front of it.
-const NOT_STREAMED: &[Mode] = &[Mode::NotStreamed];
 
 /// The configuration file of a run in `mode`. Behind LiteLLM the Messages endpoint fronts
 /// a model that is not Claude: no cache breakpoints.
@@ -125,19 +117,21 @@ struct Route {
     /// The base URL as the provider's variable takes it (`.../v1` for OpenAI).
     base: String,
     key: String,
-    /// The modes the server can serve tools in.
-    modes: &'static [Mode],
-    /// Whether the model calls tools through this server. Not through `llama-server`:
-    /// SmolLM2's own chat template has no tools, and llama.cpp then drops them from the
-    /// prompt without a word (its `/apply-template` shows none); given a Hermes-style
-    /// template with tools, the 135M model still answers in prose.
-    tools: bool,
+    /// Whether the server streams an answer that calls a tool. llama-cpp-python's
+    /// `chatml-function-calling` does not: it accepts `stream: true`, sends keep-alive
+    /// comments, raises "Automatic streaming tool choice is not supported" and ends the
+    /// stream without an event; Nerve then asks for that answer, and every later one,
+    /// whole.
+    streams_tools: bool,
     /// Whether the model, asked for text, answers in text here: not behind llama-cpp-python's
     /// `chatml-function-calling`, where SmolLM2 calls a tool on nearly every turn, whatever
     /// it is asked (seen here: 4 of 4 turns of "reply with the single word hello").
     answers_in_text: bool,
 }
 
+/// Every route, streamed and not. `llama-server` serves SmolLM2 with a chat template that
+/// has tools (`cargo xtask test-real` gives it one: SmolLM2's own has none), and LiteLLM is
+/// in front of it.
 fn routes(servers: &Servers) -> Vec<Route> {
     vec![
         Route {
@@ -145,8 +139,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             provider: "openai",
             base: servers.llama_server.clone(),
             key: servers.llama_key.clone(),
-            modes: BOTH,
-            tools: false,
+            streams_tools: true,
             answers_in_text: true,
         },
         Route {
@@ -154,8 +147,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             provider: "openai",
             base: servers.llama_python.clone(),
             key: servers.llama_key.clone(),
-            modes: NOT_STREAMED,
-            tools: true,
+            streams_tools: false,
             answers_in_text: false,
         },
         Route {
@@ -163,18 +155,16 @@ fn routes(servers: &Servers) -> Vec<Route> {
             provider: "openai",
             base: format!("{}/v1", servers.litellm),
             key: servers.key.clone(),
-            modes: NOT_STREAMED,
-            tools: true,
-            answers_in_text: false,
+            streams_tools: true,
+            answers_in_text: true,
         },
         Route {
             name: "LiteLLM messages",
             provider: "anthropic",
             base: servers.litellm.clone(),
             key: servers.key.clone(),
-            modes: NOT_STREAMED,
-            tools: true,
-            answers_in_text: false,
+            streams_tools: true,
+            answers_in_text: true,
         },
     ]
 }
@@ -329,25 +319,65 @@ fn trace_of(events: &[serde_json::Value]) -> Trace {
     trace
 }
 
-/// What the requests of one run show about streaming: every body asks for it in
-/// `Streamed` mode, none in `NotStreamed`, and the answers came as server-sent events
-/// exactly when asked.
-fn check_streaming(exchanges: &[Exchange], mode: Mode, shown: &str) {
-    for exchange in exchanges {
-        let body: serde_json::Value = serde_json::from_slice(&exchange.body).unwrap();
-        let streamed = body["stream"] == true;
-        assert_eq!(
-            streamed,
-            mode == Mode::Streamed,
-            "{mode:?}: a request with stream = {}: {shown}",
-            body["stream"]
-        );
-        assert_eq!(
-            exchange.event_stream, streamed,
-            "{mode:?}: the answer's content type: {}",
-            exchange.head
+/// What the requests of one run show about streaming. Not streamed: no request asks for
+/// it and no answer is an event stream. Streamed: every request asks for it and is
+/// answered with events, except where the route cannot stream a tool call
+/// ([`Route::streams_tools`]): there the first stream that ends without an event is asked
+/// for again whole, the same request but for `stream`, and every request after it asks for
+/// whole answers. Returns the exchanges that were model calls (without the empty streams).
+fn check_streaming(
+    exchanges: &[Exchange],
+    route: &Route,
+    mode: Mode,
+    shown: &str,
+) -> Vec<Exchange> {
+    let asks = |e: &Exchange| {
+        let body: serde_json::Value = serde_json::from_slice(&e.body).unwrap();
+        body["stream"] == true
+    };
+    if mode == Mode::NotStreamed {
+        for exchange in exchanges {
+            assert!(
+                !asks(exchange),
+                "a streamed request with stream = false: {shown}"
+            );
+            assert!(!exchange.event_stream, "{}: {shown}", exchange.head);
+        }
+        return exchanges.to_vec();
+    }
+    let empty = exchanges.iter().position(Exchange::streamed_nothing);
+    let streamed = empty.unwrap_or(exchanges.len());
+    for exchange in &exchanges[..streamed] {
+        assert!(asks(exchange), "a request without stream: true: {shown}");
+        assert!(exchange.event_stream, "{}: {shown}", exchange.head);
+    }
+    let Some(empty) = empty else {
+        return exchanges.to_vec();
+    };
+    assert!(
+        !route.streams_tools,
+        "{}: a stream ended without an event: {shown}",
+        route.name
+    );
+    let rest = &exchanges[empty + 1..];
+    assert!(
+        !rest.is_empty(),
+        "the empty stream was not asked for whole: {shown}"
+    );
+    assert_eq!(
+        rest[0].request_without_stream(),
+        exchanges[empty].request_without_stream(),
+        "the whole request is not the streamed one: {shown}"
+    );
+    for exchange in rest {
+        assert!(
+            !asks(exchange) && !exchange.event_stream,
+            "streamed after the fallback: {shown}"
         );
     }
+    let mut calls = exchanges.to_vec();
+    calls.remove(empty);
+    calls
 }
 
 /// The prompt prefix stays byte-identical between ordinary turns: each request's tools,
@@ -425,10 +455,8 @@ fn tools_and_text(name: &str) {
         .into_iter()
         .find(|r| r.name == name)
         .unwrap();
-    for &mode in route.modes {
-        if route.tools {
-            tool_run(dir.path(), &db, &servers, &route, mode);
-        }
+    for &mode in BOTH {
+        tool_run(dir.path(), &db, &servers, &route, mode);
         text_run(dir.path(), &db, &servers, &route, mode);
     }
     assert_no_key(&db, &[&servers.key, &servers.llama_key]);
@@ -440,6 +468,9 @@ struct Finished {
     id: String,
     trace: Trace,
     shown: String,
+    /// The exchanges that were model calls (a stream that ended empty and was asked for
+    /// again whole is not one).
+    calls: Vec<Exchange>,
 }
 
 /// Reads the run that gave `output` and checks what every run must show: every request
@@ -472,18 +503,19 @@ fn finished(
     );
     assert!(trace.retries.is_empty(), "{:?}: {shown}", trace.retries);
     assert_ne!(summary["termination_reason"], "error", "{shown}");
-    assert_eq!(exchanges.len(), trace.outcomes.len(), "{shown}");
     assert!(
         exchanges.iter().all(|e| e.status == 200),
         "{:?}: {shown}",
         exchanges.iter().map(|e| e.status).collect::<Vec<_>>()
     );
-    check_streaming(exchanges, mode, &shown);
+    let calls = check_streaming(exchanges, route, mode, &shown);
+    assert_eq!(calls.len(), trace.outcomes.len(), "{shown}");
     Finished {
         summary,
         id,
         trace,
         shown,
+        calls,
     }
 }
 
@@ -513,7 +545,14 @@ fn tool_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode)
         "{:?}: {shown}",
         run.trace.purposes
     );
-    check_prefix(&exchanges, shown);
+    check_prefix(&run.calls, shown);
+    // Where the server streams tool calls, one came as a stream.
+    if mode == Mode::Streamed && route.streams_tools {
+        assert!(
+            run.calls.iter().any(Exchange::streamed_a_call),
+            "no tool call was streamed: {shown}"
+        );
+    }
 }
 
 /// A run asked to answer in text: every request accepted, no error, and (where the model
@@ -907,6 +946,37 @@ struct Exchange {
     head: String,
     /// The answer was `text/event-stream`.
     event_stream: bool,
+    /// The answer's body as it came (chunked framing included).
+    answer: Vec<u8>,
+}
+
+impl Exchange {
+    /// A streamed answer that ended without a single event (keep-alive comments at most).
+    fn streamed_nothing(&self) -> bool {
+        self.event_stream && !contains(&self.answer, b"data:")
+    }
+
+    /// A streamed answer that carried a tool call as it was written: a Chat Completions
+    /// `tool_calls` delta or a Messages `tool_use` block.
+    fn streamed_a_call(&self) -> bool {
+        self.event_stream
+            && (contains(&self.answer, b"\"tool_calls\"")
+                || contains(&self.answer, b"\"tool_use\""))
+    }
+
+    /// The request's body without `stream` and `stream_options`.
+    fn request_without_stream(&self) -> serde_json::Value {
+        let mut body: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        if let Some(body) = body.as_object_mut() {
+            body.remove("stream");
+            body.remove("stream_options");
+        }
+        body
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// A recording proxy on a loopback port: each HTTP/1.1 request is passed on to the
@@ -1058,7 +1128,8 @@ fn forward(client: TcpStream, upstream: SocketAddr, hold: &Hold) -> Option<Excha
     let mut buffer = [0_u8; 4096];
     let mut sent = Vec::new();
     loop {
-        let n = from_server.read(&mut buffer).ok()?;
+        // A server that breaks the connection off has ended its answer too.
+        let n = from_server.read(&mut buffer).unwrap_or(0);
         if n == 0 {
             break;
         }
@@ -1076,6 +1147,7 @@ fn forward(client: TcpStream, upstream: SocketAddr, hold: &Hold) -> Option<Excha
         status,
         head: answer,
         event_stream,
+        answer: sent,
     })
 }
 

@@ -84,9 +84,9 @@ impl Endpoint {
 
     /// Posts `body` asking for a stream and decodes it with `decoder`; a server that
     /// ignores `stream: true` and answers whole is decoded with `decode`. A stream that
-    /// ends, or is cut, before its first event is asked for again whole (the same body
-    /// with `stream: false`); when that answer comes, this endpoint asks for whole answers
-    /// from then on ([`Endpoint::streams`]).
+    /// gives nothing (see [`ModelStream::or_whole`]) is asked for again whole (the same
+    /// body with `stream: false`); when that answer is not empty, this endpoint asks for
+    /// whole answers from then on ([`Endpoint::streams`]).
     pub(crate) async fn stream(
         &self,
         body: &impl serde::Serialize,
@@ -131,13 +131,14 @@ impl Endpoint {
             Box::pin(async move {
                 tracing::warn!(
                     provider = client.provider(),
-                    "the server accepted a streamed request and ended it before sending anything; asking for the answer whole"
+                    "the server streamed nothing for this request; asking for the answer whole"
                 );
                 let body = not_streamed(&streamed)?;
                 let response = client.post(&url, headers, body, false).await?;
                 let body = http::read_body(response).await?;
                 let answer = decode(&body, &estimate, Some(&raw))?;
-                if !whole_only.swap(true, Ordering::Relaxed) {
+                // An empty answer whole too is the model's: the stream was not at fault.
+                if !answer.message.parts.is_empty() && !whole_only.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         provider = client.provider(),
                         "the server answered whole what it would not stream: asking for whole answers from now on (`stream = false` in the provider's configuration skips the attempt)"

@@ -124,8 +124,10 @@ struct Live {
     terminal: Option<Result<ModelResponse, ProviderError>>,
     /// Whether any event has arrived.
     evented: bool,
-    /// What asks for the whole answer instead when the stream ends (or is cut) before its
-    /// first event.
+    /// Whether any delta has been returned.
+    delivered: bool,
+    /// What asks for the whole answer instead when the stream gave nothing
+    /// ([`Live::fallback_for`]).
     fallback: Option<WholeAnswer>,
 }
 
@@ -160,14 +162,16 @@ impl ModelStream {
                 deltas: VecDeque::new(),
                 terminal: None,
                 evented: false,
+                delivered: false,
                 fallback: None,
             })),
         }
     }
 
-    /// When the stream ends, or is cut, before its first event, `whole` is asked for the
-    /// answer instead, and the stream replays it (a server that accepts `stream: true` but
-    /// cannot stream this request: llama-cpp-python's tool calls).
+    /// When the stream gives nothing (it ends, or is cut, before its first event, or ends
+    /// with an empty answer before any delta), `whole` is asked for the answer instead, and
+    /// the stream replays it: a server that accepts `stream: true` but cannot stream this
+    /// request (llama-cpp-python's tool calls), directly or behind a gateway.
     pub fn or_whole(mut self, whole: WholeAnswer) -> Self {
         if let State::Live(live) = &mut self.state {
             live.fallback = Some(whole);
@@ -232,16 +236,19 @@ impl ModelStream {
                 }
                 State::Live(live) => {
                     if let Some(delta) = live.deltas.pop_front() {
+                        live.delivered = true;
                         return Some(StreamChunk::Delta(delta));
                     }
                     if let Some(terminal) = live.terminal.take() {
+                        if let Some(whole) = live.fallback_for(&terminal) {
+                            self.state = Self::from_result(whole().await).state;
+                            continue;
+                        }
                         // Dropping the source closes the connection.
                         self.state = State::Ended;
                         return Some(StreamChunk::End(terminal));
                     }
-                    if let Some(whole) = live.pull().await {
-                        self.state = Self::from_result(whole).state;
-                    }
+                    live.pull().await;
                 }
             }
         }
@@ -264,9 +271,8 @@ impl ModelStream {
 impl Live {
     /// Reads once from the source; afterwards there are deltas, a terminal, or neither
     /// (the read completed no event). Events are decoded as the parser completes them,
-    /// straight from its buffers. A stream that ended or was cut before its first event
-    /// returns the fallback's whole answer, when it has one.
-    async fn pull(&mut self) -> Option<Result<ModelResponse, ProviderError>> {
+    /// straight from its buffers.
+    async fn pull(&mut self) {
         let Self {
             source,
             parser,
@@ -274,7 +280,7 @@ impl Live {
             deltas,
             terminal,
             evented,
-            fallback,
+            ..
         } = self;
         match source.next_chunk().await {
             Ok(Some(bytes)) => {
@@ -296,25 +302,33 @@ impl Live {
                     *evented = true;
                     decode(&mut **decoder, event, deltas, terminal);
                 });
-                if !*evented && let Some(whole) = fallback.take() {
-                    return Some(whole().await);
-                }
                 if terminal.is_none() {
                     *terminal = Some(decoder.finish(false));
                 }
             }
             Err(error) => {
-                if !*evented
-                    && error.kind() == kind::TRUNCATED_STREAM
-                    && let Some(whole) = fallback.take()
-                {
-                    return Some(whole().await);
-                }
                 // Whatever the decoder holds is incomplete: the answer is lost, the deltas stay.
                 *terminal = Some(Err(error));
             }
         }
-        None
+    }
+
+    /// The fallback, when `terminal` ends a stream that gave nothing: it ended or was cut
+    /// before its first event, or it finished with an empty answer before any delta (what
+    /// a gateway makes of a server's failed stream: LiteLLM in front of llama-cpp-python).
+    fn fallback_for(
+        &mut self,
+        terminal: &Result<ModelResponse, ProviderError>,
+    ) -> Option<WholeAnswer> {
+        let gave_nothing = match terminal {
+            Err(error) => !self.evented && error.kind() == kind::TRUNCATED_STREAM,
+            Ok(response) => !self.delivered && response.message.parts.is_empty(),
+        };
+        if gave_nothing {
+            self.fallback.take()
+        } else {
+            None
+        }
     }
 }
 

@@ -701,6 +701,61 @@ async fn a_stream_that_ends_before_any_event_is_asked_for_whole() {
     assert_eq!(bodies[3], bodies[4]);
 }
 
+/// LiteLLM in front of llama-cpp-python turns the server's failed stream into an empty
+/// answer (Chat Completions: a `stop` chunk and `[DONE]`; Messages: an empty text block and
+/// `end_turn`). Such an answer is asked for whole; a whole answer that is empty too is the
+/// model's, and streaming goes on.
+#[tokio::test]
+async fn an_empty_streamed_answer_is_asked_for_whole() {
+    let empty_chat = format!(
+        "{}data: [DONE]\n\n",
+        sse(&[chunk(serde_json::json!({}), Some("stop"))])
+    );
+    let empty_messages = named_sse(&[
+        serde_json::json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "smollm2", "usage": {"input_tokens": 0, "output_tokens": 0}}}),
+        serde_json::json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        serde_json::json!({"type": "content_block_stop", "index": 0}),
+        serde_json::json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 0}}),
+        serde_json::json!({"type": "message_stop"}),
+    ]);
+    let stream = |text: &str| Reply::Stream {
+        pieces: vec![text.as_bytes().to_vec()],
+        abort: false,
+    };
+    let anthropic_tool = serde_json::json!({"content": [{"type": "tool_use", "id": "call_1", "name": "shell", "input": {"command": "ls"}}], "stop_reason": "tool_use"});
+    let server = TestServer::start(vec![
+        stream(&empty_chat),
+        json(200, answer("")),
+        stream(&empty_chat),
+        json(200, llama_cpp_tool_answer()),
+        json(200, answer("whole from now on")),
+        stream(&empty_messages),
+        json(200, anthropic_tool),
+    ])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let openai = openai(&server);
+    // Empty whole too: the model's answer, and the next one is streamed again.
+    let (_, end) = drain(openai.stream(request(&messages, &tools)).await).await;
+    assert!(end.unwrap().message.parts.is_empty());
+    let (_, end) = drain(openai.stream(request(&messages, &tools)).await).await;
+    assert_eq!(calls(&end.unwrap()).len(), 1);
+    let stream = openai.stream(request(&messages, &tools)).await;
+    assert!(!stream.is_live());
+    assert_eq!(
+        drain(stream).await.1.unwrap().message.text_content(),
+        "whole from now on"
+    );
+    let (deltas, end) = drain(anthropic(&server).stream(request(&messages, &tools)).await).await;
+    assert_eq!(calls(&end.unwrap()).len(), 1, "{deltas:?}");
+    let streamed: Vec<bool> = server
+        .requests()
+        .iter()
+        .map(|r| r.body["stream"] == true)
+        .collect();
+    assert_eq!(streamed, [true, false, true, false, false, true, false]);
+}
+
 /// A stream that had begun and then broke is a transient error, never asked for whole.
 #[tokio::test]
 async fn a_stream_cut_after_its_first_event_is_not_asked_for_whole() {
