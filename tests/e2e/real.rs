@@ -1,11 +1,11 @@
 //! The real `nerve` binary against real model servers that no one on this project wrote,
-//! all serving SmolLM2-135M-Instruct: llama.cpp's C++ server (`llama-server`: streamed
-//! text) and llama-cpp-python's server (`chatml-function-calling`: tools, not streamed),
+//! all serving SmolLM2-135M-Instruct: llama.cpp's C++ server (`llama-server`: text) and
+//! llama-cpp-python's server (`chatml-function-calling`: tools, each call answered whole),
 //! each reached directly with `--provider openai`, and LiteLLM's proxy in front of
-//! llama-cpp-python's server, reached with `--provider openai` and with `--provider anthropic` (its
-//! Messages endpoint). `cargo xtask test-real` starts the servers, sets `NERVE_REAL_*` and
-//! compiles this module in (the `real-servers` feature of nerve-tests); a test here without
-//! them fails.
+//! llama-cpp-python's server, reached with `--provider openai` and with `--provider
+//! anthropic` (its Messages endpoint); every route streamed and not. `cargo xtask
+//! test-real` starts the servers, sets `NERVE_REAL_*` and compiles this module in (the
+//! `real-servers` feature of nerve-tests); a test here without them fails.
 //!
 //! A 135M model is a weak agent: it names tools that do not exist, writes odd arguments,
 //! and answers in text where a call was meant. Whatever it does, every request Nerve sends
@@ -117,21 +117,38 @@ struct Route {
     /// The base URL as the provider's variable takes it (`.../v1` for OpenAI).
     base: String,
     key: String,
-    /// Whether the server streams an answer that calls a tool. llama-cpp-python's
-    /// `chatml-function-calling` does not: it accepts `stream: true`, sends keep-alive
-    /// comments, raises "Automatic streaming tool choice is not supported" and ends the
-    /// stream without an event; Nerve then asks for that answer, and every later one,
-    /// whole.
-    streams_tools: bool,
+    /// What the model does with tools through this server.
+    tools: Tools,
     /// Whether the model, asked for text, answers in text here: not behind llama-cpp-python's
     /// `chatml-function-calling`, where SmolLM2 calls a tool on nearly every turn, whatever
     /// it is asked (seen here: 4 of 4 turns of "reply with the single word hello").
     answers_in_text: bool,
 }
 
-/// Every route, streamed and not. `llama-server` serves SmolLM2 with a chat template that
-/// has tools (`cargo xtask test-real` gives it one: SmolLM2's own has none), and LiteLLM is
-/// in front of it.
+/// What a route does with tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tools {
+    /// None: `llama-server` serves SmolLM2 with its own chat template, which has none, and
+    /// drops them from the prompt. (Given templates with tools, in several formats, the
+    /// 135M model answered in prose, or in JSON the server could not parse: it calls tools
+    /// only where a grammar makes it, as `chatml-function-calling` does.)
+    None,
+    /// The model calls them, and the server answers each call whole: llama-cpp-python's
+    /// `chatml-function-calling` cannot stream a call (it accepts `stream: true`, sends
+    /// keep-alive comments, raises "Automatic streaming tool choice is not supported" and
+    /// ends the stream without an event; LiteLLM in front of it makes that an empty
+    /// answer). Streamed, Nerve asks for that answer, and every later one, whole.
+    Whole,
+    /// The model calls one, and the server refuses the request that carries its result:
+    /// LiteLLM's Messages endpoint turns an assistant turn that is only `tool_use` into a
+    /// Chat Completions message without `content` (it drops empty text), and
+    /// llama-cpp-python's template fails on it (500: `'dict object' has no attribute
+    /// 'content'`). A valid request that a gateway breaks: Nerve retries it once and ends
+    /// `error` with the server's own words.
+    RefusedAfterTheCall,
+}
+
+/// Every route, streamed and not.
 fn routes(servers: &Servers) -> Vec<Route> {
     vec![
         Route {
@@ -139,7 +156,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             provider: "openai",
             base: servers.llama_server.clone(),
             key: servers.llama_key.clone(),
-            streams_tools: true,
+            tools: Tools::None,
             answers_in_text: true,
         },
         Route {
@@ -147,7 +164,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             provider: "openai",
             base: servers.llama_python.clone(),
             key: servers.llama_key.clone(),
-            streams_tools: false,
+            tools: Tools::Whole,
             answers_in_text: false,
         },
         Route {
@@ -155,16 +172,16 @@ fn routes(servers: &Servers) -> Vec<Route> {
             provider: "openai",
             base: format!("{}/v1", servers.litellm),
             key: servers.key.clone(),
-            streams_tools: true,
-            answers_in_text: true,
+            tools: Tools::Whole,
+            answers_in_text: false,
         },
         Route {
             name: "LiteLLM messages",
             provider: "anthropic",
             base: servers.litellm.clone(),
             key: servers.key.clone(),
-            streams_tools: true,
-            answers_in_text: true,
+            tools: Tools::RefusedAfterTheCall,
+            answers_in_text: false,
         },
     ]
 }
@@ -321,10 +338,11 @@ fn trace_of(events: &[serde_json::Value]) -> Trace {
 
 /// What the requests of one run show about streaming. Not streamed: no request asks for
 /// it and no answer is an event stream. Streamed: every request asks for it and is
-/// answered with events, except where the route cannot stream a tool call
-/// ([`Route::streams_tools`]): there the first stream that ends without an event is asked
-/// for again whole, the same request but for `stream`, and every request after it asks for
-/// whole answers. Returns the exchanges that were model calls (without the empty streams).
+/// answered with events, except where the server cannot stream a tool call
+/// ([`Tools::Whole`]): there the first stream that gives nothing (no event, or an empty
+/// answer) is asked for again whole, the same request but for `stream`, and every request
+/// after it asks for whole answers. Returns the exchanges that were model calls (without
+/// the streams that gave nothing).
 fn check_streaming(
     exchanges: &[Exchange],
     route: &Route,
@@ -346,6 +364,11 @@ fn check_streaming(
         return exchanges.to_vec();
     }
     let empty = exchanges.iter().position(Exchange::streamed_nothing);
+    assert!(
+        empty.is_none() || route.tools != Tools::None,
+        "{}: a stream gave nothing: {shown}",
+        route.name
+    );
     let streamed = empty.unwrap_or(exchanges.len());
     for exchange in &exchanges[..streamed] {
         assert!(asks(exchange), "a request without stream: true: {shown}");
@@ -354,11 +377,6 @@ fn check_streaming(
     let Some(empty) = empty else {
         return exchanges.to_vec();
     };
-    assert!(
-        !route.streams_tools,
-        "{}: a stream ended without an event: {shown}",
-        route.name
-    );
     let rest = &exchanges[empty + 1..];
     assert!(
         !rest.is_empty(),
@@ -456,7 +474,11 @@ fn tools_and_text(name: &str) {
         .find(|r| r.name == name)
         .unwrap();
     for &mode in BOTH {
-        tool_run(dir.path(), &db, &servers, &route, mode);
+        match route.tools {
+            Tools::None => {}
+            Tools::Whole => tool_run(dir.path(), &db, &servers, &route, mode),
+            Tools::RefusedAfterTheCall => refused_tool_run(dir.path(), &db, &servers, &route, mode),
+        }
         text_run(dir.path(), &db, &servers, &route, mode);
     }
     assert_no_key(&db, &[&servers.key, &servers.llama_key]);
@@ -521,15 +543,7 @@ fn finished(
 
 /// A tool call executes, and at least two more requests follow it, every one accepted.
 fn tool_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode) {
-    let (output, exchanges) = run_task(
-        dir,
-        db,
-        servers,
-        route,
-        mode,
-        "Use the shell tool to run `ls`, then use the shell tool to run `cat notes.txt`, then say which fruits are listed.",
-        "6",
-    );
+    let (output, exchanges) = run_task(dir, db, servers, route, mode, TOOL_TASK, "6");
     let run = finished(db, route, mode, "tool run", &output, &exchanges);
     let shown = &run.shown;
     assert!(run.trace.tools_finished >= 1, "no tool ran: {shown}");
@@ -546,13 +560,60 @@ fn tool_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode)
         run.trace.purposes
     );
     check_prefix(&run.calls, shown);
-    // Where the server streams tool calls, one came as a stream.
-    if mode == Mode::Streamed && route.streams_tools {
+}
+
+/// [`Tools::RefusedAfterTheCall`]: the model's first call executes; the request carrying
+/// its result is refused by the server (not for anything in Nerve's request), retried
+/// once, and the run ends `error` with one line in the server's words.
+fn refused_tool_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode) {
+    let (output, exchanges) = run_task(dir, db, servers, route, mode, TOOL_TASK, "6");
+    let summary = last_json(&output);
+    let id = summary["execution_id"].as_str().unwrap().to_owned();
+    let trace = trace(db, &id);
+    let shown = format!("{} ({mode:?}): {summary} {}", route.name, stderr(&output));
+    eprintln!(
+        "{} ({mode:?}): refused tool run: {} requests, {} tool calls, {}",
+        route.name,
+        exchanges.len(),
+        trace.tools_finished,
+        summary["termination_reason"]
+    );
+    assert!(trace.tools_finished >= 1, "no tool ran: {shown}");
+    assert_eq!(summary["termination_reason"], "error", "{shown}");
+    let refused: Vec<&Exchange> = exchanges.iter().filter(|e| e.status != 200).collect();
+    assert_eq!(
+        refused.len(),
+        2,
+        "refused once, and once more on the retry: {shown}"
+    );
+    for exchange in &refused {
+        assert_eq!(exchange.status, 500, "{shown}");
         assert!(
-            run.calls.iter().any(Exchange::streamed_a_call),
-            "no tool call was streamed: {shown}"
+            contains(&exchange.answer, b"has no attribute 'content'"),
+            "{}: {shown}",
+            String::from_utf8_lossy(&exchange.answer)
         );
     }
+    assert_eq!(trace.retries.len(), 1, "{:?}: {shown}", trace.retries);
+    assert!(
+        trace.retries[0].starts_with("server_rejected"),
+        "{:?}",
+        trace.retries
+    );
+    let error = summary["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("HTTP 500 from anthropic")
+            && error.contains("has no attribute")
+            && !error.contains('\n'),
+        "{shown}"
+    );
+    // Up to the refusal, every request was accepted and streamed as configured.
+    let accepted: Vec<Exchange> = exchanges
+        .iter()
+        .filter(|e| e.status == 200)
+        .cloned()
+        .collect();
+    check_streaming(&accepted, route, mode, &shown);
 }
 
 /// A run asked to answer in text: every request accepted, no error, and (where the model
@@ -584,6 +645,9 @@ fn text_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode)
         "the run ends with text: {last_answer} {shown}"
     );
 }
+
+/// What the tool runs ask.
+const TOOL_TASK: &str = "Use the shell tool to run `ls`, then use the shell tool to run `cat notes.txt`, then say which fruits are listed.";
 
 /// What the text runs ask.
 const TEXT_TASK: &str = "Say hello in one short sentence. Do not use any tool.";
@@ -951,17 +1015,14 @@ struct Exchange {
 }
 
 impl Exchange {
-    /// A streamed answer that ended without a single event (keep-alive comments at most).
+    /// A streamed answer that gave nothing: it ended without an event (keep-alive comments
+    /// at most), or with an empty answer (no text, no tool call).
     fn streamed_nothing(&self) -> bool {
-        self.event_stream && !contains(&self.answer, b"data:")
-    }
-
-    /// A streamed answer that carried a tool call as it was written: a Chat Completions
-    /// `tool_calls` delta or a Messages `tool_use` block.
-    fn streamed_a_call(&self) -> bool {
         self.event_stream
-            && (contains(&self.answer, b"\"tool_calls\"")
-                || contains(&self.answer, b"\"tool_use\""))
+            && !contains(&self.answer, b"tool_calls")
+            && !contains(&self.answer, b"tool_use")
+            && !contains(&self.answer, b"text_delta")
+            && streamed_text(&self.answer).is_empty()
     }
 
     /// The request's body without `stream` and `stream_options`.
