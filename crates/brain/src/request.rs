@@ -150,18 +150,30 @@ impl Endpoint {
     }
 }
 
-/// The JSON body `streamed` with streaming off: `stream: false`, no `stream_options`.
+/// The JSON body `streamed` with streaming off: `"stream":false`, no `stream_options`,
+/// every other byte as it was (key order included: a server's prompt cache, and the
+/// prompt prefix the next request repeats, depend on them). Both fields are the last ones
+/// the request types serialize, so the last match is theirs, whatever a tool schema or a
+/// message holds.
 fn not_streamed(streamed: &[u8]) -> Result<Bytes, ProviderError> {
-    let mut body: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(streamed)
-        .map_err(|e| {
-            ProviderError::permanent(
-                crate::answer::kind::BAD_REQUEST,
-                format!("cannot re-encode the request: {e}"),
-            )
-        })?;
-    body.insert("stream".into(), serde_json::Value::Bool(false));
-    body.remove("stream_options");
-    http::encode(&body)
+    const STREAM: &[u8] = b"\"stream\":true";
+    const OPTIONS: &[u8] = b",\"stream_options\":{\"include_usage\":true}";
+    let last = |needle: &[u8]| streamed.windows(needle.len()).rposition(|w| w == needle);
+    let Some(at) = last(STREAM) else {
+        return Err(ProviderError::permanent(
+            crate::answer::kind::BAD_REQUEST,
+            "cannot ask for the answer whole: the request has no \"stream\":true",
+        ));
+    };
+    let mut body = Vec::with_capacity(streamed.len());
+    body.extend_from_slice(&streamed[..at]);
+    body.extend_from_slice(b"\"stream\":false");
+    let rest = &streamed[at + STREAM.len()..];
+    match rest.strip_prefix(OPTIONS) {
+        Some(after) => body.extend_from_slice(after),
+        None => body.extend_from_slice(rest),
+    }
+    Ok(Bytes::from(body))
 }
 
 /// Output tokens below this are not worth asking for: a prompt that leaves less room is
@@ -250,6 +262,21 @@ mod tests {
             proptest::prop_assert!(safe.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
             proptest::prop_assert_eq!(safe.clone(), safe_call_id(&id));
         }
+    }
+
+    #[test]
+    fn a_streamed_body_becomes_a_whole_one_byte_for_byte() {
+        let streamed = br#"{"model":"m","tools":[{"parameters":{"properties":{"stream":true}}}],"z":1,"stream":true,"stream_options":{"include_usage":true}}"#;
+        assert_eq!(
+            &not_streamed(streamed).unwrap()[..],
+            br#"{"model":"m","tools":[{"parameters":{"properties":{"stream":true}}}],"z":1,"stream":false}"#
+        );
+        let messages = br#"{"b":2,"a":1,"stream":true}"#;
+        assert_eq!(
+            &not_streamed(messages).unwrap()[..],
+            br#"{"b":2,"a":1,"stream":false}"#
+        );
+        assert!(not_streamed(br#"{"stream":false}"#).is_err());
     }
 
     #[test]
