@@ -571,7 +571,7 @@ fn tool_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode)
         run.trace
             .purposes
             .iter()
-            .all(|p| p == "agent" || p == "compaction")
+            .all(|p| p == "agent" || p == "summary")
             && (run.trace.outcomes.iter().any(|o| o == "context_overflow")
                 || run.trace.purposes.iter().all(|p| p == "agent")),
         "{:?}: {shown}",

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config]>";
+const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real [filter] | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -44,7 +44,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("test-sandbox") => test_sandbox(),
-        Some("test-real") => test_real(),
+        Some("test-real") => test_real(args.get(1).map(String::as_str)),
         Some("image") if args.get(1).map(String::as_str) == Some("python") => {
             python_image().map(|tag| println!("{tag}"))
         }
@@ -120,19 +120,18 @@ fn ci() -> Result<()> {
         .env("NERVE_REQUIRE_DOCKER", "1")
         .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
         .env("NERVE_PHOENIX_VENV", &phoenix)
-        .env(nerve_hands::EXECUTOR_ENV, &executor))
-    // `test-real` joins this list once it passes end to end: its tool run through
-    // LiteLLM's Messages endpoint still ends `error` (LiteLLM turns an assistant turn
-    // that is only `tool_use` into a message without `content`, and llama-cpp-python's
-    // template fails on it; `llama-server`, which would take it, serves SmolLM2 without
-    // tools; see docs/providers.md). Its one-time set-up (llama.cpp built once per
-    // machine) took about 12 minutes from an empty cache on an idle machine.
+        .env(nerve_hands::EXECUTOR_ENV, &executor))?;
+    // The providers against real servers (llama.cpp's two, LiteLLM): their one-time
+    // set-up, cached under ~/.cache/nerve, took about 12 minutes from an empty cache on an
+    // idle machine; the tests about 8.
+    real::test_real(&executor, None)
 }
 
-fn test_real() -> Result<()> {
+/// `filter` narrows the tests to those whose names contain it (within `real::`).
+fn test_real(filter: Option<&str>) -> Result<()> {
     let executor = image(false)?;
     run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
-    real::test_real(&executor)
+    real::test_real(&executor, filter)
 }
 
 /// The PostgreSQL server the tests use: the one `NERVE_TEST_PG` names, or a throwaway

@@ -78,7 +78,8 @@ const STARTUP: Duration = Duration::from_secs(600);
 const COMPLETE: &str = ".nerve-complete";
 
 /// Sets up the servers, runs the `real` tests against them, and stops the servers.
-pub(crate) fn test_real(executor: &Path) -> Result<()> {
+pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
+    let filter = format!("real::{}", filter.unwrap_or_default());
     let cache = cache_dir()?;
     let tools = venv(
         &cache,
@@ -170,7 +171,7 @@ pub(crate) fn test_real(executor: &Path) -> Result<()> {
             "real-servers",
             "--test",
             "e2e",
-            "real::",
+            &filter,
         ])
         .env("NERVE_REQUIRE_DOCKER", "1")
         .env(nerve_hands::EXECUTOR_ENV, executor)
