@@ -9,7 +9,7 @@ use std::sync::Arc;
 use reqwest::header::HeaderMap;
 
 use crate::answer::{ModelRequest, ModelResponse, ProviderError};
-use crate::http::{self, ClientError, HttpClient, HttpConfig, ResponseSource};
+use crate::http::{self, ClientError, HttpClient, HttpConfig};
 pub(crate) use crate::stream::RawArguments;
 use crate::stream::{ModelStream, StreamDecoder};
 use crate::tokens::{TokenCounter, UsageEstimate, counter_for_model};
@@ -64,7 +64,7 @@ impl Endpoint {
             .client
             .post(&self.url, self.headers.clone(), body, false)
             .await?;
-        let body = http::read_body(response).await?;
+        let body = http::read_body(self.client.body(response)).await?;
         decode(&body, estimate, Some(&self.raw))
     }
 
@@ -83,12 +83,12 @@ impl Endpoint {
             .await
         {
             Ok(response) if http::is_json(&response) => {
-                let body = http::read_body(response).await;
+                let body = http::read_body(self.client.body(response)).await;
                 ModelStream::from_result(
                     body.and_then(|body| decode(&body, &estimate, Some(&self.raw))),
                 )
             }
-            Ok(response) => ModelStream::new(ResponseSource(response), decoder),
+            Ok(response) => ModelStream::new(self.client.stream_body(response), decoder),
             Err(error) => ModelStream::from_result(Err(error)),
         }
     }

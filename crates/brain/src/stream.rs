@@ -11,8 +11,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::task::{Context, Poll, ready};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use nerve_core::{Message, MessagePart, MessageRole, ToolCall, ToolCallId};
 
@@ -68,20 +68,22 @@ pub enum StreamChunk {
 }
 
 /// Where a live stream's bytes come from: an HTTP body, or chunks in memory.
-#[async_trait]
+///
+/// Polled rather than `async`: a stream reads one chunk per network frame, and an `async`
+/// trait method would allocate a boxed future for every one of them.
 pub trait ByteSource: Send {
-    /// The next bytes; `Ok(None)` at the end of the body.
-    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ProviderError>;
+    /// The next bytes; `Ok(None)` at the end of the body. After `Pending`, `cx`'s waker
+    /// is woken when polling again can make progress.
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ProviderError>>;
 }
 
 /// Chunks held in memory, for replaying recorded streams (tests, benchmarks).
 #[derive(Debug, Default)]
 pub struct MemorySource(pub VecDeque<Bytes>);
 
-#[async_trait]
 impl ByteSource for MemorySource {
-    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ProviderError> {
-        Ok(self.0.pop_front())
+    fn poll_chunk(&mut self, _: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ProviderError>> {
+        Poll::Ready(Ok(self.0.pop_front()))
     }
 }
 
@@ -196,26 +198,32 @@ impl ModelStream {
 
     /// The next chunk; `None` once the terminal chunk has been returned.
     pub async fn next(&mut self) -> Option<StreamChunk> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// [`next`](Self::next) as a poll: one state machine for the whole stream instead of a
+    /// future per chunk.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<StreamChunk>> {
         loop {
             match &mut self.state {
-                State::Ended => return None,
+                State::Ended => return Poll::Ready(None),
                 State::Replay(chunks) => {
                     let chunk = chunks.pop_front();
                     if matches!(chunk, Some(StreamChunk::End(_)) | None) {
                         self.state = State::Ended;
                     }
-                    return chunk;
+                    return Poll::Ready(chunk);
                 }
                 State::Live(live) => {
                     if let Some(delta) = live.deltas.pop_front() {
-                        return Some(StreamChunk::Delta(delta));
+                        return Poll::Ready(Some(StreamChunk::Delta(delta)));
                     }
                     if let Some(terminal) = live.terminal.take() {
                         // Dropping the source closes the connection.
                         self.state = State::Ended;
-                        return Some(StreamChunk::End(terminal));
+                        return Poll::Ready(Some(StreamChunk::End(terminal)));
                     }
-                    live.pull().await;
+                    ready!(live.poll_pull(cx));
                 }
             }
         }
@@ -236,10 +244,10 @@ impl ModelStream {
 }
 
 impl Live {
-    /// Reads once from the source; afterwards there are deltas, a terminal, or neither
+    /// Reads once from the source; once ready there are deltas, a terminal, or neither
     /// (the read completed no event). Events are decoded as the parser completes them,
     /// straight from its buffers.
-    async fn pull(&mut self) {
+    fn poll_pull(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let Self {
             source,
             parser,
@@ -247,7 +255,7 @@ impl Live {
             deltas,
             terminal,
         } = self;
-        match source.next_chunk().await {
+        match ready!(source.poll_chunk(cx)) {
             Ok(Some(bytes)) => {
                 let fed = parser.feed_each(&bytes, |event| {
                     decode(&mut **decoder, event, deltas, terminal);
@@ -272,6 +280,7 @@ impl Live {
                 *terminal = Some(Err(error));
             }
         }
+        Poll::Ready(())
     }
 }
 
@@ -656,16 +665,18 @@ mod tests {
 
     struct Broken(VecDeque<Bytes>);
 
-    #[async_trait]
     impl ByteSource for Broken {
-        async fn next_chunk(&mut self) -> Result<Option<Bytes>, ProviderError> {
-            match self.0.pop_front() {
+        fn poll_chunk(
+            &mut self,
+            _: &mut Context<'_>,
+        ) -> Poll<Result<Option<Bytes>, ProviderError>> {
+            Poll::Ready(match self.0.pop_front() {
                 Some(bytes) => Ok(Some(bytes)),
                 None => Err(ProviderError::transient(
                     kind::TRUNCATED_STREAM,
                     "connection reset",
                 )),
-            }
+            })
         }
     }
 

@@ -48,6 +48,13 @@ enum Reply {
     /// `200 text/event-stream`, chunked, one write per piece; `abort` drops the connection
     /// before the final chunk.
     Stream { pieces: Vec<Vec<u8>>, abort: bool },
+    /// `200 text/event-stream`, chunked, a piece every `gap`; then the end, or (`stall`)
+    /// silence with the connection held open.
+    Paced {
+        pieces: Vec<Vec<u8>>,
+        gap: Duration,
+        stall: bool,
+    },
     /// Reads the request and never answers.
     Hang,
 }
@@ -163,18 +170,9 @@ async fn write_reply(mut socket: TcpStream, reply: Reply) {
             socket.shutdown().await.ok();
         }
         Reply::Stream { pieces, abort } => {
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
-            socket.write_all(head.as_bytes()).await.unwrap();
-            for piece in pieces {
-                let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
-                chunk.extend_from_slice(&piece);
-                chunk.extend_from_slice(b"\r\n");
-                if socket.write_all(&chunk).await.is_err() {
-                    return;
-                }
-                socket.flush().await.ok();
-                // Give the client a chance to read each piece on its own.
-                tokio::time::sleep(Duration::from_millis(1)).await;
+            // Give the client a chance to read each piece on its own.
+            if !write_pieces(&mut socket, pieces, Duration::from_millis(1)).await {
+                return;
             }
             if abort {
                 drop(socket);
@@ -183,10 +181,38 @@ async fn write_reply(mut socket: TcpStream, reply: Reply) {
             socket.write_all(b"0\r\n\r\n").await.ok();
             socket.shutdown().await.ok();
         }
+        Reply::Paced { pieces, gap, stall } => {
+            if !write_pieces(&mut socket, pieces, gap).await {
+                return;
+            }
+            if stall {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            socket.write_all(b"0\r\n\r\n").await.ok();
+            socket.shutdown().await.ok();
+        }
         Reply::Hang => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
     }
+}
+
+/// Writes a chunked event-stream head, then each piece as a chunk followed by a `gap`.
+/// `false`: the client went away.
+async fn write_pieces(socket: &mut TcpStream, pieces: Vec<Vec<u8>>, gap: Duration) -> bool {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    socket.write_all(head.as_bytes()).await.unwrap();
+    for piece in pieces {
+        let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+        chunk.extend_from_slice(&piece);
+        chunk.extend_from_slice(b"\r\n");
+        if socket.write_all(&chunk).await.is_err() {
+            return false;
+        }
+        socket.flush().await.ok();
+        tokio::time::sleep(gap).await;
+    }
+    true
 }
 
 /// Cuts `text` into pieces of 1 to 11 bytes, always inside the first multi-byte character
@@ -789,6 +815,70 @@ async fn unreachable_and_silent_servers_are_transient() {
     assert_eq!(transient(&silent).0, "timeout", "{silent}");
     let (_, end) = drain(provider.stream(request(&messages, &tools)).await).await;
     assert_eq!(transient(&end.unwrap_err()).0, "timeout");
+}
+
+/// An OpenAI client whose idle timeout is `idle` (its whole-request timeout far above).
+fn openai_idle(server: &TestServer, idle: Duration) -> OpenAiProvider {
+    let mut config = OpenAiConfig::new("gpt-4o");
+    config.base_url = format!("{}/v1", server.url);
+    config.http = HttpConfig {
+        idle_timeout: idle,
+        request_timeout: Duration::from_secs(600),
+        ..http()
+    };
+    OpenAiProvider::new(config).unwrap()
+}
+
+#[tokio::test]
+async fn a_stream_that_goes_silent_ends_in_a_timeout() {
+    let first = sse(&[chunk(serde_json::json!({"content": "Thinking"}), None)]);
+    let server = TestServer::start(vec![Reply::Paced {
+        pieces: vec![first.into_bytes()],
+        gap: Duration::ZERO,
+        stall: true,
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let provider = openai_idle(&server, Duration::from_millis(200));
+    let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert_eq!(
+        text_of(&deltas),
+        "Thinking",
+        "what came before the silence was delivered"
+    );
+    let error = end.unwrap_err();
+    assert_eq!(transient(&error).0, "timeout", "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("no data from the server in time"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_keeps_flowing_outlasts_the_idle_timeout() {
+    // Fourteen events 50 ms apart: the stream lasts well over the 500 ms idle timeout,
+    // and no silence comes near it.
+    let pieces = (0..14)
+        .map(|k| sse(&[chunk(serde_json::json!({"content": format!("{k} ")}), None)]).into_bytes())
+        .chain([
+            (sse(&[chunk(serde_json::json!({}), Some("stop"))]) + "data: [DONE]\n\n").into_bytes(),
+        ])
+        .collect();
+    let server = TestServer::start(vec![Reply::Paced {
+        pieces,
+        gap: Duration::from_millis(50),
+        stall: false,
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let provider = openai_idle(&server, Duration::from_millis(500));
+    let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    let response = end.unwrap();
+    let expected: String = (0..14).map(|k| format!("{k} ")).collect();
+    assert_eq!(text_of(&deltas), expected);
+    assert_eq!(response.message.text_content(), expected);
 }
 
 // ---------------------------------------------------------------------------------------
