@@ -127,11 +127,6 @@ impl HttpClient {
         ResponseSource::new(response, self.idle_timeout)
     }
 
-    /// `response`'s body read ahead on the runtime, for a stream: see [`ReadAhead`].
-    pub(crate) fn stream_body(&self, response: reqwest::Response) -> ReadAhead {
-        ReadAhead::spawn(self.body(response))
-    }
-
     /// POSTs `body` as JSON. Any non-2xx status becomes the matching [`ProviderError`].
     pub(crate) async fn post(
         &self,
@@ -280,68 +275,6 @@ impl ByteSource for ResponseSource {
                 }
             }
         }
-    }
-}
-
-/// Frames a [`ReadAhead`] holds before it stops reading; the socket's buffers hold the rest.
-const READ_AHEAD_FRAMES: usize = 64;
-
-/// A streamed body read by its own task on the runtime, its frames handed over through
-/// a channel.
-///
-/// hyper's connection task (on a runtime worker) passes a body one frame at a time and
-/// reads the next only once the reader took the last. A reader on another thread (the
-/// thread in `block_on` that drives a `nerve run`) thus costs every frame two wake-ups
-/// across threads: the connection task waking the reader, and the reader waking the
-/// connection task as it takes the frame, a system call made before it can use the
-/// bytes. This task takes frames on the worker (a wake-up within the thread) and queues
-/// them, so the engine only waits for bytes, never wakes anyone to get them, and takes
-/// all that arrived while it was busy at once. Dropping the stream stops the task, which
-/// drops the body and so closes the connection.
-#[derive(Debug)]
-pub(crate) struct ReadAhead {
-    frames: tokio::sync::mpsc::Receiver<Result<Option<Bytes>, ProviderError>>,
-    task: tokio::task::AbortHandle,
-}
-
-impl ReadAhead {
-    /// Starts reading `source`. Must be called within the tokio runtime.
-    fn spawn(mut source: ResponseSource) -> Self {
-        let (sender, frames) = tokio::sync::mpsc::channel(READ_AHEAD_FRAMES);
-        let task = tokio::spawn(async move {
-            loop {
-                let read = source.chunk().await;
-                let last = !matches!(read, Ok(Some(_)));
-                // An error here means the stream was dropped: stop reading.
-                if sender.send(read).await.is_err() || last {
-                    return;
-                }
-            }
-        });
-        Self {
-            frames,
-            task: task.abort_handle(),
-        }
-    }
-}
-
-impl Drop for ReadAhead {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl ByteSource for ReadAhead {
-    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ProviderError>> {
-        self.frames.poll_recv(cx).map(|read| {
-            // The task sends the end or an error before it stops; nothing means it died.
-            read.unwrap_or_else(|| {
-                Err(ProviderError::transient(
-                    kind::TRUNCATED_STREAM,
-                    "the response broke off: its reader stopped",
-                ))
-            })
-        })
     }
 }
 

@@ -88,7 +88,7 @@ impl Endpoint {
                     body.and_then(|body| decode(&body, &estimate, Some(&self.raw))),
                 )
             }
-            Ok(response) => ModelStream::new(self.client.stream_body(response), decoder),
+            Ok(response) => ModelStream::new(self.client.body(response), decoder),
             Err(error) => ModelStream::from_result(Err(error)),
         }
     }

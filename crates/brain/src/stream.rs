@@ -39,7 +39,8 @@ pub enum Delta {
 
 /// Who watches answers as the model writes them: the terminal transcript, `nerve run
 /// --jsonl`, `nerve chat`. Deltas are shown, never recorded: the log keeps whole messages.
-/// Called in order from the task driving the run, so an observer must not block.
+/// Called in order, from the task reading the answer (for a live stream, a task of its own
+/// on a runtime worker, which the run awaits), so an observer must not block.
 pub trait DeltaObserver: Send + Sync {
     /// `delta` of the answer to a call made for `purpose` in `execution_id`.
     fn delta(

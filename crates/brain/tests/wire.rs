@@ -49,7 +49,7 @@ enum Reply {
     /// before the final chunk.
     Stream { pieces: Vec<Vec<u8>>, abort: bool },
     /// `200 text/event-stream`, chunked, a piece every `gap`; then the end, or (`stall`)
-    /// silence with the connection held open.
+    /// silence with the connection held open until the client closes it.
     Paced {
         pieces: Vec<Vec<u8>>,
         gap: Duration,
@@ -77,6 +77,8 @@ struct Recorded {
 struct TestServer {
     url: String,
     recorded: Arc<Mutex<Vec<Recorded>>>,
+    /// Notified when a client closes a stalled stream's connection.
+    hung_up: Arc<tokio::sync::Notify>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -93,18 +95,21 @@ impl TestServer {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let recorded = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&recorded);
+        let hung_up = Arc::new(tokio::sync::Notify::new());
+        let hang_ups = Arc::clone(&hung_up);
         let task = tokio::spawn(async move {
             for reply in replies {
                 let (mut socket, _) = listener.accept().await.unwrap();
                 socket.set_nodelay(true).unwrap();
                 let request = read_request(&mut socket).await;
                 log.lock().unwrap().push(request);
-                write_reply(socket, reply).await;
+                write_reply(socket, reply, &hang_ups).await;
             }
         });
         Self {
             url,
             recorded,
+            hung_up,
             task,
         }
     }
@@ -150,7 +155,7 @@ async fn read_request(socket: &mut TcpStream) -> Recorded {
     }
 }
 
-async fn write_reply(mut socket: TcpStream, reply: Reply) {
+async fn write_reply(mut socket: TcpStream, reply: Reply, hung_up: &tokio::sync::Notify) {
     match reply {
         Reply::Whole {
             status,
@@ -186,7 +191,10 @@ async fn write_reply(mut socket: TcpStream, reply: Reply) {
                 return;
             }
             if stall {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
+                // Until the client closes the connection (or breaks it).
+                while matches!(socket.read(&mut [0_u8; 64]).await, Ok(n) if n > 0) {}
+                hung_up.notify_one();
+                return;
             }
             socket.write_all(b"0\r\n\r\n").await.ok();
             socket.shutdown().await.ok();
@@ -1481,6 +1489,44 @@ async fn run_engine_with(
     (result.termination_reason, events, result.error)
 }
 
+#[tokio::test]
+async fn a_deadline_during_a_stream_stops_reading_it_and_closes_the_connection() {
+    let first = sse(&[chunk(serde_json::json!({"content": "Thinking"}), None)]);
+    let server = TestServer::start(vec![Reply::Paced {
+        pieces: vec![first.into_bytes()],
+        gap: Duration::ZERO,
+        stall: true,
+    }])
+    .await;
+    let engine = AgentEngine::new(
+        Arc::new(openai(&server)),
+        Arc::new(StrictShell),
+        Arc::new(MemorySink::default()),
+        EngineConfig {
+            timeout: Some(Duration::from_millis(300)),
+            ..EngineConfig::default()
+        },
+    );
+    let task = Task {
+        id: TaskId::new(),
+        description: "list the files".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/tmp/workspace".into(),
+    };
+    let result = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(result.termination_reason, TerminationReason::TimedOut);
+    // The stream was read by a task of its own: giving up the call must stop it, or the
+    // connection stays open until the idle timeout (five minutes). The bound only keeps a
+    // regression from hanging the suite.
+    tokio::time::timeout(Duration::from_secs(60), server.hung_up.notified())
+        .await
+        .expect("the client closed the stalled stream's connection");
+}
+
 fn quick_retries() -> RetryPolicy {
     RetryPolicy {
         base_delay: Duration::from_millis(1),
@@ -1553,7 +1599,12 @@ async fn a_restarting_server_is_waited_for() {
         }
         let (mut socket, _) = listener.accept().await.unwrap();
         read_request(&mut socket).await;
-        write_reply(socket, json(200, answer("Back."))).await;
+        write_reply(
+            socket,
+            json(200, answer("Back.")),
+            &tokio::sync::Notify::new(),
+        )
+        .await;
     });
     let (reason, events, error) = run_engine_with(provider, quick_retries()).await;
     restart.await.unwrap();
