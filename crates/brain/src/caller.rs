@@ -374,7 +374,7 @@ impl ModelCaller {
         let live = stream.is_live();
         let drain = drain(stream, Arc::clone(&self.deltas), self.execution_id, purpose);
         let (end, first) = if live {
-            match (AbortOnDrop(tokio::spawn(drain.in_current_span()))).await {
+            match AbortOnDrop(tokio::spawn(drain.in_current_span())).await {
                 Ok(drained) => drained,
                 Err(error) => match error.try_into_panic() {
                     // The observer's (or the decoder's) panic, as if it had been ours.
