@@ -22,8 +22,15 @@
 //! (its HTTP client) is built once, as in a run that makes many calls; the bare loop's
 //! client likewise. Every round opens a new connection (the server closes it).
 //!
+//! Both paths are driven the way `nerve run` drives the engine: `block_on` on the main
+//! thread of a two-worker runtime. The engine drains a live stream in a task of its own on
+//! a worker (next to hyper's connection task), so its deltas never cross threads; the
+//! bare loop reads in `block_on`, and each of its frames crosses threads twice (hyper
+//! hands a body over one frame at a time). `worker` runs the bare loop in a spawned task
+//! instead: a reference for the engine's own cost per token, without that hand-over.
+//!
 //! `cargo xtask bench stream` (or `cargo bench -p nerve-brain --bench stream [-- paced |
-//! unpaced]`).
+//! unpaced] [worker]`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // A benchmark's report.
 
@@ -310,13 +317,22 @@ fn main() {
     // The engine's client brings its own TLS set-up; a bare client needs a process default.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    // `cargo bench` passes `--bench`; any other argument names the shapes to run.
-    let chosen: Vec<String> = std::env::args()
+    // `cargo bench` passes `--bench`; any other argument names the shapes to run, or
+    // `worker`: the anchor reads in a task spawned on the runtime instead of in `block_on`
+    // (a reference: no hand-over between threads for the anchor either).
+    let mut chosen: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    let on_worker = chosen.iter().any(|c| c == "worker");
+    chosen.retain(|c| c != "worker");
     println!(
-        "stream benchmark: rounds in pairs (order alternating), {WARM_UP} warm-up pairs; load average {} at the start",
+        "stream benchmark: rounds in pairs (order alternating), {WARM_UP} warm-up pairs; anchor read {}; load average {} at the start",
+        if on_worker {
+            "by a task on a runtime worker"
+        } else {
+            "in block_on, as the engine is driven"
+        },
         load_average()
     );
     for shape in &SHAPES {
@@ -329,7 +345,14 @@ fn main() {
         config.base_url.clone_from(&server.url);
         let provider = Arc::new(OpenAiProvider::new(config).unwrap());
         let anchor = || {
-            let arrived = runtime.block_on(bare(&client, &server.url, shape.tokens));
+            let arrived = if on_worker {
+                let (client, url, tokens) = (client.clone(), server.url.clone(), shape.tokens);
+                runtime
+                    .block_on(runtime.spawn(async move { bare(&client, &url, tokens).await }))
+                    .unwrap()
+            } else {
+                runtime.block_on(bare(&client, &server.url, shape.tokens))
+            };
             (shape.measure)(&server.take_sent(), &arrived)
         };
         let ours = || {

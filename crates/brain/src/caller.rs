@@ -33,7 +33,7 @@ use crate::journal::Journal;
 use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use crate::retry::RetryPolicy;
 use crate::stop::Stop;
-use crate::stream::{DeltaObserver, StreamChunk};
+use crate::stream::{DeltaObserver, ModelStream, StreamChunk};
 use crate::telemetry::{self, TraceConfig};
 
 /// A model call that failed: a stop, or a context overflow the caller may compact for.
@@ -355,6 +355,14 @@ impl ModelCaller {
 
     /// Asks `provider` for a stream and drains it: every delta to the observer as it
     /// arrives, the terminal chunk's result back. A live stream is timed.
+    ///
+    /// A live stream is drained by a task of its own on the runtime, which this one
+    /// awaits. The connection's bytes arrive on a runtime worker (hyper's connection
+    /// task), one frame at a time; the task driving the run may be elsewhere (`nerve run`
+    /// drives it in `block_on` on the main thread), and draining it there cost every frame
+    /// two wake-ups across threads, one each way. Drained beside the connection, a frame
+    /// reaches the observer without leaving the worker, and the run's task wakes once when
+    /// the answer is complete. The observer sees the deltas in order, from that task.
     async fn stream(
         &self,
         provider: &dyn Provider,
@@ -362,19 +370,21 @@ impl ModelCaller {
     ) -> (Result<ModelResponse, ProviderError>, StreamTiming) {
         let purpose = request.purpose;
         let sent = Instant::now();
-        let mut stream = provider.stream(request).await;
+        let stream = provider.stream(request).await;
         let live = stream.is_live();
-        let mut first = None;
-        let mut end = None;
-        while let Some(chunk) = stream.next().await {
-            match chunk {
-                StreamChunk::Delta(delta) => {
-                    first.get_or_insert_with(Instant::now);
-                    self.deltas.delta(self.execution_id, purpose, &delta);
-                }
-                StreamChunk::End(result) => end = Some(result),
+        let drain = drain(stream, Arc::clone(&self.deltas), self.execution_id, purpose);
+        let (end, first) = if live {
+            match AbortOnDrop(tokio::spawn(drain.in_current_span())).await {
+                Ok(drained) => drained,
+                Err(error) => match error.try_into_panic() {
+                    // The observer's (or the decoder's) panic, as if it had been ours.
+                    Ok(panic) => std::panic::resume_unwind(panic),
+                    Err(_) => (None, None),
+                },
             }
-        }
+        } else {
+            drain.await
+        };
         let result = end.unwrap_or_else(|| {
             Err(ProviderError::transient(
                 crate::provider::kind::TRUNCATED_STREAM,
@@ -388,6 +398,52 @@ impl ModelCaller {
             Ok(_) | Err(_) => StreamTiming::default(),
         };
         (result, timing)
+    }
+}
+
+/// Drains `stream`: every delta to `deltas` as it arrives. Returns the terminal chunk's
+/// result and when the first delta came.
+async fn drain(
+    mut stream: ModelStream,
+    deltas: Arc<dyn DeltaObserver>,
+    execution_id: ExecutionId,
+    purpose: CallPurpose,
+) -> (
+    Option<Result<ModelResponse, ProviderError>>,
+    Option<Instant>,
+) {
+    let mut first = None;
+    let mut end = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            StreamChunk::Delta(delta) => {
+                first.get_or_insert_with(Instant::now);
+                deltas.delta(execution_id, purpose, &delta);
+            }
+            StreamChunk::End(result) => end = Some(result),
+        }
+    }
+    (end, first)
+}
+
+/// A spawned task that is aborted when its handle is dropped: a call given up (the
+/// deadline, a cancelled run) stops reading its stream, which closes the connection.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }
 

@@ -3,12 +3,15 @@
 //! Retry-After, error bodies, broken connections) onto [`ProviderError`].
 
 use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderValue};
+use tokio::time::{Instant, Sleep};
 
 use crate::answer::{ProviderError, kind};
 use crate::stream::ByteSource;
@@ -68,6 +71,9 @@ const MESSAGE_LIMIT: usize = 300;
 pub(crate) struct HttpClient {
     client: reqwest::Client,
     request_timeout: Duration,
+    /// Enforced here rather than by reqwest's `read_timeout`, which resets a timer on
+    /// every frame of a body: see [`Idle`].
+    idle_timeout: Duration,
     /// How errors name the provider: `HTTP 401 from openai: ...`.
     provider: &'static str,
 }
@@ -102,7 +108,6 @@ impl HttpClient {
             .tls_backend_preconfigured(tls)
             .user_agent(concat!("nerve/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(config.connect_timeout)
-            .read_timeout(config.idle_timeout)
             // Never follow a redirect: it could carry the API key to another host.
             .redirect(reqwest::redirect::Policy::none());
         if !config.proxy_from_env {
@@ -112,6 +117,7 @@ impl HttpClient {
         Ok(Self {
             client,
             request_timeout: config.request_timeout,
+            idle_timeout: config.idle_timeout,
             provider,
         })
     }
@@ -119,6 +125,11 @@ impl HttpClient {
     /// How errors name the provider.
     pub(crate) fn provider(&self) -> &'static str {
         self.provider
+    }
+
+    /// `response`'s body, read with this client's idle timeout.
+    pub(crate) fn body(&self, response: reqwest::Response) -> ResponseSource {
+        ResponseSource::new(response, self.idle_timeout)
     }
 
     /// POSTs `body`, a JSON document ([`encode`]). Any non-2xx status becomes the matching
@@ -147,13 +158,24 @@ impl HttpClient {
         } else {
             request = request.timeout(self.request_timeout);
         }
-        let response = request.send().await.map_err(send_error)?;
+        let response = match tokio::time::timeout(self.idle_timeout, request.send()).await {
+            Ok(sent) => sent.map_err(send_error)?,
+            Err(_) => {
+                return Err(ProviderError::transient(
+                    kind::TIMEOUT,
+                    format!(
+                        "no response from the server in time: silent for {:?}",
+                        self.idle_timeout
+                    ),
+                ));
+            }
+        };
         let status = response.status();
         if status.is_success() {
             return Ok(response);
         }
         let wait = retry_after(response.headers(), SystemTime::now());
-        let body = read_limited(response, ERROR_BODY_LIMIT)
+        let body = read_limited(self.body(response), ERROR_BODY_LIMIT)
             .await
             .unwrap_or_default();
         Err(error_from_status(
@@ -186,10 +208,9 @@ pub(crate) fn is_json(response: &reqwest::Response) -> bool {
 }
 
 /// Reads a whole body, refusing one over [`RESPONSE_BODY_LIMIT`] bytes.
-pub(crate) async fn read_body(response: reqwest::Response) -> Result<Vec<u8>, ProviderError> {
-    let mut response = response;
+pub(crate) async fn read_body(mut source: ResponseSource) -> Result<Vec<u8>, ProviderError> {
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(body_error)? {
+    while let Some(chunk) = source.chunk().await? {
         if body.len() + chunk.len() > RESPONSE_BODY_LIMIT {
             return Err(ProviderError::permanent(
                 kind::INVALID_RESPONSE,
@@ -202,12 +223,9 @@ pub(crate) async fn read_body(response: reqwest::Response) -> Result<Vec<u8>, Pr
 }
 
 /// Reads at most `limit` bytes of a body, for error messages.
-async fn read_limited(
-    mut response: reqwest::Response,
-    limit: usize,
-) -> Result<Vec<u8>, reqwest::Error> {
+async fn read_limited(mut source: ResponseSource, limit: usize) -> Result<Vec<u8>, ProviderError> {
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await? {
+    while let Some(chunk) = source.chunk().await? {
         let room = limit.saturating_sub(body.len());
         body.extend_from_slice(&chunk[..chunk.len().min(room)]);
         if body.len() >= limit {
@@ -217,14 +235,113 @@ async fn read_limited(
     Ok(body)
 }
 
-/// A streaming response body as a [`ByteSource`].
+/// A response body as a [`ByteSource`], polled frame by frame, that fails once the
+/// server has been silent for the idle timeout.
 #[derive(Debug)]
-pub(crate) struct ResponseSource(pub(crate) reqwest::Response);
+pub(crate) struct ResponseSource {
+    body: reqwest::Body,
+    idle: Idle,
+}
 
-#[async_trait]
+impl ResponseSource {
+    fn new(response: reqwest::Response, idle_timeout: Duration) -> Self {
+        Self {
+            body: response.into(),
+            idle: Idle::new(idle_timeout),
+        }
+    }
+
+    /// The next bytes of the body; `Ok(None)` at its end.
+    pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, ProviderError> {
+        std::future::poll_fn(|cx| self.poll_chunk(cx)).await
+    }
+}
+
 impl ByteSource for ResponseSource {
-    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ProviderError> {
-        self.0.chunk().await.map_err(body_error)
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ProviderError>> {
+        loop {
+            self.idle.wait();
+            match http_body::Body::poll_frame(Pin::new(&mut self.body), cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    self.idle.heard();
+                    // Trailers carry no answer: skip them.
+                    if let Ok(bytes) = frame.into_data() {
+                        return Poll::Ready(Ok(Some(bytes)));
+                    }
+                }
+                Poll::Ready(Some(Err(error))) => return Poll::Ready(Err(body_error(error))),
+                Poll::Ready(None) => return Poll::Ready(Ok(None)),
+                Poll::Pending => {
+                    return match self.idle.poll_silence(cx) {
+                        Poll::Ready(()) => Poll::Ready(Err(ProviderError::transient(
+                            kind::TIMEOUT,
+                            format!(
+                                "no data from the server in time: silent for {:?}",
+                                self.idle.limit
+                            ),
+                        ))),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// An idle timeout armed once per silence rather than once per frame.
+///
+/// A wait for a frame only notes when it began (a clock read). The one timer, set for the
+/// limit after the start of a wait it knew of, is looked at only while the body has
+/// nothing to give; when it fires and a later wait began meanwhile, it is set again for
+/// the limit after that one. So a stream that keeps flowing re-arms the timer about once
+/// per `limit`, not once per token (reqwest's `read_timeout` resets its timer on every
+/// frame), and a silence of `limit` still ends the read, within one timer tick. Time the
+/// reader spends away (its consumer busy) is not counted as the server's silence.
+#[derive(Debug)]
+struct Idle {
+    limit: Duration,
+    /// When the current (or last) wait for a frame began.
+    since: Instant,
+    /// Whether a wait is under way.
+    waiting: bool,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl Idle {
+    fn new(limit: Duration) -> Self {
+        let since = Instant::now();
+        Self {
+            limit,
+            since,
+            waiting: false,
+            timer: Box::pin(tokio::time::sleep_until(since + limit)),
+        }
+    }
+
+    /// The reader wants a frame: a wait begins, unless one is under way.
+    fn wait(&mut self) {
+        if !self.waiting {
+            self.since = Instant::now();
+            self.waiting = true;
+        }
+    }
+
+    /// The body produced a frame: the wait is over.
+    fn heard(&mut self) {
+        self.waiting = false;
+    }
+
+    /// `Ready` once the current wait has lasted the limit; otherwise the timer holds
+    /// `cx`'s waker.
+    fn poll_silence(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let deadline = self.since + self.limit;
+            if Instant::now() >= deadline {
+                return Poll::Ready(());
+            }
+            self.timer.as_mut().reset(deadline);
+        }
+        Poll::Pending
     }
 }
 

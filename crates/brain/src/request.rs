@@ -11,7 +11,7 @@ use bytes::Bytes;
 use reqwest::header::HeaderMap;
 
 use crate::answer::{ModelRequest, ModelResponse, ProviderError};
-use crate::http::{self, ClientError, HttpClient, HttpConfig, ResponseSource};
+use crate::http::{self, ClientError, HttpClient, HttpConfig};
 pub(crate) use crate::stream::RawArguments;
 use crate::stream::{ModelStream, StreamDecoder, WholeAnswer};
 use crate::tokens::{Calibration, TokenCounter, UsageEstimate, counter_for_model};
@@ -72,7 +72,7 @@ impl Endpoint {
             .client
             .post(&self.url, self.headers.clone(), http::encode(body)?, false)
             .await?;
-        let body = http::read_body(response).await?;
+        let body = http::read_body(self.client.body(response)).await?;
         decode(&body, estimate, Some(&self.raw))
     }
 
@@ -104,12 +104,12 @@ impl Endpoint {
             .await
         {
             Ok(response) if http::is_json(&response) => {
-                let body = http::read_body(response).await;
+                let body = http::read_body(self.client.body(response)).await;
                 ModelStream::from_result(
                     body.and_then(|body| decode(&body, &estimate, Some(&self.raw))),
                 )
             }
-            Ok(response) => ModelStream::new(ResponseSource(response), decoder)
+            Ok(response) => ModelStream::new(self.client.body(response), decoder)
                 .or_whole(self.whole_answer(body, estimate, decode)),
             Err(error) => ModelStream::from_result(Err(error)),
         }
@@ -135,7 +135,7 @@ impl Endpoint {
                 );
                 let body = not_streamed(&streamed)?;
                 let response = client.post(&url, headers, body, false).await?;
-                let body = http::read_body(response).await?;
+                let body = http::read_body(client.body(response)).await?;
                 let answer = decode(&body, &estimate, Some(&raw))?;
                 // An empty answer whole too is the model's: the stream was not at fault.
                 if !answer.message.parts.is_empty() && !whole_only.swap(true, Ordering::Relaxed) {

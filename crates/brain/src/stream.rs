@@ -11,8 +11,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::task::{Context, Poll, ready};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use nerve_core::{Message, MessagePart, MessageRole, ToolCall, ToolCallId};
 
@@ -39,7 +39,8 @@ pub enum Delta {
 
 /// Who watches answers as the model writes them: the terminal transcript, `nerve run
 /// --jsonl`, `nerve chat`. Deltas are shown, never recorded: the log keeps whole messages.
-/// Called in order from the task driving the run, so an observer must not block.
+/// Called in order, from the task reading the answer (for a live stream, a task of its own
+/// on a runtime worker, which the run awaits), so an observer must not block.
 pub trait DeltaObserver: Send + Sync {
     /// `delta` of the answer to a call made for `purpose` in `execution_id`.
     fn delta(
@@ -68,20 +69,22 @@ pub enum StreamChunk {
 }
 
 /// Where a live stream's bytes come from: an HTTP body, or chunks in memory.
-#[async_trait]
+///
+/// Polled rather than `async`: a stream reads one chunk per network frame, and an `async`
+/// trait method would allocate a boxed future for every one of them.
 pub trait ByteSource: Send {
-    /// The next bytes; `Ok(None)` at the end of the body.
-    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ProviderError>;
+    /// The next bytes; `Ok(None)` at the end of the body. After `Pending`, `cx`'s waker
+    /// is woken when polling again can make progress.
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ProviderError>>;
 }
 
 /// Chunks held in memory, for replaying recorded streams (tests, benchmarks).
 #[derive(Debug, Default)]
 pub struct MemorySource(pub VecDeque<Bytes>);
 
-#[async_trait]
 impl ByteSource for MemorySource {
-    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ProviderError> {
-        Ok(self.0.pop_front())
+    fn poll_chunk(&mut self, _: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ProviderError>> {
+        Poll::Ready(Ok(self.0.pop_front()))
     }
 }
 
@@ -113,8 +116,15 @@ pub struct ModelStream {
 enum State {
     Replay(VecDeque<StreamChunk>),
     Live(Box<Live>),
+    /// A live stream gave nothing; its answer is being asked for whole.
+    Whole(WholeFuture),
     Ended,
 }
+
+/// The whole answer, on its way.
+type WholeFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<ModelResponse, ProviderError>> + Send>,
+>;
 
 struct Live {
     source: Box<dyn ByteSource>,
@@ -132,17 +142,14 @@ struct Live {
 }
 
 /// Asks for the same answer whole (not streamed): a stream's fallback.
-pub type WholeAnswer = Box<
-    dyn FnOnce() -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<ModelResponse, ProviderError>> + Send>,
-        > + Send,
->;
+pub type WholeAnswer = Box<dyn FnOnce() -> WholeFuture + Send>;
 
 impl std::fmt::Debug for ModelStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
             State::Replay(_) => "replay",
             State::Live(_) => "live",
+            State::Whole(_) => "whole",
             State::Ended => "ended",
         };
         f.debug_struct("ModelStream")
@@ -224,31 +231,41 @@ impl ModelStream {
 
     /// The next chunk; `None` once the terminal chunk has been returned.
     pub async fn next(&mut self) -> Option<StreamChunk> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// [`next`](Self::next) as a poll: one state machine for the whole stream instead of a
+    /// future per chunk.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<StreamChunk>> {
         loop {
             match &mut self.state {
-                State::Ended => return None,
+                State::Ended => return Poll::Ready(None),
+                State::Whole(answer) => {
+                    let answer = ready!(answer.as_mut().poll(cx));
+                    self.state = Self::from_result(answer).state;
+                }
                 State::Replay(chunks) => {
                     let chunk = chunks.pop_front();
                     if matches!(chunk, Some(StreamChunk::End(_)) | None) {
                         self.state = State::Ended;
                     }
-                    return chunk;
+                    return Poll::Ready(chunk);
                 }
                 State::Live(live) => {
                     if let Some(delta) = live.deltas.pop_front() {
                         live.delivered = true;
-                        return Some(StreamChunk::Delta(delta));
+                        return Poll::Ready(Some(StreamChunk::Delta(delta)));
                     }
                     if let Some(terminal) = live.terminal.take() {
                         if let Some(whole) = live.fallback_for(&terminal) {
-                            self.state = Self::from_result(whole().await).state;
+                            self.state = State::Whole(whole());
                             continue;
                         }
                         // Dropping the source closes the connection.
                         self.state = State::Ended;
-                        return Some(StreamChunk::End(terminal));
+                        return Poll::Ready(Some(StreamChunk::End(terminal)));
                     }
-                    live.pull().await;
+                    ready!(live.poll_pull(cx));
                 }
             }
         }
@@ -269,10 +286,10 @@ impl ModelStream {
 }
 
 impl Live {
-    /// Reads once from the source; afterwards there are deltas, a terminal, or neither
+    /// Reads once from the source; once ready there are deltas, a terminal, or neither
     /// (the read completed no event). Events are decoded as the parser completes them,
     /// straight from its buffers.
-    async fn pull(&mut self) {
+    fn poll_pull(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let Self {
             source,
             parser,
@@ -282,7 +299,7 @@ impl Live {
             evented,
             ..
         } = self;
-        match source.next_chunk().await {
+        match ready!(source.poll_chunk(cx)) {
             Ok(Some(bytes)) => {
                 let fed = parser.feed_each(&bytes, |event| {
                     *evented = true;
@@ -311,6 +328,7 @@ impl Live {
                 *terminal = Some(Err(error));
             }
         }
+        Poll::Ready(())
     }
 
     /// The fallback, when `terminal` ends a stream that gave nothing: it ended or was cut
@@ -713,16 +731,18 @@ mod tests {
 
     struct Broken(VecDeque<Bytes>);
 
-    #[async_trait]
     impl ByteSource for Broken {
-        async fn next_chunk(&mut self) -> Result<Option<Bytes>, ProviderError> {
-            match self.0.pop_front() {
+        fn poll_chunk(
+            &mut self,
+            _: &mut Context<'_>,
+        ) -> Poll<Result<Option<Bytes>, ProviderError>> {
+            Poll::Ready(match self.0.pop_front() {
                 Some(bytes) => Ok(Some(bytes)),
                 None => Err(ProviderError::transient(
                     kind::TRUNCATED_STREAM,
                     "connection reset",
                 )),
-            }
+            })
         }
     }
 

@@ -48,6 +48,13 @@ enum Reply {
     /// `200 text/event-stream`, chunked, one write per piece; `abort` drops the connection
     /// before the final chunk.
     Stream { pieces: Vec<Vec<u8>>, abort: bool },
+    /// `200 text/event-stream`, chunked, a piece every `gap`; then the end, or (`stall`)
+    /// silence with the connection held open until the client closes it.
+    Paced {
+        pieces: Vec<Vec<u8>>,
+        gap: Duration,
+        stall: bool,
+    },
     /// Reads the request and never answers.
     Hang,
 }
@@ -70,6 +77,8 @@ struct Recorded {
 struct TestServer {
     url: String,
     recorded: Arc<Mutex<Vec<Recorded>>>,
+    /// Notified when a client closes a stalled stream's connection.
+    hung_up: Arc<tokio::sync::Notify>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -86,18 +95,21 @@ impl TestServer {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let recorded = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&recorded);
+        let hung_up = Arc::new(tokio::sync::Notify::new());
+        let hang_ups = Arc::clone(&hung_up);
         let task = tokio::spawn(async move {
             for reply in replies {
                 let (mut socket, _) = listener.accept().await.unwrap();
                 socket.set_nodelay(true).unwrap();
                 let request = read_request(&mut socket).await;
                 log.lock().unwrap().push(request);
-                write_reply(socket, reply).await;
+                write_reply(socket, reply, &hang_ups).await;
             }
         });
         Self {
             url,
             recorded,
+            hung_up,
             task,
         }
     }
@@ -143,7 +155,7 @@ async fn read_request(socket: &mut TcpStream) -> Recorded {
     }
 }
 
-async fn write_reply(mut socket: TcpStream, reply: Reply) {
+async fn write_reply(mut socket: TcpStream, reply: Reply, hung_up: &tokio::sync::Notify) {
     match reply {
         Reply::Whole {
             status,
@@ -163,21 +175,25 @@ async fn write_reply(mut socket: TcpStream, reply: Reply) {
             socket.shutdown().await.ok();
         }
         Reply::Stream { pieces, abort } => {
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
-            socket.write_all(head.as_bytes()).await.unwrap();
-            for piece in pieces {
-                let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
-                chunk.extend_from_slice(&piece);
-                chunk.extend_from_slice(b"\r\n");
-                if socket.write_all(&chunk).await.is_err() {
-                    return;
-                }
-                socket.flush().await.ok();
-                // Give the client a chance to read each piece on its own.
-                tokio::time::sleep(Duration::from_millis(1)).await;
+            // Give the client a chance to read each piece on its own.
+            if !write_pieces(&mut socket, pieces, Duration::from_millis(1)).await {
+                return;
             }
             if abort {
                 drop(socket);
+                return;
+            }
+            socket.write_all(b"0\r\n\r\n").await.ok();
+            socket.shutdown().await.ok();
+        }
+        Reply::Paced { pieces, gap, stall } => {
+            if !write_pieces(&mut socket, pieces, gap).await {
+                return;
+            }
+            if stall {
+                // Until the client closes the connection (or breaks it).
+                while matches!(socket.read(&mut [0_u8; 64]).await, Ok(n) if n > 0) {}
+                hung_up.notify_one();
                 return;
             }
             socket.write_all(b"0\r\n\r\n").await.ok();
@@ -187,6 +203,24 @@ async fn write_reply(mut socket: TcpStream, reply: Reply) {
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
     }
+}
+
+/// Writes a chunked event-stream head, then each piece as a chunk followed by a `gap`.
+/// `false`: the client went away.
+async fn write_pieces(socket: &mut TcpStream, pieces: Vec<Vec<u8>>, gap: Duration) -> bool {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    socket.write_all(head.as_bytes()).await.unwrap();
+    for piece in pieces {
+        let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+        chunk.extend_from_slice(&piece);
+        chunk.extend_from_slice(b"\r\n");
+        if socket.write_all(&chunk).await.is_err() {
+            return false;
+        }
+        socket.flush().await.ok();
+        tokio::time::sleep(gap).await;
+    }
+    true
 }
 
 /// Cuts `text` into pieces of 1 to 11 bytes, always inside the first multi-byte character
@@ -938,6 +972,70 @@ async fn unreachable_and_silent_servers_are_transient() {
     assert_eq!(transient(&end.unwrap_err()).0, "timeout");
 }
 
+/// An OpenAI client whose idle timeout is `idle` (its whole-request timeout far above).
+fn openai_idle(server: &TestServer, idle: Duration) -> OpenAiProvider {
+    let mut config = OpenAiConfig::new("gpt-4o");
+    config.base_url = format!("{}/v1", server.url);
+    config.http = HttpConfig {
+        idle_timeout: idle,
+        request_timeout: Duration::from_secs(600),
+        ..http()
+    };
+    OpenAiProvider::new(config).unwrap()
+}
+
+#[tokio::test]
+async fn a_stream_that_goes_silent_ends_in_a_timeout() {
+    let first = sse(&[chunk(serde_json::json!({"content": "Thinking"}), None)]);
+    let server = TestServer::start(vec![Reply::Paced {
+        pieces: vec![first.into_bytes()],
+        gap: Duration::ZERO,
+        stall: true,
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let provider = openai_idle(&server, Duration::from_millis(200));
+    let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    assert_eq!(
+        text_of(&deltas),
+        "Thinking",
+        "what came before the silence was delivered"
+    );
+    let error = end.unwrap_err();
+    assert_eq!(transient(&error).0, "timeout", "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("no data from the server in time"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_keeps_flowing_outlasts_the_idle_timeout() {
+    // Fourteen events 50 ms apart: the stream lasts well over the 500 ms idle timeout,
+    // and no silence comes near it.
+    let pieces = (0..14)
+        .map(|k| sse(&[chunk(serde_json::json!({"content": format!("{k} ")}), None)]).into_bytes())
+        .chain([
+            (sse(&[chunk(serde_json::json!({}), Some("stop"))]) + "data: [DONE]\n\n").into_bytes(),
+        ])
+        .collect();
+    let server = TestServer::start(vec![Reply::Paced {
+        pieces,
+        gap: Duration::from_millis(50),
+        stall: false,
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let provider = openai_idle(&server, Duration::from_millis(500));
+    let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
+    let response = end.unwrap();
+    let expected: String = (0..14).map(|k| format!("{k} ")).collect();
+    assert_eq!(text_of(&deltas), expected);
+    assert_eq!(response.message.text_content(), expected);
+}
+
 // ---------------------------------------------------------------------------------------
 // Anthropic Messages.
 
@@ -1574,6 +1672,44 @@ async fn run_engine_with(
     (result.termination_reason, events, result.error)
 }
 
+#[tokio::test]
+async fn a_deadline_during_a_stream_stops_reading_it_and_closes_the_connection() {
+    let first = sse(&[chunk(serde_json::json!({"content": "Thinking"}), None)]);
+    let server = TestServer::start(vec![Reply::Paced {
+        pieces: vec![first.into_bytes()],
+        gap: Duration::ZERO,
+        stall: true,
+    }])
+    .await;
+    let engine = AgentEngine::new(
+        Arc::new(openai(&server)),
+        Arc::new(StrictShell),
+        Arc::new(MemorySink::default()),
+        EngineConfig {
+            timeout: Some(Duration::from_millis(300)),
+            ..EngineConfig::default()
+        },
+    );
+    let task = Task {
+        id: TaskId::new(),
+        description: "list the files".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/tmp/workspace".into(),
+    };
+    let result = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(result.termination_reason, TerminationReason::TimedOut);
+    // The stream was read by a task of its own: giving up the call must stop it, or the
+    // connection stays open until the idle timeout (five minutes). The bound only keeps a
+    // regression from hanging the suite.
+    tokio::time::timeout(Duration::from_secs(60), server.hung_up.notified())
+        .await
+        .expect("the client closed the stalled stream's connection");
+}
+
 fn quick_retries() -> RetryPolicy {
     RetryPolicy {
         base_delay: Duration::from_millis(1),
@@ -1646,7 +1782,12 @@ async fn a_restarting_server_is_waited_for() {
         }
         let (mut socket, _) = listener.accept().await.unwrap();
         read_request(&mut socket).await;
-        write_reply(socket, json(200, answer("Back."))).await;
+        write_reply(
+            socket,
+            json(200, answer("Back.")),
+            &tokio::sync::Notify::new(),
+        )
+        .await;
     });
     let (reason, events, error) = run_engine_with(provider, quick_retries()).await;
     restart.await.unwrap();
