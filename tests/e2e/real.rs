@@ -484,6 +484,31 @@ fn tools_and_text(name: &str) {
     assert_no_key(&db, &[&servers.key, &servers.llama_key]);
 }
 
+/// The run that gave `output`: its summary, id and trace, and what a failure shows;
+/// logged in one line.
+fn the_run(
+    db: &Path,
+    route: &Route,
+    mode: Mode,
+    what: &str,
+    output: &Output,
+    exchanges: &[Exchange],
+) -> (serde_json::Value, String, Trace, String) {
+    let summary = last_json(output);
+    let id = summary["execution_id"].as_str().unwrap().to_owned();
+    let trace = trace(db, &id);
+    let shown = format!("{} ({mode:?}): {summary} {}", route.name, stderr(output));
+    eprintln!(
+        "{} ({mode:?}): {what}: {} requests, {} tool calls ({} errors), {}",
+        route.name,
+        exchanges.len(),
+        trace.tools_finished,
+        trace.tool_errors,
+        summary["termination_reason"]
+    );
+    (summary, id, trace, shown)
+}
+
 /// A finished run: its summary, its id, what its log shows, and what a failure shows.
 struct Finished {
     summary: serde_json::Value,
@@ -505,18 +530,7 @@ fn finished(
     output: &Output,
     exchanges: &[Exchange],
 ) -> Finished {
-    let summary = last_json(output);
-    let id = summary["execution_id"].as_str().unwrap().to_owned();
-    let trace = trace(db, &id);
-    let shown = format!("{} ({mode:?}): {summary} {}", route.name, stderr(output));
-    eprintln!(
-        "{} ({mode:?}): {what}: {} requests, {} tool calls ({} errors), {}",
-        route.name,
-        exchanges.len(),
-        trace.tools_finished,
-        trace.tool_errors,
-        summary["termination_reason"]
-    );
+    let (summary, id, trace, shown) = the_run(db, route, mode, what, output, exchanges);
     // Whatever the model wrote, the server accepted every request, each once; except
     // that a conversation can outgrow the window (llama-cpp-python ignores `max_tokens`
     // for a tool call's arguments, and SmolLM2 can write thousands of tokens of them):
@@ -604,17 +618,7 @@ fn check_refused(
     output: &Output,
     exchanges: &[Exchange],
 ) {
-    let summary = last_json(output);
-    let id = summary["execution_id"].as_str().unwrap().to_owned();
-    let trace = trace(db, &id);
-    let shown = format!("{} ({mode:?}): {summary} {}", route.name, stderr(output));
-    eprintln!(
-        "{} ({mode:?}): {what}: {} requests, {} tool calls, {}",
-        route.name,
-        exchanges.len(),
-        trace.tools_finished,
-        summary["termination_reason"]
-    );
+    let (summary, _, trace, shown) = the_run(db, route, mode, what, output, exchanges);
     assert!(trace.tools_finished >= 1, "no tool ran: {shown}");
     assert_eq!(summary["termination_reason"], "error", "{shown}");
     let refused: Vec<&Exchange> = exchanges.iter().filter(|e| e.status != 200).collect();
