@@ -87,6 +87,9 @@ const RUN_PATIENCE: Duration = Duration::from_secs(600);
 enum Mode {
     Streamed,
     NotStreamed,
+    /// Streamed, with the shell tool forced (`tool_choice = "shell"`): llama-cpp-python
+    /// streams a call it was told to make (it cannot stream one the model chose).
+    Forced,
 }
 
 /// Streamed (the default) and not (`stream = false`).
@@ -96,14 +99,15 @@ const BOTH: &[Mode] = &[Mode::Streamed, Mode::NotStreamed];
 /// a model that is not Claude: no cache breakpoints.
 fn config(dir: &Path, mode: Mode) -> PathBuf {
     let path = dir.join(format!("nerve-{mode:?}.toml"));
-    let stream = match mode {
+    let settings = match mode {
         Mode::Streamed => "",
         Mode::NotStreamed => "stream = false\n",
+        Mode::Forced => "tool_choice = \"shell\"\n",
     };
     std::fs::write(
         &path,
         format!(
-            "[providers.anthropic]\nprompt_caching = false\n{stream}\n[providers.openai]\n{stream}"
+            "[providers.anthropic]\nprompt_caching = false\n{settings}\n[providers.openai]\n{settings}"
         ),
     )
     .unwrap();
@@ -476,10 +480,35 @@ fn tools_and_text(name: &str) {
     for &mode in BOTH {
         match route.tools {
             Tools::None => {}
-            Tools::Whole => tool_run(dir.path(), &db, &servers, &route, mode),
-            Tools::RefusedAfterTheCall => refused_tool_run(dir.path(), &db, &servers, &route, mode),
+            Tools::Whole => {
+                tool_run(dir.path(), &db, &servers, &route, mode);
+            }
+            Tools::RefusedAfterTheCall => {
+                refused_tool_run(dir.path(), &db, &servers, &route, mode);
+            }
         }
         text_run(dir.path(), &db, &servers, &route, mode);
+    }
+    // The shell forced: every call streams as the model writes it.
+    let forced = match route.tools {
+        Tools::None => None,
+        Tools::Whole => Some(tool_run(dir.path(), &db, &servers, &route, Mode::Forced)),
+        Tools::RefusedAfterTheCall => Some(refused_tool_run(
+            dir.path(),
+            &db,
+            &servers,
+            &route,
+            Mode::Forced,
+        )),
+    };
+    if let Some((calls, shown)) = forced {
+        assert!(
+            calls
+                .iter()
+                .all(|e| e.event_stream && !e.streamed_nothing()),
+            "a forced call was not streamed: {shown}"
+        );
+        assert!(calls.iter().any(Exchange::streamed_a_call), "{shown}");
     }
     assert_no_key(&db, &[&servers.key, &servers.llama_key]);
 }
@@ -569,7 +598,14 @@ fn finished(
 }
 
 /// A tool call executes, and at least two more requests follow it, every one accepted.
-fn tool_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode) {
+/// Returns the accepted exchanges that were model calls, and what a failure shows.
+fn tool_run(
+    dir: &Path,
+    db: &Path,
+    servers: &Servers,
+    route: &Route,
+    mode: Mode,
+) -> (Vec<Exchange>, String) {
     let (output, exchanges) = run_task(dir, db, servers, route, mode, TOOL_TASK, "6");
     let run = finished(db, route, mode, "tool run", &output, &exchanges);
     let shown = &run.shown;
@@ -599,14 +635,22 @@ fn tool_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode)
         .cloned()
         .collect();
     check_prefix(&ordinary, shown);
+    (run.calls, run.shown)
 }
 
 /// [`Tools::RefusedAfterTheCall`]: the model's first call executes; the request carrying
 /// its result is refused by the server (not for anything in Nerve's request), retried
 /// once, and the run ends `error` with one line in the server's words.
-fn refused_tool_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode) {
+/// Returns the accepted exchanges, and what a failure shows.
+fn refused_tool_run(
+    dir: &Path,
+    db: &Path,
+    servers: &Servers,
+    route: &Route,
+    mode: Mode,
+) -> (Vec<Exchange>, String) {
     let (output, exchanges) = run_task(dir, db, servers, route, mode, TOOL_TASK, "6");
-    check_refused(db, route, mode, "refused tool run", &output, &exchanges);
+    check_refused(db, route, mode, "refused tool run", &output, &exchanges)
 }
 
 /// What a run on a [`Tools::RefusedAfterTheCall`] route that called a tool shows.
@@ -617,7 +661,7 @@ fn check_refused(
     what: &str,
     output: &Output,
     exchanges: &[Exchange],
-) {
+) -> (Vec<Exchange>, String) {
     let (summary, _, trace, shown) = the_run(db, route, mode, what, output, exchanges);
     assert!(trace.tools_finished >= 1, "no tool ran: {shown}");
     assert_eq!(summary["termination_reason"], "error", "{shown}");
@@ -654,7 +698,8 @@ fn check_refused(
         .filter(|e| e.status == 200)
         .cloned()
         .collect();
-    check_streaming(&accepted, route, mode, &shown);
+    let calls = check_streaming(&accepted, route, mode, &shown);
+    (calls, shown)
 }
 
 /// A run asked to answer in text: every request accepted, no error, and (where the model
@@ -1061,6 +1106,13 @@ struct Exchange {
 }
 
 impl Exchange {
+    /// A streamed answer that carried a tool call as the model wrote it (Chat Completions
+    /// `tool_calls` deltas, a Messages `tool_use` block).
+    fn streamed_a_call(&self) -> bool {
+        self.event_stream
+            && (contains(&self.answer, b"tool_calls") || contains(&self.answer, b"tool_use"))
+    }
+
     /// A streamed answer that gave nothing: it ended without an event (keep-alive comments
     /// at most), or with an empty answer (no text, no tool call).
     fn streamed_nothing(&self) -> bool {

@@ -102,6 +102,39 @@ pub(crate) struct ProvidersSection {
 pub(crate) struct OpenAiSection {
     /// Stream answers (default true); `false` asks every call for the whole answer.
     pub(crate) stream: Option<bool>,
+    /// Which tools the model may or must call ([`ToolChoiceSetting`]).
+    pub(crate) tool_choice: Option<ToolChoiceSetting>,
+}
+
+/// `tool_choice` of a provider's section: `"auto"` (the default: the model decides),
+/// `"required"` (some tool), `"none"` (no tool), or a tool's name (that tool, every turn:
+/// for a small local model that will not call tools on its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToolChoiceSetting(pub(crate) nerve_brain::ToolChoice);
+
+impl<'de> Deserialize<'de> for ToolChoiceSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use nerve_brain::ToolChoice;
+        let text = String::deserialize(deserializer)?;
+        let choice = match text.as_str() {
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            "none" => ToolChoice::None,
+            name if !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
+            {
+                ToolChoice::Tool(name.to_owned())
+            }
+            other => {
+                return Err(serde::de::Error::custom(format!(
+                    "tool_choice `{other}` is not \"auto\", \"required\", \"none\" or a tool's name"
+                )));
+            }
+        };
+        Ok(Self(choice))
+    }
 }
 
 /// `[providers.anthropic]`.
@@ -113,6 +146,8 @@ pub(crate) struct AnthropicSection {
     pub(crate) prompt_caching: Option<bool>,
     /// Stream answers (default true); `false` asks every call for the whole answer.
     pub(crate) stream: Option<bool>,
+    /// Which tools the model may or must call ([`ToolChoiceSetting`]).
+    pub(crate) tool_choice: Option<ToolChoiceSetting>,
 }
 
 /// `[guardrails]`: limits and recoveries of every run (command-line flags win).
@@ -385,6 +420,8 @@ impl Config {
             anthropic_prompt_caching: self.providers.anthropic.prompt_caching,
             openai_stream: self.providers.openai.stream,
             anthropic_stream: self.providers.anthropic.stream,
+            openai_tool_choice: self.providers.openai.tool_choice.clone().map(|c| c.0),
+            anthropic_tool_choice: self.providers.anthropic.tool_choice.clone().map(|c| c.0),
         })
     }
 
@@ -771,6 +808,42 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("unknown field `streaming`"), "{error}");
+    }
+
+    #[test]
+    fn tool_choice_is_auto_unless_a_provider_says_otherwise() {
+        use nerve_brain::ToolChoice;
+        let settings = |text: &str| {
+            let config: Config = toml::from_str(text).unwrap();
+            let settings = config.provider_settings(None).unwrap();
+            (settings.openai_tool_choice, settings.anthropic_tool_choice)
+        };
+        assert_eq!(settings(""), (None, None));
+        assert_eq!(
+            settings(
+                "[providers.openai]\ntool_choice = \"shell\"\n[providers.anthropic]\ntool_choice = \"required\""
+            ),
+            (
+                Some(ToolChoice::Tool("shell".into())),
+                Some(ToolChoice::Required)
+            )
+        );
+        assert_eq!(
+            settings(
+                "[providers.openai]\ntool_choice = \"none\"\n[providers.anthropic]\ntool_choice = \"auto\""
+            ),
+            (Some(ToolChoice::None), Some(ToolChoice::Auto))
+        );
+        for bad in ["\"\"", "\"two words\"", "true"] {
+            let error =
+                toml::from_str::<Config>(&format!("[providers.openai]\ntool_choice = {bad}"))
+                    .unwrap_err()
+                    .to_string();
+            assert!(
+                error.contains("tool_choice") || error.contains("invalid type"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

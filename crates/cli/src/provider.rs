@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use nerve_brain::{
     AnthropicConfig, AnthropicProvider, ModelTable, OpenAiConfig, OpenAiProvider, Provider,
-    ScriptedProvider,
+    ScriptedProvider, ToolChoice,
 };
 use secrecy::SecretString;
 
@@ -54,6 +54,10 @@ pub(crate) struct Settings {
     pub(crate) openai_stream: Option<bool>,
     /// `[providers.anthropic] stream`; on unless set to false.
     pub(crate) anthropic_stream: Option<bool>,
+    /// `[providers.openai] tool_choice`; `auto` unless set.
+    pub(crate) openai_tool_choice: Option<ToolChoice>,
+    /// `[providers.anthropic] tool_choice`; `auto` unless set.
+    pub(crate) anthropic_tool_choice: Option<ToolChoice>,
 }
 
 impl Default for Settings {
@@ -64,6 +68,8 @@ impl Default for Settings {
             anthropic_prompt_caching: None,
             openai_stream: None,
             anthropic_stream: None,
+            openai_tool_choice: None,
+            anthropic_tool_choice: None,
         }
     }
 }
@@ -134,6 +140,7 @@ fn build_with(
                 .context_window
                 .or(info.as_ref().map(|m| m.context_window));
             config.stream = settings.openai_stream.unwrap_or(true);
+            config.tool_choice = settings.openai_tool_choice.clone().unwrap_or_default();
             let url = config.base_url.clone();
             let provider = OpenAiProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider openai: {e}")))?;
@@ -163,6 +170,7 @@ fn build_with(
             config.context_window = settings.context_window.or(info.map(|m| m.context_window));
             config.prompt_caching = settings.anthropic_prompt_caching.unwrap_or(true);
             config.stream = settings.anthropic_stream.unwrap_or(true);
+            config.tool_choice = settings.anthropic_tool_choice.clone().unwrap_or_default();
             let url = config.base_url.clone();
             let provider = AnthropicProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider anthropic: {e}")))?;
