@@ -489,18 +489,12 @@ fn tools_and_text(name: &str) {
         }
         text_run(dir.path(), &db, &servers, &route, mode);
     }
-    // The shell forced: every call streams as the model writes it.
-    let forced = match route.tools {
-        Tools::None => None,
-        Tools::Whole => Some(tool_run(dir.path(), &db, &servers, &route, Mode::Forced)),
-        Tools::RefusedAfterTheCall => Some(refused_tool_run(
-            dir.path(),
-            &db,
-            &servers,
-            &route,
-            Mode::Forced,
-        )),
-    };
+    // The shell forced: every call streams as the model writes it. Not through LiteLLM's
+    // Messages endpoint: llama-cpp-python repeats the call's id in every delta, and
+    // LiteLLM's Messages adapter opens a new `tool_use` block for each (seen: one call of
+    // 24 deltas became 24 calls of a fragment each; Nerve ran them as the model's errors).
+    let forced = (route.tools == Tools::Whole)
+        .then(|| tool_run(dir.path(), &db, &servers, &route, Mode::Forced));
     if let Some((calls, shown)) = forced {
         assert!(
             calls
