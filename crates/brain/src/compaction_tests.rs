@@ -561,6 +561,8 @@ struct Windowed {
     counter: crate::tokens::CachedCounter<crate::tokens::Estimate>,
     largest: std::sync::Mutex<u64>,
     rejected: std::sync::atomic::AtomicUsize,
+    /// How the server's count compares with the engine's, in thousandths (1000: the same).
+    scale_permille: u64,
 }
 
 #[async_trait::async_trait]
@@ -578,8 +580,10 @@ impl crate::Provider for Windowed {
         request: crate::ModelRequest<'_>,
     ) -> Result<crate::ModelResponse, crate::ProviderError> {
         use crate::tokens::TokenCounter as _;
-        let prompt =
-            self.counter.count_messages(request.messages) + self.counter.count_tools(request.tools);
+        let prompt = (self.counter.count_messages(request.messages)
+            + self.counter.count_tools(request.tools))
+            * self.scale_permille
+            / 1000;
         {
             let mut largest = self.largest.lock().unwrap();
             *largest = (*largest).max(prompt);
@@ -624,6 +628,7 @@ async fn run_windowed_in(
         counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
         largest: std::sync::Mutex::new(0),
         rejected: std::sync::atomic::AtomicUsize::new(0),
+        scale_permille: 1000,
     });
     let outcome = run_with(
         Arc::clone(&provider) as Arc<dyn crate::Provider>,
@@ -670,6 +675,49 @@ fn outputs(outcome: &Outcome) -> Vec<ToolResult> {
             }
         })
         .collect()
+}
+
+/// A server that counts twice what the engine counts (a tokenizer that splits text finer
+/// than the estimate assumes): its overflow comes while the engine's own count is well
+/// under the budget, and the compaction after it still makes the retry fit by the
+/// server's count, every time, to the run's end.
+#[tokio::test]
+async fn an_overflow_the_engine_did_not_foresee_still_compacts_enough() {
+    let window = 8_000;
+    let mut script: Vec<String> = (0..3).map(|i| big(100, &format!("fact {i}"))).collect();
+    script.push(r#"{"text":"done"}"#.to_owned());
+    let provider = Arc::new(Windowed {
+        inner: ScriptedProvider::parse("windowed", &script.join("\n")).unwrap(),
+        window,
+        counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
+        largest: std::sync::Mutex::new(0),
+        rejected: std::sync::atomic::AtomicUsize::new(0),
+        scale_permille: 3_000,
+    });
+    let outcome = run_with(
+        Arc::clone(&provider) as Arc<dyn crate::Provider>,
+        config(window),
+        Arc::new(MemoryArchive::default()),
+        ExecutionId::new(),
+    )
+    .await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
+    let rejected = provider.rejected.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        rejected >= 1,
+        "the server never refused: the test shows nothing"
+    );
+    assert!(
+        outcome
+            .compactions()
+            .iter()
+            .any(|c| c.trigger == CompactionTrigger::Overflow)
+    );
 }
 
 /// A recent output of twice the window (4,096 tokens): offloaded at once with a preview

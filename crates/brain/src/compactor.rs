@@ -591,7 +591,8 @@ impl Compactor<'_> {
 
     /// Compacts after a `context_overflow` whatever the thresholds say: the provider
     /// counts more than this engine does, so the context is made to fit three quarters of
-    /// the prompt budget. `false` when nothing could be taken out.
+    /// the prompt budget, and three quarters of what it held. `false` when nothing could
+    /// be taken out.
     pub(crate) async fn compact_for_overflow(&mut self, turn: u32) -> Result<bool, Stop> {
         let before = self.window.fill();
         let trigger = CompactionTrigger::Overflow;
@@ -616,11 +617,15 @@ impl Compactor<'_> {
         )
         .instrument(span)
         .await?;
+        // The server's count was over the window where ours may still be under it (a
+        // tokenizer that splits finer than the estimate assumes): at most three quarters
+        // of the budget, and at most three quarters of what the refused prompt held by our
+        // count, so that the retry is smaller by the server's count too.
         let budget = self.budget();
         let target = if budget.prompt == u64::MAX {
             self.window.fill() * 3 / 4
         } else {
-            budget.prompt * 3 / 4
+            (budget.prompt * 3 / 4).min(before * 3 / 4)
         };
         self.fit(turn, target, trigger).await?;
         Ok(self.window.fill() < before)
