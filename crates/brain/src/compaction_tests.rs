@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use nerve_core::event::{CompactionStrategy, CompactionTrigger};
+use nerve_core::event::{CallPurpose, CompactionStrategy, CompactionTrigger};
 use nerve_core::{
     BlockId, ContextArchive, Event, EventSink, ExecutionId, Message, MessagePart, MessageRole,
     TaskId, TaskStatus, TerminationReason, ToolResult,
@@ -373,7 +373,7 @@ async fn agent_controlled_mode_compacts_only_when_asked_below_the_safety_net() {
 }
 
 #[tokio::test]
-async fn a_context_overflow_forces_compaction_and_one_retry() {
+async fn a_context_overflow_forces_compaction_and_a_bounded_number_of_retries() {
     let mut script: Vec<String> = (0..6).map(|i| big(100, &format!("fact {i}"))).collect();
     script.push(r#"{"error":"context_overflow"}"#.to_owned());
     script.push(r#"{"text":"done"}"#.to_owned());
@@ -390,13 +390,29 @@ async fn a_context_overflow_forces_compaction_and_one_retry() {
             .iter()
             .any(|c| c.trigger == CompactionTrigger::Overflow)
     );
-    // Twice in a row is an error, not a loop.
+    // Twice in a row: compacted again, and the run goes on.
     let mut script: Vec<String> = (0..6).map(|i| big(100, &format!("fact {i}"))).collect();
     script.push(r#"{"error":"context_overflow"}"#.to_owned());
     script.push(r#"{"error":"context_overflow"}"#.to_owned());
+    script.push(r#"{"text":"done"}"#.to_owned());
+    let outcome = run(&script.join("\n"), config(100_000)).await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
+    // Four in a row (one more than the call compacts for) is an error, not a loop.
+    let mut script: Vec<String> = (0..6).map(|i| big(100, &format!("fact {i}"))).collect();
+    script.extend(std::iter::repeat_n(
+        r#"{"error":"context_overflow"}"#.to_owned(),
+        4,
+    ));
+    script.push(r#"{"text":"done"}"#.to_owned());
     let outcome = run(&script.join("\n"), config(100_000)).await;
     assert_eq!(outcome.result.termination_reason, TerminationReason::Error);
-    assert!(outcome.result.error.unwrap().contains("context_overflow"));
+    let error = outcome.result.error.unwrap();
+    assert!(error.contains("context_overflow"), "{error}");
 }
 
 #[tokio::test]
@@ -563,6 +579,8 @@ struct Windowed {
     rejected: std::sync::atomic::AtomicUsize,
     /// How the server's count compares with the engine's, in thousandths (1000: the same).
     scale_permille: u64,
+    /// Whether a refusal states the server's count, as OpenAI's and llama.cpp's do.
+    states_count: bool,
 }
 
 #[async_trait::async_trait]
@@ -591,10 +609,20 @@ impl crate::Provider for Windowed {
         if prompt > self.window {
             self.rejected
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            return Err(crate::ProviderError::ContextOverflow(format!(
-                "context_length_exceeded: {prompt} tokens, the window is {}",
-                self.window
-            )));
+            return Err(crate::ProviderError::ContextOverflow(
+                if self.states_count {
+                    format!(
+                        "This model's maximum context length is {} tokens. However, you requested {} tokens ({prompt} in the messages, 256 in the completion).",
+                        self.window,
+                        prompt + 256
+                    )
+                } else {
+                    format!(
+                        "context_length_exceeded: the prompt is over the window of {}",
+                        self.window
+                    )
+                },
+            ));
         }
         self.inner.complete(request).await
     }
@@ -629,6 +657,7 @@ async fn run_windowed_in(
         largest: std::sync::Mutex::new(0),
         rejected: std::sync::atomic::AtomicUsize::new(0),
         scale_permille: 1000,
+        states_count: false,
     });
     let outcome = run_with(
         Arc::clone(&provider) as Arc<dyn crate::Provider>,
@@ -693,6 +722,7 @@ async fn an_overflow_the_engine_did_not_foresee_still_compacts_enough() {
         largest: std::sync::Mutex::new(0),
         rejected: std::sync::atomic::AtomicUsize::new(0),
         scale_permille: 3_000,
+        states_count: false,
     });
     let outcome = run_with(
         Arc::clone(&provider) as Arc<dyn crate::Provider>,
@@ -718,6 +748,107 @@ async fn an_overflow_the_engine_did_not_foresee_still_compacts_enough() {
             .iter()
             .any(|c| c.trigger == CompactionTrigger::Overflow)
     );
+}
+
+/// A server that counts six times what the engine counts, and says how much it counted
+/// when it refuses: one output takes the prompt far over the window by its count, more
+/// than a quarter less would mend; the compaction after the refusal aims at the budget by
+/// the server's count, so the retry is never refused again, to the run's end.
+#[tokio::test]
+async fn an_overflow_that_states_the_servers_count_is_compacted_to_fit_that_count() {
+    let window = 8_000;
+    // The model's own long answer: no output to mask, so only a summary or a clip of that
+    // answer can make room.
+    let long = "the module compiles but the integration check still reports a stale cache entry; "
+        .repeat(100);
+    let script = [
+        small(1),
+        format!(
+            r#"{{"text":"{long}","tool_calls":[{{"name":"shell","arguments":{{"command":"step 2"}}}}],"usage":{{"input_tokens":10,"output_tokens":10}}}}"#
+        ),
+        r#"{"text":"done"}"#.to_owned(),
+    ];
+    let provider = Arc::new(Windowed {
+        inner: ScriptedProvider::parse("windowed", &script.join("\n")).unwrap(),
+        window,
+        counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
+        largest: std::sync::Mutex::new(0),
+        rejected: std::sync::atomic::AtomicUsize::new(0),
+        scale_permille: 6_000,
+        states_count: true,
+    });
+    let outcome = run_with(
+        Arc::clone(&provider) as Arc<dyn crate::Provider>,
+        config(window),
+        Arc::new(MemoryArchive::default()),
+        ExecutionId::new(),
+    )
+    .await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
+    let rejected = provider.rejected.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        rejected >= 1,
+        "the server never refused: the test shows nothing"
+    );
+    let calls: Vec<String> = outcome
+        .sink
+        .events()
+        .into_iter()
+        .filter_map(|e| {
+            if let Event::ModelCalled(c) = e
+                && c.purpose == CallPurpose::Agent
+            {
+                Some(c.outcome)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert!(
+        calls
+            .windows(2)
+            .all(|pair| !(pair[0] == "context_overflow" && pair[1] == "context_overflow")),
+        "a retry after the compaction was refused again: {calls:?}"
+    );
+}
+
+/// A server that refuses every prompt whatever its size: the call compacts a bounded
+/// number of times, and the run ends `error` in one line naming the overflow.
+#[tokio::test]
+async fn a_server_that_refuses_every_prompt_ends_the_run_after_a_few_compactions() {
+    let window = 8_000;
+    let mut script: Vec<String> = (0..3).map(|i| big(60, &format!("fact {i}"))).collect();
+    script.push(r#"{"text":"done"}"#.to_owned());
+    let provider = Arc::new(Windowed {
+        inner: ScriptedProvider::parse("windowed", &script.join("\n")).unwrap(),
+        window: 1,
+        counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
+        largest: std::sync::Mutex::new(0),
+        rejected: std::sync::atomic::AtomicUsize::new(0),
+        scale_permille: 1000,
+        states_count: true,
+    });
+    let outcome = run_with(
+        Arc::clone(&provider) as Arc<dyn crate::Provider>,
+        config(window),
+        Arc::new(MemoryArchive::default()),
+        ExecutionId::new(),
+    )
+    .await;
+    assert_eq!(outcome.result.termination_reason, TerminationReason::Error);
+    let error = outcome.result.error.unwrap_or_default();
+    assert!(
+        error.starts_with("provider error: context_overflow: "),
+        "{error}"
+    );
+    assert!(!error.contains('\n'), "{error}");
+    let rejected = provider.rejected.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((1..=4).contains(&rejected), "{rejected} refusals");
 }
 
 /// A recent output of twice the window (4,096 tokens): offloaded at once with a preview

@@ -591,9 +591,15 @@ impl Compactor<'_> {
 
     /// Compacts after a `context_overflow` whatever the thresholds say: the provider
     /// counts more than this engine does, so the context is made to fit three quarters of
-    /// the prompt budget, and three quarters of what it held. `false` when nothing could
-    /// be taken out.
-    pub(crate) async fn compact_for_overflow(&mut self, turn: u32) -> Result<bool, Stop> {
+    /// the prompt budget, and three quarters of what it held. When the refusal states the
+    /// server's count of the prompt (`stated`), the budget is taken by that count: the
+    /// target shrinks by how much more the server counted than the estimate did. `false`
+    /// when nothing could be taken out.
+    pub(crate) async fn compact_for_overflow(
+        &mut self,
+        turn: u32,
+        stated: Option<u64>,
+    ) -> Result<bool, Stop> {
         let before = self.window.fill();
         let trigger = CompactionTrigger::Overflow;
         let recent = self
@@ -617,16 +623,7 @@ impl Compactor<'_> {
         )
         .instrument(span)
         .await?;
-        // The server's count was over the window where ours may still be under it (a
-        // tokenizer that splits finer than the estimate assumes): at most three quarters
-        // of the budget, and at most three quarters of what the refused prompt held by our
-        // count, so that the retry is smaller by the server's count too.
-        let budget = self.budget();
-        let target = if budget.prompt == u64::MAX {
-            self.window.fill() * 3 / 4
-        } else {
-            (budget.prompt * 3 / 4).min(before * 3 / 4)
-        };
+        let target = overflow_target(self.budget().prompt, before, stated);
         self.fit(turn, target, trigger).await?;
         Ok(self.window.fill() < before)
     }
@@ -1213,6 +1210,28 @@ fn cut_summary(mut text: String, max_chars: usize) -> String {
 /// `message` clipped to about `keep_chars` characters in all: texts keep their head,
 /// a tool output its placeholder line or its head, large tool-call arguments become a
 /// note; every clip names block `id`, which holds the message whole.
+/// The fill (by the engine's count) an overflow compaction aims at, for a prompt budget
+/// of `budget` tokens and a refused prompt that held `before` by the engine's count and
+/// `stated` by the server's, when its refusal said. The server's count was over the window
+/// where the engine's may still be under it (a tokenizer that splits finer than the
+/// estimate assumes): at most three quarters of what the refused prompt held, so that the
+/// retry is smaller by any count; and three quarters of the budget, scaled by how much
+/// more the server counted, so that the retry fits by the server's count.
+fn overflow_target(budget: u64, before: u64, stated: Option<u64>) -> u64 {
+    if budget == u64::MAX {
+        return before * 3 / 4;
+    }
+    let budget = budget * 3 / 4;
+    let budget = match stated {
+        Some(stated) if stated > before => {
+            u64::try_from(u128::from(budget) * u128::from(before) / u128::from(stated))
+                .unwrap_or(u64::MAX)
+        }
+        Some(_) | None => budget,
+    };
+    budget.min(before * 3 / 4)
+}
+
 fn clipped(message: &Message, keep_chars: usize, id: BlockId) -> Message {
     let texts = message.parts.len().max(1);
     let each = (keep_chars / texts).max(80);
@@ -1283,6 +1302,37 @@ mod tests {
     use crate::engine::{AgentEngine, EngineConfig, Task};
     use crate::scripted::ScriptedProvider;
     use crate::testing::{EchoTools, MemorySink};
+
+    #[test]
+    fn an_overflow_aims_under_the_budget_by_the_servers_count() {
+        // No count stated: three quarters of the budget, or of the refused prompt.
+        assert_eq!(overflow_target(4_000, 3_000, None), 2_250);
+        assert_eq!(overflow_target(4_000, 6_000, None), 3_000);
+        // The server counted twice as much: half of three quarters of the budget.
+        assert_eq!(overflow_target(4_000, 3_000, Some(6_000)), 1_500);
+        // A count under the engine's changes nothing.
+        assert_eq!(overflow_target(4_000, 3_000, Some(2_000)), 2_250);
+        // No window: three quarters of what was refused.
+        assert_eq!(overflow_target(u64::MAX, 3_000, Some(9_000)), 2_250);
+    }
+
+    proptest::proptest! {
+        /// Whatever the counts, the retry is smaller than the refused prompt by the engine's
+        /// count, and fits three quarters of the budget by the server's when it stated one.
+        #[test]
+        fn an_overflow_target_shrinks_and_fits_by_the_servers_count(
+            budget in 1_u64..2_000_000,
+            before in 1_u64..4_000_000,
+            stated in proptest::option::of(1_u64..16_000_000),
+        ) {
+            let target = overflow_target(budget, before, stated);
+            proptest::prop_assert!(target < before || before < 2);
+            if let Some(stated) = stated.filter(|&s| s > before) {
+                let by_server = u128::from(target) * u128::from(stated) / u128::from(before);
+                proptest::prop_assert!(by_server <= u128::from(budget) * 3 / 4);
+            }
+        }
+    }
 
     /// A block of 100,000 characters comes back whole, page by page, each page saying how
     /// much remains and where to go on.

@@ -576,7 +576,7 @@ async fn follow_up_start(
     }
     if follow_up.compact {
         let turns = run.progress.turn_count();
-        run.compactor().compact_for_overflow(turns).await?;
+        run.compactor().compact_for_overflow(turns, None).await?;
     }
     run.push_message(Message::user(follow_up.message.clone()));
     Ok(run.journal.flush().await?)

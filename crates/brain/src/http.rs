@@ -477,7 +477,16 @@ impl ErrorDetails {
             .and_then(serde_json::Value::as_str)
             .map(Cow::Borrowed)
             .or_else(|| value.get("detail").and_then(fastapi_detail).map(Cow::Owned));
-        details.message = one_line(&message.unwrap_or_else(|| Cow::Owned(error.to_string())));
+        let mut message = message.unwrap_or_else(|| Cow::Owned(error.to_string()));
+        // llama.cpp's server states its count beside a message that may not.
+        if let Some(prompt) = error
+            .get("n_prompt_tokens")
+            .and_then(serde_json::Value::as_u64)
+            && stated_prompt_tokens(&message).is_none()
+        {
+            message = Cow::Owned(format!("({prompt} prompt tokens) {message}"));
+        }
+        details.message = one_line(&message);
         details
     }
 
@@ -538,6 +547,38 @@ impl ErrorDetails {
                 "has no attribute",
             ])
     }
+}
+
+/// The prompt's size in tokens by the server's own count, where its refusal of a prompt
+/// too large for the window states it: OpenAI and vLLM ("(5000 in the messages, …)",
+/// "your messages resulted in 9000 tokens", "your request has 9000 input tokens"),
+/// Anthropic ("prompt is too long: 208310 tokens > 200000 maximum"), llama.cpp's server
+/// ("request (5000 tokens) exceeds the available context size", `n_prompt_tokens`) and
+/// its Python server ("Requested tokens (5000) exceed context window"). `None` when the
+/// message states no count.
+pub(crate) fn stated_prompt_tokens(message: &str) -> Option<u64> {
+    static PATTERNS: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        #[allow(clippy::expect_used)] // A constant pattern, compiled by this module's tests.
+        regex::Regex::new(
+            r"(?ix)
+              (\d+) \s+ in \s+ the \s+ messages
+            | messages \s+ resulted \s+ in \s+ (\d+) \s+ tokens
+            | request \s+ has \s+ (\d+) \s+ input \s+ tokens
+            | prompt \s+ is \s+ too \s+ long: \s* (\d+) \s+ tokens
+            | (?:request|input) \s+ \( (\d+) \s+ tokens \) \s+ (?:exceeds|is \s+ larger)
+            | requested \s+ tokens \s+ \( (\d+) \) \s+ exceed
+            | \( (\d+) \s+ prompt \s+ tokens \)",
+        )
+        .expect("valid overflow patterns")
+    });
+    let captures = PATTERNS.captures(message)?;
+    captures
+        .iter()
+        .skip(1)
+        .flatten()
+        .next()
+        .and_then(|count| count.as_str().parse().ok())
+        .filter(|&count| count > 0)
 }
 
 /// FastAPI's `detail`: a string, or a list of validation errors (`{"loc", "msg"}`).
@@ -1056,7 +1097,86 @@ mod tests {
         assert_eq!(one_line(&html_text("<p unclosed")), "");
     }
 
+    #[test]
+    fn an_overflow_message_gives_the_servers_count_of_the_prompt() {
+        let check = |message: &str, expected: Option<u64>| {
+            assert_eq!(stated_prompt_tokens(message), expected, "{message}");
+        };
+        check(
+            "litellm.ContextWindowExceededError: OpenAIException - This model's maximum context length is 4096 tokens. However, you requested 4539 tokens (4283 in the messages, 256 in the completion).",
+            Some(4283),
+        );
+        check(
+            "This model's maximum context length is 8192 tokens. However, your messages resulted in 9120 tokens. Please reduce the length of the messages.",
+            Some(9120),
+        );
+        check(
+            "This model's maximum context length is 4096 tokens. However, your request has 5012 input tokens.",
+            Some(5012),
+        );
+        check(
+            "prompt is too long: 208310 tokens > 200000 maximum",
+            Some(208_310),
+        );
+        check(
+            "request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it",
+            Some(5000),
+        );
+        check(
+            "input (5001 tokens) is larger than the max context size (4096 tokens). skipping",
+            Some(5001),
+        );
+        check(
+            "Requested tokens (4133) exceed context window of 4096",
+            Some(4133),
+        );
+        // The window's size alone, or the prompt and the completion together, are not it.
+        check("This model's maximum context length is 8192 tokens.", None);
+        check("However, you requested 5453 tokens", None);
+        check("the request exceeds the available context size", None);
+        check("prompt is too long: 0 tokens", None);
+        // llama.cpp's count beside its message.
+        let details = ErrorDetails::parse(
+            br#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4500,"n_ctx":4096}}"#,
+        );
+        assert_eq!(
+            stated_prompt_tokens(&details.message),
+            Some(4500),
+            "{}",
+            details.message
+        );
+        let details = ErrorDetails::parse(
+            br#"{"error":{"code":400,"message":"request (4600 tokens) exceeds the available context size (4096 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4600,"n_ctx":4096}}"#,
+        );
+        assert_eq!(
+            details.message,
+            "request (4600 tokens) exceeds the available context size (4096 tokens), try increasing it"
+        );
+    }
+
     proptest::proptest! {
+        #[test]
+        fn a_stated_count_is_found_in_any_surrounding_text(
+            before in "[a-zA-Z ,.:]{0,60}",
+            after in "[a-zA-Z ,.:]{0,60}",
+            count in 1_u64..10_000_000,
+            template in 0_usize..4,
+        ) {
+            let stated = match template {
+                0 => format!("({count} in the messages, 100 in the completion)"),
+                1 => format!("prompt is too long: {count} tokens > 100 maximum"),
+                2 => format!("request ({count} tokens) exceeds the available context size"),
+                _ => format!("your messages resulted in {count} tokens"),
+            };
+            let message = format!("{before} {stated} {after}");
+            proptest::prop_assert_eq!(stated_prompt_tokens(&message), Some(count));
+        }
+
+        #[test]
+        fn any_text_is_read_without_panicking(text in ".{0,300}") {
+            let _ = stated_prompt_tokens(&text);
+        }
+
         #[test]
         fn any_error_body_gives_one_short_line(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000)) {
             let details = ErrorDetails::parse(&body);

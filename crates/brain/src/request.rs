@@ -71,7 +71,8 @@ impl Endpoint {
         let response = self
             .client
             .post(&self.url, self.headers.clone(), http::encode(body)?, false)
-            .await?;
+            .await
+            .inspect_err(|error| self.learn(estimate, error))?;
         let body = http::read_body(self.client.body(response)).await?;
         decode(&body, estimate, Some(&self.raw))
     }
@@ -111,7 +112,21 @@ impl Endpoint {
             }
             Ok(response) => ModelStream::new(self.client.body(response), decoder)
                 .or_whole(self.whole_answer(body, estimate, decode)),
-            Err(error) => ModelStream::from_result(Err(error)),
+            Err(error) => {
+                self.learn(&estimate, &error);
+                ModelStream::from_result(Err(error))
+            }
+        }
+    }
+
+    /// A refusal for a prompt over the window that states the server's count of it
+    /// calibrates the estimate: the next output limit, after the engine has compacted,
+    /// then leaves room by the server's count.
+    fn learn(&self, estimate: &UsageEstimate, error: &ProviderError) {
+        if let ProviderError::ContextOverflow(message) = error
+            && let Some(stated) = http::stated_prompt_tokens(message)
+        {
+            self.calibration.observe(estimate.input, stated);
         }
     }
 

@@ -33,6 +33,11 @@ use crate::stagnation::StagnationDetector;
 use crate::stop::Stop;
 use crate::window::Window;
 
+/// How many times one model call compacts after the server refused its prompt as over the
+/// window: each retry is smaller, by the server's count when it states one; a server
+/// that keeps refusing after that is not counting the way its refusals say.
+const OVERFLOW_COMPACTIONS: u32 = 3;
+
 /// Counters of the one-shot and bounded guardrails.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Guards {
@@ -196,43 +201,48 @@ impl Run {
     }
 
     /// One model call on the conversation, with retries. When the window overflows, it
-    /// compacts now, whatever the thresholds say, and retries once.
+    /// compacts now, whatever the thresholds say, and asks again: up to
+    /// [`OVERFLOW_COMPACTIONS`] times, each compaction sized by the server's own count of
+    /// the refused prompt when its refusal states one.
     pub(crate) async fn call_model(
         &mut self,
         turn: u32,
         purpose: CallPurpose,
         tools: &[ToolDefinition],
     ) -> Result<ModelResponse, Stop> {
-        let message = match self.call_once(turn, purpose, tools).await {
-            Ok(response) => return Ok(response),
-            Err(CallError::Stop(stop)) => return Err(stop),
-            // A summary call never compacts for itself (the compactor calls the caller
-            // directly); kept for the purpose's sake.
-            Err(CallError::Overflow(message)) if purpose == CallPurpose::Summary => {
+        let mut compactions = 0;
+        loop {
+            let message = match self.call_once(turn, purpose, tools).await {
+                Ok(response) => return Ok(response),
+                Err(CallError::Stop(stop)) => return Err(stop),
+                // A summary call never compacts for itself (the compactor calls the caller
+                // directly); kept for the purpose's sake.
+                Err(CallError::Overflow(message)) if purpose == CallPurpose::Summary => {
+                    return Err(Stop::new(
+                        TerminationReason::Error,
+                        format!("provider error: context_overflow: {message}"),
+                    ));
+                }
+                Err(CallError::Overflow(message)) => message,
+            };
+            if compactions == OVERFLOW_COMPACTIONS {
                 return Err(Stop::new(
                     TerminationReason::Error,
-                    format!("provider error: context_overflow: {message}"),
+                    format!(
+                        "provider error: context_overflow: {message} (still too large after {compactions} compactions)"
+                    ),
                 ));
             }
-            Err(CallError::Overflow(message)) => message,
-        };
-        if !self.compactor().compact_for_overflow(turn).await? {
-            return Err(Stop::new(
-                TerminationReason::Error,
-                format!(
-                    "provider error: context_overflow: {message} (compaction could not make room)"
-                ),
-            ));
-        }
-        match self.call_once(turn, purpose, tools).await {
-            Ok(response) => Ok(response),
-            Err(CallError::Overflow(message)) => Err(Stop::new(
-                TerminationReason::Error,
-                format!(
-                    "provider error: context_overflow: {message} (still too large after compaction)"
-                ),
-            )),
-            Err(CallError::Stop(stop)) => Err(stop),
+            let stated = crate::http::stated_prompt_tokens(&message);
+            if !self.compactor().compact_for_overflow(turn, stated).await? {
+                return Err(Stop::new(
+                    TerminationReason::Error,
+                    format!(
+                        "provider error: context_overflow: {message} (compaction could not make room)"
+                    ),
+                ));
+            }
+            compactions += 1;
         }
     }
 

@@ -1579,6 +1579,58 @@ async fn the_output_limit_learns_the_servers_count_of_the_prompt() {
     assert_eq!(max, [room(estimated), room(estimated * 2), room(estimated)]);
 }
 
+/// A refusal of a prompt over the window that states the server's count of it (here
+/// LiteLLM's words for llama-cpp-python's) calibrates the estimate as a report does: the
+/// next request's output limit leaves the room that count says is left, streamed or not.
+#[tokio::test]
+async fn a_refusal_that_states_the_servers_count_calibrates_the_output_limit() {
+    let (messages, tools) = (conversation(), tools());
+    let estimate = nerve_brain::tokens::counter_for_model("smollm2");
+    let estimated = estimate.count_messages(&messages) + estimate.count_tools(&tools);
+    let refusal = |stated: u64| {
+        json(
+            400,
+            serde_json::json!({"error": {"message": format!(
+                "litellm.ContextWindowExceededError: OpenAIException - This model's maximum context length is 4096 tokens. However, you requested {} tokens ({stated} in the messages, 256 in the completion).",
+                stated + 256
+            ), "type": "invalid_request_error", "code": "400"}}),
+        )
+    };
+    let room = |prompt: u64| 4_096 - prompt - prompt / 10;
+    for stream in [false, true] {
+        let server = TestServer::start(vec![refusal(estimated * 3), json(200, answer("ok"))]).await;
+        let mut config = OpenAiConfig::new("smollm2");
+        config.base_url = format!("{}/v1", server.url);
+        config.context_window = Some(4_096);
+        config.http = http();
+        let provider = OpenAiProvider::new(config).unwrap();
+        let first = if stream {
+            drain(provider.stream(request(&messages, &tools)).await)
+                .await
+                .1
+        } else {
+            provider.complete(request(&messages, &tools)).await
+        };
+        match first {
+            Err(ProviderError::ContextOverflow(message)) => {
+                assert!(message.contains("in the messages"), "{message}");
+            }
+            other => panic!("stream {stream}: {other:?}"),
+        }
+        provider.complete(request(&messages, &tools)).await.unwrap();
+        let max: Vec<u64> = server
+            .requests()
+            .iter()
+            .map(|r| r.body["max_tokens"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            max,
+            [room(estimated), room(estimated * 3)],
+            "stream {stream}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn anthropic_cache_breakpoints_and_their_absence() {
     let reply = serde_json::json!({"content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 1}});
