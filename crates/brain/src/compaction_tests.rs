@@ -373,7 +373,7 @@ async fn agent_controlled_mode_compacts_only_when_asked_below_the_safety_net() {
 }
 
 #[tokio::test]
-async fn a_context_overflow_forces_compaction_and_a_bounded_number_of_retries() {
+async fn a_context_overflow_forces_compaction_and_one_retry() {
     let mut script: Vec<String> = (0..6).map(|i| big(100, &format!("fact {i}"))).collect();
     script.push(r#"{"error":"context_overflow"}"#.to_owned());
     script.push(r#"{"text":"done"}"#.to_owned());
@@ -390,29 +390,18 @@ async fn a_context_overflow_forces_compaction_and_a_bounded_number_of_retries() 
             .iter()
             .any(|c| c.trigger == CompactionTrigger::Overflow)
     );
-    // Twice in a row: compacted again, and the run goes on.
+    // Twice in a row, with no count stated, is an error, not a loop.
     let mut script: Vec<String> = (0..6).map(|i| big(100, &format!("fact {i}"))).collect();
     script.push(r#"{"error":"context_overflow"}"#.to_owned());
     script.push(r#"{"error":"context_overflow"}"#.to_owned());
-    script.push(r#"{"text":"done"}"#.to_owned());
-    let outcome = run(&script.join("\n"), config(100_000)).await;
-    assert_eq!(
-        outcome.result.termination_reason,
-        TerminationReason::Completed,
-        "{:?}",
-        outcome.result.error
-    );
-    // Four in a row (one more than the call compacts for) is an error, not a loop.
-    let mut script: Vec<String> = (0..6).map(|i| big(100, &format!("fact {i}"))).collect();
-    script.extend(std::iter::repeat_n(
-        r#"{"error":"context_overflow"}"#.to_owned(),
-        4,
-    ));
     script.push(r#"{"text":"done"}"#.to_owned());
     let outcome = run(&script.join("\n"), config(100_000)).await;
     assert_eq!(outcome.result.termination_reason, TerminationReason::Error);
     let error = outcome.result.error.unwrap();
-    assert!(error.contains("context_overflow"), "{error}");
+    assert!(
+        error.contains("still too large after compaction"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -581,6 +570,60 @@ struct Windowed {
     scale_permille: u64,
     /// Whether a refusal states the server's count, as OpenAI's and llama.cpp's do.
     states_count: bool,
+    /// Whether the provider passes on what the server's usage reports said about its
+    /// count ([`crate::Provider::prompt_scale_permille`]), once it has answered once.
+    reports_scale: bool,
+    answered: std::sync::atomic::AtomicBool,
+    /// How many more requests are refused after the first refusal, whatever their size
+    /// (a server whose count of some content is far above any ratio).
+    refuse_again: std::sync::atomic::AtomicUsize,
+}
+
+impl Windowed {
+    fn new(script: &str, window: u64, scale_permille: u64, states_count: bool) -> Self {
+        Self {
+            inner: ScriptedProvider::parse("windowed", script).unwrap(),
+            window,
+            counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
+            largest: std::sync::Mutex::new(0),
+            rejected: std::sync::atomic::AtomicUsize::new(0),
+            scale_permille,
+            states_count,
+            reports_scale: false,
+            answered: std::sync::atomic::AtomicBool::new(false),
+            refuse_again: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Refusing `n` more requests after the first refusal.
+    fn refusing_again(self, n: usize) -> Self {
+        self.refuse_again
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+        self
+    }
+
+    /// Passing on the server's scale once it has answered, as the HTTP providers do.
+    fn reporting(self) -> Self {
+        Self {
+            reports_scale: true,
+            ..self
+        }
+    }
+
+    fn rejected(&self) -> usize {
+        self.rejected.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A run of the task against this server, in a window of `window` tokens.
+    async fn run(self: &Arc<Self>, window: u64) -> Outcome {
+        run_with(
+            Arc::clone(self) as Arc<dyn crate::Provider>,
+            config(window),
+            Arc::new(MemoryArchive::default()),
+            ExecutionId::new(),
+        )
+        .await
+    }
 }
 
 #[async_trait::async_trait]
@@ -591,6 +634,14 @@ impl crate::Provider for Windowed {
 
     fn model(&self) -> &str {
         self.inner.model()
+    }
+
+    fn prompt_scale_permille(&self) -> u64 {
+        if self.reports_scale && self.answered.load(std::sync::atomic::Ordering::SeqCst) {
+            self.scale_permille
+        } else {
+            1000
+        }
     }
 
     async fn complete(
@@ -606,7 +657,16 @@ impl crate::Provider for Windowed {
             let mut largest = self.largest.lock().unwrap();
             *largest = (*largest).max(prompt);
         }
-        if prompt > self.window {
+        let again = self.rejected() > 0
+            && self
+                .refuse_again
+                .fetch_update(
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                    |n| n.checked_sub(1),
+                )
+                .is_ok();
+        if prompt > self.window || again {
             self.rejected
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             return Err(crate::ProviderError::ContextOverflow(
@@ -624,6 +684,8 @@ impl crate::Provider for Windowed {
                 },
             ));
         }
+        self.answered
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.inner.complete(request).await
     }
 }
@@ -650,15 +712,7 @@ async fn run_windowed_in(
     archive: Arc<MemoryArchive>,
     execution: ExecutionId,
 ) -> WindowedOutcome {
-    let provider = Arc::new(Windowed {
-        inner: ScriptedProvider::parse("windowed", cassette).unwrap(),
-        window,
-        counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
-        largest: std::sync::Mutex::new(0),
-        rejected: std::sync::atomic::AtomicUsize::new(0),
-        scale_permille: 1000,
-        states_count: false,
-    });
+    let provider = Arc::new(Windowed::new(cassette, window, 1000, false));
     let outcome = run_with(
         Arc::clone(&provider) as Arc<dyn crate::Provider>,
         config(window),
@@ -670,7 +724,7 @@ async fn run_windowed_in(
     WindowedOutcome {
         outcome,
         largest,
-        rejected: provider.rejected.load(std::sync::atomic::Ordering::SeqCst),
+        rejected: provider.rejected(),
     }
 }
 
@@ -715,29 +769,15 @@ async fn an_overflow_the_engine_did_not_foresee_still_compacts_enough() {
     let window = 8_000;
     let mut script: Vec<String> = (0..3).map(|i| big(100, &format!("fact {i}"))).collect();
     script.push(r#"{"text":"done"}"#.to_owned());
-    let provider = Arc::new(Windowed {
-        inner: ScriptedProvider::parse("windowed", &script.join("\n")).unwrap(),
-        window,
-        counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
-        largest: std::sync::Mutex::new(0),
-        rejected: std::sync::atomic::AtomicUsize::new(0),
-        scale_permille: 3_000,
-        states_count: false,
-    });
-    let outcome = run_with(
-        Arc::clone(&provider) as Arc<dyn crate::Provider>,
-        config(window),
-        Arc::new(MemoryArchive::default()),
-        ExecutionId::new(),
-    )
-    .await;
+    let provider = Arc::new(Windowed::new(&script.join("\n"), window, 3_000, false));
+    let outcome = provider.run(window).await;
     assert_eq!(
         outcome.result.termination_reason,
         TerminationReason::Completed,
         "{:?}",
         outcome.result.error
     );
-    let rejected = provider.rejected.load(std::sync::atomic::Ordering::SeqCst);
+    let rejected = provider.rejected();
     assert!(
         rejected >= 1,
         "the server never refused: the test shows nothing"
@@ -750,10 +790,38 @@ async fn an_overflow_the_engine_did_not_foresee_still_compacts_enough() {
     );
 }
 
+/// A server that counts three times what the engine counts, and whose usage reports say
+/// so: the thresholds weigh the fill as the server counts it, so the context is compacted
+/// before the server would refuse it, and no request is ever refused.
+#[tokio::test]
+async fn a_server_that_reports_counting_more_is_compacted_for_before_it_refuses() {
+    let window = 8_000;
+    let mut script: Vec<String> = (0..3).map(|i| big(100, &format!("fact {i}"))).collect();
+    script.push(r#"{"text":"done"}"#.to_owned());
+    let provider = Arc::new(Windowed::new(&script.join("\n"), window, 3_000, false).reporting());
+    let outcome = provider.run(window).await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
+    assert_eq!(provider.rejected(), 0, "a request was refused");
+    assert!(
+        *provider.largest.lock().unwrap() <= window,
+        "largest request {} > {window}",
+        provider.largest.lock().unwrap()
+    );
+    assert!(
+        !outcome.compactions().is_empty(),
+        "nothing was compacted: the test shows nothing"
+    );
+}
+
 /// A server that counts six times what the engine counts, and says how much it counted
-/// when it refuses: one output takes the prompt far over the window by its count, more
-/// than a quarter less would mend; the compaction after the refusal aims at the budget by
-/// the server's count, so the retry is never refused again, to the run's end.
+/// when it refuses: the model's long answer takes the prompt far over the window by that
+/// count; the compaction after the refusal aims at the budget by the server's count, so
+/// the retry is never refused again, to the run's end.
 #[tokio::test]
 async fn an_overflow_that_states_the_servers_count_is_compacted_to_fit_that_count() {
     let window = 8_000;
@@ -768,29 +836,15 @@ async fn an_overflow_that_states_the_servers_count_is_compacted_to_fit_that_coun
         ),
         r#"{"text":"done"}"#.to_owned(),
     ];
-    let provider = Arc::new(Windowed {
-        inner: ScriptedProvider::parse("windowed", &script.join("\n")).unwrap(),
-        window,
-        counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
-        largest: std::sync::Mutex::new(0),
-        rejected: std::sync::atomic::AtomicUsize::new(0),
-        scale_permille: 6_000,
-        states_count: true,
-    });
-    let outcome = run_with(
-        Arc::clone(&provider) as Arc<dyn crate::Provider>,
-        config(window),
-        Arc::new(MemoryArchive::default()),
-        ExecutionId::new(),
-    )
-    .await;
+    let provider = Arc::new(Windowed::new(&script.join("\n"), window, 6_000, true));
+    let outcome = provider.run(window).await;
     assert_eq!(
         outcome.result.termination_reason,
         TerminationReason::Completed,
         "{:?}",
         outcome.result.error
     );
-    let rejected = provider.rejected.load(std::sync::atomic::Ordering::SeqCst);
+    let rejected = provider.rejected();
     assert!(
         rejected >= 1,
         "the server never refused: the test shows nothing"
@@ -817,29 +871,45 @@ async fn an_overflow_that_states_the_servers_count_is_compacted_to_fit_that_coun
     );
 }
 
-/// A server that refuses every prompt whatever its size: the call compacts a bounded
-/// number of times, and the run ends `error` in one line naming the overflow.
+/// A server that refuses the retry after a compaction too, stating its count: the call
+/// compacts again (the count is new information) and the run goes on.
+#[tokio::test]
+async fn a_refusal_that_states_a_count_after_a_compaction_compacts_again() {
+    let window = 8_000;
+    let mut script: Vec<String> = (0..3).map(|i| big(100, &format!("fact {i}"))).collect();
+    script.push(r#"{"text":"done"}"#.to_owned());
+    let provider =
+        Arc::new(Windowed::new(&script.join("\n"), window, 3_000, true).refusing_again(1));
+    let outcome = provider.run(window).await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
+    assert!(provider.rejected() >= 2, "{} refusals", provider.rejected());
+    let overflows = outcome
+        .compactions()
+        .iter()
+        .filter(|c| c.trigger == CompactionTrigger::Overflow)
+        .map(|c| c.turn)
+        .collect::<Vec<_>>();
+    assert!(
+        overflows.windows(2).any(|pair| pair[0] == pair[1]),
+        "no call compacted twice: {overflows:?}"
+    );
+}
+
+/// A server that refuses every prompt whatever its size, stating its count each time: the
+/// call compacts a bounded number of times (each refusal is new information), and the run
+/// ends `error` in one line naming the overflow.
 #[tokio::test]
 async fn a_server_that_refuses_every_prompt_ends_the_run_after_a_few_compactions() {
     let window = 8_000;
     let mut script: Vec<String> = (0..3).map(|i| big(60, &format!("fact {i}"))).collect();
     script.push(r#"{"text":"done"}"#.to_owned());
-    let provider = Arc::new(Windowed {
-        inner: ScriptedProvider::parse("windowed", &script.join("\n")).unwrap(),
-        window: 1,
-        counter: crate::tokens::CachedCounter::new(crate::tokens::Estimate),
-        largest: std::sync::Mutex::new(0),
-        rejected: std::sync::atomic::AtomicUsize::new(0),
-        scale_permille: 1000,
-        states_count: true,
-    });
-    let outcome = run_with(
-        Arc::clone(&provider) as Arc<dyn crate::Provider>,
-        config(window),
-        Arc::new(MemoryArchive::default()),
-        ExecutionId::new(),
-    )
-    .await;
+    let provider = Arc::new(Windowed::new(&script.join("\n"), 1, 1000, true));
+    let outcome = provider.run(window).await;
     assert_eq!(outcome.result.termination_reason, TerminationReason::Error);
     let error = outcome.result.error.unwrap_or_default();
     assert!(
@@ -847,7 +917,7 @@ async fn a_server_that_refuses_every_prompt_ends_the_run_after_a_few_compactions
         "{error}"
     );
     assert!(!error.contains('\n'), "{error}");
-    let rejected = provider.rejected.load(std::sync::atomic::Ordering::SeqCst);
+    let rejected = provider.rejected();
     assert!((1..=4).contains(&rejected), "{rejected} refusals");
 }
 

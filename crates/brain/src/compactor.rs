@@ -468,7 +468,8 @@ impl Compactor<'_> {
 
     /// The layers at a turn boundary: a requested compaction, then the hard threshold
     /// (summarise), then the soft one (mask); and whatever they did, the next request is
-    /// made to fit the window ([`Self::fit`]).
+    /// made to fit the window ([`Self::fit`]). The fill is weighed against the thresholds
+    /// and the window as the server counts it ([`Self::scale`]).
     pub(crate) async fn maybe_compact(&mut self, turn: u32) -> Result<(), Stop> {
         let config = self.config.compaction;
         if !config.enabled {
@@ -493,8 +494,9 @@ impl Compactor<'_> {
             && turn >= self.window.compaction.cooldown_until
         {
             let fill = self.window.fill();
+            let counted = scaled(fill, self.scale());
             let used = self.caller.budget_used_percent();
-            if at_or_above(fill, capacity, config.hard_threshold(used))
+            if at_or_above(counted, capacity, config.hard_threshold(used))
                 && self
                     .window
                     .compaction
@@ -515,7 +517,7 @@ impl Compactor<'_> {
                 )
                 .instrument(span)
                 .await?;
-            } else if at_or_above(fill, capacity, config.soft_percent) {
+            } else if at_or_above(counted, capacity, config.soft_percent) {
                 let trigger = CompactionTrigger::SoftThreshold;
                 let span = telemetry::compaction_span(self.execution, turn, trigger);
                 let recent = config.recent_turns(used);
@@ -530,9 +532,15 @@ impl Compactor<'_> {
             }
         }
         self.recall_relevant(turn).await?;
-        let target = self.budget().prompt;
+        let target = unscaled(self.budget().prompt, self.scale());
         self.fit(turn, target, CompactionTrigger::HardThreshold)
             .await
+    }
+
+    /// How the server counts a prompt against this engine's count, in thousandths, by
+    /// what it last said ([`crate::Provider::prompt_scale_permille`]).
+    fn scale(&self) -> u64 {
+        self.caller.provider().prompt_scale_permille().max(1000)
     }
 
     /// Relevance-driven recall (`relevance.rs`): when what the agent or the user said since
@@ -593,8 +601,8 @@ impl Compactor<'_> {
     /// counts more than this engine does, so the context is made to fit three quarters of
     /// the prompt budget, and three quarters of what it held. When the refusal states the
     /// server's count of the prompt (`stated`), the budget is taken by that count: the
-    /// target shrinks by how much more the server counted than the estimate did. `false`
-    /// when nothing could be taken out.
+    /// target shrinks by how much more the server counted than the estimate did; without
+    /// one, by the server's last report. `false` when nothing could be taken out.
     pub(crate) async fn compact_for_overflow(
         &mut self,
         turn: u32,
@@ -623,6 +631,8 @@ impl Compactor<'_> {
         )
         .instrument(span)
         .await?;
+        // Without a count in the refusal, the server's last report is the best guess.
+        let stated = stated.or_else(|| Some(scaled(before, self.scale())));
         let target = overflow_target(self.budget().prompt, before, stated);
         self.fit(turn, target, trigger).await?;
         Ok(self.window.fill() < before)
@@ -1210,6 +1220,20 @@ fn cut_summary(mut text: String, max_chars: usize) -> String {
 /// `message` clipped to about `keep_chars` characters in all: texts keep their head,
 /// a tool output its placeholder line or its head, large tool-call arguments become a
 /// note; every clip names block `id`, which holds the message whole.
+/// `tokens` by the engine's count as a server counting `permille` thousandths of it would.
+fn scaled(tokens: u64, permille: u64) -> u64 {
+    u64::try_from(u128::from(tokens) * u128::from(permille) / 1000).unwrap_or(u64::MAX)
+}
+
+/// `tokens` by a server's count (counting `permille` thousandths of the engine's count) as
+/// the engine counts them.
+fn unscaled(tokens: u64, permille: u64) -> u64 {
+    if tokens == u64::MAX {
+        return tokens;
+    }
+    u64::try_from(u128::from(tokens) * 1000 / u128::from(permille.max(1))).unwrap_or(u64::MAX)
+}
+
 /// The fill (by the engine's count) an overflow compaction aims at, for a prompt budget
 /// of `budget` tokens and a refused prompt that held `before` by the engine's count and
 /// `stated` by the server's, when its refusal said. The server's count was over the window

@@ -168,6 +168,10 @@ impl Provider for OpenAiProvider {
         &self.config.model
     }
 
+    fn prompt_scale_permille(&self) -> u64 {
+        self.endpoint.prompt_scale_permille()
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
         let estimate = self.endpoint.estimate(&request);
         let body = self.wire_request(&request, &estimate, false);

@@ -27,6 +27,15 @@ pub trait Provider: Send + Sync {
     async fn stream(&self, request: ModelRequest<'_>) -> ModelStream {
         ModelStream::from_result(self.complete(request).await)
     }
+
+    /// How the server counts a prompt against the engine's estimate, in thousandths, by
+    /// what it last said (a usage report, or a refusal stating its count): 1000 when it
+    /// counts the same or has said nothing, never less. The compactor's thresholds and
+    /// targets take a prompt's size by this count, so that a model whose tokenizer splits
+    /// finer than the estimate is compacted before its server refuses.
+    fn prompt_scale_permille(&self) -> u64 {
+        1000
+    }
 }
 
 #[cfg(test)]

@@ -77,6 +77,11 @@ impl Endpoint {
         decode(&body, estimate, Some(&self.raw))
     }
 
+    /// How the server's prompt counts compare with the estimate, in thousandths.
+    pub(crate) fn prompt_scale_permille(&self) -> u64 {
+        self.calibration.permille()
+    }
+
     /// Whether answers are still asked for as streams: not once a server accepted a
     /// streamed request, sent nothing, and then gave the same answer whole.
     pub(crate) fn streams(&self) -> bool {

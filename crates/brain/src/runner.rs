@@ -34,8 +34,9 @@ use crate::stop::Stop;
 use crate::window::Window;
 
 /// How many times one model call compacts after the server refused its prompt as over the
-/// window: each retry is smaller, by the server's count when it states one; a server
-/// that keeps refusing after that is not counting the way its refusals say.
+/// window, when every refusal states the server's count of the prompt (each compaction is
+/// then aimed by that count, and a refusal after it is new information). A refusal that
+/// states no count gets one compaction and one retry (the design's contract).
 const OVERFLOW_COMPACTIONS: u32 = 3;
 
 /// Counters of the one-shot and bounded guardrails.
@@ -201,9 +202,9 @@ impl Run {
     }
 
     /// One model call on the conversation, with retries. When the window overflows, it
-    /// compacts now, whatever the thresholds say, and asks again: up to
-    /// [`OVERFLOW_COMPACTIONS`] times, each compaction sized by the server's own count of
-    /// the refused prompt when its refusal states one.
+    /// compacts now, whatever the thresholds say, and asks once more; when the refusals
+    /// state the server's count of the prompt, up to [`OVERFLOW_COMPACTIONS`] times, each
+    /// compaction aimed by that count.
     pub(crate) async fn call_model(
         &mut self,
         turn: u32,
@@ -225,15 +226,15 @@ impl Run {
                 }
                 Err(CallError::Overflow(message)) => message,
             };
-            if compactions == OVERFLOW_COMPACTIONS {
+            let stated = crate::http::stated_prompt_tokens(&message);
+            if compactions > 0 && (stated.is_none() || compactions == OVERFLOW_COMPACTIONS) {
                 return Err(Stop::new(
                     TerminationReason::Error,
                     format!(
-                        "provider error: context_overflow: {message} (still too large after {compactions} compactions)"
+                        "provider error: context_overflow: {message} (still too large after compaction)"
                     ),
                 ));
             }
-            let stated = crate::http::stated_prompt_tokens(&message);
             if !self.compactor().compact_for_overflow(turn, stated).await? {
                 return Err(Stop::new(
                     TerminationReason::Error,

@@ -522,8 +522,13 @@ impl Calibration {
 
     /// `estimated` as the server would count it, going by its last report.
     pub fn scale(&self, estimated: u64) -> u64 {
-        let permille = self.permille.load(Ordering::Relaxed).max(1000);
-        (u128::from(estimated) * u128::from(permille) / 1000).min(u128::from(u64::MAX)) as u64
+        (u128::from(estimated) * u128::from(self.permille()) / 1000).min(u128::from(u64::MAX))
+            as u64
+    }
+
+    /// The last ratio in thousandths: 1000 before any report, never less.
+    pub fn permille(&self) -> u64 {
+        self.permille.load(Ordering::Relaxed).max(1000)
     }
 }
 

@@ -1543,6 +1543,15 @@ async fn the_output_limit_fits_the_window() {
     assert_eq!(sent[2].body["max_tokens"], 512);
 }
 
+/// The output limit of every request `server` was sent.
+fn max_tokens_sent(server: &TestServer) -> Vec<u64> {
+    server
+        .requests()
+        .iter()
+        .map(|r| r.body["max_tokens"].as_u64().unwrap())
+        .collect()
+}
+
 /// A server that counts the prompt higher than the estimate (a small model's tokenizer):
 /// the next request's output limit leaves the room its count says is left.
 #[tokio::test]
@@ -1568,11 +1577,7 @@ async fn the_output_limit_learns_the_servers_count_of_the_prompt() {
     for _ in 0..3 {
         provider.complete(request(&messages, &tools)).await.unwrap();
     }
-    let max: Vec<u64> = server
-        .requests()
-        .iter()
-        .map(|r| r.body["max_tokens"].as_u64().unwrap())
-        .collect();
+    let max = max_tokens_sent(&server);
     let room = |prompt: u64| 4_096 - prompt - prompt / 10;
     // Before any report: the estimate. After a count twice the estimate: twice the
     // prompt. After one below it: the estimate again, never less.
@@ -1617,12 +1622,10 @@ async fn a_refusal_that_states_the_servers_count_calibrates_the_output_limit() {
             }
             other => panic!("stream {stream}: {other:?}"),
         }
+        // What the compactor weighs the fill by from now on.
+        assert_eq!(provider.prompt_scale_permille(), 3_000, "stream {stream}");
         provider.complete(request(&messages, &tools)).await.unwrap();
-        let max: Vec<u64> = server
-            .requests()
-            .iter()
-            .map(|r| r.body["max_tokens"].as_u64().unwrap())
-            .collect();
+        let max = max_tokens_sent(&server);
         assert_eq!(
             max,
             [room(estimated), room(estimated * 3)],
