@@ -296,12 +296,7 @@ async fn without_a_summary_line_the_extractive_fallback_is_used_and_a_second_com
     let mut script: Vec<String> = (0..30).map(small).collect();
     script.push(r#"{"text":"done"}"#.to_owned());
     let outcome = run(&script.join("\n"), config(1_200)).await;
-    assert_eq!(
-        outcome.result.termination_reason,
-        TerminationReason::Completed,
-        "{:?}",
-        outcome.result.error
-    );
+    assert_completed(&outcome);
     let summaries: Vec<_> = outcome
         .compactions()
         .into_iter()
@@ -378,12 +373,7 @@ async fn a_context_overflow_forces_compaction_and_one_retry() {
     script.push(r#"{"error":"context_overflow"}"#.to_owned());
     script.push(r#"{"text":"done"}"#.to_owned());
     let outcome = run(&script.join("\n"), config(100_000)).await;
-    assert_eq!(
-        outcome.result.termination_reason,
-        TerminationReason::Completed,
-        "{:?}",
-        outcome.result.error
-    );
+    assert_completed(&outcome);
     assert!(
         outcome
             .compactions()
@@ -728,13 +718,17 @@ async fn run_windowed_in(
     }
 }
 
-fn assert_fits(run: &WindowedOutcome, window: u64) {
+fn assert_completed(outcome: &Outcome) {
     assert_eq!(
-        run.outcome.result.termination_reason,
+        outcome.result.termination_reason,
         TerminationReason::Completed,
         "{:?}",
-        run.outcome.result.error
+        outcome.result.error
     );
+}
+
+fn assert_fits(run: &WindowedOutcome, window: u64) {
+    assert_completed(&run.outcome);
     assert_eq!(run.rejected, 0, "over-window requests");
     assert!(
         run.largest <= window,
@@ -771,15 +765,9 @@ async fn an_overflow_the_engine_did_not_foresee_still_compacts_enough() {
     script.push(r#"{"text":"done"}"#.to_owned());
     let provider = Arc::new(Windowed::new(&script.join("\n"), window, 3_000, false));
     let outcome = provider.run(window).await;
-    assert_eq!(
-        outcome.result.termination_reason,
-        TerminationReason::Completed,
-        "{:?}",
-        outcome.result.error
-    );
-    let rejected = provider.rejected();
+    assert_completed(&outcome);
     assert!(
-        rejected >= 1,
+        provider.rejected() >= 1,
         "the server never refused: the test shows nothing"
     );
     assert!(
@@ -800,12 +788,7 @@ async fn a_server_that_reports_counting_more_is_compacted_for_before_it_refuses(
     script.push(r#"{"text":"done"}"#.to_owned());
     let provider = Arc::new(Windowed::new(&script.join("\n"), window, 3_000, false).reporting());
     let outcome = provider.run(window).await;
-    assert_eq!(
-        outcome.result.termination_reason,
-        TerminationReason::Completed,
-        "{:?}",
-        outcome.result.error
-    );
+    assert_completed(&outcome);
     assert_eq!(provider.rejected(), 0, "a request was refused");
     assert!(
         *provider.largest.lock().unwrap() <= window,
@@ -838,15 +821,9 @@ async fn an_overflow_that_states_the_servers_count_is_compacted_to_fit_that_coun
     ];
     let provider = Arc::new(Windowed::new(&script.join("\n"), window, 6_000, true));
     let outcome = provider.run(window).await;
-    assert_eq!(
-        outcome.result.termination_reason,
-        TerminationReason::Completed,
-        "{:?}",
-        outcome.result.error
-    );
-    let rejected = provider.rejected();
+    assert_completed(&outcome);
     assert!(
-        rejected >= 1,
+        provider.rejected() >= 1,
         "the server never refused: the test shows nothing"
     );
     let calls: Vec<String> = outcome
@@ -881,12 +858,7 @@ async fn a_refusal_that_states_a_count_after_a_compaction_compacts_again() {
     let provider =
         Arc::new(Windowed::new(&script.join("\n"), window, 3_000, true).refusing_again(1));
     let outcome = provider.run(window).await;
-    assert_eq!(
-        outcome.result.termination_reason,
-        TerminationReason::Completed,
-        "{:?}",
-        outcome.result.error
-    );
+    assert_completed(&outcome);
     assert!(provider.rejected() >= 2, "{} refusals", provider.rejected());
     let overflows = outcome
         .compactions()
