@@ -99,10 +99,14 @@ fn describe(command: &Command) -> String {
 fn ci() -> Result<()> {
     ensure_prerequisites()?;
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    // With the real-server tests compiled in, so that they are linted too (the feature
+    // only adds that module).
     run(cargo().args([
         "clippy",
         "--workspace",
         "--all-targets",
+        "--features",
+        "nerve-tests/real-servers",
         "--",
         "-D",
         "warnings",
