@@ -963,11 +963,18 @@ it in: produce one summary, not a summary of a summary.";
 
 /// The transcript handed to the summary call.
 pub fn transcript(messages: &[&Message], earlier: Option<&str>) -> String {
+    let history = history(messages);
+    cut_transcript(
+        earlier,
+        earlier.map_or(0, str::len),
+        &history,
+        history.len(),
+    )
+}
+
+/// The history part of a transcript: a line per message part.
+pub fn history(messages: &[&Message]) -> String {
     let mut out = String::new();
-    if let Some(earlier) = earlier {
-        let _ = writeln!(out, "EARLIER SUMMARY:\n{earlier}\n");
-    }
-    out.push_str("HISTORY:\n");
     for message in messages {
         for part in &message.parts {
             let _ = match part {
@@ -987,6 +994,77 @@ pub fn transcript(messages: &[&Message], earlier: Option<&str>) -> String {
             };
         }
     }
+    out
+}
+
+/// The least a cut transcript keeps of the earlier summary and the history together
+/// (bytes): less would leave a summary nothing to say, and the call fails instead (the
+/// compaction then falls back to the extractive summary).
+pub const MIN_TRANSCRIPT_CHARS: usize = 200;
+
+/// The summary call's transcript of `earlier` (the last summary) and `history`, cut until
+/// `fits` accepts it: the oldest history goes first; the earlier summary's end goes too
+/// once the history is down to half of what is kept, so that an earlier summary larger
+/// than the room never stalls the cut. `None` when the transcript does not fit even cut to
+/// [`MIN_TRANSCRIPT_CHARS`].
+pub fn fitted_transcript(
+    earlier: Option<&str>,
+    history: &str,
+    fits: impl Fn(&str) -> bool,
+) -> Option<String> {
+    let mut keep_earlier = earlier.map_or(0, str::len);
+    let mut keep_history = history.len();
+    // Ends: each pass that goes on at least halves `keep_earlier + keep_history` (a
+    // strictly decreasing measure), and a pass whose half is under MIN_TRANSCRIPT_CHARS
+    // returns.
+    loop {
+        let text = cut_transcript(earlier, keep_earlier, history, keep_history);
+        if fits(&text) {
+            return Some(text);
+        }
+        let target = (keep_earlier + keep_history) / 2;
+        if target < MIN_TRANSCRIPT_CHARS {
+            return None;
+        }
+        let history_share = keep_history.min(target - target / 2);
+        keep_earlier = keep_earlier.min(target - history_share);
+        keep_history = keep_history.min(target - keep_earlier);
+    }
+}
+
+/// The transcript with the first `keep_earlier` bytes of `earlier` and the last
+/// `keep_history` bytes of `history` (each at a character boundary), each cut said.
+fn cut_transcript(
+    earlier: Option<&str>,
+    keep_earlier: usize,
+    history: &str,
+    keep_history: usize,
+) -> String {
+    let mut out = String::new();
+    if let Some(earlier) = earlier {
+        let kept = clip(earlier, keep_earlier);
+        let _ = if kept.len() < earlier.len() {
+            writeln!(
+                out,
+                "EARLIER SUMMARY:\n{kept}\n[... its last {} characters left out to fit ...]\n",
+                earlier.len() - kept.len()
+            )
+        } else {
+            writeln!(out, "EARLIER SUMMARY:\n{earlier}\n")
+        };
+    }
+    out.push_str("HISTORY:\n");
+    let cut = history.len().saturating_sub(keep_history);
+    let cut = (cut..=history.len())
+        .find(|&i| history.is_char_boundary(i))
+        .unwrap_or(history.len());
+    if cut > 0 {
+        let _ = writeln!(
+            out,
+            "[... {cut} characters of older history left out: they are archived ...]"
+        );
+    }
+    out.push_str(&history[cut..]);
     out
 }
 
@@ -1723,6 +1801,66 @@ mod tests {
             Vec::new()
         } else {
             rare
+        }
+    }
+
+    /// Cut to fit by length: each pass counted, the result returned with the count.
+    fn fit_by_length(earlier: Option<&str>, history: &str, room: usize) -> (Option<String>, u32) {
+        let passes = std::cell::Cell::new(0_u32);
+        let fitted = fitted_transcript(earlier, history, |text| {
+            passes.set(passes.get() + 1);
+            text.len() <= room
+        });
+        (fitted, passes.get())
+    }
+
+    #[test]
+    fn a_transcript_that_fits_is_sent_whole() {
+        let history = "user: go on\n";
+        let (fitted, passes) = fit_by_length(Some("## Goal\nx"), history, 1_000);
+        let whole = transcript(&[&Message::user("go on")], Some("## Goal\nx"));
+        assert_eq!(fitted.as_deref(), Some(whole.as_str()));
+        assert_eq!(passes, 1);
+    }
+
+    #[test]
+    fn an_earlier_summary_larger_than_the_room_is_cut_too() {
+        let earlier = "## Goal\nkeep the build green\n".repeat(400);
+        let history = "tool result shell: ok\n".repeat(10);
+        let (fitted, _) = fit_by_length(Some(&earlier), &history, 2_000);
+        let fitted = fitted.unwrap();
+        assert!(fitted.len() <= 2_000, "{}", fitted.len());
+        assert!(fitted.starts_with("EARLIER SUMMARY:\n## Goal\nkeep the build green"));
+        assert!(
+            fitted.contains("characters left out to fit ...]"),
+            "{fitted}"
+        );
+        // The newest history stays.
+        assert!(fitted.ends_with("tool result shell: ok\n"), "{fitted}");
+        // No room even for the least a transcript keeps: a failure, not a loop.
+        assert_eq!(fit_by_length(Some(&earlier), &history, 100).0, None);
+    }
+
+    proptest::proptest! {
+        /// Whatever the sizes and the room, the cut ends within a pass per halving of the
+        /// input, and what it returns fits.
+        #[test]
+        fn a_transcript_cut_ends_and_fits(
+            earlier in proptest::option::of(0_usize..40_000),
+            history in 0_usize..40_000,
+            room in 0_usize..50_000,
+            wide in proptest::bool::ANY,
+        ) {
+            let unit = if wide { "é" } else { "a" };
+            let earlier = earlier.map(|n| unit.repeat(n / unit.len()));
+            let history = unit.repeat(history / unit.len());
+            let (fitted, passes) = fit_by_length(earlier.as_deref(), &history, room);
+            let total = earlier.as_ref().map_or(0, String::len) + history.len();
+            let halvings = u32::try_from(total.max(1).ilog2()).unwrap() + 2;
+            proptest::prop_assert!(passes <= halvings, "{passes} passes for {total} bytes");
+            if let Some(fitted) = fitted {
+                proptest::prop_assert!(fitted.len() <= room);
+            }
         }
     }
 

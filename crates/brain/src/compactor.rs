@@ -1007,8 +1007,8 @@ impl Compactor<'_> {
             None if fresh.is_empty() => (extractive(messages), true),
             None => {
                 let fresh_messages: Vec<&Message> = fresh.iter().map(|&i| &messages[i]).collect();
-                let input = transcript(&fresh_messages, earlier.as_deref());
-                match self.summary_call(turn, input).await {
+                let history = compaction::history(&fresh_messages);
+                match self.summary_call(turn, earlier.as_deref(), &history).await {
                     Ok(text) => (cut_summary(text, max_chars), false),
                     Err(SummaryFailure::Stop(stop)) => return Err(stop),
                     Err(SummaryFailure::Failed) => (extractive(self.window.messages()), true),
@@ -1097,27 +1097,28 @@ impl Compactor<'_> {
         .await
     }
 
-    /// The summary call, on a transcript cut (oldest history first) to what the prompt
-    /// budget leaves: a summary call never sends an over-window request either.
+    /// The summary call, on a transcript of `earlier` (the last summary) and `history` cut
+    /// (oldest history first, then the earlier summary's end) to what the prompt budget
+    /// leaves: a summary call never sends an over-window request either.
     async fn summary_call(
         &mut self,
         turn: u32,
-        mut text: String,
+        earlier: Option<&str>,
+        history: &str,
     ) -> Result<String, SummaryFailure> {
         let system = Message::system(SUMMARY_PROMPT);
         let budget = self.budget().prompt;
-        let room = budget.saturating_sub(self.window.counter().count_message(&system) + 64);
+        let counter = self.window.counter();
+        let room = budget.saturating_sub(counter.count_message(&system) + 64);
         // Two characters a token is about the densest text there is (ids, numbers): below
-        // that the transcript fits without being counted.
-        if u64::try_from(text.len()).unwrap_or(u64::MAX) / 2 > room {
-            while self.window.counter().count_text(&text) > room {
-                let keep = text.len() / 2;
-                if keep < 200 {
-                    return Err(SummaryFailure::Failed);
-                }
-                text = cut_history(&text, keep);
-            }
-        }
+        // that a transcript fits without being counted.
+        let fits = |text: &str| {
+            u64::try_from(text.len()).unwrap_or(u64::MAX) / 2 <= room
+                || counter.count_text(text) <= room
+        };
+        let Some(text) = compaction::fitted_transcript(earlier, history, fits) else {
+            return Err(SummaryFailure::Failed);
+        };
         let request = vec![system, Message::user(text)];
         match self
             .caller
@@ -1188,22 +1189,6 @@ fn message_is_placeholder(message: &Message) -> bool {
     message.parts.iter().any(|part| {
         matches!(part, MessagePart::ToolResult(result) if result.content.starts_with(MASKED) || result.content.starts_with(ARCHIVED))
     })
-}
-
-/// The transcript `text` with its history cut from the front to about `keep` bytes, the
-/// earlier summary kept.
-fn cut_history(text: &str, keep: usize) -> String {
-    let (head, history) = text
-        .split_once("HISTORY:\n")
-        .map_or(("", text), |(head, history)| (head, history));
-    let cut = history.len().saturating_sub(keep);
-    let cut = (cut..=history.len())
-        .find(|&i| history.is_char_boundary(i))
-        .unwrap_or(history.len());
-    format!(
-        "{head}HISTORY:\n[... {cut} characters of older history left out: they are archived ...]\n{}",
-        &history[cut..]
-    )
 }
 
 /// A model's summary cut to `max_chars`, as the extractive one is: a summary is budgeted
@@ -1326,6 +1311,85 @@ mod tests {
     use crate::engine::{AgentEngine, EngineConfig, Task};
     use crate::scripted::ScriptedProvider;
     use crate::testing::{EchoTools, MemorySink};
+
+    /// A compactor over a window of `capacity` tokens holding only the system prompt, whose
+    /// summary calls `provider` answers, run to its end by `body` on a thread of its own:
+    /// `None` when `body` has not returned by the deadline (the thread keeps spinning, but
+    /// the test fails instead of hanging).
+    fn with_compactor<T: Send + 'static>(
+        capacity: u64,
+        provider: Arc<dyn crate::Provider>,
+        body: impl for<'c> FnOnce(
+            &'c mut Compactor<'_>,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'c>>
+        + Send
+        + 'static,
+    ) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let execution = ExecutionId::new();
+            let config = EngineConfig {
+                context_window: Some(capacity),
+                ..EngineConfig::default()
+            };
+            let counter = crate::tokens::counter_for_model(provider.model());
+            let mut window =
+                Window::new(vec![Message::system("system")], counter, 0, Some(capacity));
+            let sink: Arc<dyn EventSink> = Arc::new(MemorySink::default());
+            let mut journal = Journal::new(execution, sink);
+            let mut caller = ModelCaller::new(
+                execution,
+                provider,
+                None,
+                &config,
+                CancellationToken::new(),
+                Default::default(),
+                Arc::new(crate::stream::IgnoreDeltas),
+            );
+            let archive = crate::archive::MemoryArchive::default();
+            let mut compactor = Compactor {
+                execution,
+                config: &config,
+                window: &mut window,
+                journal: &mut journal,
+                caller: &mut caller,
+                archive: &archive,
+            };
+            let out = runtime.block_on(body(&mut compactor));
+            let _ = tx.send(out);
+        });
+        // Generous: the call takes milliseconds; only a spinning loop reaches this.
+        rx.recv_timeout(std::time::Duration::from_secs(60)).ok()
+    }
+
+    /// An earlier summary larger than the summary call's room: the call returns (its head
+    /// cut, or a failure the compaction falls back from) instead of cutting the history
+    /// for ever.
+    #[test]
+    fn a_summary_call_whose_earlier_summary_exceeds_the_room_returns() {
+        let provider: Arc<dyn crate::Provider> = Arc::new(
+            ScriptedProvider::parse("summary", r#"{"call":"summary","text":"GOAL: x"}"#).unwrap(),
+        );
+        let earlier = "the earlier summary names src/lib.rs:12 and 42 failing tests. ".repeat(200);
+        let history = "user: go on\nassistant: reading src/main.rs\n".repeat(50);
+        let outcome = with_compactor(1_000, provider, move |compactor| {
+            Box::pin(async move {
+                compactor
+                    .summary_call(1, Some(&earlier), &history)
+                    .await
+                    .ok()
+            })
+        });
+        let Some(outcome) = outcome else {
+            panic!("summary_call did not return within the deadline");
+        };
+        assert_eq!(outcome.as_deref(), Some("GOAL: x"));
+    }
 
     #[test]
     fn an_overflow_aims_under_the_budget_by_the_servers_count() {
