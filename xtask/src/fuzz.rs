@@ -10,6 +10,11 @@
 //! pass that computes for half an hour), not by wall time, which a niced pass on a loaded
 //! machine spends mostly waiting.
 //!
+//! Each pass draws a random `PROPTEST_RNG_SEED` (proptest's own default would be random
+//! too, but unnamed): a failing or hung pass names its seed and the command that replays
+//! it. Cases run under proptest's `timeout` (a child process per property, a case over
+//! [`CASE_TIMEOUT_MS`] fails), so a hang is a failing case with a seed, not a stuck pass.
+//!
 //! Proptest keeps every failing case in the package's `proptest-regressions/` (or next to
 //! an integration test), where every later run (and `cargo test`) replays it first: commit
 //! those files as regression tests. An ordinary `cargo test --workspace` (so CI) runs each
@@ -31,6 +36,8 @@ struct Target {
     binary: &'static [&'static str],
     filter: &'static str,
     properties: u32,
+    /// Cases per property and pass.
+    cases: u32,
 }
 
 const TARGETS: &[Target] = &[
@@ -40,6 +47,7 @@ const TARGETS: &[Target] = &[
         binary: &["--test", "fuzz"],
         filter: "",
         properties: 2,
+        cases: CASES_PER_PASS,
     },
     Target {
         short: "brain",
@@ -47,6 +55,7 @@ const TARGETS: &[Target] = &[
         binary: &["--test", "fuzz"],
         filter: "",
         properties: 2,
+        cases: CASES_PER_PASS,
     },
     Target {
         short: "executor",
@@ -54,6 +63,7 @@ const TARGETS: &[Target] = &[
         binary: &["--test", "fuzz"],
         filter: "",
         properties: 2,
+        cases: CASES_PER_PASS,
     },
     Target {
         short: "glob",
@@ -61,6 +71,7 @@ const TARGETS: &[Target] = &[
         binary: &["--lib"],
         filter: "glob::fuzz::",
         properties: 4,
+        cases: CASES_PER_PASS,
     },
     Target {
         short: "proxy",
@@ -68,6 +79,7 @@ const TARGETS: &[Target] = &[
         binary: &["--test", "fuzz"],
         filter: "",
         properties: 3,
+        cases: CASES_PER_PASS,
     },
     Target {
         short: "config",
@@ -75,10 +87,33 @@ const TARGETS: &[Target] = &[
         binary: &["--bin", "nerve"],
         filter: "config::fuzz::",
         properties: 3,
+        cases: CASES_PER_PASS,
+    },
+    // The agent as a whole (brain's engine_fuzz.rs): a case is a whole execution.
+    Target {
+        short: "engine",
+        package: "nerve-brain",
+        binary: &["--lib"],
+        filter: "engine_fuzz::",
+        properties: 1,
+        cases: 200,
+    },
+    // The compaction invariants over random runs (whose hang CI once passed by luck).
+    Target {
+        short: "compaction",
+        package: "nerve-brain",
+        binary: &["--lib"],
+        filter: "compaction_invariants",
+        properties: 1,
+        cases: 200,
     },
 ];
 
-/// Cases per property and pass: long enough that starting the test binary is noise, short
+/// A case that runs longer than this (milliseconds) fails, as in `cargo test` (see
+/// `.cargo/config.toml`, which a binary run directly does not read).
+const CASE_TIMEOUT_MS: &str = "60000";
+
+/// Cases per property and pass of the quick targets: long enough that starting the test binary is noise, short
 /// enough that the time budget is kept within a pass.
 const CASES_PER_PASS: u32 = 2000;
 
@@ -147,11 +182,12 @@ pub(crate) fn fuzz(args: &[String]) -> Result<()> {
             )
         });
         eprintln!(
-            "fuzz {}: {passes} passes, {} cases ({} properties x {CASES_PER_PASS} per pass), no failure{unfinished}; \
+            "fuzz {}: {passes} passes, {} cases ({} properties x {} per pass), no failure{unfinished}; \
              {:.1} min wall, {:.1} min CPU ({:.1}% of one core)",
             target.short,
-            u64::from(passes) * u64::from(target.properties) * u64::from(CASES_PER_PASS),
+            u64::from(passes) * u64::from(target.properties) * u64::from(target.cases),
             target.properties,
+            target.cases,
             wall.as_secs_f64() / 60.0,
             cpu.as_secs_f64() / 60.0,
             100.0 * cpu.as_secs_f64() / wall.as_secs_f64().max(f64::EPSILON)
@@ -225,12 +261,27 @@ fn build(target: &Target) -> Result<(PathBuf, PathBuf)> {
 
 /// One pass of a target with a fresh seed, stopped at `deadline`.
 fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf, deadline: Instant) -> Result<Pass> {
+    let seed = random_seed();
+    let replay = format!(
+        "PROPTEST_RNG_SEED={seed} PROPTEST_CASES={} cargo test --package {} {} -- {}",
+        target.cases,
+        target.package,
+        target.binary.join(" "),
+        target.filter
+    );
+    let output = binary.with_extension("out");
     let mut command = Command::new(binary);
     command
         .current_dir(dir)
         .args(["--quiet", "--test-threads", "1"])
-        .env("PROPTEST_CASES", CASES_PER_PASS.to_string())
-        .stdout(Stdio::null());
+        .env("PROPTEST_CASES", target.cases.to_string())
+        .env("PROPTEST_RNG_SEED", seed.to_string())
+        .env("PROPTEST_TIMEOUT", CASE_TIMEOUT_MS)
+        .env("PROPTEST_MAX_SHRINK_TIME", CASE_TIMEOUT_MS)
+        // The test harness's output, shown when the pass failed (a pass's dots say nothing).
+        .stdout(Stdio::from(std::fs::File::create(&output).with_context(
+            || format!("cannot create {}", output.display()),
+        )?));
     if !target.filter.is_empty() {
         command.arg(target.filter);
     }
@@ -242,8 +293,9 @@ fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf, deadline: Instant) -> 
     loop {
         if let Some(status) = child.try_wait()? {
             if !status.success() {
+                eprint!("{}", std::fs::read_to_string(&output).unwrap_or_default());
                 bail!(
-                    "`{}` failed ({status}); the failing case is kept in the package's proptest-regressions",
+                    "`{}` failed ({status}); the failing case is kept in the package's proptest-regressions; the pass again: {replay}",
                     describe(&command)
                 );
             }
@@ -263,7 +315,7 @@ fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf, deadline: Instant) -> 
         if used > HANG_CPU {
             stop(&mut child);
             bail!(
-                "`{}` hung: {} s of CPU without a result",
+                "`{}` hung: {} s of CPU without a result; the pass again: {replay}",
                 describe(&command),
                 used.as_secs()
             );
@@ -271,7 +323,7 @@ fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf, deadline: Instant) -> 
         if progressed.elapsed() > STUCK {
             stop(&mut child);
             bail!(
-                "`{}` is stuck: no CPU used for {} s",
+                "`{}` is stuck: no CPU used for {} s; the pass again: {replay}",
                 describe(&command),
                 STUCK.as_secs()
             );
@@ -282,6 +334,19 @@ fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf, deadline: Instant) -> 
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A fresh seed for a pass: the standard library's per-process random hash keys, mixed
+/// with the clock (no RNG crate for one number).
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }
 
 /// User and system CPU time from a `/proc/PID/stat` file: the fields at `index` and

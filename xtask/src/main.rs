@@ -2,6 +2,7 @@
 //!
 //! - `ci`            what `.ci/run` runs: prerequisites, fmt, clippy, the whole test suite
 //!   (with a throwaway PostgreSQL cluster unless `NERVE_TEST_PG` names a server)
+//! - `test [ARGS]`    `cargo test ARGS` under the watchdog `ci` uses (see `watchdog.rs`)
 //! - `test-sandbox`  build the sandbox image and run every Docker-dependent test
 //! - `test-real`     the providers against real servers: llama.cpp's and LiteLLM's (see `real.rs`)
 //! - `image`         (re)build the default sandbox image `nerve-sandbox:latest` and the static
@@ -14,7 +15,8 @@
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
 //!   stream, sandbox, proxy, checkpoint, e2e, fleet, mcp)
 //! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
-//!   of: session, brain, executor, glob, proxy, config)
+//!   of: session, brain, executor, glob, proxy, config, engine, compaction), each pass with a
+//!   fresh seed it names
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
@@ -24,6 +26,7 @@ mod bench_fleet_engine;
 mod fuzz;
 mod phoenix;
 mod real;
+mod watchdog;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -31,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test-sandbox | test-real [filter] | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config]>";
+const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -43,6 +46,10 @@ fn main() -> Result<()> {
     std::env::set_current_dir(&root).with_context(|| format!("cannot enter {}", root.display()))?;
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
+        Some("test") => watchdog::run_tests(
+            cargo().arg("test").args(&args[1..]),
+            watchdog::Limits::from_env()?,
+        ),
         Some("test-sandbox") => test_sandbox(),
         Some("test-real") => test_real(args.get(1).map(String::as_str)),
         Some("image") if args.get(1).map(String::as_str) == Some("python") => {
@@ -119,12 +126,18 @@ fn ci() -> Result<()> {
     run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
     let (postgres_url, _cluster) = ensure_postgres()?;
     // Docker (and PostgreSQL) tests must run here: a missing one is a failure, never a skip.
-    run(cargo()
-        .args(["test", "--workspace"])
-        .env("NERVE_REQUIRE_DOCKER", "1")
-        .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
-        .env("NERVE_PHOENIX_VENV", &phoenix)
-        .env(nerve_hands::EXECUTOR_ENV, &executor))?;
+    // Under the watchdog (a hang fails, naming the test), with the proptests' seeds fixed:
+    // CI checks the cases every run checks; `cargo xtask fuzz` explores new ones.
+    watchdog::run_tests(
+        cargo()
+            .args(["test", "--workspace"])
+            .env("PROPTEST_RNG_SEED", CI_PROPTEST_SEED)
+            .env("NERVE_REQUIRE_DOCKER", "1")
+            .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
+            .env("NERVE_PHOENIX_VENV", &phoenix)
+            .env(nerve_hands::EXECUTOR_ENV, &executor),
+        watchdog::Limits::from_env()?,
+    )?;
     // The providers against real servers (llama.cpp's two, LiteLLM): their one-time
     // set-up, cached under ~/.cache/nerve, took about 12 minutes from an empty cache on an
     // idle machine; the tests about 8.
@@ -178,21 +191,29 @@ fn test_sandbox() -> Result<()> {
     // tests/e2e/killpoints.rs arms.
     run(cargo().args(["build", "--package", "nerve-cli", "--features", KILL_POINTS]))?;
     let (postgres_url, _cluster) = ensure_postgres()?;
-    run(cargo()
-        .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
-        .args([
-            "test",
-            "-p",
-            "nerve-hands",
-            "-p",
-            "nerve-executor",
-            "-p",
-            "nerve-tests",
-        ])
-        .env("NERVE_REQUIRE_DOCKER", "1")
-        .env("NERVE_PHOENIX_VENV", &phoenix)
-        .env(nerve_hands::EXECUTOR_ENV, &executor))
+    watchdog::run_tests(
+        cargo()
+            .env(nerve_session::pg_cluster::TEST_SERVER_VAR, postgres_url)
+            .args([
+                "test",
+                "-p",
+                "nerve-hands",
+                "-p",
+                "nerve-executor",
+                "-p",
+                "nerve-tests",
+            ])
+            .env("PROPTEST_RNG_SEED", CI_PROPTEST_SEED)
+            .env("NERVE_REQUIRE_DOCKER", "1")
+            .env("NERVE_PHOENIX_VENV", &phoenix)
+            .env(nerve_hands::EXECUTOR_ENV, &executor),
+        watchdog::Limits::from_env()?,
+    )
 }
+
+/// The proptests' seed in `ci` and `test-sandbox`: every run checks the same cases (a
+/// failure is the code's, never the draw's); `cargo xtask fuzz` draws new ones.
+const CI_PROPTEST_SEED: &str = "29";
 
 /// Builds the static executor and the default sandbox image (the image only when missing,
 /// unless `force`). Returns where the executor is.

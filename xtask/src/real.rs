@@ -161,38 +161,41 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
         "/health/liveliness",
     )?;
 
-    let result = run(cargo()
-        // The real-server tests exist only with this feature (never a skip elsewhere).
-        .args([
-            "test",
-            "--package",
-            "nerve-tests",
-            "--features",
-            "real-servers",
-            "--test",
-            "e2e",
-            &filter,
-        ])
-        .env("NERVE_REQUIRE_DOCKER", "1")
-        .env(nerve_hands::EXECUTOR_ENV, executor)
-        .env(
-            "NERVE_REAL_LLAMA_PYTHON_URL",
-            format!("http://127.0.0.1:{python_port}/v1"),
-        )
-        .env(
-            "NERVE_REAL_LLAMA_SERVER_URL",
-            format!("http://127.0.0.1:{server_port}/v1"),
-        )
-        .env(
-            "NERVE_REAL_LITELLM_URL",
-            format!("http://127.0.0.1:{litellm_port}"),
-        )
-        .env("NERVE_REAL_LITELLM_KEY", LITELLM_KEY)
-        .env("NERVE_REAL_LLAMA_KEY", LLAMA_KEY)
-        .env("NERVE_REAL_CONTEXT_WINDOW", CONTEXT_WINDOW.to_string())
-        // For the test that kills a server and starts it again: its own, the same way.
-        .env("NERVE_REAL_LLAMA_PYTHON", llama_python.join("bin/python"))
-        .env("NERVE_REAL_MODEL", &model));
+    let result = crate::watchdog::run_tests(
+        cargo()
+            // The real-server tests exist only with this feature (never a skip elsewhere).
+            .args([
+                "test",
+                "--package",
+                "nerve-tests",
+                "--features",
+                "real-servers",
+                "--test",
+                "e2e",
+                &filter,
+            ])
+            .env("NERVE_REQUIRE_DOCKER", "1")
+            .env(nerve_hands::EXECUTOR_ENV, executor)
+            .env(
+                "NERVE_REAL_LLAMA_PYTHON_URL",
+                format!("http://127.0.0.1:{python_port}/v1"),
+            )
+            .env(
+                "NERVE_REAL_LLAMA_SERVER_URL",
+                format!("http://127.0.0.1:{server_port}/v1"),
+            )
+            .env(
+                "NERVE_REAL_LITELLM_URL",
+                format!("http://127.0.0.1:{litellm_port}"),
+            )
+            .env("NERVE_REAL_LITELLM_KEY", LITELLM_KEY)
+            .env("NERVE_REAL_LLAMA_KEY", LLAMA_KEY)
+            .env("NERVE_REAL_CONTEXT_WINDOW", CONTEXT_WINDOW.to_string())
+            // For the test that kills a server and starts it again: its own, the same way.
+            .env("NERVE_REAL_LLAMA_PYTHON", llama_python.join("bin/python"))
+            .env("NERVE_REAL_MODEL", &model),
+        crate::watchdog::Limits::from_env()?,
+    );
     drop(litellm_server);
     drop(llama_server);
     drop(python_server);
