@@ -1856,7 +1856,7 @@ mod tests {
             let history = unit.repeat(history / unit.len());
             let (fitted, passes) = fit_by_length(earlier.as_deref(), &history, room);
             let total = earlier.as_ref().map_or(0, String::len) + history.len();
-            let halvings = u32::try_from(total.max(1).ilog2()).unwrap() + 2;
+            let halvings = total.max(1).ilog2() + 2;
             proptest::prop_assert!(passes <= halvings, "{passes} passes for {total} bytes");
             if let Some(fitted) = fitted {
                 proptest::prop_assert!(fitted.len() <= room);

@@ -433,7 +433,7 @@ fn random_script(turns: &[(u8, bool)]) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::testing::proptest_cases(24), ..ProptestConfig::default() })]
 
     /// Over random runs: no compaction grows the context; the task and the last turns
     /// survive every sequence of compactions; every archived block is retrievable.

@@ -362,6 +362,10 @@ struct Summarise {
 /// Messages of this many tokens or fewer are never clipped to make room.
 const CLIP_FLOOR_TOKENS: u64 = 48;
 
+/// How many times one message is clipped again, each time shorter, when its first clip
+/// still counts over what it may keep (text denser in tokens than its own average).
+const CLIP_TRIES: u32 = 4;
+
 impl Compactor<'_> {
     fn budget(&self) -> Budget {
         self.config.compaction.budget(self.window.capacity())
@@ -532,6 +536,14 @@ impl Compactor<'_> {
             }
         }
         self.recall_relevant(turn).await?;
+        self.fit_request(turn).await
+    }
+
+    /// Makes the next request fit the prompt budget as the server counts it
+    /// ([`Self::fit`]): before every agent turn (through [`Self::maybe_compact`]) and every
+    /// plan call, which follows a turn's answer and the loop's instruction without a turn
+    /// boundary of its own.
+    pub(crate) async fn fit_request(&mut self, turn: u32) -> Result<(), Stop> {
         let target = unscaled(self.budget().prompt, self.scale());
         self.fit(turn, target, CompactionTrigger::HardThreshold)
             .await
@@ -837,8 +849,7 @@ impl Compactor<'_> {
                 }
             };
             archived.push(id);
-            let clipped = clipped(&message, keep_chars, id);
-            let count = self.window.counter().count_message(&clipped);
+            let (clipped, count) = self.clip_to(&message, keep_chars, keep_tokens, id);
             if count < tokens {
                 self.window.replace(i, clipped, count);
             }
@@ -855,6 +866,40 @@ impl Compactor<'_> {
             before,
         )
         .await
+    }
+
+    /// `message` clipped (naming block `id`) to about `keep_chars` characters, and again
+    /// shorter while it counts over `keep_tokens`: text denser in tokens than two
+    /// characters a token (numbers, ids, short words) needs a shorter clip. Returns the
+    /// clip that counts least, with its count.
+    fn clip_to(
+        &self,
+        message: &Message,
+        mut keep_chars: usize,
+        keep_tokens: u64,
+        id: BlockId,
+    ) -> (Message, u64) {
+        let counter = self.window.counter();
+        let mut best = clipped(message, keep_chars, id);
+        let mut best_count = counter.count_message(&best);
+        // Ends: at most CLIP_TRIES passes, and each keeps fewer characters than the last
+        // (or stops).
+        for _ in 0..CLIP_TRIES {
+            if best_count <= keep_tokens || keep_chars == 0 {
+                break;
+            }
+            let scaled = u128::from(keep_tokens) * keep_chars as u128 / u128::from(best_count);
+            keep_chars = usize::try_from(scaled)
+                .unwrap_or(usize::MAX)
+                .min(keep_chars - 1);
+            let again = clipped(message, keep_chars, id);
+            let count = counter.count_message(&again);
+            if count >= best_count {
+                break;
+            }
+            (best, best_count) = (again, count);
+        }
+        (best, best_count)
     }
 
     /// Records a compaction that replaced messages where they stand (`range`, inclusive).

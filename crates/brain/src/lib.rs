@@ -43,6 +43,8 @@ mod workspace;
 #[cfg(test)]
 mod compaction_tests;
 #[cfg(test)]
+mod engine_fuzz;
+#[cfg(test)]
 mod loop_tests;
 #[cfg(test)]
 mod module_graph;

@@ -442,6 +442,9 @@ async fn plan_call(
     mode: PlanMode,
     accepted: &str,
 ) -> Result<(String, Option<Vec<String>>), Stop> {
+    // The step's answer and the instruction came after the last turn's fit.
+    let turn = run.progress.turn_count();
+    run.compactor().fit_request(turn).await?;
     let response = run
         .call_model(
             run.progress.turn_count(),
