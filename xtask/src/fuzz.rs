@@ -301,8 +301,9 @@ fn pass(target: &Target, binary: &PathBuf, dir: &PathBuf, deadline: Instant) -> 
             }
             return Ok(Pass::Done(used));
         }
-        // The running pass's own CPU time (its threads included).
-        if let Ok(now) = process_cpu(&format!("/proc/{}/stat", child.id()), 11) {
+        // The running pass's CPU time, its threads and its processes included: under
+        // proptest's timeout each property runs in a child process of the pass.
+        if let Ok(now) = tree_cpu(child.id()) {
             if now > used {
                 progressed = Instant::now();
             }
@@ -347,6 +348,21 @@ fn random_seed() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     hasher.finish()
+}
+
+/// The CPU time of process `pid` and its descendants: its own, its reaped children's
+/// (`cutime`, `cstime`), and each live child's, recursively.
+fn tree_cpu(pid: u32) -> Result<Duration> {
+    let own = process_cpu(&format!("/proc/{pid}/stat"), 11)?
+        + process_cpu(&format!("/proc/{pid}/stat"), 13)?;
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    // Ends: the process tree is finite (a child that exits meanwhile is skipped).
+    Ok(children
+        .split_whitespace()
+        .filter_map(|child| child.parse().ok())
+        .filter_map(|child| tree_cpu(child).ok())
+        .fold(own, |sum, cpu| sum + cpu))
 }
 
 /// User and system CPU time from a `/proc/PID/stat` file: the fields at `index` and

@@ -227,6 +227,11 @@ impl ModelCaller {
         };
         let mut attempt = 1;
         let mut slept = Duration::ZERO;
+        // Ends: each pass is one attempt; a transient error is retried only while
+        // RetryPolicy::next_delay allows (max_attempts, connection_attempts, and
+        // max_total_delay of sleep in all), any other outcome returns, and the budget,
+        // cancellation and the run's deadline (which also cuts an attempt short) are
+        // checked first.
         loop {
             self.check_budget()?;
             if self.cancel.is_cancelled() {
@@ -414,6 +419,9 @@ async fn drain(
 ) {
     let mut first = None;
     let mut end = None;
+    // Ends: a ModelStream yields exactly one terminal chunk and then None (stream.rs); an
+    // HTTP body that goes silent past its idle limit ends with a timeout error (http.rs),
+    // and the run's deadline cuts the attempt.
     while let Some(chunk) = stream.next().await {
         match chunk {
             StreamChunk::Delta(delta) => {

@@ -246,6 +246,7 @@ pub fn recent_start(messages: &[Message], counts: &[u64], turns: usize, min_toke
         assistants.first().copied().unwrap_or(messages.len())
     };
     let mut kept: u64 = counts[start..].iter().sum();
+    // Ends: `start` decreases every pass and stops at 0 (both loops).
     while start > 0 && kept < min_tokens {
         start -= 1;
         kept += counts[start];

@@ -951,6 +951,21 @@ async fn every_request_fits_at_small_windows() {
     }
 }
 
+/// An answer cut at the output limit that is larger than the window and denser than two
+/// characters a token (short numbered words): clipped once to its share it still counted
+/// over the window (the engine fuzz found it), so it is clipped again, shorter, and the
+/// continuation's request fits.
+#[tokio::test]
+async fn a_dense_answer_over_the_window_is_clipped_until_the_request_fits() {
+    let words: Vec<String> = (0..1_988).map(|i| format!("w{i}")).collect();
+    let cut = serde_json::json!({"text": words.join(" "), "finish": "max_tokens"});
+    let script = format!("{cut}\n{{\"text\":\"done\"}}");
+    for window in [6_383, 6_400] {
+        let run = run_windowed(&script, window).await;
+        assert_fits(&run, window);
+    }
+}
+
 /// Recall results larger than the window, three in a row: each is one page within the
 /// window's budget, saying how much remains, and every request fits.
 #[tokio::test]

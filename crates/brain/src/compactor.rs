@@ -820,6 +820,9 @@ impl Compactor<'_> {
         let head = head_end(self.window.messages()).max(1);
         let mut done: Vec<usize> = Vec::new();
         let mut archived = Vec::new();
+        // Ends: every pass marks one more message `done` (never picked again) or breaks
+        // when none is left: at most one pass per message (each message's clip retries are
+        // bounded in `clip_to`).
         while self.window.fill() > target {
             let excess = self.window.fill() - target;
             let candidate = (head..self.window.messages().len())

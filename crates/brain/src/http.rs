@@ -259,6 +259,8 @@ impl ResponseSource {
 
 impl ByteSource for ResponseSource {
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, ProviderError>> {
+        // Ends: each pass consumes a frame or returns; a body that sends nothing for the
+        // idle limit is a timeout (`poll_silence`).
         loop {
             self.idle.wait();
             match http_body::Body::poll_frame(Pin::new(&mut self.body), cx) {

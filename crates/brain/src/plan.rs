@@ -381,6 +381,9 @@ async fn drive(
     mut state: PlanState,
     mut at: At,
 ) -> Result<(), Stop> {
+    // Ends: every step takes at least one turn (bounded by `max_turns` at each turn
+    // boundary), between two steps there is at most one plan call, a failed step replans at
+    // most `max_replans` times, and a plan without a next step breaks.
     loop {
         at = match at {
             At::Planning(planning) => {
@@ -420,6 +423,8 @@ async fn drive(
 /// Runs one step as a ReAct sub-loop, `turns` of its turns already taken, until the model
 /// answers without tool calls. Returns how it ended and after how many turns.
 async fn step(run: &mut Run, mode: PlanMode, mut turns: u32) -> Result<(StepEnd, u32), Stop> {
+    // Ends: each pass is one turn: `step_turns` (hybrid) or `max_turns` at the turn
+    // boundary.
     loop {
         if mode.step_turns.is_some_and(|limit| turns >= limit) {
             return Ok((

@@ -32,6 +32,10 @@ const REPROMPT_AFTER_FAILURE: &str = "[Nerve] Your last tool call failed and you
 Read the error, then either fix the problem with another tool call or explain why the task cannot be done.";
 
 pub(crate) async fn run(run: &mut Run) -> Stop {
+    // Ends: each pass is one turn, and `check_boundary` ends the run at `max_turns` (and at
+    // the deadline or a cancellation; the caller checks the budgets); max-tokens
+    // continuations, re-prompts and stagnation corrections are bounded counters, not extra
+    // turns.
     loop {
         match turn(run).await {
             Ok(TurnEnd::Continue) => {}

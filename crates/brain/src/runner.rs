@@ -212,6 +212,9 @@ impl Run {
         tools: &[ToolDefinition],
     ) -> Result<ModelResponse, Stop> {
         let mut compactions = 0;
+        // Ends: each pass is one call (its retries bounded in ModelCaller::call); after an
+        // overflow it compacts at most OVERFLOW_COMPACTIONS times (once when the refusal
+        // states no count), and a compaction that frees nothing ends the run.
         loop {
             let message = match self.call_once(turn, purpose, tools).await {
                 Ok(response) => return Ok(response),

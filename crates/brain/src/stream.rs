@@ -237,6 +237,8 @@ impl ModelStream {
     /// [`next`](Self::next) as a poll: one state machine for the whole stream instead of a
     /// future per chunk.
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<StreamChunk>> {
+        // Ends: each pass moves the state machine on by one chunk or returns Pending;
+        // `Ended` returns None, and every path reaches it after the one terminal chunk.
         loop {
             match &mut self.state {
                 State::Ended => return Poll::Ready(None),
@@ -643,6 +645,7 @@ impl RawArguments {
         if map.insert(id.to_owned(), raw.to_owned()).is_none() {
             order.push_back(id.to_owned());
         }
+        // Ends: each pass removes one entry.
         while order.len() > RAW_CAPACITY {
             if let Some(oldest) = order.pop_front() {
                 map.remove(&oldest);

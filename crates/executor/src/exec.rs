@@ -127,6 +127,9 @@ pub(crate) fn exec(
     let mut timed_out = false;
     let mut status: Option<ExitStatus> = None;
 
+    // Ends: deadline-driven phases: Running until the command exits or its timeout (then
+    // Killed, the whole group sent SIGKILL), then Draining for at most DRAIN_LIMIT; the
+    // host's hang-up kills everything too (server.rs).
     loop {
         let now = Instant::now();
         let wake = match phase {

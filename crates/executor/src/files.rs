@@ -115,6 +115,7 @@ pub(crate) fn read_line(reader: &mut impl BufRead, keep: usize) -> std::io::Resu
         kept: Vec::new(),
         total: 0,
     };
+    // Ends: each pass consumes what `fill_buf` gave, until a newline or end of file.
     loop {
         let buffer = reader.fill_buf()?;
         if buffer.is_empty() {

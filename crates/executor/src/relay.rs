@@ -133,6 +133,7 @@ fn relay_connection(client: TcpStream, socket: &std::path::Path) {
 fn copy(from: &mut impl Read, to: &mut impl Write) -> io::Result<u64> {
     let mut buffer = vec![0u8; 64 << 10];
     let mut total = 0;
+    // Ends: each pass consumes what it read, until end of input or an error.
     loop {
         let read = match from.read(&mut buffer) {
             Ok(0) => return Ok(total),

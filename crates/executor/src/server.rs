@@ -129,6 +129,8 @@ impl Executor {
     /// a broken pipe on `output` means the host has gone.
     pub fn serve(&self, mut input: impl BufRead, mut output: impl Write) -> io::Result<()> {
         let cap = self.config.limits.max_request_bytes;
+        // Ends: one request per pass until the input ends (the host closed it or died);
+        // each request is bounded by its own limits (timeouts, sizes).
         loop {
             let Some(line) = files::read_line(&mut input, cap.saturating_add(1))? else {
                 return Ok(());
@@ -237,6 +239,8 @@ pub fn connect_control(path: &Path) -> io::Result<UnixStream> {
 pub fn wait_for_hangup(fd: std::os::fd::BorrowedFd<'_>) {
     use rustix::event::{PollFd, PollFlags, poll};
     let hangup = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+    // Ends: when the host hangs up (the executor's lifetime is the host's); an interrupted
+    // poll retries, any other error returns.
     loop {
         let mut fds = [PollFd::new(&fd, PollFlags::RDHUP)];
         match poll(&mut fds, None) {

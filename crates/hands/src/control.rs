@@ -173,6 +173,8 @@ impl SpawnListener {
         use tokio::io::AsyncReadExt;
         let work = async {
             let (mut stdio, mut stderr) = (None, None);
+            // Ends: bounded by `limit` (the timeout around `work`); a hello is at most 256
+            // bytes.
             while stdio.is_none() || stderr.is_none() {
                 let (mut stream, _) = self
                     .listener

@@ -325,6 +325,9 @@ impl Connection {
             return Err(self.gone(&format!("cannot write to it: {e}")).await);
         }
         self.poisoned = false;
+        // Ends: each pass reads one line (skipping answers to abandoned requests, whose ids
+        // are below `id`); the caller's `limit` (tokio::time::timeout in `request`) bounds
+        // the wait, and a closed output is an error.
         loop {
             let text = self.read_line().await?;
             let head: Head = serde_json::from_str(&text)
@@ -347,6 +350,8 @@ impl Connection {
     }
 
     async fn read_line(&mut self) -> Result<String, ConnectionError> {
+        // Ends: each pass returns a line, or reads more bytes, or ends on a closed stream
+        // or an error; the wait is bounded by the request's limit (see `exchange`).
         loop {
             if let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
                 let rest = self.pending.split_off(end + 1);

@@ -175,6 +175,7 @@ impl PgCluster {
 
     fn wait_ready(&self, bin: &Path, log: &Path) -> Result<(), ClusterError> {
         let deadline = Instant::now() + READY_WITHIN;
+        // Ends: by READY_WITHIN (deadline), or at the first fatal line in the server's log.
         loop {
             let ready = Command::new(bin.join("pg_isready"))
                 .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])

@@ -220,6 +220,8 @@ impl Queue {
     /// closed and empty.
     fn next_batch(&self, company: usize, patience: Duration) -> Option<Vec<Job>> {
         let mut inbox = self.lock();
+        // Ends: when a job arrives or the queue is closed (the writer's owner dropped it);
+        // the wait for company below is bounded by `patience` and ARRIVAL_GAP.
         while inbox.jobs.is_empty() {
             if inbox.closed {
                 return None;
@@ -397,6 +399,7 @@ fn run_flusher(unflushed: &Unflushed, mut wal: WalFlush) {
     loop {
         let outcomes = {
             let mut handed = unflushed.lock();
+            // Ends: when the writer hands off work or closes (it closes when it stops).
             while handed.outcomes.is_empty() && !handed.closed {
                 handed = unflushed
                     .handed

@@ -139,6 +139,8 @@ impl std::fmt::Debug for Shared {
 /// task, aborted with this one.
 pub(crate) async fn serve(listener: UnixListener, shared: Arc<Shared>) {
     let mut connections = JoinSet::new();
+    // Ends: never by itself: the accept loop lives as long as the sandbox and is aborted
+    // with its task (each connection has its own time limits).
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
