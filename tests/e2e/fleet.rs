@@ -416,6 +416,29 @@ fn cancel_ends_a_queued_execution_at_once_and_a_running_one_at_its_next_boundary
     let queued = nerve(Path::new(&pg), &["list", "--status", "queued", "--json"]);
     assert_eq!(last_json(&queued)[0]["execution_id"], running.as_str());
     assert_eq!(last_json(&queued).as_array().unwrap().len(), 1);
+    // Listed like every execution the log knows, as cancelled (and the other as queued).
+    let listed = |args: &[&str]| last_json(&nerve(Path::new(&pg), args));
+    let entry = |list: &serde_json::Value, id: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["execution_id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} is not in {list}"))
+    };
+    let all = listed(&["list", "--json"]);
+    let gone = entry(&all, &waiting);
+    assert_eq!(gone["queue_state"], "cancelled", "{gone}");
+    assert_eq!(gone["task_status"], "cancelled", "{gone}");
+    assert_eq!(gone["termination_reason"], serde_json::Value::Null);
+    assert_eq!(gone["task"], "Edit the result.", "{gone}");
+    assert_eq!(entry(&all, &running)["queue_state"], "queued");
+    let cancelled = listed(&["list", "--status", "cancelled", "--json"]);
+    assert_eq!(cancelled.as_array().unwrap().len(), 1, "{cancelled}");
+    assert_eq!(cancelled[0]["execution_id"], waiting.as_str());
+    let text = stdout(&nerve(Path::new(&pg), &["list"]));
+    let line = text.lines().find(|l| l.starts_with(&waiting)).unwrap();
+    assert!(line.contains("cancelled"), "{line}");
 
     let mut worker = worker(&pg, 1, 3);
     wait_for_sleep(&pg, &mut worker, "the sleep");
@@ -440,6 +463,12 @@ fn cancel_ends_a_queued_execution_at_once_and_a_running_one_at_its_next_boundary
     assert_eq!(none.status.code(), Some(2), "{}", stderr(&none));
     let queued = nerve(Path::new(&pg), &["list", "--status", "queued", "--json"]);
     assert_eq!(last_json(&queued), json!([]));
+    // Still listed, still cancelled; the other listed from its log now.
+    let all = listed(&["list", "--json"]);
+    assert_eq!(entry(&all, &waiting)["queue_state"], "cancelled");
+    let ended = entry(&all, &running);
+    assert_eq!(ended["termination_reason"], "shutdown", "{ended}");
+    assert!(ended.get("queue_state").is_none(), "{ended}");
 }
 
 #[test]

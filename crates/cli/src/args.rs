@@ -120,7 +120,9 @@ pub(crate) enum Command {
     /// Talk to the agent: each message continues the same execution (one log, one sandbox,
     /// one context). Ctrl-C stops the agent's turn, Ctrl-D or /exit ends; /help for more.
     Chat(ChatArgs),
-    /// Remove sandbox containers whose owning `nerve` process is provably dead.
+    /// Remove sandbox containers whose owning `nerve` process is provably dead, and the
+    /// sandbox homes of executions that ended for good (completed, cancelled) or went
+    /// unused for a week.
     Reap {
         /// Remove every Nerve container, also those of live runs and of other hosts: for an
         /// operator who knows those runs are gone.
@@ -258,13 +260,37 @@ pub(crate) enum StatusArg {
     TimedOut,
     Stagnation,
     Error,
+    /// Cancelled in the task queue before a worker started it.
+    Cancelled,
 }
 
 impl StatusArg {
     /// Whether an execution that ended with `termination_reason` (`None`: not finished) is
-    /// in this state.
-    pub(crate) fn selects(self, termination_reason: Option<&str>) -> bool {
+    /// in this state; `queue_state` is the queue's state of a submitted execution that has
+    /// no events (never started).
+    pub(crate) fn selects(
+        self,
+        termination_reason: Option<&str>,
+        queue_state: Option<&str>,
+    ) -> bool {
+        if let Some(state) = queue_state {
+            return match self {
+                Self::Running => state == "claimed",
+                Self::Failed => state == "failed",
+                Self::Cancelled => state == "cancelled",
+                Self::Queued
+                | Self::Completed
+                | Self::Parked
+                | Self::MaxTurns
+                | Self::BudgetExhausted
+                | Self::Shutdown
+                | Self::TimedOut
+                | Self::Stagnation
+                | Self::Error => false,
+            };
+        }
         let wanted = match self {
+            Self::Cancelled => return false,
             Self::Queued => return false,
             Self::Running => return termination_reason.is_none(),
             Self::Failed => {
@@ -406,8 +432,28 @@ mod tests {
             Some("error"),
             Some("shutdown"),
         ];
-        let got: Vec<Option<&str>> = all.into_iter().filter(|r| status.selects(*r)).collect();
+        let got: Vec<Option<&str>> = all
+            .into_iter()
+            .filter(|r| status.selects(*r, None))
+            .collect();
         assert_eq!(got, selected, "{status:?}");
+    }
+
+    /// A submission never started is selected by its queue state alone.
+    #[test]
+    fn list_status_selects_a_submission_by_its_queue_state() {
+        let states = ["queued", "claimed", "cancelled", "failed"];
+        let selected = |status: StatusArg| -> Vec<&str> {
+            states
+                .into_iter()
+                .filter(|s| status.selects(None, Some(s)))
+                .collect()
+        };
+        assert_eq!(selected(StatusArg::Cancelled), ["cancelled"]);
+        assert_eq!(selected(StatusArg::Failed), ["failed"]);
+        assert_eq!(selected(StatusArg::Running), ["claimed"]);
+        assert!(selected(StatusArg::Completed).is_empty());
+        check(StatusArg::Cancelled, &[]);
     }
 
     #[test]

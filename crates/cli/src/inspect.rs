@@ -158,7 +158,8 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
     }
     let mut executions = store.executions().await.map_err(Failure::usage)?;
     if let Some(status) = status {
-        executions.retain(|e| status.selects(e.termination_reason.as_deref()));
+        executions
+            .retain(|e| status.selects(e.termination_reason.as_deref(), e.queue_state.as_deref()));
     }
     if json {
         output::json(&serde_json::json!(executions));
@@ -180,7 +181,10 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
             output::line(&format!(
                 "{}  {started:<12}  {:<16}  {:>6}  {}",
                 e.execution_id,
-                e.termination_reason.as_deref().unwrap_or("(unfinished)"),
+                e.termination_reason
+                    .as_deref()
+                    .or(e.queue_state.as_deref())
+                    .unwrap_or("(unfinished)"),
                 e.events,
                 e.task
                     .as_deref()

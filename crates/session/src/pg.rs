@@ -139,6 +139,21 @@ const MIGRATIONS: &[&str] = &[
 const SUMMARY_COLUMNS: &str = "execution_id, started_at, updated_at, head_seq, task, loop_type, \
      model, task_status, termination_reason, error, total_turns, input_tokens, output_tokens, \
      cost_micro_usd, resumes";
+/// The summary columns of the executions the queue holds without events (submitted, not
+/// started: queued, claimed a moment ago, cancelled or failed before a worker started
+/// them), and their queue state: `nerve list` shows every execution the log knows, a
+/// cancelled submission too. `started_at` is when it was submitted, in the log's own
+/// fixed-width UTC form.
+const QUEUED_SUMMARIES: &str = "SELECT q.execution_id,
+         to_char(q.submitted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+         to_char(q.submitted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+         0::int8, q.spec::jsonb->>'task', q.spec::jsonb->>'loop', q.spec::jsonb->>'model',
+         CASE q.state WHEN 'cancelled' THEN 'cancelled' WHEN 'failed' THEN 'failed'
+              ELSE 'created' END,
+         NULL::text, q.error, 0::int8, 0::int8, 0::int8, 0::int8, 0::int8, q.state
+     FROM queue q
+     WHERE NOT EXISTS (SELECT 1 FROM executions e
+                       WHERE e.execution_id = q.execution_id AND e.head_seq > 0)";
 const SELECT_EVENTS: &str = "SELECT execution_id, seq, ts, kind, version, payload, prev_hash, hash \
      FROM events WHERE execution_id = $1 ORDER BY seq";
 const INSERT_EVENTS: &str = "INSERT INTO events
@@ -731,6 +746,7 @@ fn summary(row: &Row) -> Result<ExecutionSummary, tokio_postgres::Error> {
         output_tokens: count(12)?,
         cost_micro_usd: count(13)?,
         resumes: u32::try_from(count(14)?).unwrap_or(u32::MAX),
+        queue_state: None,
     })
 }
 
@@ -978,7 +994,7 @@ fn heads_in<'a>(
     rows: &[Row],
     ids: &[&'a str],
     heads: &mut BTreeMap<&'a str, Head>,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<(), CommitError> {
     for row in rows {
         let row_summary = summary(row)?;
         let head = Head {
@@ -1003,8 +1019,11 @@ async fn lock_missing_heads<'a>(
     ids: &[&'a str],
     ts: &str,
     heads: &mut BTreeMap<&'a str, Head>,
-) -> Result<(), tokio_postgres::Error> {
-    loop {
+) -> Result<(), CommitError> {
+    // Ends: at most HEAD_PASSES passes. Each inserts the missing heads or locks the
+    // committed ones; a head is missing again only when another transaction inserted it and
+    // rolled back in between, and a storm of those becomes an error, not a spin.
+    for _ in 0..HEAD_PASSES {
         let missing: Vec<&str> = ids
             .iter()
             .copied()
@@ -1038,6 +1057,16 @@ async fn lock_missing_heads<'a>(
             heads_in(&rows, &wanted, heads)?;
         }
     }
+    let missing: Vec<String> = ids
+        .iter()
+        .filter(|id| !heads.contains_key(*id))
+        .map(|id| (*id).to_owned())
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(CommitError::HeadsContended(missing))
+    }
 }
 
 /// Why a commit failed; nothing of it was written either way.
@@ -1046,7 +1075,13 @@ enum CommitError {
     Database(tokio_postgres::Error),
     /// The server no longer records these (execution, worker) leases as held.
     LeaseLost(Vec<(String, String)>),
+    /// The executions' head rows kept vanishing between their insert and their lock
+    /// (other transactions inserting them and rolling back), HEAD_PASSES times.
+    HeadsContended(Vec<String>),
 }
+
+/// Passes of [`lock_missing_heads`] before it gives up on a head that keeps vanishing.
+const HEAD_PASSES: u32 = 16;
 
 impl From<tokio_postgres::Error> for CommitError {
     fn from(error: tokio_postgres::Error) -> Self {
@@ -1058,6 +1093,11 @@ impl std::fmt::Display for CommitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Database(error) => write!(f, "{}", with_causes(error)),
+            Self::HeadsContended(ids) => write!(
+                f,
+                "the head rows of {} kept vanishing under concurrent transactions ({HEAD_PASSES} tries); nothing was appended",
+                ids.join(", ")
+            ),
             Self::LeaseLost(lost) => {
                 let (execution, worker) = lost.first().map_or(("", ""), |(e, w)| (e, w));
                 write!(
@@ -1257,12 +1297,16 @@ async fn run_writer(
             }
             format!("event log {shown}: {error}")
         }
-        CommitError::Database(_) => format!("event log {shown}: {error}"),
+        CommitError::Database(_) | CommitError::HeadsContended(_) => {
+            format!("event log {shown}: {error}")
+        }
     };
     let fail = |job: Job, message: String| {
         failures.failed(&job.write.execution_id);
         let _ = job.reply.send(Err(message));
     };
+    // Ends: when every sender (the store's handles) is dropped; each batch takes at most
+    // MAX_BATCH jobs.
     while let Some(job) = queue.recv().await {
         batch.push(job);
         while batch.len() < MAX_BATCH {
@@ -1506,16 +1550,22 @@ impl EventStore for PgStore {
         let rows = client
             .query(
                 &format!(
-                    "SELECT {SUMMARY_COLUMNS} FROM executions WHERE head_seq > 0
-                     ORDER BY started_at DESC, execution_id DESC"
+                    "SELECT {SUMMARY_COLUMNS}, NULL::text FROM executions WHERE head_seq > 0
+                     UNION ALL {QUEUED_SUMMARIES}
+                     ORDER BY 2 DESC, 1 DESC"
                 ),
                 &[],
             )
             .await
             .map_err(|e| self.db_err(&e))?;
         rows.iter()
-            .map(|row| summary(row).map_err(|e| self.db_err(&e)))
-            .collect()
+            .map(|row| {
+                let mut listed = summary(row)?;
+                listed.queue_state = row.try_get(15)?;
+                Ok(listed)
+            })
+            .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+            .map_err(|e| self.db_err(&e))
     }
 
     async fn execution(&self, execution: ExecutionId) -> Result<ExecutionSummary, SessionError> {

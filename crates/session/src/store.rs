@@ -98,9 +98,23 @@ pub struct ExecutionSummary {
     pub resumes: u32,
     /// The number of events (the last sequence number).
     pub events: u64,
+    /// For an execution the task queue holds that has no events yet (submitted, and not
+    /// started by a worker): its state there, `queued`, `claimed`, `cancelled` or `failed`.
+    /// Absent for every execution with events (and so always in a SQLite log, which has no
+    /// queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_state: Option<String>,
 }
 
 impl ExecutionSummary {
+    /// Whether the execution can never run again: it completed (a completed execution is
+    /// never resumed), or it was cancelled in the queue before it started. Its sandbox home
+    /// is of no more use (`nerve reap` removes it).
+    pub fn ended_for_good(&self) -> bool {
+        self.termination_reason.as_deref() == Some("completed")
+            || self.queue_state.as_deref() == Some("cancelled")
+    }
+
     pub(crate) fn new(execution_id: &str, ts: &str) -> Self {
         Self {
             execution_id: execution_id.to_owned(),
@@ -118,6 +132,7 @@ impl ExecutionSummary {
             cost_micro_usd: 0,
             resumes: 0,
             events: 0,
+            queue_state: None,
         }
     }
 
@@ -1418,6 +1433,7 @@ fn summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
         resumes: u32::try_from(row.get::<_, i64>(12)?).unwrap_or(u32::MAX),
         updated_at: row.get(13)?,
         events: to_u64(row.get(14)?),
+        queue_state: None,
     })
 }
 
