@@ -502,3 +502,103 @@ fn plan_execute_survives_a_kill_around_every_tool_call() {
     let baseline = plan_baseline();
     matrix(&PLAN_EXECUTE, baseline, &every_tool_call(baseline));
 }
+
+/// The sandbox home lives beside the log, not in `$TMPDIR`: a run killed right after a
+/// call that wrote a file to `$HOME` leaves that home in `homes/<id>` beside the log;
+/// clearing the temporary directory (a reboot) does not touch it; the resumed run's next
+/// call reads the file back, the run completes and the home goes with it. Then `nerve reap`
+/// removes the home of an ended execution (one left behind, as by a crash between the
+/// finish and the removal) and names it, and keeps a home of an execution that may still
+/// be resumed.
+#[test]
+fn a_killed_runs_home_survives_a_cleared_tmp_and_reap_removes_ended_ones() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = dir.path().join("workspace");
+    let tmp = dir.path().join("tmp");
+    let state = dir.path().join("state");
+    for made in [&workspace, &tmp, &state] {
+        std::fs::create_dir(made).unwrap();
+    }
+    let cassette = dir.path().join("home.jsonl");
+    let shell = |command: &str| json!({"tool_calls": [{"name": "shell", "arguments": {"command": command}}]});
+    let lines = [
+        shell("echo kept-across-resume > \"$HOME/marker\""),
+        shell("cat \"$HOME/marker\""),
+        json!({"text": "done"}),
+    ];
+    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    std::fs::write(&cassette, text).unwrap();
+    let provider = format!("script:{}", cassette.display());
+    let db = state.join("nerve.db");
+    let tmp_env = ("TMPDIR", tmp.to_str().unwrap());
+    let args = [
+        "run",
+        "--workspace",
+        workspace.to_str().unwrap(),
+        "--task",
+        "keep a file in the home",
+        "--provider",
+        &provider,
+        "--json",
+    ];
+    let killed =
+        spawn_nerve_env(&db, &args, &[("NERVE_KILL_AFTER_TOOL_CALL", "1"), tmp_env]).wait();
+    assert_eq!(killed.status.signal(), Some(9), "{}", stderr(&killed));
+    let id = crate::crash::execution_id(&crate::support::read_log(&db));
+    let home = state.join("homes").join(&id);
+    assert_eq!(
+        std::fs::read_to_string(home.join("home/marker")).unwrap(),
+        "kept-across-resume\n"
+    );
+    let in_tmp = || -> Vec<String> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("nerve-env-"))
+            .collect()
+    };
+    assert_eq!(in_tmp(), Vec::<String>::new(), "no home in $TMPDIR");
+    // A reboot clears /tmp.
+    std::fs::remove_dir_all(&tmp).unwrap();
+    std::fs::create_dir(&tmp).unwrap();
+    let resumed = crate::support::nerve_env(&db, &["resume", &id, "--json"], &[tmp_env]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert_eq!(last_json(&resumed)["termination_reason"], "completed");
+    let read_back = events_json(&db, &id).into_iter().any(|event| {
+        event["kind"] == "tool_call_finished"
+            && event["payload"]["result"]["content"]
+                .as_str()
+                .is_some_and(|content| content.contains("kept-across-resume"))
+    });
+    assert!(
+        read_back,
+        "the resumed call read the file the killed run left in $HOME"
+    );
+    assert!(!home.exists(), "a completed execution's home is removed");
+    assert_eq!(in_tmp(), Vec::<String>::new());
+
+    // Left behind by hand: the completed execution's home, and one of an execution that
+    // may still be resumed (unknown to this log, recent).
+    std::fs::create_dir_all(home.join("home")).unwrap();
+    let other = state
+        .join("homes")
+        .join(nerve_core::ExecutionId::new().to_string());
+    std::fs::create_dir_all(other.join("home")).unwrap();
+    let reaped = crate::support::nerve_env(&db, &["reap"], &[tmp_env]);
+    assert!(reaped.status.success(), "{}", stderr(&reaped));
+    let said = crate::support::stdout(&reaped);
+    assert!(
+        said.contains(&format!(
+            "removed the sandbox home of {id} (it ended for good: completed or cancelled)"
+        )),
+        "{said}"
+    );
+    assert!(!home.exists());
+    assert!(
+        other.exists(),
+        "a recent home of a resumable execution stays"
+    );
+}

@@ -21,6 +21,27 @@ pub(crate) fn is_postgres(db: &Path) -> bool {
     db.to_str().is_some_and(is_postgres_url)
 }
 
+/// The directory beside the log where an execution's host-side state lives (snapshot
+/// stores, sandbox homes): the SQLite file's directory, or for a PostgreSQL log the state
+/// directory where the default log lives.
+pub(crate) fn state_dir(db: &Path) -> Result<std::path::PathBuf, Failure> {
+    let base = if is_postgres(db) {
+        crate::args::default_db()?
+    } else {
+        db.to_path_buf()
+    };
+    Ok(base
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| Path::new("."))
+        .to_path_buf())
+}
+
+/// Where the sandbox homes of the log at `db` live (`<state dir>/homes/<execution id>`).
+pub(crate) fn homes_dir(db: &Path) -> Result<std::path::PathBuf, Failure> {
+    Ok(state_dir(db)?.join("homes"))
+}
+
 /// Opens `db` for writing: creating and migrating it when needed.
 pub(crate) async fn writer(db: &Path, redactor: Arc<Redactor>) -> Result<Arc<dyn Log>, Failure> {
     if let Some(url) = db.to_str().filter(|db| is_postgres_url(db)) {

@@ -193,7 +193,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Approve { id, deny, reason } => resume::approve(&db, &id, deny, reason).await,
         Command::Diff { id, turn } => rewind::diff(&db, &id, turn).await,
         Command::Rewind { id, turn, force } => rewind::rewind(&db, &id, turn, force).await,
-        Command::Reap { all, id } => reap::reap(all, id.as_deref()).await,
+        Command::Reap { all, id } => reap::reap(&db, all, id.as_deref()).await,
         Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
     }
 }

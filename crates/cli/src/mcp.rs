@@ -83,6 +83,10 @@ async fn list(
     if let Err(error) = sandbox.remove().await {
         tracing::warn!(%error, "could not remove the throwaway sandbox; the reaper will");
     }
+    // Its home too: nothing ever resumes a throwaway execution.
+    if let Err(error) = nerve_hands::discard_sandbox_home(None, execution) {
+        tracing::warn!(%error, "could not remove the throwaway sandbox's home");
+    }
     if json {
         output::json(&serde_json::json!(reports));
     } else {

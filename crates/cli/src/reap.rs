@@ -1,16 +1,47 @@
 //! `nerve reap [--all] [ID]`: removes sandbox containers left behind by `nerve` processes
-//! that died, and, with `--all`, every Nerve container (an operator's override).
+//! that died, and, with `--all`, every Nerve container (an operator's override); and the
+//! sandbox homes of executions that ended for good (completed, cancelled) or went unused
+//! for a week.
+
+use std::collections::HashSet;
+use std::path::Path;
 
 use nerve_core::ExecutionId;
-use nerve_hands::ReapScope;
+use nerve_hands::{HomeRemoval, HomeSweep, ReapScope};
 
+use crate::log::Reader;
 use crate::{Failure, output};
+
+/// The executions of the log at `db` that can never run again, or why the log could not
+/// say (then only unused homes go).
+async fn ended_for_good(db: &Path) -> Result<HashSet<String>, String> {
+    let store = crate::log::reader(db).await.map_err(|e| e.message)?;
+    let mut ended: HashSet<String> = store
+        .executions()
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(nerve_session::ExecutionSummary::ended_for_good)
+        .map(|e| e.execution_id)
+        .collect();
+    // A running execution cancelled in the queue has events: its queue row says so.
+    if let Reader::Postgres(pg) = &store {
+        let queue = pg.queue().await.map_err(|e| e.to_string())?;
+        ended.extend(
+            queue
+                .into_iter()
+                .filter(|entry| entry.state == "cancelled")
+                .map(|entry| entry.execution_id),
+        );
+    }
+    Ok(ended)
+}
 
 /// Reaps and prints one line per container: `removed NAME` or `kept NAME: REASON`, then a
 /// count. `run` and `resume` reap orphans by themselves; this is for an operator, and for
 /// containers whose owner this process cannot prove dead (another host, boot or PID
 /// namespace, an unreadable label), which only `--all` removes.
-pub(crate) async fn reap(all: bool, id: Option<&str>) -> Result<u8, Failure> {
+pub(crate) async fn reap(db: &Path, all: bool, id: Option<&str>) -> Result<u8, Failure> {
     let execution = id
         .map(|id| {
             id.parse::<ExecutionId>()
@@ -26,7 +57,21 @@ pub(crate) async fn reap(all: bool, id: Option<&str>) -> Result<u8, Failure> {
     } else {
         ReapScope::Orphans
     };
-    let report = nerve_hands::reap(&docker, scope, execution.as_deref())
+    let ended = match ended_for_good(db).await {
+        Ok(ended) => ended,
+        Err(error) => {
+            output::line(&format!(
+                "cannot read the log ({error}): only sandbox homes unused for a week are removed"
+            ));
+            HashSet::new()
+        }
+    };
+    let homes = HomeSweep {
+        dir: Some(crate::log::homes_dir(db)?),
+        ended,
+        ..HomeSweep::default()
+    };
+    let report = nerve_hands::reap_with(&docker, scope, execution.as_deref(), &homes)
         .await
         .map_err(Failure::runtime)?;
     for name in &report.removed {
@@ -35,10 +80,12 @@ pub(crate) async fn reap(all: bool, id: Option<&str>) -> Result<u8, Failure> {
     for (name, reason) in &report.kept {
         output::line(&format!("kept {name}: {reason}"));
     }
-    for execution in &report.homes_removed {
-        output::line(&format!(
-            "removed the sandbox home of {execution} (unused for a week)"
-        ));
+    for (execution, why) in &report.homes_removed {
+        let why = match why {
+            HomeRemoval::Ended => "it ended for good: completed or cancelled",
+            HomeRemoval::Unused => "unused for a week",
+        };
+        output::line(&format!("removed the sandbox home of {execution} ({why})"));
     }
     output::line(&format!(
         "{} removed, {} kept{}",

@@ -31,16 +31,9 @@ pub(crate) fn store_dir(db: &Path, execution: ExecutionId) -> Result<PathBuf, Fa
     if let Some(dir) = std::env::var_os(CHECKPOINTS_ENV).filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir).join(execution.to_string()));
     }
-    let base = if crate::log::is_postgres(db) {
-        crate::args::default_db()?
-    } else {
-        db.to_path_buf()
-    };
-    let parent = base
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or_else(|| Path::new("."));
-    Ok(parent.join("checkpoints").join(execution.to_string()))
+    Ok(crate::log::state_dir(db)?
+        .join("checkpoints")
+        .join(execution.to_string()))
 }
 
 /// The engine's snapshot port for `execution` on `workspace`, its store opened (created on

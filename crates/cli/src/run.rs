@@ -430,6 +430,9 @@ impl Launch<'_> {
             .chain(sandbox_env(&redactor))
             .collect();
         sandbox_config.account_name = environment.user_name.clone();
+        // Beside the log: a reboot that clears /tmp leaves a resumable execution its home.
+        let homes = crate::log::homes_dir(self.db)?;
+        sandbox_config.homes = Some(homes.clone());
         sandbox_config.caches = caches;
         self.config.sandbox.apply_limits(&mut sandbox_config)?;
         let sandbox = Arc::new(
@@ -451,7 +454,7 @@ impl Launch<'_> {
         // keeps the home for a resume.
         if let (Ended::Result(result), _) = &outcome
             && result.termination_reason == nerve_core::TerminationReason::Completed
-            && let Err(error) = nerve_hands::discard_sandbox_home(execution_id)
+            && let Err(error) = nerve_hands::discard_sandbox_home(Some(&homes), execution_id)
         {
             tracing::warn!(%error, "could not remove the sandbox's home directory");
         }

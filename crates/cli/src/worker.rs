@@ -155,7 +155,7 @@ async fn handle(worker: Arc<Worker>, claim: Claim, cancel: CancellationToken) {
         cancel.clone(),
         Arc::clone(&lost),
     ));
-    let outcome = take_up(&worker, &claim, cancel).await;
+    let outcome = take_up(&worker, &claim, cancel.clone()).await;
     renewer.abort();
     if lost.load(Ordering::SeqCst) || worker.store.lease_lost(id) {
         worker.store.drop_lease(id);
@@ -172,6 +172,10 @@ async fn handle(worker: Arc<Worker>, claim: Claim, cancel: CancellationToken) {
         Outcome::Ended(reason, turns) => {
             // A drained execution goes back to the queue for another worker to resume.
             let back = reason == TerminationReason::Shutdown && worker.drain.is_cancelled();
+            // Stopped by `nerve cancel`: over for good, its sandbox home goes with it.
+            if reason == TerminationReason::Shutdown && !back && cancel.is_cancelled() {
+                discard_home(&worker, id);
+            }
             say(
                 name,
                 &format!(
@@ -200,6 +204,21 @@ async fn handle(worker: Arc<Worker>, claim: Claim, cancel: CancellationToken) {
             &format!("the claim on {id} had ended before it was released"),
         ),
         Err(error) => say(name, &format!("cannot release {id}: {error}")),
+    }
+}
+
+/// Removes the sandbox home of `id`, over for good; a failure is said, never fatal.
+fn discard_home(worker: &Worker, id: ExecutionId) {
+    let removed = crate::log::homes_dir(&worker.db)
+        .map_err(|e| e.message)
+        .and_then(|homes| {
+            nerve_hands::discard_sandbox_home(Some(&homes), id).map_err(|e| e.to_string())
+        });
+    if let Err(error) = removed {
+        say(
+            &worker.name,
+            &format!("cannot remove the sandbox home of {id}: {error}"),
+        );
     }
 }
 

@@ -87,7 +87,7 @@ async fn image_cold_starts(docker: &Docker, workspace: &std::path::Path) {
             samples.push(t.elapsed());
             assert_eq!(sandbox.backend().await, Backend::Executor);
             sandbox.remove().await.unwrap();
-            nerve_hands::discard_sandbox_home(config.execution_id).unwrap();
+            nerve_hands::discard_sandbox_home(None, config.execution_id).unwrap();
         }
     }
     let mut default = default.split_off(2);

@@ -2,10 +2,13 @@
 //! image: a `passwd` and a `group` naming it (bind-mounted read-only over `/etc/passwd` and
 //! `/etc/group`), and a home directory that lasts for the execution and its resumes.
 //!
-//! Everything lives in one host directory per execution, `$TMPDIR/nerve-env-<execution id>`
-//! (mode 0755; the home inside it 0700, owned by the command uid). The same execution id
-//! finds the same directory, so a resume finds the home it left. [`discard`] removes it
-//! once the execution is over for good.
+//! Everything lives in one host directory per execution: `<homes>/<execution id>` when the
+//! sandbox names a homes directory ([`crate::SandboxConfig::homes`]; `nerve` puts it beside
+//! the log's checkpoints, so that a reboot clearing `/tmp` under a resumable execution
+//! leaves its home), else `$TMPDIR/nerve-env-<execution id>` (mode 0755; the home inside it
+//! 0700, owned by the command uid). The same execution id finds the same directory, so a
+//! resume finds the home it left. [`discard`] removes it once the execution is over for
+//! good, and [`sweep`] (through `reap`) the homes of executions that ended or went unused.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -33,11 +36,12 @@ impl Account {
     /// Creates (or finds, on a resume) the execution's directory, writes the passwd and group
     /// files for `uid:gid`, and hands the home to that uid.
     pub(crate) fn prepare(
+        homes: Option<&Path>,
         execution_id: ExecutionId,
         (uid, gid): (u32, u32),
         name: Option<&str>,
     ) -> Result<Self, HandsError> {
-        let dir = dir_of(execution_id);
+        let dir = dir_of(homes, execution_id);
         let fail = |what: &str, path: &Path, e: std::io::Error| {
             HandsError::Workspace(format!(
                 "cannot prepare the sandbox's {what} at {}: {e}",
@@ -100,12 +104,59 @@ impl Account {
     }
 }
 
-/// Removes an execution's account directory and its home, when the execution is over for
-/// good (a resume would start with an empty home). Missing is fine.
-pub fn discard(execution_id: ExecutionId) -> std::io::Result<()> {
-    match std::fs::remove_dir_all(dir_of(execution_id)) {
+/// Removes an execution's account directory and its home (in `homes`, or `$TMPDIR` as
+/// [`crate::SandboxConfig::homes`] says), when the execution is over for good (a resume
+/// would start with an empty home). Missing is fine.
+pub fn discard(homes: Option<&Path>, execution_id: ExecutionId) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir_of(homes, execution_id)) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         other => other,
+    }
+}
+
+/// Why [`sweep`] removed a home.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HomeRemoval {
+    /// Its execution can never run again (completed, or cancelled).
+    Ended,
+    /// Nothing started it for the retention period.
+    Unused,
+}
+
+/// Which homes [`crate::reap_with`] removes besides its containers.
+#[derive(Debug, Clone)]
+pub struct HomeSweep {
+    /// The homes directory `nerve` uses (`<homes>/<execution id>`); the legacy
+    /// `$TMPDIR/nerve-env-<id>` ones are swept too.
+    pub dir: Option<PathBuf>,
+    /// Executions over for good: their homes go whatever their age.
+    pub ended: std::collections::HashSet<String>,
+    /// Homes untouched this long go too.
+    pub retention: std::time::Duration,
+}
+
+impl Default for HomeSweep {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            ended: std::collections::HashSet::new(),
+            retention: HOME_RETENTION,
+        }
+    }
+}
+
+impl HomeSweep {
+    /// Removes the homes this sweep selects among those in `$TMPDIR` and `dir`, leaving
+    /// executions `in_use` (a container of theirs exists); returns what it removed and why.
+    pub(crate) fn run(
+        &self,
+        in_use: &std::collections::HashSet<String>,
+    ) -> Vec<(String, HomeRemoval)> {
+        let mut removed = sweep(&std::env::temp_dir(), PREFIX, self, in_use);
+        if let Some(dir) = &self.dir {
+            removed.extend(sweep(dir, "", self, in_use));
+        }
+        removed
     }
 }
 
@@ -114,52 +165,65 @@ pub fn discard(execution_id: ExecutionId) -> std::io::Result<()> {
 pub(crate) const HOME_RETENTION: std::time::Duration =
     std::time::Duration::from_secs(7 * 24 * 3600);
 
-/// Removes the account directories (`nerve-env-*` in `temp`, this user's) untouched for
-/// `retention` whose execution is not in `in_use`, and returns the execution ids removed.
-/// A directory's modification time is its last start (passwd and group are rewritten into
-/// it at every start).
-pub(crate) fn sweep_stale(
-    temp: &Path,
-    retention: std::time::Duration,
+/// Removes the account directories in `dir` named `prefix<execution id>` (this user's)
+/// whose execution is in `homes.ended`, or untouched for `homes.retention`, unless
+/// `in_use`; returns the execution ids removed and why. A directory's modification time is
+/// its last start (passwd and group are rewritten into it at every start). Without a
+/// prefix (a homes directory of its own) only names that are execution ids count.
+fn sweep(
+    dir: &Path,
+    prefix: &str,
+    homes: &HomeSweep,
     in_use: &std::collections::HashSet<String>,
-) -> Vec<String> {
+) -> Vec<(String, HomeRemoval)> {
     use std::os::unix::fs::MetadataExt;
     let Ok(me) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
         return Vec::new();
     };
-    let Ok(entries) = std::fs::read_dir(temp) else {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut removed = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(execution) = name.strip_prefix(PREFIX) else {
+        let Some(execution) = name.strip_prefix(prefix) else {
             continue;
         };
-        if in_use.contains(execution) {
+        if in_use.contains(execution)
+            || (prefix.is_empty() && execution.parse::<ExecutionId>().is_err())
+        {
             continue;
         }
         let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
             continue;
         };
-        let stale = meta
+        if !meta.is_dir() || meta.uid() != me {
+            continue;
+        }
+        let why = if homes.ended.contains(execution) {
+            HomeRemoval::Ended
+        } else if meta
             .modified()
             .ok()
             .and_then(|m| m.elapsed().ok())
-            .is_some_and(|age| age >= retention);
-        if meta.is_dir()
-            && meta.uid() == me
-            && stale
-            && std::fs::remove_dir_all(entry.path()).is_ok()
+            .is_some_and(|age| age >= homes.retention)
         {
-            removed.push(execution.to_owned());
+            HomeRemoval::Unused
+        } else {
+            continue;
+        };
+        if std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed.push((execution.to_owned(), why));
         }
     }
     removed
 }
 
-fn dir_of(execution_id: ExecutionId) -> PathBuf {
-    std::env::temp_dir().join(format!("{PREFIX}{execution_id}"))
+fn dir_of(homes: Option<&Path>, execution_id: ExecutionId) -> PathBuf {
+    match homes {
+        Some(homes) => homes.join(execution_id.to_string()),
+        None => std::env::temp_dir().join(format!("{PREFIX}{execution_id}")),
+    }
 }
 
 /// A name fit for passwd: a POSIX portable user name, not one of the fixed entries.
@@ -238,8 +302,13 @@ mod tests {
                 .unwrap();
         }
         let in_use = std::collections::HashSet::from(["used".to_owned()]);
-        let removed = sweep_stale(temp.path(), std::time::Duration::from_secs(60), &in_use);
-        assert_eq!(removed, ["old"]);
+        let homes = HomeSweep {
+            dir: None,
+            ended: std::collections::HashSet::new(),
+            retention: std::time::Duration::from_secs(60),
+        };
+        let removed = sweep(temp.path(), PREFIX, &homes, &in_use);
+        assert_eq!(removed, [("old".to_owned(), HomeRemoval::Unused)]);
         for (name, kept) in [
             ("nerve-env-old", false),
             ("nerve-env-used", true),
@@ -248,6 +317,60 @@ mod tests {
         ] {
             assert_eq!(temp.path().join(name).exists(), kept, "{name}");
         }
+    }
+
+    /// In a homes directory: an ended execution's home goes at once, a recent one of a
+    /// resumable execution stays, and what is not an execution's home is never touched.
+    #[test]
+    fn ended_executions_homes_are_swept_at_once() {
+        let homes_dir = tempfile::tempdir().unwrap();
+        let (ended, resumable, used) = (ExecutionId::new(), ExecutionId::new(), ExecutionId::new());
+        for name in [
+            ended.to_string(),
+            resumable.to_string(),
+            used.to_string(),
+            "notes".to_owned(),
+        ] {
+            std::fs::create_dir_all(homes_dir.path().join(name).join("home")).unwrap();
+        }
+        let homes = HomeSweep {
+            dir: Some(homes_dir.path().to_path_buf()),
+            ended: [ended.to_string(), used.to_string()].into(),
+            retention: std::time::Duration::from_secs(3600),
+        };
+        let in_use = [used.to_string()].into();
+        let removed = sweep(homes_dir.path(), "", &homes, &in_use);
+        assert_eq!(removed, [(ended.to_string(), HomeRemoval::Ended)]);
+        for (name, kept) in [
+            (ended.to_string(), false),
+            (resumable.to_string(), true),
+            (used.to_string(), true),
+            ("notes".to_owned(), true),
+        ] {
+            assert_eq!(homes_dir.path().join(&name).exists(), kept, "{name}");
+        }
+        // A homes directory puts the account there.
+        let account = Account::prepare(
+            Some(homes_dir.path()),
+            resumable,
+            (nix_uid(), nix_gid()),
+            None,
+        )
+        .unwrap();
+        assert_eq!(account.dir, homes_dir.path().join(resumable.to_string()));
+        assert!(account.dir.join("passwd").exists());
+        discard(Some(homes_dir.path()), resumable).unwrap();
+        assert!(!homes_dir.path().join(resumable.to_string()).exists());
+    }
+
+    fn nix_uid() -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").unwrap().uid()
+    }
+
+    fn nix_gid() -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").unwrap().gid()
     }
 
     #[test]

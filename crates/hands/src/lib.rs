@@ -28,7 +28,7 @@ pub mod proxy;
 mod sandbox;
 mod tools;
 
-pub use account::discard as discard_sandbox_home;
+pub use account::{HomeRemoval, HomeSweep, discard as discard_sandbox_home};
 pub use debian::{BuildWork, DebianBuild, DebianImage, ensure_debian_image};
 pub use executor::Transport;
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
@@ -36,7 +36,7 @@ pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};
 pub use proxy::{Proxy, ProxyClient, ProxyConfig, ProxyListener, ProxyMount, ProxyRule};
 pub use sandbox::{
     Backend, ReapReport, ReapScope, Sandbox, SandboxConfig, SpawnedProcess, connect_docker, reap,
-    reap_orphans,
+    reap_orphans, reap_with,
 };
 pub use tools::{
     EditFileArgs, GrepArgs, HttpRequestArgs, ListDirArgs, ReadFileArgs, SandboxTools, ShellArgs,

@@ -40,7 +40,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
 use crate::HandsError;
-use crate::account::{Account, CONTAINER_HOME, CONTAINER_TMPDIR};
+use crate::account::{Account, CONTAINER_HOME, CONTAINER_TMPDIR, HomeSweep};
 use crate::control::{
     CONTAINER_CONTROL_DIR, CONTROL_DIR_PREFIX, ControlDir, hand_over, numeric_user,
 };
@@ -129,6 +129,11 @@ pub struct SandboxConfig {
     /// Package caches to mount in the home (`[sandbox.caches]`); only with a numeric
     /// command uid, which owns them.
     pub caches: Vec<crate::caches::CacheVolume>,
+    /// Where the execution's home (with its passwd and group) lives on the host:
+    /// `<homes>/<execution id>`, kept across resumes and removed by
+    /// [`crate::discard_sandbox_home`] or `reap`; `None` is `$TMPDIR/nerve-env-<execution
+    /// id>`, which a reboot may clear under a resumable execution.
+    pub homes: Option<PathBuf>,
     /// How the host talks to the executor. With [`Transport::Socket`] (the default) a start
     /// whose socket cannot be used falls back to [`Transport::Attach`], with a warning;
     /// benchmarks and tests ask for the attach stream directly.
@@ -157,6 +162,7 @@ impl SandboxConfig {
             proxy: None,
             account_name: None,
             caches: Vec::new(),
+            homes: None,
             transport: Transport::Socket,
         }
     }
@@ -273,6 +279,7 @@ impl Sandbox {
         // the image's own account and `HOME=/tmp`.
         let account = match numeric_user(&user) {
             Some((uid, gid)) => Some(Account::prepare(
+                config.homes.as_deref(),
                 config.execution_id,
                 (uid, gid.unwrap_or(uid)),
                 config.account_name.as_deref(),
@@ -818,6 +825,8 @@ async fn create(
     let name = container_name(config.execution_id);
     let options = CreateContainerOptionsBuilder::default().name(&name).build();
     let mut cleared = false;
+    // Ends: at most two passes: a name conflict clears the earlier container once
+    // (`cleared`), every other outcome returns.
     loop {
         match docker
             .create_container(Some(options.clone()), body.clone())
@@ -914,6 +923,7 @@ const REMOVAL_LIMIT: Duration = Duration::from_secs(60);
 /// Waits until the engine no longer knows the container `name`.
 async fn wait_gone(docker: &Docker, name: &str) -> Result<(), HandsError> {
     let deadline = tokio::time::Instant::now() + REMOVAL_LIMIT;
+    // Ends: by REMOVAL_LIMIT (deadline), polling every 20 ms.
     loop {
         match docker
             .inspect_container(name, None::<InspectContainerOptions>)
@@ -1215,10 +1225,10 @@ pub struct ReapReport {
     pub removed: Vec<String>,
     /// Names (or ids) of the containers left alone, and why.
     pub kept: Vec<(String, String)>,
-    /// Executions whose sandbox home (`$TMPDIR/nerve-env-<id>`) was removed: no container
-    /// of theirs is left and none started for a week (a resume after that starts with an
-    /// empty home).
-    pub homes_removed: Vec<String>,
+    /// Executions whose sandbox home was removed, and why: no container of theirs is left,
+    /// and the execution ended for good or none started for the retention (a week by
+    /// default; a resume after that starts with an empty home).
+    pub homes_removed: Vec<(String, crate::account::HomeRemoval)>,
 }
 
 /// Removes Nerve containers whose owning process is gone (killed, crashed), and returns how
@@ -1239,6 +1249,17 @@ pub async fn reap(
     docker: &Docker,
     scope: ReapScope,
     execution: Option<&str>,
+) -> Result<ReapReport, HandsError> {
+    reap_with(docker, scope, execution, &HomeSweep::default()).await
+}
+
+/// [`reap`], removing the sandbox homes `homes` selects (in its directory and `$TMPDIR`)
+/// of executions without a container left, when no single `execution` is named.
+pub async fn reap_with(
+    docker: &Docker,
+    scope: ReapScope,
+    execution: Option<&str>,
+    homes: &HomeSweep,
 ) -> Result<ReapReport, HandsError> {
     let mut labels = vec![format!("{LABEL_MANAGED}=true")];
     if let Some(execution) = execution {
@@ -1301,11 +1322,7 @@ pub async fn reap(
     }
     // Only a sweep over every execution knows which still have containers.
     if execution.is_none() {
-        report.homes_removed = crate::account::sweep_stale(
-            &std::env::temp_dir(),
-            crate::account::HOME_RETENTION,
-            &in_use,
-        );
+        report.homes_removed = homes.run(&in_use);
     }
     Ok(report)
 }

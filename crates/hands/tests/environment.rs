@@ -183,7 +183,7 @@ fn the_images_path_and_environment_reach_commands_but_its_credentials_do_not() {
         assert!(out.contains("lang=C.UTF-8 token=[]"), "{out}");
         assert!(!out.contains("sekrit"), "{out}");
         running.sandbox.remove().await.unwrap();
-        nerve_hands::discard_sandbox_home(execution_id).unwrap();
+        nerve_hands::discard_sandbox_home(None, execution_id).unwrap();
     });
 }
 
@@ -224,12 +224,12 @@ fn the_command_uid_has_a_name_and_a_home_that_outlives_the_container() {
         running.sandbox.remove().await.unwrap();
 
         // Once the execution is over for good, the home goes.
-        nerve_hands::discard_sandbox_home(execution_id).unwrap();
+        nerve_hands::discard_sandbox_home(None, execution_id).unwrap();
         let running = Running::start(&docker, &config).await;
         let output = running.shell("cat ~/state").await;
         assert!(output.is_error, "{output:?}");
         running.sandbox.remove().await.unwrap();
-        nerve_hands::discard_sandbox_home(execution_id).unwrap();
+        nerve_hands::discard_sandbox_home(None, execution_id).unwrap();
     });
 }
 
@@ -288,7 +288,7 @@ fn a_command_killed_by_a_limit_is_told_which_one() {
         let output = running.shell("exit 4").await;
         assert!(!output.content.contains("limit"), "{output:?}");
         running.sandbox.remove().await.unwrap();
-        nerve_hands::discard_sandbox_home(execution_id).unwrap();
+        nerve_hands::discard_sandbox_home(None, execution_id).unwrap();
     });
 }
 
@@ -324,6 +324,6 @@ fn an_image_without_a_shell_is_refused_at_start_and_leaves_no_container() {
             .build();
         let left = docker.list_containers(Some(options)).await.unwrap();
         assert!(left.is_empty(), "{left:?}");
-        nerve_hands::discard_sandbox_home(execution_id).unwrap();
+        nerve_hands::discard_sandbox_home(None, execution_id).unwrap();
     });
 }
