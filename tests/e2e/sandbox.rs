@@ -334,22 +334,56 @@ fn a_dead_executor_is_restarted_and_a_missing_one_falls_back() {
         assert!(lost.content.contains("executor stopped"), "{lost:?}");
         assert_eq!(fx.shell("echo back").await.content, "back\n[exit code: 0]");
         assert_eq!(fx.sandbox.backend().await, Backend::Executor);
+        assert!(
+            matches!(
+                fx.sandbox.executor_use(),
+                nerve_hands::ExecutorUse::Executor { .. }
+            ),
+            "{:?}",
+            fx.sandbox.executor_use()
+        );
         // The restart made a new control socket, and it is gone again.
         assert_eq!(fx.sandbox.transport().await, Some(Transport::Socket));
         assert_eq!(fx.control_dir_entries().await, Vec::<String>::new());
         fx.finish().await;
 
-        // No binary, a missing file, a dynamic binary: per-call exec and host-side files.
+        // No binary, a missing file, a dynamic binary: refused unless the per-call fallback
+        // is allowed, then per-call exec and host-side files, and the sandbox says so.
         for executor in [
             None,
             Some(PathBuf::from("/no/such/executor")),
             Some(PathBuf::from("/bin/ls")),
         ] {
-            let fx = Fixture::start_with(|c| c.executor = executor.clone()).await;
+            let workspace = tempfile::tempdir().unwrap();
+            let mut config = SandboxConfig::new(
+                nerve_hands::DEFAULT_IMAGE,
+                workspace.path(),
+                nerve_core::ExecutionId::new(),
+            );
+            config.executor = executor.clone();
+            let docker = nerve_hands::connect_docker().await.unwrap();
+            let refused = Sandbox::start(docker, &config).await.unwrap_err();
+            assert!(
+                matches!(refused, nerve_hands::HandsError::NoExecutor(_)),
+                "{executor:?}: {refused}"
+            );
+            let fx = Fixture::start_with(|c| {
+                c.executor = executor.clone();
+                c.per_call_fallback = true;
+            })
+            .await;
             assert_eq!(
                 fx.sandbox.backend().await,
                 Backend::PerCallExec,
                 "{executor:?}"
+            );
+            assert!(
+                matches!(
+                    fx.sandbox.executor_use(),
+                    nerve_hands::ExecutorUse::PerCall { .. }
+                ),
+                "{:?}",
+                fx.sandbox.executor_use()
             );
             let shell = fx.shell("echo hi > made.txt; cat made.txt").await;
             assert_eq!(shell, ToolOutput::ok("hi\n[exit code: 0]"));
