@@ -218,7 +218,11 @@ pub(crate) fn bench() -> Result<()> {
         "Whole process (wall / turns, start-up and sandbox included): {:.0} us a turn at 100 turns, {:.0} us at 1,000 (target <= 700: {}); marginal turn (1,000 - 100) {marginal:.0} us = {:.2}x the per-turn cost at 100 (target <= 1.5x)",
         whole(small, SIZES[0]),
         whole(large, SIZES[1]),
-        if whole(large, SIZES[1]) <= 700.0 { "met" } else { "missed" },
+        if whole(large, SIZES[1]) <= 700.0 {
+            "met"
+        } else {
+            "missed"
+        },
         marginal / whole(small, SIZES[0]),
     )?;
     if let Ok(anchor) = &anchor {
@@ -236,14 +240,22 @@ pub(crate) fn bench() -> Result<()> {
     writeln!(
         report,
         "Peak RSS of the 1,000-turn runs (/usr/bin/time): {} MiB (Codex CLI publishes 44.7 MB)",
-        if rss.is_empty() { "not measured".to_owned() } else { rss.join(", ") }
+        if rss.is_empty() {
+            "not measured".to_owned()
+        } else {
+            rss.join(", ")
+        }
     )?;
     writeln!(
         report,
         "Start-up: `nerve --version` {:.1} ms, `nerve list` on a 1,000-execution log {:.1} ms (medians of {} and {}; Codex CLI publishes 57 ms)",
         startup.version_ms, startup.list_ms, STARTUP_RUNS, LIST_RUNS
     )?;
-    writeln!(report, "\n### 10,000-file workspace ({} rounds)\n", rounds.min(TREE_ROUNDS))?;
+    writeln!(
+        report,
+        "\n### 10,000-file workspace ({} rounds)\n",
+        rounds.min(TREE_ROUNDS)
+    )?;
     writeln!(
         report,
         "| turns | workload | per turn (log span, median) | whole process per turn | wall |"
@@ -328,7 +340,14 @@ fn nerve_run(
     workload: Workload,
 ) -> Result<NerveRun> {
     let db = dir.join("nerve.db");
-    nerve_run_workload(nerve, executor, dir, turns, &db.display().to_string(), workload)
+    nerve_run_workload(
+        nerve,
+        executor,
+        dir,
+        turns,
+        &db.display().to_string(),
+        workload,
+    )
 }
 
 /// [`nerve_run`] on the log `db` (a SQLite path or a PostgreSQL URL).
@@ -361,7 +380,10 @@ fn nerve_run_workload(
         let (tool, arguments) = match workload {
             Workload::Read => {
                 std::fs::write(workspace.join(format!("f{i}.txt")), &content)?;
-                ("read_file", serde_json::json!({"path": format!("f{i}.txt")}))
+                (
+                    "read_file",
+                    serde_json::json!({"path": format!("f{i}.txt")}),
+                )
             }
             Workload::Tree { writes: false } => (
                 "read_file",
@@ -520,7 +542,11 @@ fn snapshot_costs(dir: &Path) -> Result<SnapshotCosts> {
     let (theirs, ours) = (dir.join("git"), dir.join("ours"));
     make_tree(&theirs)?;
     make_tree(&ours)?;
-    crate::run(Command::new("git").args(["init", "--quiet"]).current_dir(&theirs))?;
+    crate::run(
+        Command::new("git")
+            .args(["init", "--quiet"])
+            .current_dir(&theirs),
+    )?;
     let anchor = || -> Result<f64> {
         let started = Instant::now();
         crate::run(

@@ -27,7 +27,7 @@ pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<Strin
             serde_json::from_value(started.config["sandbox_executor"].clone())
         {
             out.push(format!(
-                "sandbox    per-call docker exec, no executor (allowed by --sandbox-fallback per-call): {reason}"
+                "sandbox    per-call docker exec (the fallback was allowed), no executor: {reason}"
             ));
         }
         out.push(String::new());
