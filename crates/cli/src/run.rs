@@ -435,11 +435,14 @@ impl Launch<'_> {
         let sandbox = Arc::new(
             Sandbox::start(docker, &sandbox_config)
                 .await
-                .map_err(|error| match error {
-                    nerve_hands::HandsError::NoExecutor(reason) => Failure::usage(format!(
-                        "the sandbox executor cannot run ({reason}): rebuild nerve (`cargo build --release -p nerve-cli` embeds one), set NERVE_EXECUTOR to a static nerve-executor (`cargo xtask image` builds one), or pass --sandbox-fallback per-call for slower per-call docker exec"
-                    )),
-                    other => Failure::usage(other),
+                .map_err(|error| {
+                    if let nerve_hands::HandsError::NoExecutor(reason) = &error {
+                        Failure::usage(format!(
+                            "the sandbox executor cannot run ({reason}): rebuild nerve (`cargo build --release -p nerve-cli` embeds one), set NERVE_EXECUTOR to a static nerve-executor (`cargo xtask image` builds one), or pass --sandbox-fallback per-call for slower per-call docker exec"
+                        ))
+                    } else {
+                        Failure::usage(error)
+                    }
                 })?,
         );
         let execution_id = self.execution_id;
