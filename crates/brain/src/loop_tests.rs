@@ -1346,6 +1346,17 @@ fn workspace_snapshots(sink: &MemorySink) -> Vec<(u32, String, usize)> {
         .collect()
 }
 
+/// Runs `cassette` on `workspace` to completion; the log.
+async fn completed_on(cassette: &str, workspace: &Arc<FakeWorkspace>) -> Arc<MemorySink> {
+    let (engine, sink) = workspace_engine(cassette, workspace);
+    let result = engine
+        .run(ExecutionId::new(), do_it(), CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(result.termination_reason, TerminationReason::Completed);
+    sink
+}
+
 #[tokio::test]
 async fn the_workspace_is_snapshotted_at_the_start_and_after_each_turn_that_changed_it() {
     let workspace = Arc::new(FakeWorkspace::default());
@@ -1356,13 +1367,8 @@ async fn the_workspace_is_snapshotted_at_the_start_and_after_each_turn_that_chan
         tool("write c"),
         text("done"),
     ]);
-    let (engine, sink) = workspace_engine(&cassette, &workspace);
-    let result = engine
-        .run(ExecutionId::new(), do_it(), CancellationToken::new())
-        .await
-        .unwrap();
     // A failed snapshot (turn 3) is skipped, not fatal; turn 4 records both changes.
-    assert_eq!(result.termination_reason, TerminationReason::Completed);
+    let sink = completed_on(&cassette, &workspace).await;
     assert_eq!(
         workspace_snapshots(&sink),
         [
@@ -1397,12 +1403,7 @@ async fn turns_that_only_read_take_no_snapshot() {
         tool("cat c"),
         text("done"),
     ]);
-    let (engine, sink) = workspace_engine(&cassette, &workspace);
-    let result = engine
-        .run(ExecutionId::new(), do_it(), CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(result.termination_reason, TerminationReason::Completed);
+    let sink = completed_on(&cassette, &workspace).await;
     // The start's and turn 3's: the only turn that could write.
     assert_eq!(workspace.taken.load(Ordering::SeqCst), 2);
     assert_eq!(
