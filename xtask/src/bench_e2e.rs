@@ -97,7 +97,12 @@ pub(crate) fn bench() -> Result<()> {
             trees.push((Workload::Tree { writes }, turns, Vec::new()));
         }
     }
-    for round in 0..rounds.min(TREE_ROUNDS) {
+    let tree_rounds = std::env::var("NERVE_BENCH_TREE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(TREE_ROUNDS);
+    for round in 0..tree_rounds {
         for (workload, turns, runs) in &mut trees {
             let dir = work.join(format!(
                 "tree-{}-{turns}-{round}",
@@ -253,8 +258,7 @@ pub(crate) fn bench() -> Result<()> {
     )?;
     writeln!(
         report,
-        "\n### 10,000-file workspace ({} rounds)\n",
-        rounds.min(TREE_ROUNDS)
+        "\n### 10,000-file workspace ({tree_rounds} rounds)\n"
     )?;
     writeln!(
         report,
@@ -516,7 +520,8 @@ fn nerve_run_workload(
     })
 }
 
-/// Rounds of the 10,000-file runs (each a few seconds at 1,000 turns).
+/// Rounds of the 10,000-file runs (`NERVE_BENCH_TREE_ROUNDS` overrides; a writing run of
+/// 1,000 turns walks the 10,000 files 1,000 times).
 const TREE_ROUNDS: usize = 3;
 /// Snapshots timed for [`snapshot_costs`].
 const SNAPSHOT_ROUNDS: usize = 41;
