@@ -278,7 +278,7 @@ pub(crate) fn bench() -> Result<()> {
     }
     writeln!(
         report,
-        "\nOne change in 10,000 files, median of {SNAPSHOT_ROUNDS}: `git add -A && git write-tree` {:.2} ms, Checkpoints::snapshot in process {:.2} ms ({:.2}x); unchanged: {:.2} ms",
+        "\nOne change in 10,000 files, median of {SNAPSHOT_ROUNDS}: `git add -A && git write-tree` {:.2} ms, Checkpoints::snapshot in this xtask (a debug build: `cargo xtask bench checkpoint` has the release figure; the writing runs above minus the reading ones are the release cost in `nerve`) {:.2} ms ({:.2}x); unchanged: {:.2} ms",
         snapshot_costs.git_ms,
         snapshot_costs.changed_ms,
         snapshot_costs.changed_ms / snapshot_costs.git_ms,
