@@ -124,6 +124,7 @@ fn every_command_prints_stable_json() {
         "[].payload.workspace" => "[workspace]",
         "[].payload.provider" => "[provider]",
         "[].payload.config.container" => "[container]",
+        "[].payload.config.sandbox_executor.path" => "[executor]",
         "[].payload.duration_ms" => "[duration]",
     });
 

@@ -92,13 +92,25 @@ fn run(dir: &Path, db: &Path, workspace: &Path, lines: &[Value]) -> String {
 }
 
 fn run_exiting(dir: &Path, db: &Path, workspace: &Path, lines: &[Value], code: i32) -> String {
+    run_with(dir, db, workspace, lines, code, &[]).0
+}
+
+/// [`run_exiting`] with more environment variables; the execution id and the output.
+fn run_with(
+    dir: &Path,
+    db: &Path,
+    workspace: &Path,
+    lines: &[Value],
+    code: i32,
+    env: &[(&str, &str)],
+) -> (String, std::process::Output) {
     let script = dir.join(format!(
         "cassette-{}.jsonl",
         db.file_stem().unwrap().to_string_lossy()
     ));
     let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
     std::fs::write(&script, text).unwrap();
-    let output = nerve(
+    let output = crate::support::nerve_env(
         db,
         &[
             "run",
@@ -109,13 +121,14 @@ fn run_exiting(dir: &Path, db: &Path, workspace: &Path, lines: &[Value], code: i
             "--provider",
             &format!("script:{}", script.display()),
             "--max-turns",
-            "20",
+            &(lines.len() + 1).max(20).to_string(),
             "--json",
         ],
+        env,
     );
     assert_eq!(output.status.code(), Some(code), "{}", stderr(&output));
     let summary = last_json(&output);
-    summary["execution_id"].as_str().unwrap().to_owned()
+    (summary["execution_id"].as_str().unwrap().to_owned(), output)
 }
 
 /// The `workspace_snapshot` events of a log: turn → tree.
@@ -297,6 +310,86 @@ fn ten_turns_are_diffed_per_turn_and_rewound_to_turn_three() {
         "print('c')\n"
     );
     assert!(!ws.join("data").exists());
+}
+
+/// A directory of recorders for the programs a snapshot could start (`git`, and the shells
+/// that could run it): each appends its name and arguments to `calls`, then runs the real
+/// one. Returns the `PATH` that puts them first.
+fn recorders(dir: &Path, calls: &Path) -> String {
+    let bin = dir.join("recorders");
+    std::fs::create_dir(&bin).unwrap();
+    for program in ["git", "sh", "bash"] {
+        let real = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(program))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("no {program} on this machine"));
+        let script = bin.join(program);
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho \"{program} $*\" >> '{}'\nexec {} \"$@\"\n",
+                calls.display(),
+                real.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// Snapshots start no process on the host (issue 30): twelve turns that only read, then
+/// twelve that each write a file, under a `PATH` whose `git` and `sh` record every call;
+/// the snapshots are in the log (the start's, then one per writing turn) and nothing was
+/// called. The recorder is shown to work first.
+#[test]
+fn snapshots_start_no_process_on_the_host() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let calls = dir.path().join("calls.txt");
+    let path = recorders(dir.path(), &calls);
+    let shown = std::process::Command::new("git")
+        .arg("--version")
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert!(shown.status.success());
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap(),
+        "git --version\n",
+        "the recorder records"
+    );
+    std::fs::remove_file(&calls).unwrap();
+
+    let ws = dir.path().join("workspace");
+    std::fs::create_dir(&ws).unwrap();
+    for i in 0..12 {
+        std::fs::write(ws.join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let mut lines: Vec<Value> = (0..12)
+        .map(|i| json!({"text": "Read.", "tool_calls": [{"name": "read_file", "arguments": {"path": format!("f{i}.txt")}}]}))
+        .collect();
+    lines.extend((0..12).map(|i| write(&format!("new/w{i}.txt"), "written\n")));
+    lines.push(json!({"text": "Done."}));
+    let db = dir.path().join("nerve.db");
+    let (id, output) = run_with(dir.path(), &db, &ws, &lines, 0, &[("PATH", &path)]);
+    let trees = snapshots(&events_json(&db, &id));
+    let expected: Vec<u64> = std::iter::once(0).chain(13..=24).collect();
+    assert_eq!(trees.keys().copied().collect::<Vec<_>>(), expected);
+    assert!(
+        !calls.exists(),
+        "processes started: {}",
+        std::fs::read_to_string(&calls).unwrap_or_default()
+    );
+    assert!(!stderr(&output).contains("snapshot"), "{}", stderr(&output));
 }
 
 #[test]

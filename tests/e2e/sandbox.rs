@@ -15,7 +15,7 @@ use nerve_core::{ToolCall, ToolCallId, ToolExecutor, ToolOutput};
 use nerve_hands::{Backend, Sandbox, SandboxConfig, SandboxTools, Transport};
 use serde_json::{Value, json};
 
-use crate::support::{last_json, nerve_bin, sandbox_available, stderr};
+use crate::support::{last_json, nerve_bin, sandbox_available, stderr, stdout};
 
 /// A hung call fails the test after this long (a liveness bound, not a timing assertion).
 const LIVENESS: Duration = Duration::from_secs(300);
@@ -334,22 +334,56 @@ fn a_dead_executor_is_restarted_and_a_missing_one_falls_back() {
         assert!(lost.content.contains("executor stopped"), "{lost:?}");
         assert_eq!(fx.shell("echo back").await.content, "back\n[exit code: 0]");
         assert_eq!(fx.sandbox.backend().await, Backend::Executor);
+        assert!(
+            matches!(
+                fx.sandbox.executor_use(),
+                nerve_hands::ExecutorUse::Executor { .. }
+            ),
+            "{:?}",
+            fx.sandbox.executor_use()
+        );
         // The restart made a new control socket, and it is gone again.
         assert_eq!(fx.sandbox.transport().await, Some(Transport::Socket));
         assert_eq!(fx.control_dir_entries().await, Vec::<String>::new());
         fx.finish().await;
 
-        // No binary, a missing file, a dynamic binary: per-call exec and host-side files.
+        // No binary, a missing file, a dynamic binary: refused unless the per-call fallback
+        // is allowed, then per-call exec and host-side files, and the sandbox says so.
         for executor in [
             None,
             Some(PathBuf::from("/no/such/executor")),
             Some(PathBuf::from("/bin/ls")),
         ] {
-            let fx = Fixture::start_with(|c| c.executor = executor.clone()).await;
+            let workspace = tempfile::tempdir().unwrap();
+            let mut config = SandboxConfig::new(
+                nerve_hands::DEFAULT_IMAGE,
+                workspace.path(),
+                nerve_core::ExecutionId::new(),
+            );
+            config.executor = executor.clone();
+            let docker = nerve_hands::connect_docker().await.unwrap();
+            let refused = Sandbox::start(docker, &config).await.unwrap_err();
+            assert!(
+                matches!(refused, nerve_hands::HandsError::NoExecutor(_)),
+                "{executor:?}: {refused}"
+            );
+            let fx = Fixture::start_with(|c| {
+                c.executor = executor.clone();
+                c.per_call_fallback = true;
+            })
+            .await;
             assert_eq!(
                 fx.sandbox.backend().await,
                 Backend::PerCallExec,
                 "{executor:?}"
+            );
+            assert!(
+                matches!(
+                    fx.sandbox.executor_use(),
+                    nerve_hands::ExecutorUse::PerCall { .. }
+                ),
+                "{:?}",
+                fx.sandbox.executor_use()
             );
             let shell = fx.shell("echo hi > made.txt; cat made.txt").await;
             assert_eq!(shell, ToolOutput::ok("hi\n[exit code: 0]"));
@@ -994,4 +1028,138 @@ fn control_dir_of(container: &str) -> PathBuf {
         .to_owned();
     assert!(!source.is_empty(), "{container} has no control directory");
     PathBuf::from(source)
+}
+
+/// `nerve run` on the demo cassette with `env`; its output and execution id (if any).
+fn demo_run(dir: &Path, db: &Path, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let workspace = crate::support::copy_example("demo", &dir.join(db.file_stem().unwrap()));
+    let root = crate::support::root();
+    let task = root.join("examples/demo/task.txt");
+    let script = format!(
+        "script:{}",
+        root.join("examples/demo/cassette.jsonl").display()
+    );
+    let mut args = vec![
+        "run",
+        "--workspace",
+        workspace.to_str().unwrap(),
+        "--task-file",
+        task.to_str().unwrap(),
+        "--provider",
+        &script,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    crate::support::nerve_env(db, &args, env)
+}
+
+/// The `config.sandbox_executor` the `started` event of `db`'s one execution records.
+fn recorded_executor(db: &Path, output: &std::process::Output) -> Value {
+    let id = last_json(output)["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let events = crate::support::events_json(db, &id);
+    assert_eq!(events[0]["kind"], "started");
+    events[0]["payload"]["config"]["sandbox_executor"].clone()
+}
+
+/// Issue 30: the `nerve` the build made carries its executor. With no `NERVE_EXECUTOR`
+/// and an empty cache, a run writes it to the cache (content-addressed, executable) and
+/// uses it; the `started` event says which file.
+#[test]
+fn a_built_nerve_carries_its_executor() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let db = dir.path().join("carried.db");
+    let output = demo_run(
+        dir.path(),
+        &db,
+        &[],
+        &[
+            ("NERVE_EXECUTOR", ""),
+            ("XDG_CACHE_HOME", cache.to_str().unwrap()),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        !stderr(&output).contains("falling back"),
+        "{}",
+        stderr(&output)
+    );
+    let executor = recorded_executor(&db, &output);
+    assert_eq!(executor["mode"], "executor", "{executor}");
+    let path = PathBuf::from(executor["path"].as_str().unwrap());
+    assert!(
+        path.starts_with(cache.join("nerve/executor")),
+        "{}",
+        path.display()
+    );
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o755
+    );
+}
+
+/// Without a usable executor `nerve run` refuses in one line naming the fixes and writes
+/// nothing; `--sandbox-fallback per-call` (or `[sandbox] fallback = "per-call"`) runs
+/// through per-call exec, which the `started` event records and `show` prints.
+#[test]
+fn without_an_executor_a_run_refuses_unless_the_fallback_is_allowed() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let unusable = [("NERVE_EXECUTOR", "/bin/ls")];
+    let db = dir.path().join("refused.db");
+    let refused = demo_run(dir.path(), &db, &[], &unusable);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    let line = stderr(&refused);
+    assert_eq!(line.trim().lines().count(), 1, "{line}");
+    assert!(
+        line.contains("/bin/ls is not a static")
+            && line.contains("NERVE_EXECUTOR")
+            && line.contains("--sandbox-fallback per-call"),
+        "{line}"
+    );
+    assert!(!db.exists(), "a refused run wrote a log");
+
+    let config = dir.path().join("fallback.toml");
+    std::fs::write(&config, "[sandbox]\nfallback = \"per-call\"\n").unwrap();
+    let config = config.display().to_string();
+    for (name, extra) in [
+        ("flag", vec!["--sandbox-fallback", "per-call"]),
+        ("config", vec![]),
+    ] {
+        let db = dir.path().join(format!("{name}.db"));
+        let env: Vec<(&str, &str)> = if name == "config" {
+            vec![unusable[0], ("NERVE_CONFIG", config.as_str())]
+        } else {
+            unusable.to_vec()
+        };
+        let output = demo_run(dir.path(), &db, &extra, &env);
+        assert_eq!(output.status.code(), Some(0), "{name}: {}", stderr(&output));
+        let executor = recorded_executor(&db, &output);
+        assert_eq!(executor["mode"], "per_call", "{name}: {executor}");
+        assert!(
+            executor["reason"]
+                .as_str()
+                .unwrap()
+                .contains("/bin/ls is not a static"),
+            "{executor}"
+        );
+        let id = last_json(&output)["execution_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let shown = stdout(&crate::support::nerve(&db, &["show", &id]));
+        assert!(
+            shown.contains("sandbox    per-call docker exec"),
+            "{name}: {shown}"
+        );
+    }
 }

@@ -11,6 +11,14 @@
 //! figure. Nerve runs are repeated and interleaved with a raw `fsync` probe, because on the
 //! shared machines a flush costs 0.05 ms at one moment and 3 ms at the next, and a turn is
 //! several durable commits.
+//!
+//! Besides (issue 30): the whole process per turn (wall time / turns, start-up included) and
+//! the marginal cost of a turn between the 100- and the 1,000-turn runs; the same on a
+//! 10,000-file workspace whose turns only read, and one whose every turn writes a file (a
+//! snapshot of one change per turn), beside `git add -A && git write-tree` and an in-process
+//! snapshot after one change on an identical tree; start-up (`nerve --version`, `nerve list`
+//! on a 1,000-execution log) and the 1,000-turn run's peak RSS (`/usr/bin/time`), beside
+//! Codex CLI's published 57 ms and 44.7 MB.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,6 +44,8 @@ pub(crate) struct NerveRun {
     pub(crate) last_100_us: f64,
     /// The process, start-up and sandbox included.
     pub(crate) wall_s: f64,
+    /// Its peak resident set, when `/usr/bin/time` could measure it.
+    pub(crate) max_rss_kb: Option<u64>,
     /// Events in the log, per turn.
     events_per_turn: f64,
     /// Per pair of consecutive event kinds, the median time between their commits (each
@@ -66,7 +76,7 @@ pub(crate) fn bench() -> Result<()> {
     for round in 0..rounds {
         for (slot, &turns) in SIZES.iter().enumerate() {
             let dir = work.join(format!("nerve-{turns}-{round}"));
-            let measured = nerve_run(&nerve, &executor, &dir, turns)?;
+            let measured = nerve_run(&nerve, &executor, &dir, turns, Workload::Read)?;
             eprintln!(
                 "nerve {turns} turns, round {}: {:.0} us/turn (first 100: {:.0}, last 100: {:.0}), {:.2} s wall",
                 round + 1,
@@ -79,6 +89,42 @@ pub(crate) fn bench() -> Result<()> {
             flushes.push(fsync_probe(&work)?);
         }
     }
+
+    // The 10,000-file workspace, read-only turns and writing turns, interleaved.
+    let mut trees: Vec<(Workload, usize, Vec<NerveRun>)> = Vec::new();
+    for writes in [false, true] {
+        for &turns in &SIZES {
+            trees.push((Workload::Tree { writes }, turns, Vec::new()));
+        }
+    }
+    let tree_rounds = std::env::var("NERVE_BENCH_TREE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(TREE_ROUNDS);
+    for round in 0..tree_rounds {
+        for (workload, turns, runs) in &mut trees {
+            let dir = work.join(format!(
+                "tree-{}-{turns}-{round}",
+                if *workload == (Workload::Tree { writes: true }) {
+                    "write"
+                } else {
+                    "read"
+                }
+            ));
+            let measured = nerve_run(&nerve, &executor, &dir, *turns, *workload)?;
+            eprintln!(
+                "nerve {turns} turns, {}, round {}: {:.0} us/turn, {:.2} s wall",
+                workload.label(),
+                round + 1,
+                measured.per_turn_us,
+                measured.wall_s
+            );
+            runs.push(measured);
+        }
+    }
+    let snapshot_costs = snapshot_costs(&work.join("snapshot-anchor"))?;
+    let startup = startup(&nerve, &executor, &work.join("startup"))?;
 
     // The anchor, in the same run.
     let anchor: Result<Vec<f64>> = anchor_setup().and_then(|python| {
@@ -169,6 +215,75 @@ pub(crate) fn bench() -> Result<()> {
         }
         Err(why) => writeln!(report, "Anchor skipped: {why:#}")?,
     }
+    // Issue 30's figures: the whole process.
+    let whole = |m: &NerveRun, turns: usize| m.wall_s * 1e6 / turns as f64;
+    let marginal = (large.wall_s - small.wall_s) * 1e6 / (SIZES[1] - SIZES[0]) as f64;
+    writeln!(
+        report,
+        "Whole process (wall / turns, start-up and sandbox included): {:.0} us a turn at 100 turns, {:.0} us at 1,000 (target <= 700: {}); marginal turn (1,000 - 100) {marginal:.0} us = {:.2}x the per-turn cost at 100 (target <= 1.5x)",
+        whole(small, SIZES[0]),
+        whole(large, SIZES[1]),
+        if whole(large, SIZES[1]) <= 700.0 {
+            "met"
+        } else {
+            "missed"
+        },
+        marginal / whole(small, SIZES[0]),
+    )?;
+    if let Ok(anchor) = &anchor {
+        writeln!(
+            report,
+            "LangGraph / Nerve whole process at 1,000 turns: {:.1}x",
+            anchor[SIZES.len() - 1] / whole(large, SIZES[1])
+        )?;
+    }
+    let rss: Vec<String> = runs[SIZES.len() - 1]
+        .iter()
+        .filter_map(|r| r.max_rss_kb)
+        .map(|kb| format!("{:.1}", kb as f64 / 1024.0))
+        .collect();
+    writeln!(
+        report,
+        "Peak RSS of the 1,000-turn runs (/usr/bin/time): {} MiB (Codex CLI publishes 44.7 MB)",
+        if rss.is_empty() {
+            "not measured".to_owned()
+        } else {
+            rss.join(", ")
+        }
+    )?;
+    writeln!(
+        report,
+        "Start-up: `nerve --version` {:.1} ms, `nerve list` on a 1,000-execution log {:.1} ms (medians of {} and {}; Codex CLI publishes 57 ms)",
+        startup.version_ms, startup.list_ms, STARTUP_RUNS, LIST_RUNS
+    )?;
+    writeln!(
+        report,
+        "\n### 10,000-file workspace ({tree_rounds} rounds)\n"
+    )?;
+    writeln!(
+        report,
+        "| turns | workload | per turn (log span, median) | whole process per turn | wall |"
+    )?;
+    writeln!(report, "|---|---|---|---|---|")?;
+    for (workload, turns, runs) in &trees {
+        let m = median_run(runs);
+        writeln!(
+            report,
+            "| {turns} | {} | {:.0} us | {:.0} us | {:.2} s |",
+            workload.label(),
+            m.per_turn_us,
+            whole(&m, *turns),
+            m.wall_s
+        )?;
+    }
+    writeln!(
+        report,
+        "\nOne change in 10,000 files, median of {SNAPSHOT_ROUNDS}: `git add -A && git write-tree` {:.2} ms, Checkpoints::snapshot in this xtask (a debug build: `cargo xtask bench checkpoint` has the release figure; the writing runs above minus the reading ones are the release cost in `nerve`) {:.2} ms ({:.2}x); unchanged: {:.2} ms",
+        snapshot_costs.git_ms,
+        snapshot_costs.changed_ms,
+        snapshot_costs.changed_ms / snapshot_costs.git_ms,
+        snapshot_costs.unchanged_ms
+    )?;
     writeln!(
         report,
         "Machine: {}; load average {load_before} before, {load_after} after",
@@ -178,11 +293,65 @@ pub(crate) fn bench() -> Result<()> {
     Ok(())
 }
 
+/// What the turns of a benchmark run do, on what workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workload {
+    /// One `read_file` of a different 200-byte file per turn, in a workspace of `turns`
+    /// such files: the workspace never changes.
+    Read,
+    /// A workspace of [`TREE_FILES`] 200-byte files in 100 directories; each turn reads one
+    /// of them, or (`writes`) writes a new version of one: one change per snapshot.
+    Tree { writes: bool },
+}
+
+/// Files in the [`Workload::Tree`] workspace.
+const TREE_FILES: usize = 10_000;
+
+impl Workload {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Tree { writes: false } => "10,000 files, read",
+            Self::Tree { writes: true } => "10,000 files, write",
+        }
+    }
+}
+
+/// The relative path of file `i` of the [`Workload::Tree`] workspace.
+fn tree_file(i: usize) -> String {
+    format!("d{:02}/f{i}.txt", i % 100)
+}
+
+/// Makes the [`Workload::Tree`] workspace in `workspace`.
+fn make_tree(workspace: &Path) -> Result<()> {
+    let content = "x".repeat(200);
+    for d in 0..100 {
+        std::fs::create_dir_all(workspace.join(format!("d{d:02}")))?;
+    }
+    for i in 0..TREE_FILES {
+        std::fs::write(workspace.join(tree_file(i)), &content)?;
+    }
+    Ok(())
+}
+
 /// A workspace of `turns` 200-byte files, a cassette reading one per turn and then
 /// answering, a fresh log: one `nerve run`, measured.
-fn nerve_run(nerve: &Path, executor: &Path, dir: &Path, turns: usize) -> Result<NerveRun> {
+fn nerve_run(
+    nerve: &Path,
+    executor: &Path,
+    dir: &Path,
+    turns: usize,
+    workload: Workload,
+) -> Result<NerveRun> {
     let db = dir.join("nerve.db");
-    nerve_run_on(nerve, executor, dir, turns, &db.display().to_string())
+    nerve_run_workload(
+        nerve,
+        executor,
+        dir,
+        turns,
+        &db.display().to_string(),
+        workload,
+    )
 }
 
 /// [`nerve_run`] on the log `db` (a SQLite path or a PostgreSQL URL).
@@ -193,17 +362,49 @@ pub(crate) fn nerve_run_on(
     turns: usize,
     db: &str,
 ) -> Result<NerveRun> {
+    nerve_run_workload(nerve, executor, dir, turns, db, Workload::Read)
+}
+
+fn nerve_run_workload(
+    nerve: &Path,
+    executor: &Path,
+    dir: &Path,
+    turns: usize,
+    db: &str,
+    workload: Workload,
+) -> Result<NerveRun> {
     let workspace = dir.join("workspace");
     std::fs::create_dir_all(&workspace)?;
     let mut cassette = String::new();
     let content = "x".repeat(200);
+    if workload != Workload::Read {
+        make_tree(&workspace)?;
+    }
     for i in 0..turns {
-        std::fs::write(workspace.join(format!("f{i}.txt")), &content)?;
+        let (tool, arguments) = match workload {
+            Workload::Read => {
+                std::fs::write(workspace.join(format!("f{i}.txt")), &content)?;
+                (
+                    "read_file",
+                    serde_json::json!({"path": format!("f{i}.txt")}),
+                )
+            }
+            Workload::Tree { writes: false } => (
+                "read_file",
+                serde_json::json!({"path": tree_file(i * 7 % TREE_FILES)}),
+            ),
+            Workload::Tree { writes: true } => (
+                "write_file",
+                serde_json::json!({"path": tree_file(i * 7 % TREE_FILES), "content": format!("version {i}\n")}),
+            ),
+        };
         // Usage given, as the anchor's fake model has no token counting either.
-        writeln!(
-            cassette,
-            r#"{{"text": "step {i}", "tool_calls": [{{"name": "read_file", "arguments": {{"path": "f{i}.txt"}}}}], "usage": {{"input_tokens": 100, "output_tokens": 10}}}}"#
-        )?;
+        let line = serde_json::json!({
+            "text": format!("step {i}"),
+            "tool_calls": [{"name": tool, "arguments": arguments}],
+            "usage": {"input_tokens": 100, "output_tokens": 10},
+        });
+        writeln!(cassette, "{line}")?;
     }
     writeln!(
         cassette,
@@ -211,8 +412,17 @@ pub(crate) fn nerve_run_on(
     )?;
     let script = dir.join("cassette.jsonl");
     std::fs::write(&script, cassette)?;
+    // Peak RSS through GNU time, when the machine has it.
+    let time = Path::new("/usr/bin/time");
+    let mut command = if time.exists() {
+        let mut command = Command::new(time);
+        command.args(["-f", "NERVE_BENCH_MAXRSS_KB=%M"]).arg(nerve);
+        command
+    } else {
+        Command::new(nerve)
+    };
     let started = Instant::now();
-    let output = Command::new(nerve)
+    let output = command
         .env(nerve_hands::EXECUTOR_ENV, executor)
         .arg("--db")
         .arg(db)
@@ -225,6 +435,10 @@ pub(crate) fn nerve_run_on(
         .output()
         .context("cannot run nerve")?;
     let wall_s = started.elapsed().as_secs_f64();
+    let max_rss_kb = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .find_map(|line| line.strip_prefix("NERVE_BENCH_MAXRSS_KB="))
+        .and_then(|kb| kb.trim().parse().ok());
     let stdout = String::from_utf8_lossy(&output.stdout);
     let result: serde_json::Value = stdout
         .lines()
@@ -300,8 +514,137 @@ pub(crate) fn nerve_run_on(
         first_100_us: median(&tool_turns[..window]),
         last_100_us: median(&tool_turns[tool_turns.len() - window..]),
         wall_s,
+        max_rss_kb,
         events_per_turn: events.len() as f64 / (turns + 1) as f64,
         breakdown,
+    })
+}
+
+/// Rounds of the 10,000-file runs (`NERVE_BENCH_TREE_ROUNDS` overrides; a writing run of
+/// 1,000 turns walks the 10,000 files 1,000 times).
+const TREE_ROUNDS: usize = 3;
+/// Snapshots timed for [`snapshot_costs`].
+const SNAPSHOT_ROUNDS: usize = 41;
+const STARTUP_RUNS: usize = 31;
+const LIST_RUNS: usize = 11;
+/// Executions in the log `nerve list` reads.
+const LIST_EXECUTIONS: usize = 1_000;
+
+/// What one snapshot of the 10,000-file tree costs, in ms.
+struct SnapshotCosts {
+    git_ms: f64,
+    changed_ms: f64,
+    unchanged_ms: f64,
+}
+
+/// `git add -A && git write-tree` (through `sh -c`, as a person types it) after one change
+/// on the 10,000-file tree, against `Checkpoints::snapshot` after the same change on an
+/// identical tree, alternated; and the snapshot of the unchanged tree.
+fn snapshot_costs(dir: &Path) -> Result<SnapshotCosts> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    let (theirs, ours) = (dir.join("git"), dir.join("ours"));
+    make_tree(&theirs)?;
+    make_tree(&ours)?;
+    crate::run(
+        Command::new("git")
+            .args(["init", "--quiet"])
+            .current_dir(&theirs),
+    )?;
+    let anchor = || -> Result<f64> {
+        let started = Instant::now();
+        crate::run(
+            Command::new("sh")
+                .args(["-c", "git add -A && git write-tree >/dev/null"])
+                .current_dir(&theirs),
+        )?;
+        Ok(started.elapsed().as_secs_f64() * 1e3)
+    };
+    anchor()?;
+    let store = nerve_hands::checkpoint::Checkpoints::open(
+        nerve_hands::checkpoint::CheckpointConfig::new(dir.join("store"), &ours),
+    )?;
+    store.snapshot()?;
+    let timed = || -> Result<f64> {
+        let started = Instant::now();
+        store.snapshot()?;
+        Ok(started.elapsed().as_secs_f64() * 1e3)
+    };
+    let (mut git, mut changed, mut unchanged) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..SNAPSHOT_ROUNDS {
+        let file = tree_file(round * 13 % TREE_FILES);
+        let content = format!("round {round}\n");
+        std::fs::write(theirs.join(&file), &content)?;
+        std::fs::write(ours.join(&file), &content)?;
+        git.push(anchor()?);
+        changed.push(timed()?);
+        // The file just written may be racy once: read again, then unchanged.
+        store.snapshot()?;
+        unchanged.push(timed()?);
+    }
+    Ok(SnapshotCosts {
+        git_ms: median(&git),
+        changed_ms: median(&changed),
+        unchanged_ms: median(&unchanged),
+    })
+}
+
+/// Start-up figures, in ms.
+struct Startup {
+    version_ms: f64,
+    list_ms: f64,
+}
+
+/// `nerve --version`, and `nerve list` on a log of [`LIST_EXECUTIONS`] copies of a real
+/// ten-turn execution: medians of wall times.
+fn startup(nerve: &Path, executor: &Path, dir: &Path) -> Result<Startup> {
+    let wall = |args: &[&str]| -> Result<f64> {
+        let started = Instant::now();
+        let output = Command::new(nerve).args(args).output()?;
+        let elapsed = started.elapsed().as_secs_f64() * 1e3;
+        if !output.status.success() {
+            bail!(
+                "nerve {args:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(elapsed)
+    };
+    let version: Vec<f64> = (0..STARTUP_RUNS)
+        .map(|_| wall(&["--version"]))
+        .collect::<Result<_>>()?;
+    let source = nerve_run(nerve, executor, &dir.join("source"), 10, Workload::Read)?;
+    drop(source);
+    let db = dir.join("list.db");
+    {
+        let source_db = dir.join("source").join("nerve.db");
+        let store = nerve_session::Store::open(&source_db)?;
+        let execution: nerve_core::ExecutionId = store
+            .executions()?
+            .first()
+            .context("the source run left no execution")?
+            .execution_id
+            .parse()
+            .map_err(|e| anyhow::anyhow!("a bad execution id: {e:?}"))?;
+        let events: Vec<nerve_core::Event> = store
+            .events(&execution)?
+            .iter()
+            .map(|e| serde_json::from_str(&e.payload))
+            .collect::<Result<_, _>>()?;
+        let mut list = nerve_session::Store::open(&db)?;
+        let redactor = nerve_core::Redactor::new();
+        for _ in 0..LIST_EXECUTIONS {
+            list.append(&nerve_core::ExecutionId::new(), &events, &redactor)?;
+        }
+    }
+    let db = db.display().to_string();
+    let list: Vec<f64> = (0..LIST_RUNS)
+        .map(|_| wall(&["--db", &db, "list"]))
+        .collect::<Result<_>>()?;
+    Ok(Startup {
+        version_ms: median(&version),
+        list_ms: median(&list),
     })
 }
 

@@ -507,7 +507,7 @@ fn trace_end(span: &tracing::Span, config: &TraceConfig, result: &ExecutionResul
 
 /// Records the workspace as the run found it (turn 0), then makes the start durable.
 async fn start_snapshot(run: &mut Run) -> Result<(), nerve_core::SinkError> {
-    run.workspace.after_turn(&mut run.journal, 0).await;
+    run.workspace.after_turn(&mut run.journal, 0, true).await;
     run.journal.flush().await
 }
 

@@ -1253,6 +1253,8 @@ struct FakeWorkspace {
     version: std::sync::atomic::AtomicU32,
     /// Snapshots fail while set.
     broken: std::sync::atomic::AtomicBool,
+    /// Snapshots taken.
+    taken: std::sync::atomic::AtomicU32,
 }
 
 impl FakeWorkspace {
@@ -1265,6 +1267,7 @@ impl FakeWorkspace {
 impl nerve_core::WorkspaceSnapshots for FakeWorkspace {
     async fn snapshot(&self) -> Result<String, nerve_core::WorkspaceError> {
         use std::sync::atomic::Ordering;
+        self.taken.fetch_add(1, Ordering::SeqCst);
         if self.broken.load(Ordering::SeqCst) {
             return Err(nerve_core::WorkspaceError("disk full".into()));
         }
@@ -1283,7 +1286,8 @@ impl nerve_core::WorkspaceSnapshots for FakeWorkspace {
     }
 }
 
-/// Echoes; a command containing `write` changes the workspace, `break` breaks its store.
+/// Echoes; a command containing `write` changes the workspace, `break` breaks its store;
+/// one starting with `cat` says it only reads.
 struct Writer(Arc<FakeWorkspace>);
 
 #[async_trait::async_trait]
@@ -1298,13 +1302,18 @@ impl nerve_core::ToolExecutor for Writer {
     ) -> Result<nerve_core::ToolOutput, nerve_core::ToolError> {
         use std::sync::atomic::Ordering;
         let command = call.arguments["command"].as_str().unwrap_or_default();
-        if command.contains("write") {
+        if command.contains("write") || command.contains("sneak") {
             self.0.version.fetch_add(1, Ordering::SeqCst);
         }
         self.0
             .broken
             .store(command.contains("break"), Ordering::SeqCst);
         Ok(nerve_core::ToolOutput::ok("done"))
+    }
+
+    fn may_change_workspace(&self, call: &nerve_core::ToolCall) -> bool {
+        let command = call.arguments["command"].as_str().unwrap_or_default();
+        !command.starts_with("cat")
     }
 }
 
@@ -1337,6 +1346,17 @@ fn workspace_snapshots(sink: &MemorySink) -> Vec<(u32, String, usize)> {
         .collect()
 }
 
+/// Runs `cassette` on `workspace` to completion; the log.
+async fn completed_on(cassette: &str, workspace: &Arc<FakeWorkspace>) -> Arc<MemorySink> {
+    let (engine, sink) = workspace_engine(cassette, workspace);
+    let result = engine
+        .run(ExecutionId::new(), do_it(), CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(result.termination_reason, TerminationReason::Completed);
+    sink
+}
+
 #[tokio::test]
 async fn the_workspace_is_snapshotted_at_the_start_and_after_each_turn_that_changed_it() {
     let workspace = Arc::new(FakeWorkspace::default());
@@ -1347,13 +1367,8 @@ async fn the_workspace_is_snapshotted_at_the_start_and_after_each_turn_that_chan
         tool("write c"),
         text("done"),
     ]);
-    let (engine, sink) = workspace_engine(&cassette, &workspace);
-    let result = engine
-        .run(ExecutionId::new(), do_it(), CancellationToken::new())
-        .await
-        .unwrap();
     // A failed snapshot (turn 3) is skipped, not fatal; turn 4 records both changes.
-    assert_eq!(result.termination_reason, TerminationReason::Completed);
+    let sink = completed_on(&cassette, &workspace).await;
     assert_eq!(
         workspace_snapshots(&sink),
         [
@@ -1372,6 +1387,32 @@ async fn the_workspace_is_snapshotted_at_the_start_and_after_each_turn_that_chan
         .unwrap()
         .0;
     assert_eq!(kinds[turn_one - 1], "turn_completed", "{kinds:?}");
+}
+
+/// Turns whose calls only read take no snapshot at all (issue 30: a read costs nothing
+/// whatever the workspace's size); a change made meanwhile by something else (here a
+/// "sneak" during a reading turn) is in the next snapshot a turn takes.
+#[tokio::test]
+async fn turns_that_only_read_take_no_snapshot() {
+    use std::sync::atomic::Ordering;
+    let workspace = Arc::new(FakeWorkspace::default());
+    let cassette = lines(&[
+        tool("cat a"),
+        tool("cat b; sneak"),
+        tool("write c"),
+        tool("cat c"),
+        text("done"),
+    ]);
+    let sink = completed_on(&cassette, &workspace).await;
+    // The start's and turn 3's: the only turn that could write.
+    assert_eq!(workspace.taken.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        workspace_snapshots(&sink),
+        [
+            (0, FakeWorkspace::tree(0), 0),
+            (3, FakeWorkspace::tree(2), 0)
+        ]
+    );
 }
 
 #[tokio::test]

@@ -280,7 +280,13 @@ pub(crate) async fn complete(
         duration_ms: record.duration_ms,
     }));
     run.progress.turns.push(record);
-    run.workspace.after_turn(&mut run.journal, number).await;
+    // Context tools (recall, compress_context, submit_plan) never touch the workspace.
+    let may_have_changed = calls.iter().any(|call| {
+        context_tool(&run.config, call).is_none() && run.hands.tools.may_change_workspace(call)
+    });
+    run.workspace
+        .after_turn(&mut run.journal, number, may_have_changed)
+        .await;
     run.checkpoint();
 }
 

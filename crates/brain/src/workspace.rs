@@ -11,6 +11,14 @@
 //!
 //! A failing snapshot does not stop the run (it is the workspace's history, not the
 //! execution's): it is logged, and the next boundary tries again.
+//!
+//! A turn whose tool calls all only read ([`nerve_core::ToolExecutor::may_change_workspace`]
+//! says no for each, and a turn without calls) takes no snapshot: the agent cannot have
+//! changed the workspace, since a command's background jobs die with it (the executor kills
+//! its process group). What such a turn could miss (a process that left its group, a person
+//! editing on the host) is in the next snapshot, or is told as a change outside the execution
+//! at a resume or the next message. So a turn that reads costs nothing here, whatever the
+//! workspace's size.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -37,8 +45,17 @@ impl WorkspaceTracker {
         Self { port, tree }
     }
 
-    /// Records the workspace after `turn` (0: as the run found it) when it changed.
-    pub(crate) async fn after_turn(&mut self, journal: &mut Journal, turn: u32) {
+    /// Records the workspace after `turn` (0: as the run found it) when it changed; nothing
+    /// to do when the turn could not change it (`may_have_changed` false).
+    pub(crate) async fn after_turn(
+        &mut self,
+        journal: &mut Journal,
+        turn: u32,
+        may_have_changed: bool,
+    ) {
+        if !may_have_changed {
+            return;
+        }
         let Some(tree) = self.take().await else {
             return;
         };
@@ -58,7 +75,7 @@ impl WorkspaceTracker {
     pub(crate) async fn reconcile(&mut self, journal: &mut Journal, turn: u32) -> Option<String> {
         let tree = self.take().await?;
         let Some(last) = self.tree.clone() else {
-            self.after_turn(journal, turn).await;
+            self.after_turn(journal, turn, true).await;
             return None;
         };
         if last == tree {

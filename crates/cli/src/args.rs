@@ -380,6 +380,10 @@ pub(crate) struct RunArgs {
     /// The sandbox image (default: nerve-sandbox:latest, built locally when missing).
     #[arg(long, value_name = "IMAGE")]
     pub(crate) image: Option<String>,
+    /// Without a usable sandbox executor: refuse to start (the default), or run each tool
+    /// call through its own `docker exec` (slower; recorded in the log).
+    #[arg(long, value_name = "MODE")]
+    pub(crate) sandbox_fallback: Option<crate::config::SandboxFallback>,
     /// Print one JSON object as the last line of stdout; no progress.
     #[arg(long, conflicts_with_all = ["jsonl", "quiet"])]
     pub(crate) json: bool,

@@ -207,6 +207,21 @@ pub(crate) struct SandboxSection {
     /// Caches that last between runs, opt-in per tool.
     #[serde(default)]
     pub(crate) caches: CachesSection,
+    /// When the sandbox's executor cannot run: `"refuse"` to start (the default) or
+    /// `"per-call"` (each call its own `docker exec`; `--sandbox-fallback` on `run`).
+    pub(crate) fallback: Option<SandboxFallback>,
+}
+
+/// What a sandbox does without a usable executor (`[sandbox] fallback`,
+/// `run --sandbox-fallback`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum SandboxFallback {
+    /// Refuse to start, naming the fix.
+    Refuse,
+    /// Run each call through its own `docker exec`: slower, background jobs not contained,
+    /// no MCP server inside the sandbox. Recorded in the `started` event.
+    PerCall,
 }
 
 /// `[sandbox.caches]`: `pip`, `npm`, `cargo` = `true` (a volume for this workspace) or a
@@ -346,6 +361,7 @@ impl SandboxSection {
             let nano = (cpus * 1e9).round() as i64;
             config.nano_cpus = nano;
         }
+        config.per_call_fallback = self.fallback == Some(SandboxFallback::PerCall);
         Ok(())
     }
 }
@@ -423,6 +439,14 @@ impl Config {
             openai_tool_choice: self.providers.openai.tool_choice.clone().map(|c| c.0),
             anthropic_tool_choice: self.providers.anthropic.tool_choice.clone().map(|c| c.0),
         })
+    }
+
+    /// The configuration with `run --sandbox-fallback`, when given, in place of the file's.
+    pub(crate) fn with_fallback(mut self, flag: Option<SandboxFallback>) -> Self {
+        if flag.is_some() {
+            self.sandbox.fallback = flag;
+        }
+        self
     }
 
     /// Reads `path`, or the defaults when no file was named.

@@ -73,6 +73,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "cpus",
             "tmp_size",
             "home_size",
+            "fallback",
         ],
     ),
     (

@@ -61,7 +61,13 @@ impl Failure {
     }
 }
 
+// The executor this binary carries (build.rs): `CARRIED_EXECUTOR`.
+include!(concat!(env!("OUT_DIR"), "/carried_executor.rs"));
+
 fn main() -> ExitCode {
+    if let Some((bytes, sha256)) = CARRIED_EXECUTOR {
+        nerve_hands::carry_executor(nerve_hands::CarriedExecutor { bytes, sha256 });
+    }
     let cli = Cli::parse();
     let telemetry = match telemetry::init() {
         Ok(telemetry) => telemetry,

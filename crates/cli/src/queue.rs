@@ -162,6 +162,8 @@ impl Spec {
             budget_tokens: self.budget_tokens,
             context_window: self.context_window,
             image: self.image.clone(),
+            // A worker's fallback is its own configuration's (`[sandbox] fallback`).
+            sandbox_fallback: None,
             json: true,
             jsonl: false,
         })

@@ -36,7 +36,7 @@ pub(crate) async fn run(
     if let Some(id) = args.continue_id.clone() {
         return follow_up(args, db, config_path, &id).await;
     }
-    let config = Config::load(config_path)?;
+    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback);
     let launch = fresh(&args, db, &config, ExecutionId::new()).await?;
     launch.go().await
 }
@@ -133,7 +133,7 @@ async fn follow_up(
     config_path: Option<&Path>,
     id: &str,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?;
+    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback);
     let message = read_task(&args)?;
     let (continuable, replay) = crate::resume::continuable(db, id).await?;
     let workspace = validate_workspace(Path::new(&continuable.started.workspace))?;
@@ -438,12 +438,24 @@ impl Launch<'_> {
         let sandbox = Arc::new(
             Sandbox::start(docker, &sandbox_config)
                 .await
-                .map_err(Failure::usage)?,
+                .map_err(|error| {
+                    if let nerve_hands::HandsError::NoExecutor(reason) = &error {
+                        Failure::usage(format!(
+                            "the sandbox executor cannot run ({reason}): rebuild nerve (`cargo build --release -p nerve-cli` embeds one), set NERVE_EXECUTOR to a static nerve-executor (`cargo xtask image` builds one), or pass --sandbox-fallback per-call for slower per-call docker exec"
+                        ))
+                    } else {
+                        Failure::usage(error)
+                    }
+                })?,
         );
         let execution_id = self.execution_id;
         let mut launch = self;
         if let Some(map) = launch.engine_config.recorded_config.as_object_mut() {
             map.insert("sandbox_image".into(), environment.record);
+            map.insert(
+                "sandbox_executor".into(),
+                serde_json::to_value(sandbox.executor_use()).unwrap_or_default(),
+            );
         }
         let outcome = launch.in_sandbox(redactor, &sandbox, proxy).await;
         if let Err(error) = sandbox.remove().await {

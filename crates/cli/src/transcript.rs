@@ -22,6 +22,14 @@ pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<Strin
             started.model,
             snake(&started.loop_type)
         ));
+        // The degraded sandbox is said, never only logged.
+        if let Ok(nerve_hands::ExecutorUse::PerCall { reason }) =
+            serde_json::from_value(started.config["sandbox_executor"].clone())
+        {
+            out.push(format!(
+                "sandbox    per-call docker exec (the fallback was allowed), no executor: {reason}"
+            ));
+        }
         out.push(String::new());
         out.push("task".to_owned());
         out.extend(started.task.lines().map(|line| format!("  {line}")));

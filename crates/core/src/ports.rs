@@ -192,9 +192,18 @@ pub trait ToolExecutor: Send + Sync {
 
     /// Runs one call. Unknown tools and malformed arguments are `Ok` with `is_error`.
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError>;
+
+    /// Whether `call` can change the workspace. The engine takes no snapshot after a turn
+    /// whose calls all say no (docs/checkpoints.md): only a tool that only reads (a file, a
+    /// listing, a search, the network) should say no. The default says yes, so a tool that
+    /// does not say is never skipped.
+    fn may_change_workspace(&self, call: &ToolCall) -> bool {
+        let _ = call;
+        true
+    }
 }
 
-/// The workspace's snapshot store failed (git missing, a full disk, a store removed).
+/// The workspace's snapshot store failed (a full disk, an unreadable file, a store removed).
 /// Not fatal for the execution: the run goes on without that snapshot, and the next
 /// boundary tries again; `nerve diff` then shows the turns together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -202,12 +211,12 @@ pub trait ToolExecutor: Send + Sync {
 pub struct WorkspaceError(pub String);
 
 /// Snapshots of the execution's workspace, taken at turn boundaries (docs/checkpoints.md).
-/// `cli` implements it with the shadow git store of `nerve_hands::checkpoint`, off the
-/// async runtime; engines without one take no snapshots.
+/// `cli` implements it with the shadow store of `nerve_hands::checkpoint` (git's format,
+/// written in process), off the async runtime; engines without one take no snapshots.
 #[async_trait]
 pub trait WorkspaceSnapshots: Send + Sync {
     /// Records the workspace as it is now and returns its tree hash. Costs what changed
-    /// since the last snapshot (plus a `stat` per file).
+    /// since the last snapshot (plus an `lstat` per file); starts no process.
     async fn snapshot(&self) -> Result<String, WorkspaceError>;
 
     /// The paths that differ from tree `from` to tree `to`, sorted by path.

@@ -4,9 +4,9 @@
 //! Two workspaces of 10,000 small files in 100 directories, one with a plain git
 //! repository (the anchor), one snapshotted by [`Checkpoints`] into its shadow store. Each
 //! round changes one file in both and times, alternately, the anchor's `git add -A && git
-//! write-tree` (through `sh -c`, as a user would type it) and `Checkpoints::snapshot`
-//! (`git add --verbose`, whose report is where the size cap is checked, then `git
-//! write-tree`). Then the same
+//! write-tree` (through `sh -c`, as a user would type it) and `Checkpoints::snapshot` (in
+//! process: a walk with the stat cache, the changed file stored, the trees above it
+//! written). Then the same
 //! with a 200 MB ignored build directory (200 files of 1 MiB, `build/` in `.gitignore`)
 //! beside the 10,000 files: a snapshot must cost what the changed files cost, not what the
 //! ignored ones weigh.

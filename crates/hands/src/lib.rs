@@ -32,11 +32,13 @@ pub use account::{HomeRemoval, HomeSweep, discard as discard_sandbox_home};
 pub use debian::{BuildWork, DebianBuild, DebianImage, ensure_debian_image};
 pub use executor::Transport;
 pub use image::{DEFAULT_IMAGE, ImageSource, build_default_image, image_exists};
-pub use locate::{CONTAINER_EXECUTOR_PATH, EXECUTOR_ENV, locate_executor};
+pub use locate::{
+    CONTAINER_EXECUTOR_PATH, CarriedExecutor, EXECUTOR_ENV, carry_executor, locate_executor,
+};
 pub use proxy::{Proxy, ProxyClient, ProxyConfig, ProxyListener, ProxyMount, ProxyRule};
 pub use sandbox::{
-    Backend, ReapReport, ReapScope, Sandbox, SandboxConfig, SpawnedProcess, connect_docker, reap,
-    reap_orphans, reap_with,
+    Backend, ExecutorUse, ReapReport, ReapScope, Sandbox, SandboxConfig, SpawnedProcess,
+    connect_docker, reap, reap_orphans, reap_with,
 };
 pub use tools::{
     EditFileArgs, GrepArgs, HttpRequestArgs, ListDirArgs, ReadFileArgs, SandboxTools, ShellArgs,
@@ -108,8 +110,17 @@ pub enum HandsError {
     /// every container operation; the sandbox should be considered lost.
     #[error("docker: {0}")]
     Docker(#[from] bollard::errors::Error),
-    /// A workspace snapshot, diff or restore failed (git missing or failing, a store that
-    /// cannot be written, a hash that is not one). Returned by [`checkpoint::Checkpoints`];
+    /// The sandbox's executor cannot run (none found, not a static binary, or it failed to
+    /// start) and the per-call fallback was not allowed
+    /// ([`SandboxConfig::per_call_fallback`]). Returned by [`Sandbox::start`]; not
+    /// retryable until an executor is provided.
+    #[error(
+        "the sandbox executor cannot run ({0}); set {exe} to a static nerve-executor (`cargo xtask image` builds one), or allow the slower per-call docker exec fallback",
+        exe = EXECUTOR_ENV
+    )]
+    NoExecutor(String),
+    /// A workspace snapshot, diff or restore failed (a store that cannot be read or
+    /// written, a damaged object, a hash that is not one). Returned by [`checkpoint::Checkpoints`];
     /// the workspace is as it was unless the error came from a restore.
     #[error("workspace checkpoint: {0}")]
     Checkpoint(String),

@@ -138,6 +138,13 @@ pub struct SandboxConfig {
     /// whose socket cannot be used falls back to [`Transport::Attach`], with a warning;
     /// benchmarks and tests ask for the attach stream directly.
     pub transport: Transport,
+    /// Whether a sandbox whose executor cannot run (none found, not a static binary, or
+    /// failing to start) runs every call through per-call `docker exec` instead: slower,
+    /// background jobs not contained, no process inside the sandbox for MCP servers. Off by
+    /// default: without the executor, [`Sandbox::start`] refuses with
+    /// [`HandsError::NoExecutor`]; a user opts in, and the choice is recorded
+    /// ([`Sandbox::executor_use`]).
+    pub per_call_fallback: bool,
 }
 
 impl SandboxConfig {
@@ -164,8 +171,20 @@ impl SandboxConfig {
             caches: Vec::new(),
             homes: None,
             transport: Transport::Socket,
+            per_call_fallback: false,
         }
     }
+}
+
+/// How a sandbox's tool calls reach the container, decided at its start (what the
+/// `started` event records).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum ExecutorUse {
+    /// The persistent executor, bind-mounted from this host file.
+    Executor { path: String },
+    /// Per-call `docker exec`, as the configuration allowed; why the executor could not run.
+    PerCall { reason: String },
 }
 
 /// The path tool calls take into the container.
@@ -213,6 +232,8 @@ pub struct Sandbox {
     limits: Limits,
     /// The cgroup's OOM-kill and pids-limit counters as last read.
     counters: std::sync::Mutex<Counters>,
+    /// The executor or the fallback, as started.
+    executor_use: ExecutorUse,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -343,21 +364,35 @@ impl Sandbox {
                 max_file_bytes: config.max_file_bytes,
             },
             counters: std::sync::Mutex::new(Counters::default()),
+            executor_use: ExecutorUse::PerCall {
+                reason: String::new(),
+            },
         };
         let mut channel = Channel::default();
-        let reason = match executor {
+        let reason = match &executor {
             Ok(binary) => {
                 let mut binds = workspace_binds.clone();
                 binds.push(format!(
                     "{}:{CONTAINER_EXECUTOR_PATH}:ro",
-                    path_str(&binary)?
+                    path_str(binary)?
                 ));
                 sandbox
                     .start_executor(config, binds, &mut channel)
                     .await?
                     .err()
             }
-            Err(reason) => Some(reason),
+            Err(reason) => Some(reason.clone()),
+        };
+        sandbox.executor_use = match (&reason, executor) {
+            (None, Ok(binary)) => ExecutorUse::Executor {
+                path: binary.display().to_string(),
+            },
+            (Some(reason), _) if config.per_call_fallback => ExecutorUse::PerCall {
+                reason: reason.clone(),
+            },
+            // No container is left: `start_executor` removes the ones it made.
+            (Some(reason), _) => return Err(HandsError::NoExecutor(reason.clone())),
+            (None, Err(reason)) => return Err(HandsError::NoExecutor(reason)),
         };
         if let Some(reason) = reason {
             let body = container_body(
@@ -461,6 +496,11 @@ impl Sandbox {
 
     pub fn container_id(&self) -> &str {
         &self.id
+    }
+
+    /// The executor this sandbox runs, or the per-call fallback and why.
+    pub fn executor_use(&self) -> &ExecutorUse {
+        &self.executor_use
     }
 
     pub fn docker(&self) -> &Docker {

@@ -557,6 +557,15 @@ impl ToolExecutor for SandboxTools {
         definitions()
     }
 
+    /// The tools that only read: the file tools that do not write, and `http_request`
+    /// (its effects are outside the sandbox). `shell`, `write_file` and `edit_file` may.
+    fn may_change_workspace(&self, call: &ToolCall) -> bool {
+        !matches!(
+            call.name.as_str(),
+            "read_file" | "list_dir" | "grep" | "http_request"
+        )
+    }
+
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
         #[cfg(feature = "kill-points")]
         crate::kill_points::before_call();

@@ -311,6 +311,11 @@ impl ToolExecutor for McpTools {
             None => self.inner.execute(call).await,
         }
     }
+
+    /// An MCP tool may do anything; the built-in ones say for themselves.
+    fn may_change_workspace(&self, call: &ToolCall) -> bool {
+        self.route(&call.name).is_some() || self.inner.may_change_workspace(call)
+    }
 }
 
 /// One tool as offered: its exposed name, the server's name for it, its definition.
