@@ -81,13 +81,7 @@ const COMPLETE: &str = ".nerve-complete";
 pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
     let filter = format!("real::{}", filter.unwrap_or_default());
     let cache = cache_dir()?;
-    let tools = venv(
-        &cache,
-        &format!("cmake-{CMAKE}-ninja-{NINJA}"),
-        &[&format!("cmake=={CMAKE}"), &format!("ninja=={NINJA}")],
-        &[],
-        |_| Ok(()),
-    )?;
+    let tools = tools_venv(&cache)?;
     let llama_cpp = llama_cpp(&cache, &tools)?;
     let llama_python = llama_cpp_python(&cache, &tools, &llama_cpp)?;
     let litellm = venv(
@@ -202,6 +196,58 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
     result
 }
 
+/// CMake and Ninja from PyPI (they build llama.cpp), in a venv whose Python has pip.
+pub(crate) fn tools_venv(cache: &Path) -> Result<PathBuf> {
+    venv(
+        cache,
+        &format!("cmake-{CMAKE}-ninja-{NINJA}"),
+        &[&format!("cmake=={CMAKE}"), &format!("ninja=={NINJA}")],
+        &[],
+        |_| Ok(()),
+    )
+}
+
+/// The arguments of `llama-server` serving Qwen2.5-Coder-1.5B, but its address: the
+/// corrected chat template (`--jinja`: tools through it), a `window`-token context, one
+/// slot, `threads` threads, greedy sampling with a fixed seed (runs are reproducible), and
+/// the key `key`.
+pub(crate) fn qwen_server_args(
+    model: &crate::qwen::Qwen,
+    window: u32,
+    threads: u32,
+    key: &str,
+) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--model".into(),
+        model.gguf.display().to_string(),
+        "--chat-template-file".into(),
+        model.template.display().to_string(),
+    ];
+    args.extend(
+        [
+            "--alias",
+            crate::qwen::MODEL_NAME,
+            "--jinja",
+            "--ctx-size",
+            &window.to_string(),
+            "--parallel",
+            "1",
+            "--threads",
+            &threads.to_string(),
+            "--threads-batch",
+            &threads.to_string(),
+            "--temp",
+            "0",
+            "--seed",
+            "7",
+            "--api-key",
+            key,
+        ]
+        .map(String::from),
+    );
+    args
+}
+
 /// The arguments of `llama-server` but its address: the model under the name `smollm2`,
 /// tools through its Jinja chat template (or llama.cpp's generic JSON format when the
 /// template has none), the context window, one slot, one thread (see above), the key.
@@ -242,7 +288,7 @@ fn litellm_config(llama_port: u16) -> String {
 }
 
 /// `$XDG_CACHE_HOME/nerve`, else `~/.cache/nerve`.
-fn cache_dir() -> Result<PathBuf> {
+pub(crate) fn cache_dir() -> Result<PathBuf> {
     let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".cache"),
@@ -254,7 +300,7 @@ fn cache_dir() -> Result<PathBuf> {
 
 /// A Python virtual environment `name` under the cache with `packages` installed (with
 /// `env` set for pip) and `finish` run on it; made anew unless a previous install finished.
-fn venv(
+pub(crate) fn venv(
     cache: &Path,
     name: &str,
     packages: &[&str],
@@ -297,7 +343,7 @@ fn clear(dir: &Path) -> Result<()> {
 /// llama.cpp as llama-cpp-python vendors it, built once with CMake and Ninja from the
 /// `tools` venv: a directory holding `llama-server` and the shared libraries it and
 /// llama-cpp-python load (they find each other through an `$ORIGIN` RPATH).
-fn llama_cpp(cache: &Path, tools: &Path) -> Result<PathBuf> {
+pub(crate) fn llama_cpp(cache: &Path, tools: &Path) -> Result<PathBuf> {
     let dir = cache.join(format!("llama.cpp-{LLAMA_CPP_PYTHON}"));
     if dir.join(COMPLETE).exists() {
         return Ok(dir);
@@ -482,12 +528,12 @@ fn model_file(cache: &Path, python_venv: &Path) -> Result<PathBuf> {
 }
 
 /// A loopback port nothing listens on right now.
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// A server process, stopped when dropped.
-struct Server {
+pub(crate) struct Server {
     name: &'static str,
     child: Child,
 }
@@ -495,7 +541,7 @@ struct Server {
 impl Server {
     /// Starts `command` with its output in `log` and waits until `GET path` on `port`
     /// answers 200.
-    fn start(
+    pub(crate) fn start(
         name: &'static str,
         command: &mut Command,
         log: &Path,

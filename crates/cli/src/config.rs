@@ -822,7 +822,10 @@ mod tests {
         let settings = |text: &str| {
             let config: Config = toml::from_str(text).unwrap();
             let settings = config.provider_settings(None).unwrap();
-            (settings.openai_tool_protocol, settings.anthropic_tool_protocol)
+            (
+                settings.openai_tool_protocol,
+                settings.anthropic_tool_protocol,
+            )
         };
         assert_eq!(settings(""), (None, None));
         assert_eq!(
