@@ -1,4 +1,4 @@
-//! `cargo xtask eval [--tasks GLOB] [--provider openai] [--max-turns N] [--no-peer]
+//! `cargo xtask eval [--tasks GLOB] [--provider openai] [--max-turns N] [--no-peer] [--nerve PATH]
 //! [--no-nerve] [--check-tasks]`: the task suite of `examples/tasks/` against a served
 //! model, Qwen2.5-Coder-1.5B-Instruct behind `llama-server` (greedy sampling, a fixed
 //! seed), first with Nerve (its release build, each task in the Debian Python sandbox),
@@ -48,6 +48,8 @@ struct Options {
     peer: bool,
     nerve: bool,
     check_tasks: bool,
+    /// A `nerve` already built (`--nerve PATH`), instead of building the release one.
+    binary: Option<PathBuf>,
 }
 
 fn options(args: &[String]) -> Result<Options> {
@@ -58,6 +60,7 @@ fn options(args: &[String]) -> Result<Options> {
         peer: true,
         nerve: true,
         check_tasks: false,
+        binary: None,
     };
     let mut args = args.iter();
     // Bounded by the arguments.
@@ -74,8 +77,9 @@ fn options(args: &[String]) -> Result<Options> {
             "--no-peer" => options.peer = false,
             "--no-nerve" => options.nerve = false,
             "--check-tasks" => options.check_tasks = true,
+            "--nerve" => options.binary = Some(PathBuf::from(value()?)),
             other => bail!(
-                "unknown eval option `{other}` (expected --tasks GLOB, --provider openai, --max-turns N, --no-peer, --no-nerve, --check-tasks)"
+                "unknown eval option `{other}` (expected --tasks GLOB, --provider openai, --max-turns N, --no-peer, --no-nerve, --nerve PATH, --check-tasks)"
             ),
         }
     }
@@ -209,9 +213,14 @@ pub(crate) fn eval(args: &[String]) -> Result<()> {
     }
     let executor = crate::image(false)?;
     let image = crate::python_image()?;
-    crate::phase("building nerve (release)");
-    run(cargo().args(["build", "--release", "--package", "nerve-cli"]))?;
-    let nerve = target_dir().join("release/nerve");
+    let nerve = match &options.binary {
+        Some(binary) => binary.clone(),
+        None => {
+            crate::phase("building nerve (release)");
+            run(cargo().args(["build", "--release", "--package", "nerve-cli"]))?;
+            target_dir().join("release/nerve")
+        }
+    };
     let peer_venv = if options.peer {
         Some(real::venv(
             &cache,
