@@ -190,6 +190,9 @@ fn unfenced(body: &str) -> &str {
     inner.strip_suffix(FENCE).unwrap_or(inner).trim()
 }
 
+/// How an unreadable call's error begins when its text is not JSON.
+const NOT_JSON: &str = "the call is not valid JSON";
+
 /// Reads one block as a call.
 fn read_block(body: &str) -> TextCall {
     let value = match serde_json::from_str::<serde_json::Value>(body) {
@@ -197,7 +200,7 @@ fn read_block(body: &str) -> TextCall {
         Err(error) => {
             return TextCall {
                 name: named_in(body),
-                arguments: Err(format!("the call is not valid JSON ({error})")),
+                arguments: Err(format!("{NOT_JSON} ({error})")),
             };
         }
     };
@@ -276,9 +279,16 @@ pub(crate) fn unreadable_result(call: &ToolCall, tools: &[ToolDefinition]) -> St
     let expected = named.map_or_else(String::new, |tool| {
         format!(" The arguments of `{}`: {}.", tool.name, tool.signature())
     });
+    // Seen with Qwen2.5-Coder-1.5B: a file's text put in a JSON string as it is, its
+    // docstring quotes and line breaks unescaped.
+    let escaping = if error.starts_with(NOT_JSON) {
+        " Inside a JSON string, write a double quote as \\\" and a line break as \\n."
+    } else {
+        ""
+    };
     format!(
         "[Nerve] Your tool call was not run: {error}. Write each call exactly in this form, \
-         with valid JSON:\n{}{expected}",
+         with valid JSON:\n{}{expected}{escaping}",
         format_example(tools)
     )
 }
@@ -518,7 +528,7 @@ mod tests {
         );
         assert_eq!(
             told,
-            "[Nerve] Your tool call was not run: the call is not valid JSON (x). Write each call exactly in this form, with valid JSON:\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"README.md\"}}\n</tool_call> The arguments of `read_file`: read_file {path: string}."
+            "[Nerve] Your tool call was not run: the call is not valid JSON (x). Write each call exactly in this form, with valid JSON:\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"README.md\"}}\n</tool_call> The arguments of `read_file`: read_file {path: string}. Inside a JSON string, write a double quote as \\\" and a line break as \\n."
         );
     }
 
