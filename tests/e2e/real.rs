@@ -1,15 +1,18 @@
-//! The real `nerve` binary against real model servers that no one on this project wrote,
-//! all serving SmolLM2-135M-Instruct: llama.cpp's C++ server (`llama-server`: text) and
-//! llama-cpp-python's server (`chatml-function-calling`: tools, each call answered whole),
-//! each reached directly with `--provider openai`, and LiteLLM's proxy in front of
-//! llama-cpp-python's server, reached with `--provider openai` and with `--provider
-//! anthropic` (its Messages endpoint); every route streamed and not. `cargo xtask
-//! test-real` starts the servers, sets `NERVE_REAL_*` and compiles this module in (the
-//! `real-servers` feature of nerve-tests); a test here without them fails.
+//! The real `nerve` binary against real model servers that no one on this project wrote:
+//! llama.cpp's C++ server (`llama-server`) serving Qwen2.5-Coder-1.5B-Instruct with its
+//! corrected chat template, reached directly and through LiteLLM's proxy (its Chat
+//! Completions endpoint with `--provider openai`, its Messages endpoint with `--provider
+//! anthropic`), where the model does real work (reads a file, edits it, runs a command);
+//! and llama-cpp-python's server (`chatml-function-calling`: tools, each call answered
+//! whole) serving SmolLM2-135M-Instruct, whose odd output the client must survive. Every
+//! route streamed and not. `cargo xtask test-real` starts the servers, sets `NERVE_REAL_*`
+//! and compiles this module in (the `real-servers` feature of nerve-tests); a test here
+//! without them fails.
 //!
-//! A 135M model is a weak agent: it names tools that do not exist, writes odd arguments,
-//! and answers in text where a call was meant. Whatever it does, every request Nerve sends
-//! must be accepted, and its mistakes must reach it as error results, never end the run.
+//! Small models are weak agents: they name tools that do not exist, write odd arguments,
+//! write calls as text, and answer in text where a call was meant. Whatever they do, every
+//! request Nerve sends must be accepted, and their mistakes must reach them as error
+//! results, never end the run.
 //!
 //! Every run goes through a recording proxy on loopback (plain bytes in, the same bytes
 //! out), so the tests see exactly what Nerve sent: the prompt prefix of one request is
@@ -42,6 +45,8 @@ struct Servers {
     key: String,
     llama_key: String,
     window: String,
+    /// The window of the Qwen routes (`llama-server`, and LiteLLM in front of it).
+    qwen_window: String,
     /// The Python of llama-cpp-python's virtual environment.
     python: PathBuf,
     /// The SmolLM2 GGUF file.
@@ -59,6 +64,7 @@ fn servers() -> Option<Servers> {
             key: var("NERVE_REAL_LITELLM_KEY")?,
             llama_key: var("NERVE_REAL_LLAMA_KEY")?,
             window: var("NERVE_REAL_CONTEXT_WINDOW")?,
+            qwen_window: var("NERVE_REAL_QWEN_WINDOW")?,
             python: var("NERVE_REAL_LLAMA_PYTHON")?.into(),
             model: var("NERVE_REAL_MODEL")?.into(),
         })
@@ -118,6 +124,9 @@ fn config(dir: &Path, mode: Mode) -> PathBuf {
 struct Route {
     name: &'static str,
     provider: &'static str,
+    /// The model's name on this route, and the window it is served with.
+    model: &'static str,
+    window: String,
     /// The base URL as the provider's variable takes it (`.../v1` for OpenAI).
     base: String,
     key: String,
@@ -132,25 +141,20 @@ struct Route {
 /// What a route does with tools.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tools {
-    /// None: `llama-server` serves SmolLM2 with its own chat template, which has none, and
-    /// drops them from the prompt. (Given templates with tools, in several formats, the
-    /// 135M model answered in prose, or in JSON the server could not parse: it calls tools
-    /// only where a grammar makes it, as `chatml-function-calling` does.)
-    None,
+    /// Qwen2.5-Coder-1.5B through `llama-server` (its corrected template), directly or
+    /// behind LiteLLM: the model does real work, reading a file, editing it and running a
+    /// command, whether it writes its calls natively or as text (`tool_protocol = "auto"`).
+    Works,
     /// The model calls them, and the server answers each call whole: llama-cpp-python's
     /// `chatml-function-calling` cannot stream a call (it accepts `stream: true`, sends
     /// keep-alive comments, raises "Automatic streaming tool choice is not supported" and
     /// ends the stream without an event; LiteLLM in front of it makes that an empty
     /// answer). Streamed, Nerve asks for that answer, and every later one, whole.
     Whole,
-    /// The model calls one, and the server refuses the request that carries its result:
-    /// LiteLLM's Messages endpoint turns an assistant turn that is only `tool_use` into a
-    /// Chat Completions message without `content` (it drops empty text), and
-    /// llama-cpp-python's template fails on it (500: `'dict object' has no attribute
-    /// 'content'`). A valid request that a gateway breaks: Nerve retries it once and ends
-    /// `error` with the server's own words.
-    RefusedAfterTheCall,
 }
+
+/// The name `llama-server` and LiteLLM give Qwen2.5-Coder-1.5B.
+const QWEN: &str = "qwen2.5-coder-1.5b";
 
 /// Every route, streamed and not.
 fn routes(servers: &Servers) -> Vec<Route> {
@@ -158,14 +162,18 @@ fn routes(servers: &Servers) -> Vec<Route> {
         Route {
             name: "llama-server direct",
             provider: "openai",
+            model: QWEN,
+            window: servers.qwen_window.clone(),
             base: servers.llama_server.clone(),
             key: servers.llama_key.clone(),
-            tools: Tools::None,
+            tools: Tools::Works,
             answers_in_text: true,
         },
         Route {
             name: "llama-cpp-python direct",
             provider: "openai",
+            model: "smollm2",
+            window: servers.window.clone(),
             base: servers.llama_python.clone(),
             key: servers.llama_key.clone(),
             tools: Tools::Whole,
@@ -174,18 +182,22 @@ fn routes(servers: &Servers) -> Vec<Route> {
         Route {
             name: "LiteLLM chat completions",
             provider: "openai",
+            model: QWEN,
+            window: servers.qwen_window.clone(),
             base: format!("{}/v1", servers.litellm),
             key: servers.key.clone(),
-            tools: Tools::Whole,
-            answers_in_text: false,
+            tools: Tools::Works,
+            answers_in_text: true,
         },
         Route {
             name: "LiteLLM messages",
             provider: "anthropic",
+            model: QWEN,
+            window: servers.qwen_window.clone(),
             base: servers.litellm.clone(),
             key: servers.key.clone(),
-            tools: Tools::RefusedAfterTheCall,
-            answers_in_text: false,
+            tools: Tools::Works,
+            answers_in_text: true,
         },
     ]
 }
@@ -210,11 +222,10 @@ fn as_env<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)>
     env.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
-/// The arguments of `nerve run` on `workspace` through `provider`.
+/// The arguments of `nerve run` on `workspace` through `route`.
 fn run_args<'a>(
     workspace: &'a str,
-    servers: &'a Servers,
-    provider: &'a str,
+    route: &'a Route,
     task: &'a str,
     max_turns: &'a str,
 ) -> Vec<&'a str> {
@@ -225,11 +236,11 @@ fn run_args<'a>(
         "--task",
         task,
         "--provider",
-        provider,
+        route.provider,
         "--model",
-        "smollm2",
+        route.model,
         "--context-window",
-        &servers.window,
+        &route.window,
         "--loop",
         "react",
         "--max-turns",
@@ -253,7 +264,6 @@ fn workspace(dir: &Path, name: &str) -> PathBuf {
 fn run_task(
     dir: &Path,
     db: &Path,
-    servers: &Servers,
     route: &Route,
     mode: Mode,
     task: &str,
@@ -263,13 +273,7 @@ fn run_task(
     let recorder = Recorder::start(&route.base);
     let config = config(dir, mode);
     let env = route.env(&recorder.base, &route.key, &config);
-    let args = run_args(
-        workspace.to_str().unwrap(),
-        servers,
-        route.provider,
-        task,
-        max_turns,
-    );
+    let args = run_args(workspace.to_str().unwrap(), route, task, max_turns);
     let output = wait_long(spawn_nerve_env(db, &args, &as_env(&env)));
     (output, recorder.exchanges())
 }
@@ -388,7 +392,7 @@ fn check_streaming(
     }
     let empty = exchanges.iter().position(Exchange::streamed_nothing);
     assert!(
-        empty.is_none() || route.tools != Tools::None,
+        empty.is_none() || route.tools != Tools::Works,
         "{}: a stream gave nothing: {shown}",
         route.name
     );
@@ -466,7 +470,7 @@ fn check_prefix(exchanges: &[Exchange], shown: &str) {
 }
 
 #[test]
-fn llama_server_answers_in_text_streamed_and_not() {
+fn llama_server_does_real_work() {
     tools_and_text("llama-server direct");
 }
 
@@ -498,22 +502,19 @@ fn tools_and_text(name: &str) {
         .unwrap();
     for &mode in BOTH {
         match route.tools {
-            Tools::None => {}
+            Tools::Works => work_run(dir.path(), &db, &route, mode),
             Tools::Whole => {
-                tool_run(dir.path(), &db, &servers, &route, mode);
-            }
-            Tools::RefusedAfterTheCall => {
-                refused_tool_run(dir.path(), &db, &servers, &route, mode);
+                tool_run(dir.path(), &db, &route, mode);
             }
         }
-        text_run(dir.path(), &db, &servers, &route, mode);
+        text_run(dir.path(), &db, &route, mode);
     }
     // The shell forced: every call streams as the model writes it. Not through LiteLLM's
     // Messages endpoint: llama-cpp-python repeats the call's id in every delta, and
     // LiteLLM's Messages adapter opens a new `tool_use` block for each (seen: one call of
     // 24 deltas became 24 calls of a fragment each; Nerve ran them as the model's errors).
-    let forced = (route.tools == Tools::Whole)
-        .then(|| tool_run(dir.path(), &db, &servers, &route, Mode::Forced));
+    let forced =
+        (route.tools == Tools::Whole).then(|| tool_run(dir.path(), &db, &route, Mode::Forced));
     if let Some((calls, shown)) = forced {
         assert!(
             calls
@@ -612,14 +613,8 @@ fn finished(
 
 /// A tool call executes, and at least two more requests follow it, every one accepted.
 /// Returns the accepted exchanges that were model calls, and what a failure shows.
-fn tool_run(
-    dir: &Path,
-    db: &Path,
-    servers: &Servers,
-    route: &Route,
-    mode: Mode,
-) -> (Vec<Exchange>, String) {
-    let (output, exchanges) = run_task(dir, db, servers, route, mode, TOOL_TASK, "6");
+fn tool_run(dir: &Path, db: &Path, route: &Route, mode: Mode) -> (Vec<Exchange>, String) {
+    let (output, exchanges) = run_task(dir, db, route, mode, TOOL_TASK, "6");
     let run = finished(db, route, mode, "tool run", &output, &exchanges);
     let shown = &run.shown;
     assert!(run.trace.tools_finished >= 1, "no tool ran: {shown}");
@@ -657,79 +652,73 @@ fn tool_run(
     (run.calls, run.shown)
 }
 
-/// [`Tools::RefusedAfterTheCall`]: the model's first call executes; the request carrying
-/// its result is refused by the server (not for anything in Nerve's request), retried
-/// once, and the run ends `error` with one line in the server's words.
-/// Returns the accepted exchanges, and what a failure shows.
-fn refused_tool_run(
-    dir: &Path,
-    db: &Path,
-    servers: &Servers,
-    route: &Route,
-    mode: Mode,
-) -> (Vec<Exchange>, String) {
-    let (output, exchanges) = run_task(dir, db, servers, route, mode, TOOL_TASK, "6");
-    check_refused(db, route, mode, "refused tool run", &output, &exchanges)
-}
+/// What the work runs ask: read a file, edit it, run a command.
+const WORK_TASK: &str = "The file notes.txt lists fruits. Read it with the read_file tool, change `pears` to `plums` in it with the edit_file tool, then run `cat notes.txt` with the shell tool and say what it printed.";
 
-/// What a run on a [`Tools::RefusedAfterTheCall`] route that called a tool shows.
-fn check_refused(
-    db: &Path,
-    route: &Route,
-    mode: Mode,
-    what: &str,
-    output: &Output,
-    exchanges: &[Exchange],
-) -> (Vec<Exchange>, String) {
-    let (summary, _, trace, shown) = the_run(db, route, mode, what, output, exchanges);
-    assert!(trace.tools_finished >= 1, "no tool ran: {shown}");
-    assert_eq!(summary["termination_reason"], "error", "{shown}");
-    let refused: Vec<&Exchange> = exchanges.iter().filter(|e| e.status != 200).collect();
-    assert_eq!(
-        refused.len(),
-        2,
-        "refused once, and once more on the retry: {shown}"
-    );
-    for exchange in &refused {
-        assert_eq!(exchange.status, 500, "{shown}");
-        assert!(
-            contains(&exchange.answer, b"has no attribute 'content'"),
-            "{}: {shown}",
-            String::from_utf8_lossy(&exchange.answer)
-        );
-    }
-    assert_eq!(trace.retries.len(), 1, "{:?}: {shown}", trace.retries);
-    assert!(
-        trace.retries[0].starts_with("server_rejected"),
-        "{:?}",
-        trace.retries
-    );
-    let error = summary["error"].as_str().unwrap_or_default();
-    assert!(
-        error.contains("HTTP 500 from anthropic")
-            && error.contains("has no attribute")
-            && !error.contains('\n'),
-        "{shown}"
-    );
-    // Up to the refusal, every request was accepted and streamed as configured.
-    let accepted: Vec<Exchange> = exchanges
+/// [`Tools::Works`]: the model reads `notes.txt`, edits it and runs a command, each tool
+/// call succeeding at least once; every request is accepted once, at least two after the
+/// first tool ran; the file holds the edit; the log verifies. The prompt prefix stays put
+/// between ordinary turns, on each side of a switch to tools as text (which changes the
+/// system prompt and the tools once).
+fn work_run(dir: &Path, db: &Path, route: &Route, mode: Mode) {
+    let (output, exchanges) = run_task(dir, db, route, mode, WORK_TASK, "8");
+    let run = finished(db, route, mode, "work run", &output, &exchanges);
+    let shown = &run.shown;
+    let events = events_json(db, &run.id);
+    let succeeded: Vec<&str> = events
         .iter()
-        .filter(|e| e.status == 200)
+        .filter(|e| {
+            e["kind"] == "tool_call_finished" && e["payload"]["result"]["is_error"] == false
+        })
+        .filter_map(|e| e["payload"]["result"]["name"].as_str())
+        .collect();
+    let switched = events.iter().any(|e| e["kind"] == "tool_protocol_switched");
+    eprintln!(
+        "{} ({mode:?}): tools that succeeded: {succeeded:?}; calls as text: {switched}",
+        route.name
+    );
+    for tool in ["read_file", "shell"] {
+        assert!(succeeded.contains(&tool), "no {tool} succeeded: {shown}");
+    }
+    assert!(
+        succeeded.contains(&"edit_file") || succeeded.contains(&"write_file"),
+        "no edit succeeded: {shown}"
+    );
+    assert!(
+        run.trace.ok_after_first_tool >= 2,
+        "{} requests accepted after the first tool: {shown}",
+        run.trace.ok_after_first_tool
+    );
+    let notes = dir
+        .join(format!(
+            "workspace-{}-{mode:?}",
+            route.name.replace(' ', "-")
+        ))
+        .join("notes.txt");
+    let notes = std::fs::read_to_string(&notes).unwrap();
+    assert!(
+        notes.contains("plums") && !notes.contains("pears"),
+        "notes.txt: {notes:?}: {shown}"
+    );
+    let verify = crate::support::nerve(db, &["verify", &run.id]);
+    assert!(verify.status.success(), "{}: {shown}", stderr(&verify));
+    let ordinary: Vec<Exchange> = run
+        .calls
+        .iter()
+        .take(run.trace.calls_before_compaction.unwrap_or(usize::MAX))
         .cloned()
         .collect();
-    let calls = check_streaming(&accepted, route, mode, &shown);
-    (calls, shown)
+    let has_tools = |e: &Exchange| contains(&e.body, b"\"tools\":");
+    let (native, text): (Vec<Exchange>, Vec<Exchange>) =
+        ordinary.into_iter().partition(|e| has_tools(e));
+    check_prefix(&native, shown);
+    check_prefix(&text, shown);
 }
 
 /// A run asked to answer in text: every request accepted, no error, and (where the model
 /// can) the run completes with the model's text.
-fn text_run(dir: &Path, db: &Path, servers: &Servers, route: &Route, mode: Mode) {
-    let (output, exchanges) = run_task(dir, db, servers, route, mode, TEXT_TASK, "3");
-    if route.tools == Tools::RefusedAfterTheCall && exchanges.iter().any(|e| e.status != 200) {
-        // The model called a tool anyway, and its result was refused (see the route).
-        check_refused(db, route, mode, "text run", &output, &exchanges);
-        return;
-    }
+fn text_run(dir: &Path, db: &Path, route: &Route, mode: Mode) {
+    let (output, exchanges) = run_task(dir, db, route, mode, TEXT_TASK, "3");
     let run = finished(db, route, mode, "text run", &output, &exchanges);
     let (summary, shown) = (&run.summary, &run.shown);
     if !route.answers_in_text && summary["termination_reason"] != "completed" {
@@ -802,9 +791,9 @@ fn a_wrong_key_is_one_line_and_no_retries() {
                 "--provider",
                 route.provider,
                 "--model",
-                "smollm2",
+                route.model,
                 "--context-window",
-                &servers.window,
+                &route.window,
             ],
             &as_env(&env),
         );
@@ -864,7 +853,7 @@ fn a_killed_server_is_retried_then_the_run_resumes() {
     let env = route.env(&base, &servers.llama_key, &config);
     let workspace = workspace(dir.path(), "killed");
     let task = "Use the shell tool to run `ls`, then say in one sentence which files there are.";
-    let args = run_args(workspace.to_str().unwrap(), &servers, "openai", task, "4");
+    let args = run_args(workspace.to_str().unwrap(), route, task, "4");
     let mut running = spawn_nerve_env(&db, &args, &as_env(&env));
 
     // Mid-run: the model has answered once and its tool ran; the server dies before the
@@ -962,13 +951,7 @@ fn a_terminal_shows_the_text_before_the_model_call_ends() {
     let task = "Write a paragraph of four sentences about apples. Do not use any tool.";
     let db_arg = db.display().to_string();
     let mut args = vec!["--db", db_arg.as_str()];
-    args.extend(run_args(
-        workspace.to_str().unwrap(),
-        &servers,
-        "openai",
-        task,
-        "3",
-    ));
+    args.extend(run_args(workspace.to_str().unwrap(), route, task, "3"));
     // On a terminal: the live transcript, not the JSON summary.
     assert_eq!(args.pop(), Some("--json"));
     let term = Tmux::start(&args, &as_env(&env));

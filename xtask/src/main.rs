@@ -23,8 +23,10 @@
 mod bench_e2e;
 mod bench_fleet;
 mod bench_fleet_engine;
+mod eval;
 mod fuzz;
 mod phoenix;
+mod qwen;
 mod real;
 mod watchdog;
 
@@ -34,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
+const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | eval [--tasks GLOB] [--max-turns N] [--no-peer] [--no-nerve] [--check-tasks] | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -52,6 +54,7 @@ fn main() -> Result<()> {
         ),
         Some("test-sandbox") => test_sandbox(),
         Some("test-real") => test_real(args.get(1).map(String::as_str)),
+        Some("eval") => eval::eval(&args[1..]),
         Some("image") if args.get(1).map(String::as_str) == Some("python") => {
             python_image().map(|tag| println!("{tag}"))
         }

@@ -65,8 +65,12 @@ const LLAMA_CMAKE_FLAGS: &[&str] = &[
     "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
 ];
-/// The context window the servers are started with; the tests pass it as --context-window.
+/// The context window llama-cpp-python serves SmolLM2 with; the tests pass it as
+/// --context-window.
 pub(crate) const CONTEXT_WINDOW: u32 = 4096;
+/// The window `llama-server` serves Qwen2.5-Coder-1.5B with (the tools' schemas and the
+/// system prompt take about 1,500 of it).
+const QWEN_WINDOW: u32 = 8192;
 /// LiteLLM's master key: what a client must send as its API key.
 const LITELLM_KEY: &str = "sk-nerve-real-litellm";
 /// The llama.cpp servers' key (they answer a wrong one with 401; LiteLLM without a
@@ -81,13 +85,7 @@ const COMPLETE: &str = ".nerve-complete";
 pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
     let filter = format!("real::{}", filter.unwrap_or_default());
     let cache = cache_dir()?;
-    let tools = venv(
-        &cache,
-        &format!("cmake-{CMAKE}-ninja-{NINJA}"),
-        &[&format!("cmake=={CMAKE}"), &format!("ninja=={NINJA}")],
-        &[],
-        |_| Ok(()),
-    )?;
+    let tools = tools_venv(&cache)?;
     let llama_cpp = llama_cpp(&cache, &tools)?;
     let llama_python = llama_cpp_python(&cache, &tools, &llama_cpp)?;
     let litellm = venv(
@@ -98,6 +96,7 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
         |_| Ok(()),
     )?;
     let model = model_file(&cache, &tools)?;
+    let qwen = crate::qwen::ensure(&cache, &tools.join("bin/python"))?;
     let logs = target_dir().join("real");
     std::fs::create_dir_all(&logs)?;
 
@@ -135,9 +134,9 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
     let server_port = free_port()?;
     let llama_server_bin = llama_cpp.join("llama-server");
     let llama_server = Server::start(
-        "llama-server",
+        "llama-server (Qwen2.5-Coder-1.5B)",
         Command::new(&llama_server_bin)
-            .args(llama_server_args(&model))
+            .args(qwen_server_args(&qwen, QWEN_WINDOW, 1, LLAMA_KEY))
             .args(["--host", "127.0.0.1", "--port", &server_port.to_string()]),
         &logs.join("llama-server.log"),
         server_port,
@@ -146,7 +145,7 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
 
     let litellm_port = free_port()?;
     let config = logs.join("litellm.yaml");
-    std::fs::write(&config, litellm_config(python_port))?;
+    std::fs::write(&config, litellm_config(python_port, server_port))?;
     let litellm_server = Server::start(
         "LiteLLM",
         Command::new(litellm.join("bin/litellm"))
@@ -191,6 +190,7 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
             .env("NERVE_REAL_LITELLM_KEY", LITELLM_KEY)
             .env("NERVE_REAL_LLAMA_KEY", LLAMA_KEY)
             .env("NERVE_REAL_CONTEXT_WINDOW", CONTEXT_WINDOW.to_string())
+            .env("NERVE_REAL_QWEN_WINDOW", QWEN_WINDOW.to_string())
             // For the test that kills a server and starts it again: its own, the same way.
             .env("NERVE_REAL_LLAMA_PYTHON", llama_python.join("bin/python"))
             .env("NERVE_REAL_MODEL", &model),
@@ -205,47 +205,71 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
     result
 }
 
-/// The arguments of `llama-server` but its address: the model under the name `smollm2`,
-/// tools through its Jinja chat template (or llama.cpp's generic JSON format when the
-/// template has none), the context window, one slot, one thread (see above), the key.
-fn llama_server_args(model: &Path) -> Vec<String> {
-    let mut args: Vec<String> = vec!["--model".into(), model.display().to_string()];
+/// CMake and Ninja from PyPI (they build llama.cpp), in a venv whose Python has pip.
+pub(crate) fn tools_venv(cache: &Path) -> Result<PathBuf> {
+    venv(
+        cache,
+        &format!("cmake-{CMAKE}-ninja-{NINJA}"),
+        &[&format!("cmake=={CMAKE}"), &format!("ninja=={NINJA}")],
+        &[],
+        |_| Ok(()),
+    )
+}
+
+/// The arguments of `llama-server` serving Qwen2.5-Coder-1.5B, but its address: the
+/// corrected chat template (`--jinja`: tools through it), a `window`-token context, one
+/// slot, `threads` threads, greedy sampling with a fixed seed (runs are reproducible), and
+/// the key `key`.
+pub(crate) fn qwen_server_args(
+    model: &crate::qwen::Qwen,
+    window: u32,
+    threads: u32,
+    key: &str,
+) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--model".into(),
+        model.gguf.display().to_string(),
+        "--chat-template-file".into(),
+        model.template.display().to_string(),
+    ];
     args.extend(
         [
             "--alias",
-            "smollm2",
+            crate::qwen::MODEL_NAME,
             "--jinja",
             "--ctx-size",
-            &CONTEXT_WINDOW.to_string(),
+            &window.to_string(),
             "--parallel",
             "1",
             "--threads",
-            "1",
+            &threads.to_string(),
             "--threads-batch",
-            "1",
+            &threads.to_string(),
+            "--temp",
+            "0",
             "--seed",
             "7",
             "--api-key",
-            LLAMA_KEY,
+            key,
         ]
         .map(String::from),
     );
     args
 }
 
-/// LiteLLM in front of llama-cpp-python's server (`llama-server` would serve SmolLM2
-/// without its tools: docs/providers.md). Two settings learned the hard way: Anthropic
-/// Messages requests for an `openai/...` model go to the backend's `/v1/responses` (which
-/// llama.cpp lacks) unless told to use Chat Completions; and the master key makes a wrong
-/// client key a 401.
-fn litellm_config(llama_port: u16) -> String {
+/// LiteLLM in front of both llama.cpp servers: `smollm2` on llama-cpp-python's, and Qwen
+/// on `llama-server`. Two settings learned the hard way: Anthropic Messages requests for
+/// an `openai/...` model go to the backend's `/v1/responses` (which llama.cpp lacks) unless
+/// told to use Chat Completions; and the master key makes a wrong client key a 401.
+fn litellm_config(python_port: u16, server_port: u16) -> String {
+    let qwen = crate::qwen::MODEL_NAME;
     format!(
-        "model_list:\n  - model_name: smollm2\n    litellm_params:\n      model: openai/smollm2\n      api_base: http://127.0.0.1:{llama_port}/v1\n      api_key: {LLAMA_KEY}\nlitellm_settings:\n  use_chat_completions_url_for_anthropic_messages: true\n  telemetry: false\ngeneral_settings:\n  master_key: {LITELLM_KEY}\n"
+        "model_list:\n  - model_name: smollm2\n    litellm_params:\n      model: openai/smollm2\n      api_base: http://127.0.0.1:{python_port}/v1\n      api_key: {LLAMA_KEY}\n  - model_name: {qwen}\n    litellm_params:\n      model: openai/{qwen}\n      api_base: http://127.0.0.1:{server_port}/v1\n      api_key: {LLAMA_KEY}\nlitellm_settings:\n  use_chat_completions_url_for_anthropic_messages: true\n  telemetry: false\ngeneral_settings:\n  master_key: {LITELLM_KEY}\n"
     )
 }
 
 /// `$XDG_CACHE_HOME/nerve`, else `~/.cache/nerve`.
-fn cache_dir() -> Result<PathBuf> {
+pub(crate) fn cache_dir() -> Result<PathBuf> {
     let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".cache"),
@@ -257,7 +281,7 @@ fn cache_dir() -> Result<PathBuf> {
 
 /// A Python virtual environment `name` under the cache with `packages` installed (with
 /// `env` set for pip) and `finish` run on it; made anew unless a previous install finished.
-fn venv(
+pub(crate) fn venv(
     cache: &Path,
     name: &str,
     packages: &[&str],
@@ -300,7 +324,7 @@ fn clear(dir: &Path) -> Result<()> {
 /// llama.cpp as llama-cpp-python vendors it, built once with CMake and Ninja from the
 /// `tools` venv: a directory holding `llama-server` and the shared libraries it and
 /// llama-cpp-python load (they find each other through an `$ORIGIN` RPATH).
-fn llama_cpp(cache: &Path, tools: &Path) -> Result<PathBuf> {
+pub(crate) fn llama_cpp(cache: &Path, tools: &Path) -> Result<PathBuf> {
     let dir = cache.join(format!("llama.cpp-{LLAMA_CPP_PYTHON}"));
     if dir.join(COMPLETE).exists() {
         return Ok(dir);
@@ -485,12 +509,12 @@ fn model_file(cache: &Path, python_venv: &Path) -> Result<PathBuf> {
 }
 
 /// A loopback port nothing listens on right now.
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// A server process, stopped when dropped.
-struct Server {
+pub(crate) struct Server {
     name: &'static str,
     child: Child,
 }
@@ -498,7 +522,7 @@ struct Server {
 impl Server {
     /// Starts `command` with its output in `log` and waits until `GET path` on `port`
     /// answers 200.
-    fn start(
+    pub(crate) fn start(
         name: &'static str,
         command: &mut Command,
         log: &Path,

@@ -72,6 +72,10 @@ pub mod kind {
     pub const CONTENT_FILTER: &str = "content_filter";
     /// A 2xx answer that is not the API's format (wrong base URL, a proxy's page). Permanent.
     pub const INVALID_RESPONSE: &str = "invalid_response";
+    /// The streamed answer ran away (the same text over and over) and was stopped. The
+    /// call is asked again with a note about it (the engine's `Run::call_model`), at most
+    /// twice, never the same request again: a model that samples greedily would repeat it.
+    pub const RUNAWAY: &str = "runaway";
     /// The scripted provider has no line left for this kind of call. Permanent.
     pub const SCRIPT_EXHAUSTED: &str = "script_exhausted";
 }

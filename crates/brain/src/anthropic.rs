@@ -32,7 +32,8 @@ use serde::{Deserialize, Serialize};
 use crate::http::{self, ClientError, HttpConfig};
 use crate::json_text::{Text, text};
 use crate::provider::{
-    FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, kind,
+    FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, ToolProtocol,
+    kind,
 };
 use crate::request::{Endpoint, RawArguments, output_limit, safe_call_id};
 use crate::sse::SseEvent;
@@ -70,6 +71,8 @@ pub struct AnthropicConfig {
     /// Stream answers, so they are seen as the model writes them. Off, every call asks
     /// for the whole answer (`[providers.anthropic] stream = false`).
     pub stream: bool,
+    /// How tool calls travel (`[providers.anthropic] tool_protocol`): `auto` by default.
+    pub tool_protocol: ToolProtocol,
     pub http: HttpConfig,
 }
 
@@ -87,6 +90,7 @@ impl AnthropicConfig {
             thinking_budget: None,
             prompt_caching: true,
             stream: true,
+            tool_protocol: ToolProtocol::Auto,
             http: HttpConfig::default(),
         }
     }
@@ -230,6 +234,10 @@ impl Provider for AnthropicProvider {
 
     fn prompt_scale_permille(&self) -> u64 {
         self.endpoint.prompt_scale_permille()
+    }
+
+    fn tool_protocol(&self) -> ToolProtocol {
+        self.config.tool_protocol
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {

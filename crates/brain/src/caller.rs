@@ -32,6 +32,7 @@ use crate::config::EngineConfig;
 use crate::journal::Journal;
 use crate::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use crate::retry::RetryPolicy;
+use crate::runaway::RunawayGuard;
 use crate::stop::Stop;
 use crate::stream::{DeltaObserver, ModelStream, StreamChunk};
 use crate::telemetry::{self, TraceConfig};
@@ -41,6 +42,8 @@ use crate::telemetry::{self, TraceConfig};
 pub(crate) enum CallError {
     Stop(Stop),
     Overflow(String),
+    /// The answer ran away and was stopped (what repeated, in a line): see `kind::RUNAWAY`.
+    Runaway(String),
 }
 
 impl From<Stop> for CallError {
@@ -266,6 +269,11 @@ impl ModelCaller {
                     return Ok(response);
                 }
                 Err(ProviderError::Transient {
+                    kind: crate::provider::kind::RUNAWAY,
+                    message,
+                    ..
+                }) => return Err(CallError::Runaway(message)),
+                Err(ProviderError::Transient {
                     kind,
                     message,
                     retry_after,
@@ -422,11 +430,20 @@ async fn drain(
     // Ends: a ModelStream yields exactly one terminal chunk and then None (stream.rs); an
     // HTTP body that goes silent past its idle limit ends with a timeout error (http.rs),
     // and the run's deadline cuts the attempt.
+    // Only a live stream is watched: what it saves is the model's time. (A whole answer
+    // replayed as deltas has been paid for; the output limit bounds it.)
+    let mut guard = stream.is_live().then(RunawayGuard::default);
     while let Some(chunk) = stream.next().await {
         match chunk {
             StreamChunk::Delta(delta) => {
                 first.get_or_insert_with(Instant::now);
                 deltas.delta(execution_id, purpose, &delta);
+                if let Some(why) = guard.as_mut().and_then(|g| g.observe(&delta)) {
+                    // Dropping the stream closes the connection: the server stops too.
+                    tracing::warn!(%why, "stopped a runaway answer");
+                    let error = ProviderError::transient(crate::provider::kind::RUNAWAY, why);
+                    return (Some(Err(error)), first);
+                }
             }
             StreamChunk::End(result) => end = Some(result),
         }

@@ -740,18 +740,7 @@ fn assert_fits(run: &WindowedOutcome, window: u64) {
 /// The results of the tool calls, in order, as the events recorded them (the originals,
 /// before any offload).
 fn outputs(outcome: &Outcome) -> Vec<ToolResult> {
-    outcome
-        .sink
-        .events()
-        .into_iter()
-        .filter_map(|e| {
-            if let Event::ToolCallFinished(finished) = e {
-                Some(finished.result)
-            } else {
-                None
-            }
-        })
-        .collect()
+    outcome.sink.tool_results()
 }
 
 /// A server that counts twice what the engine counts (a tokenizer that splits text finer

@@ -1181,7 +1181,8 @@ impl Compactor<'_> {
                     Ok(text)
                 }
             }
-            Err(CallError::Overflow(_)) => Err(SummaryFailure::Failed),
+            // A summary that runs away falls back to the extractive one.
+            Err(CallError::Overflow(_) | CallError::Runaway(_)) => Err(SummaryFailure::Failed),
             Err(CallError::Stop(stop)) => match stop.reason {
                 // A failed summary call falls back to the extractive summary; the run's
                 // own limits still stop it.

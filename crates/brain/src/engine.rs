@@ -29,6 +29,7 @@ use crate::runner::{Guards, Hands, Progress, Run};
 use crate::stagnation::StagnationDetector;
 use crate::stop::Stop;
 use crate::telemetry::{self, TraceConfig};
+use crate::text_tools::ToolProtocol;
 use crate::tokens::{TokenCounter, counter_for_model};
 use crate::turn::{self, Interrupted};
 use crate::workspace::WorkspaceTracker;
@@ -178,6 +179,13 @@ impl AgentEngine {
             ));
         }
         let tool_tokens = counter.count_tools(&definitions);
+        let tool_protocol = self.provider.tool_protocol();
+        let tools_as_text = match tool_protocol {
+            ToolProtocol::Native => false,
+            ToolProtocol::Text => true,
+            // A resumed run that had switched goes on with text.
+            ToolProtocol::Auto => crate::text_tools::used(&messages),
+        };
         Run {
             execution_id,
             config: self.config.clone(),
@@ -207,6 +215,8 @@ impl AgentEngine {
             stagnation: StagnationDetector::new(self.config.stagnation),
             workspace: WorkspaceTracker::new(self.workspace.clone(), workspace_tree),
             cancel,
+            tool_protocol,
+            tools_as_text,
         }
     }
 

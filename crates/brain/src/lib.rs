@@ -28,6 +28,7 @@ mod react;
 mod relevance;
 mod request;
 pub mod retry;
+mod runaway;
 mod runner;
 pub mod scripted;
 pub mod sse;
@@ -35,6 +36,7 @@ pub mod stagnation;
 mod stop;
 pub mod stream;
 pub mod telemetry;
+pub mod text_tools;
 pub mod tokens;
 mod turn;
 mod window;
@@ -61,7 +63,7 @@ pub use http::{ClientError, HttpConfig};
 pub use models::{ModelInfo, ModelOverride, ModelTable, ModelTableError};
 pub use openai::{OpenAiConfig, OpenAiProvider};
 pub use provider::{
-    FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice,
+    FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, ToolProtocol,
 };
 pub use scripted::{ScriptError, ScriptedProvider};
 pub use stream::{Delta, DeltaObserver, IgnoreDeltas, ModelStream, StreamChunk};

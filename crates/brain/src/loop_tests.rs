@@ -1501,3 +1501,309 @@ async fn a_resume_after_the_final_answer_was_recorded_finishes_without_asking_ag
         sink.kinds()
     );
 }
+
+/// A scripted model behind a provider with `tool_protocol` set, which keeps every request
+/// it is sent (messages and tool count).
+struct Protocol {
+    inner: ScriptedProvider,
+    protocol: crate::ToolProtocol,
+    /// Answers stream live (as Chat Completions events, a few characters each), as a real
+    /// server's do; otherwise they are replayed.
+    live: bool,
+    seen: std::sync::Mutex<Vec<(Vec<nerve_core::Message>, usize)>>,
+}
+
+#[async_trait::async_trait]
+impl crate::Provider for Protocol {
+    fn name(&self) -> &str {
+        "protocol"
+    }
+    fn model(&self) -> &str {
+        "local"
+    }
+    async fn complete(
+        &self,
+        request: crate::ModelRequest<'_>,
+    ) -> Result<crate::ModelResponse, crate::ProviderError> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((request.messages.to_vec(), request.tools.len()));
+        self.inner.complete(request).await
+    }
+    fn tool_protocol(&self) -> crate::ToolProtocol {
+        self.protocol
+    }
+    async fn stream(&self, request: crate::ModelRequest<'_>) -> crate::ModelStream {
+        let answer = self.complete(request).await;
+        let Ok(response) = answer.as_ref() else {
+            return crate::ModelStream::from_result(answer);
+        };
+        if !self.live {
+            return crate::ModelStream::from_result(answer);
+        }
+        let text: Vec<char> = response.message.text_content().chars().collect();
+        let mut events: std::collections::VecDeque<bytes::Bytes> = text
+            .chunks(7)
+            .map(|piece| {
+                let chunk = serde_json::json!({"choices": [{"delta": {"content": piece.iter().collect::<String>()}}]});
+                bytes::Bytes::from(format!("data: {chunk}\n\n"))
+            })
+            .collect();
+        events.push_back(bytes::Bytes::from_static(
+            b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+        ));
+        let estimate = crate::tokens::UsageEstimate {
+            input: 10,
+            counter: Arc::new(crate::tokens::Estimate),
+            calibration: None,
+        };
+        crate::ModelStream::new(
+            crate::stream::MemorySource(events),
+            crate::openai::ChatStreamDecoder::new(estimate),
+        )
+    }
+}
+
+/// Runs "do it" against `cassette` through a provider on `protocol`; the outcome and the
+/// requests.
+async fn run_protocol(
+    protocol: crate::ToolProtocol,
+    cassette: &str,
+) -> (Outcome, Vec<(Vec<nerve_core::Message>, usize)>) {
+    run_protocol_on(protocol, false, cassette).await
+}
+
+async fn run_protocol_on(
+    protocol: crate::ToolProtocol,
+    live: bool,
+    cassette: &str,
+) -> (Outcome, Vec<(Vec<nerve_core::Message>, usize)>) {
+    let provider = Arc::new(Protocol {
+        inner: ScriptedProvider::parse("test", cassette).unwrap(),
+        protocol,
+        live,
+        seen: std::sync::Mutex::default(),
+    });
+    let sink = Arc::new(MemorySink::default());
+    let tools = Arc::new(EchoTools::default());
+    let engine = AgentEngine::new(
+        Arc::clone(&provider) as Arc<dyn crate::Provider>,
+        Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig::default(),
+    );
+    let result = engine
+        .run(ExecutionId::new(), do_it(), CancellationToken::new())
+        .await
+        .unwrap();
+    let seen = provider.seen.lock().unwrap().clone();
+    (
+        Outcome {
+            result,
+            sink,
+            tools,
+        },
+        seen,
+    )
+}
+
+/// A cassette line answering `text` (JSON-escaped here).
+fn says(text: &str) -> String {
+    serde_json::json!({ "text": text }).to_string()
+}
+
+#[tokio::test]
+async fn auto_switches_to_text_calls_when_the_model_writes_one() {
+    let call = "I will list the files.\n```json\n{\"name\": \"shell\", \"arguments\": {\"command\": \"ls\"}}\n```";
+    let (outcome, seen) = run_protocol(
+        crate::ToolProtocol::Auto,
+        &lines(&[says(call), says("The files are listed.")]),
+    )
+    .await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    let ran = outcome.tools.calls.lock().unwrap().clone();
+    assert_eq!(ran.len(), 1);
+    assert_eq!(ran[0].arguments, serde_json::json!({"command": "ls"}));
+    assert_eq!(ran[0].id.0, "text_1_0");
+    // The switch is recorded before the call starts.
+    let kinds = outcome.sink.kinds();
+    let switched = kinds.iter().position(|k| *k == "tool_protocol_switched");
+    let started = kinds.iter().position(|k| *k == "tool_call_started");
+    assert!(switched.is_some() && switched < started, "{kinds:?}");
+    // Native first (tools sent), then text: no tools, the tools in the system prompt, the
+    // call as the model wrote it and its result in a user message.
+    assert_eq!(seen.len(), 2);
+    assert!(seen[0].1 > 0);
+    assert_eq!(seen[1].1, 0);
+    let second = &seen[1].0;
+    assert!(second[0].text_content().contains("# Tools\n"));
+    assert!(second[0].text_content().contains("- shell {}: echo"));
+    assert!(
+        second
+            .iter()
+            .all(|m| m.tool_calls().next().is_none() && m.role != MessageRole::Tool)
+    );
+    assert_eq!(second[2].text_content(), call);
+    assert_eq!(
+        second[3].text_content(),
+        "<tool_response>\n{\"command\":\"ls\"}\n</tool_response>"
+    );
+}
+
+#[tokio::test]
+async fn prose_is_never_a_call_and_native_providers_read_no_text() {
+    // JSON mentioned in prose, on `auto`: the answer is final.
+    let prose =
+        "Run it with {\"name\": \"shell\", \"arguments\": {\"command\": \"ls\"}} next time.";
+    let (outcome, _) = run_protocol(crate::ToolProtocol::Auto, &says(prose)).await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    assert!(outcome.tools.calls.lock().unwrap().is_empty());
+    // A call-shaped answer from a provider on `native` is text.
+    let fenced = "```json\n{\"name\": \"shell\", \"arguments\": {\"command\": \"ls\"}}\n```";
+    let (outcome, seen) = run_protocol(crate::ToolProtocol::Native, &says(fenced)).await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    assert!(outcome.tools.calls.lock().unwrap().is_empty());
+    assert!(!outcome.sink.kinds().contains(&"tool_protocol_switched"));
+    assert!(seen[0].1 > 0);
+}
+
+#[tokio::test]
+async fn an_unreadable_text_call_is_answered_with_the_expected_format() {
+    let broken =
+        "<tool_call>\n{{\"name\": \"shell\", \"arguments\": {\"command\": \"ls\"}}}\n</tool_call>";
+    let fixed =
+        "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>";
+    let (outcome, seen) = run_protocol(
+        crate::ToolProtocol::Text,
+        &lines(&[says(broken), says(fixed), says("done")]),
+    )
+    .await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    // Text from the start: no tools through the API, no switch.
+    assert!(seen.iter().all(|(_, tools)| *tools == 0));
+    assert!(!outcome.sink.kinds().contains(&"tool_protocol_switched"));
+    let results = outcome.sink.tool_results();
+    assert_eq!(results.len(), 2);
+    assert!(results[0].is_error);
+    assert_eq!(results[0].name, crate::text_tools::UNREADABLE);
+    assert!(
+        results[0].content.contains("not valid JSON")
+            && results[0]
+                .content
+                .contains("<tool_call>\n{\"name\": \"shell\", \"arguments\": {}}\n</tool_call>"),
+        "{}",
+        results[0].content
+    );
+    assert!(!results[1].is_error);
+    // Only the readable call reached the tools.
+    assert_eq!(outcome.tools.calls.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_model_looping_on_text_calls_gets_the_correction_then_stops() {
+    let call = says(
+        "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>",
+    );
+    let (outcome, seen) = run_protocol(
+        crate::ToolProtocol::Text,
+        &lines(&[
+            call.clone(),
+            call.clone(),
+            call.clone(),
+            call.clone(),
+            call.clone(),
+            says("done"),
+        ]),
+    )
+    .await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Stagnation
+    );
+    // The correction is in the next request the model sees, as a user message.
+    let last = &seen.last().unwrap().0;
+    let correction = last
+        .iter()
+        .rev()
+        .find(|m| m.role == MessageRole::User && m.text_content().contains("repeating yourself"));
+    assert!(correction.is_some(), "{last:?}");
+}
+
+#[tokio::test]
+async fn a_runaway_answer_is_stopped_and_asked_again_with_a_note() {
+    let looping = format!(
+        "Let me think.\n{}",
+        "I will check the file again.\n".repeat(100)
+    );
+    let (outcome, seen) = run_protocol_on(
+        crate::ToolProtocol::Auto,
+        true,
+        &lines(&[says(&looping), says("done")]),
+    )
+    .await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    let calls: Vec<String> = outcome
+        .events()
+        .into_iter()
+        .filter_map(|e| {
+            if let Event::ModelCalled(called) = &e {
+                Some(called.outcome.clone())
+            } else if let Event::Retry(retry) = &e {
+                Some(format!("retry {}", retry.error))
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(calls, ["runaway", "retry runaway", "ok"]);
+    let note = seen[1].0.last().unwrap().text_content();
+    assert!(
+        note.starts_with(
+            "[Nerve] Your last answer was stopped because it kept repeating the same 29 characters"
+        ),
+        "{note}"
+    );
+    // The runaway answer is not in the conversation (the note quotes it).
+    assert!(
+        !outcome
+            .result
+            .context
+            .messages
+            .iter()
+            .any(|m| m.role == MessageRole::Assistant
+                && m.text_content().contains("check the file again"))
+    );
+}
+
+#[tokio::test]
+async fn answers_that_keep_running_away_end_the_run_in_error() {
+    let looping = says(&"again and again\n".repeat(200));
+    let (outcome, _) = run_protocol_on(
+        crate::ToolProtocol::Auto,
+        true,
+        &lines(&[looping.clone(), looping.clone(), looping]),
+    )
+    .await;
+    assert_eq!(outcome.result.termination_reason, TerminationReason::Error);
+    let error = outcome.result.error.unwrap();
+    assert!(
+        error.starts_with("the model's answers kept running away"),
+        "{error}"
+    );
+}

@@ -27,7 +27,8 @@ use serde::{Deserialize, Serialize};
 use crate::http::{self, ClientError, HttpConfig};
 use crate::json_text::{Arguments, Content, Text, text};
 use crate::provider::{
-    FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, kind,
+    FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, ToolProtocol,
+    kind,
 };
 use crate::request::{Endpoint, RawArguments, output_limit, safe_call_id};
 use crate::sse::SseEvent;
@@ -64,6 +65,9 @@ pub struct OpenAiConfig {
     /// Stream answers (`stream: true`), so they are seen as the model writes them. Off,
     /// every call asks for the whole answer (`[providers.openai] stream = false`).
     pub stream: bool,
+    /// How tool calls travel (`[providers.openai] tool_protocol`): `auto` by default, so a
+    /// local model that writes its calls as text works (docs/providers.md).
+    pub tool_protocol: ToolProtocol,
     pub http: HttpConfig,
 }
 
@@ -81,6 +85,7 @@ impl OpenAiConfig {
             parallel_tool_calls: None,
             stream_usage: true,
             stream: true,
+            tool_protocol: ToolProtocol::Auto,
             http: HttpConfig::default(),
         }
     }
@@ -170,6 +175,10 @@ impl Provider for OpenAiProvider {
 
     fn prompt_scale_permille(&self) -> u64 {
         self.endpoint.prompt_scale_permille()
+    }
+
+    fn tool_protocol(&self) -> ToolProtocol {
+        self.config.tool_protocol
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 
 pub use crate::answer::{ModelRequest, ModelResponse, ProviderError, ToolChoice, kind};
 use crate::stream::ModelStream;
+pub use crate::text_tools::ToolProtocol;
 
 /// Why the model stopped producing output; a core type, since turn records carry it.
 pub use nerve_core::FinishReason;
@@ -35,6 +36,12 @@ pub trait Provider: Send + Sync {
     /// finer than the estimate is compacted before its server refuses.
     fn prompt_scale_permille(&self) -> u64 {
         1000
+    }
+
+    /// How tool calls travel to and from this provider's model: natively (the default),
+    /// as text, or natively until the model writes its calls as text (`auto`).
+    fn tool_protocol(&self) -> ToolProtocol {
+        ToolProtocol::Native
     }
 }
 

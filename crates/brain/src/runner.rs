@@ -16,10 +16,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use nerve_core::event::{CallPurpose, TaskTransition};
+use nerve_core::event::{CallPurpose, TaskTransition, ToolProtocolSwitched, ToolTransport};
 use nerve_core::{
-    ContextArchive, Event, ExecutionId, LoopType, Message, Snapshot, TaskId, TaskStatus,
-    TerminationReason, ToolDefinition, ToolExecutor, TurnRecord,
+    ContextArchive, Event, ExecutionId, FinishReason, LoopType, Message, MessagePart, Snapshot,
+    TaskId, TaskStatus, TerminationReason, ToolDefinition, ToolExecutor, TurnRecord,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +31,7 @@ use crate::journal::Journal;
 use crate::provider::ModelResponse;
 use crate::stagnation::StagnationDetector;
 use crate::stop::Stop;
+use crate::text_tools::{self, ToolProtocol};
 use crate::window::Window;
 
 /// How many times one model call compacts after the server refused its prompt as over the
@@ -38,6 +39,10 @@ use crate::window::Window;
 /// then aimed by that count, and a refusal after it is new information). A refusal that
 /// states no count gets one compaction and one retry (the design's contract).
 const OVERFLOW_COMPACTIONS: u32 = 3;
+
+/// How many times one model call is asked again after its answer ran away (each time with
+/// a note about it in the conversation); then the run ends `error`.
+const RUNAWAY_RETRIES: u32 = 2;
 
 /// Counters of the one-shot and bounded guardrails.
 #[derive(Debug, Clone, Copy, Default)]
@@ -93,6 +98,10 @@ pub(crate) struct Run {
     /// Workspace snapshots at turn boundaries.
     pub(crate) workspace: crate::workspace::WorkspaceTracker,
     pub(crate) cancel: CancellationToken,
+    /// How the agent provider carries tool calls (its `tool_protocol`).
+    pub(crate) tool_protocol: ToolProtocol,
+    /// Whether calls travel as text now: on `text`, and on `auto` once it switched.
+    pub(crate) tools_as_text: bool,
 }
 
 impl Run {
@@ -214,11 +223,35 @@ impl Run {
         let mut compactions = 0;
         // Ends: each pass is one call (its retries bounded in ModelCaller::call); after an
         // overflow it compacts at most OVERFLOW_COMPACTIONS times (once when the refusal
-        // states no count), and a compaction that frees nothing ends the run.
+        // states no count), a compaction that frees nothing ends the run, and a
+        // runaway answer is asked again at most RUNAWAY_RETRIES times.
+        let mut runaways = 0;
         loop {
             let message = match self.call_once(turn, purpose, tools).await {
-                Ok(response) => return Ok(response),
+                Ok(response) => return Ok(self.read_text_calls(turn, tools, response)),
                 Err(CallError::Stop(stop)) => return Err(stop),
+                Err(CallError::Runaway(why)) => {
+                    // Asking again for the same prompt gets the same answer from a model
+                    // that samples greedily: the retry carries a note about what happened.
+                    runaways += 1;
+                    if runaways > RUNAWAY_RETRIES {
+                        return Err(Stop::new(
+                            TerminationReason::Error,
+                            format!("the model's answers kept running away: {why}"),
+                        ));
+                    }
+                    self.journal.record(Event::Retry(nerve_core::event::Retry {
+                        turn,
+                        attempt: runaways,
+                        error: crate::provider::kind::RUNAWAY.to_owned(),
+                        delay_ms: 0,
+                    }));
+                    self.push_message(Message::user(format!(
+                        "[Nerve] Your last answer was stopped because {why}. Do not repeat \
+                         yourself: make one tool call, or give a short final answer."
+                    )));
+                    continue;
+                }
                 // A summary call never compacts for itself (the compactor calls the caller
                 // directly); kept for the purpose's sake.
                 Err(CallError::Overflow(message)) if purpose == CallPurpose::Summary => {
@@ -256,6 +289,14 @@ impl Run {
         purpose: CallPurpose,
         tools: &[ToolDefinition],
     ) -> Result<ModelResponse, CallError> {
+        if self.tools_as_text && !tools.is_empty() {
+            // The tools go in the system prompt and the calls in the text: no API tools.
+            let rendered = text_tools::render(self.window.messages(), tools);
+            return self
+                .caller
+                .call(&mut self.journal, turn, purpose, &rendered, &[])
+                .await;
+        }
         self.caller
             .call(
                 &mut self.journal,
@@ -265,5 +306,51 @@ impl Run {
                 tools,
             )
             .await
+    }
+
+    /// The calls written in the text of an answer without native calls become its calls,
+    /// when the provider takes them (`tool_protocol` `text`, or `auto`: strictly, naming a
+    /// known tool, and then the run switches to text, recorded). See `text_tools`.
+    fn read_text_calls(
+        &mut self,
+        turn: u32,
+        tools: &[ToolDefinition],
+        mut response: ModelResponse,
+    ) -> ModelResponse {
+        if tools.is_empty() || response.message.tool_calls().next().is_some() {
+            return response;
+        }
+        let strict = match self.tool_protocol {
+            ToolProtocol::Native => return response,
+            ToolProtocol::Text => false,
+            ToolProtocol::Auto => !self.tools_as_text,
+        };
+        let calls = text_tools::parse(&response.message.text_content(), tools, strict);
+        if calls.is_empty() {
+            return response;
+        }
+        if !self.tools_as_text {
+            self.tools_as_text = true;
+            let mut named: Vec<&str> = calls.iter().filter_map(|c| c.name.as_deref()).collect();
+            named.dedup();
+            self.journal
+                .record(Event::ToolProtocolSwitched(ToolProtocolSwitched {
+                    turn,
+                    from: ToolTransport::Native,
+                    to: ToolTransport::Text,
+                    reason: format!(
+                        "the answer wrote a call of `{}` as text and made no native call",
+                        named.join("`, `")
+                    ),
+                }));
+        }
+        for (n, call) in calls.into_iter().enumerate() {
+            response
+                .message
+                .parts
+                .push(MessagePart::ToolCall(call.into_call(turn, n)));
+        }
+        response.finish = FinishReason::ToolCalls;
+        response
     }
 }

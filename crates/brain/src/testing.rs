@@ -30,6 +30,20 @@ impl MemorySink {
     pub(crate) fn events(&self) -> Vec<Event> {
         self.events.lock().unwrap().clone()
     }
+
+    /// The results of the tool calls, in order, as the events recorded them.
+    pub(crate) fn tool_results(&self) -> Vec<nerve_core::ToolResult> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| {
+                if let Event::ToolCallFinished(finished) = e {
+                    Some(finished.result)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
 }
 
 #[async_trait]

@@ -27,6 +27,7 @@ use crate::compactor::{context_tool, run_context_tool};
 use crate::runner::Run;
 use crate::stop::Stop;
 use crate::telemetry;
+use crate::text_tools;
 
 /// Runs `calls` in order through the approval gate. Returns the results; parks (as `Err`)
 /// when a call waits for a human.
@@ -50,6 +51,16 @@ async fn through_gate(
     call: &ToolCall,
     decided: Option<Approval>,
 ) -> Result<ToolResult, Stop> {
+    if call.name == text_tools::UNREADABLE {
+        // A call written as text that could not be read: nothing to run or approve.
+        let result = ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            content: text_tools::unreadable_result(call, &run.hands.definitions),
+            is_error: true,
+        };
+        return Ok(finish_tool(run, turn, result, 0));
+    }
     if context_tool(&run.config, call).is_some() {
         // recall and compress_context act on the conversation, not the workspace.
         return execute_tool(run, turn, call).await;

@@ -1857,3 +1857,159 @@ async fn a_restarting_server_is_waited_for() {
     );
     assert!(retries[0].1 >= 50 && retries[1].1 >= 100, "{retries:?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Tools as text: the exact bytes `llama-server` (llama.cpp 0c1e570, `--jinja`, the
+// corrected chat template) streamed for Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, greedy), kept
+// in `tests/recorded/`.
+
+/// A recorded event stream, replayed one event per write.
+fn recorded(name: &str) -> Reply {
+    let path = format!("{}/tests/recorded/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    Reply::Stream {
+        pieces: text
+            .split_inclusive("\n\n")
+            .map(|event| event.as_bytes().to_vec())
+            .collect(),
+        abort: false,
+    }
+}
+
+/// The tools Qwen was offered when the answers were recorded, answering as the real ones
+/// did: the test run fails with the `NameError`.
+struct RecordedTools;
+
+#[async_trait]
+impl ToolExecutor for RecordedTools {
+    fn definitions(&self) -> Vec<ToolDefinition> {
+        let schema = |props: serde_json::Value, required: &[&str]| serde_json::json!({"type": "object", "properties": props, "required": required});
+        vec![
+            ToolDefinition {
+                name: "shell".into(),
+                description: "Run a shell command in the workspace.".into(),
+                parameters: schema(
+                    serde_json::json!({"command": {"type": "string"}}),
+                    &["command"],
+                ),
+            },
+            ToolDefinition {
+                name: "write_file".into(),
+                description: "Write a whole file.".into(),
+                parameters: schema(
+                    serde_json::json!({"path": {"type": "string"}, "content": {"type": "string"}}),
+                    &["path", "content"],
+                ),
+            },
+        ]
+    }
+
+    async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
+        assert_eq!(call.name, "shell", "only the shell call is readable");
+        Ok(ToolOutput::error(
+            "E       NameError: name 'math' is not defined\n1 failed in 0.04s\n[exit status 1]",
+        ))
+    }
+}
+
+/// Qwen, offered native tools, wrote its call as a ```` ```json ```` block and the server
+/// passed it on as text. On `tool_protocol = "auto"` the call runs and the run switches to
+/// text (an event); the next request has no `tools`, the tool list and call format in the
+/// system prompt, the answer as it was written and the result in `<tool_response>` tags.
+/// Qwen's next answer names `write_file` in a fenced block whose JSON is broken (the
+/// file's docstring quotes are not escaped): it runs nothing, and its error result shows
+/// the format and `write_file`'s arguments.
+#[tokio::test]
+async fn a_local_models_calls_written_as_text_run_through_auto() {
+    let server = TestServer::start(vec![
+        recorded("qwen-fenced-call.sse"),
+        recorded("qwen-unreadable-call.sse"),
+    ])
+    .await;
+    let mut config = OpenAiConfig::new("qwen2.5-coder-1.5b");
+    config.base_url = format!("{}/v1", server.url);
+    config.http = http();
+    assert_eq!(config.tool_protocol, nerve_brain::ToolProtocol::Auto);
+    let provider = Arc::new(OpenAiProvider::new(config).unwrap());
+    let sink = Arc::new(MemorySink::default());
+    let engine = AgentEngine::new(
+        provider,
+        Arc::new(RecordedTools),
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig {
+            max_turns: 2,
+            ..EngineConfig::default()
+        },
+    );
+    let task = Task {
+        id: TaskId::new(),
+        description: "`test_geometry.py` fails with an error. Fix the code, not the test.".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/tmp/workspace".into(),
+    };
+    let result = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(result.termination_reason, TerminationReason::MaxTurns);
+    let events = sink.0.lock().unwrap().clone();
+    let switched: Vec<&Event> = events
+        .iter()
+        .filter(|e| matches!(e, Event::ToolProtocolSwitched(_)))
+        .collect();
+    assert_eq!(switched.len(), 1, "{events:?}");
+    let results: Vec<ToolResult> = events
+        .iter()
+        .filter_map(|e| {
+            if let Event::ToolCallFinished(finished) = e {
+                Some(finished.result.clone())
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!(results[0].name, "shell");
+    assert_eq!(results[1].name, "unreadable_tool_call");
+    assert!(results[1].is_error);
+    assert!(
+        results[1].content.contains("not valid JSON")
+            && results[1]
+                .content
+                .contains("<tool_call>\n{\"name\": \"shell\", \"arguments\": {}}\n</tool_call>")
+            && results[1].content.contains(
+                "The arguments of `write_file`: write_file {content: string, path: string}."
+            ),
+        "{}",
+        results[1].content
+    );
+    // The requests: native tools first, then none, the tools described in the prompt.
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(requests[0].body["tools"].is_array());
+    let second = &requests[1].body;
+    assert!(
+        second.get("tools").is_none() && second.get("tool_choice").is_none(),
+        "{second}"
+    );
+    let messages = second["messages"].as_array().unwrap();
+    let system = messages[0]["content"].as_str().unwrap();
+    assert!(
+        system.contains("- write_file {content: string, path: string}: Write a whole file."),
+        "{system}"
+    );
+    assert!(
+        messages[2]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("```json\n{\n  \"name\": \"shell\""),
+        "{second}"
+    );
+    assert!(messages[2].get("tool_calls").is_none(), "{second}");
+    assert_eq!(
+        messages[3]["content"],
+        "<tool_response>\nE       NameError: name 'math' is not defined\n1 failed in 0.04s\n[exit status 1]\n</tool_response>"
+    );
+    assert_eq!(messages[3]["role"], "user");
+}

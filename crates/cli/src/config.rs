@@ -104,6 +104,8 @@ pub(crate) struct OpenAiSection {
     pub(crate) stream: Option<bool>,
     /// Which tools the model may or must call ([`ToolChoiceSetting`]).
     pub(crate) tool_choice: Option<ToolChoiceSetting>,
+    /// How tool calls travel: `"native"`, `"text"` or `"auto"` (the default).
+    pub(crate) tool_protocol: Option<nerve_brain::ToolProtocol>,
 }
 
 /// `tool_choice` of a provider's section: `"auto"` (the default: the model decides),
@@ -148,6 +150,8 @@ pub(crate) struct AnthropicSection {
     pub(crate) stream: Option<bool>,
     /// Which tools the model may or must call ([`ToolChoiceSetting`]).
     pub(crate) tool_choice: Option<ToolChoiceSetting>,
+    /// How tool calls travel: `"native"`, `"text"` or `"auto"` (the default).
+    pub(crate) tool_protocol: Option<nerve_brain::ToolProtocol>,
 }
 
 /// `[guardrails]`: limits and recoveries of every run (command-line flags win).
@@ -438,6 +442,8 @@ impl Config {
             anthropic_stream: self.providers.anthropic.stream,
             openai_tool_choice: self.providers.openai.tool_choice.clone().map(|c| c.0),
             anthropic_tool_choice: self.providers.anthropic.tool_choice.clone().map(|c| c.0),
+            openai_tool_protocol: self.providers.openai.tool_protocol,
+            anthropic_tool_protocol: self.providers.anthropic.tool_protocol,
         })
     }
 
@@ -832,6 +838,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("unknown field `streaming`"), "{error}");
+    }
+
+    #[test]
+    fn tool_protocol_is_auto_unless_a_provider_says_otherwise() {
+        use nerve_brain::ToolProtocol;
+        let settings = |text: &str| {
+            let config: Config = toml::from_str(text).unwrap();
+            let settings = config.provider_settings(None).unwrap();
+            (
+                settings.openai_tool_protocol,
+                settings.anthropic_tool_protocol,
+            )
+        };
+        assert_eq!(settings(""), (None, None));
+        assert_eq!(
+            settings(
+                "[providers.openai]\ntool_protocol = \"text\"\n[providers.anthropic]\ntool_protocol = \"native\""
+            ),
+            (Some(ToolProtocol::Text), Some(ToolProtocol::Native))
+        );
+        let error = toml::from_str::<Config>("[providers.openai]\ntool_protocol = \"json\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("unknown variant `json`, expected one of `native`, `text`, `auto`"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -138,7 +138,8 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             | Event::Checkpoint(_)
             | Event::Resumed(_)
             | Event::WorkspaceSnapshot(_)
-            | Event::WorkspaceRewound(_) => {}
+            | Event::WorkspaceRewound(_)
+            | Event::ToolProtocolSwitched(_) => {}
         }
     }
 

@@ -447,6 +447,10 @@ impl Display {
                     snapshot.outside.len()
                 ),
             )),
+            Event::ToolProtocolSwitched(switched) => lines.push((
+                Style::Note,
+                format!("· tool calls now read from text ({})", switched.reason),
+            )),
             Event::WorkspaceRewound(rewound) => lines.push((
                 Style::Note,
                 format!(

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use nerve_brain::{
     AnthropicConfig, AnthropicProvider, ModelTable, OpenAiConfig, OpenAiProvider, Provider,
-    ScriptedProvider, ToolChoice,
+    ScriptedProvider, ToolChoice, ToolProtocol,
 };
 use secrecy::SecretString;
 
@@ -37,6 +37,11 @@ const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
 /// Anthropic requires an output limit; the model's own limit, capped so that a single
 /// non-streamed answer stays well inside the request timeout.
 const ANTHROPIC_OUTPUT_CAP: u64 = 16_384;
+
+/// The output limit of a model the table does not know: enough for a long file edit, and
+/// a bound on a small model that never stops (the window alone would let it write for
+/// many minutes). `[[models]]` in the configuration gives a model its own.
+const UNKNOWN_MODEL_OUTPUT_TOKENS: u64 = 4_096;
 
 /// How long the pre-flight check may take: resolving the endpoint's host and connecting.
 const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -58,6 +63,10 @@ pub(crate) struct Settings {
     pub(crate) openai_tool_choice: Option<ToolChoice>,
     /// `[providers.anthropic] tool_choice`; `auto` unless set.
     pub(crate) anthropic_tool_choice: Option<ToolChoice>,
+    /// `[providers.openai] tool_protocol`; `auto` unless set.
+    pub(crate) openai_tool_protocol: Option<ToolProtocol>,
+    /// `[providers.anthropic] tool_protocol`; `auto` unless set.
+    pub(crate) anthropic_tool_protocol: Option<ToolProtocol>,
 }
 
 impl Default for Settings {
@@ -70,6 +79,8 @@ impl Default for Settings {
             anthropic_stream: None,
             openai_tool_choice: None,
             anthropic_tool_choice: None,
+            openai_tool_protocol: None,
+            anthropic_tool_protocol: None,
         }
     }
 }
@@ -135,12 +146,16 @@ fn build_with(
                 config.base_url = url;
             }
             config.api_key = api_key;
-            config.max_output_tokens = info.as_ref().map(|m| m.max_output_tokens);
+            config.max_output_tokens = Some(
+                info.as_ref()
+                    .map_or(UNKNOWN_MODEL_OUTPUT_TOKENS, |m| m.max_output_tokens),
+            );
             config.context_window = settings
                 .context_window
                 .or(info.as_ref().map(|m| m.context_window));
             config.stream = settings.openai_stream.unwrap_or(true);
             config.tool_choice = settings.openai_tool_choice.clone().unwrap_or_default();
+            config.tool_protocol = settings.openai_tool_protocol.unwrap_or_default();
             let url = config.base_url.clone();
             let provider = OpenAiProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider openai: {e}")))?;
@@ -164,13 +179,14 @@ fn build_with(
             }
             config.api_key = api_key;
             let info = settings.table.get(&model);
-            if let Some(info) = info {
-                config.max_output_tokens = info.max_output_tokens.min(ANTHROPIC_OUTPUT_CAP);
-            }
+            config.max_output_tokens = info.map_or(UNKNOWN_MODEL_OUTPUT_TOKENS, |info| {
+                info.max_output_tokens.min(ANTHROPIC_OUTPUT_CAP)
+            });
             config.context_window = settings.context_window.or(info.map(|m| m.context_window));
             config.prompt_caching = settings.anthropic_prompt_caching.unwrap_or(true);
             config.stream = settings.anthropic_stream.unwrap_or(true);
             config.tool_choice = settings.anthropic_tool_choice.clone().unwrap_or_default();
+            config.tool_protocol = settings.anthropic_tool_protocol.unwrap_or_default();
             let url = config.base_url.clone();
             let provider = AnthropicProvider::new(config)
                 .map_err(|e| Failure::usage(format!("provider anthropic: {e}")))?;

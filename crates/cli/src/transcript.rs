@@ -140,6 +140,10 @@ pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<Strin
                     snapshot.outside.len()
                 ));
             }
+            Event::ToolProtocolSwitched(switched) => lines.push(format!(
+                "  (tool calls now read from text: {})",
+                switched.reason
+            )),
             Event::WorkspaceRewound(rewound) => lines.push(format!(
                 "  (workspace rewound to turn {}: {} path(s))",
                 rewound.turn,

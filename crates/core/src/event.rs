@@ -375,6 +375,38 @@ pub struct WorkspaceRewound {
     pub changes: Vec<WorkspaceChange>,
 }
 
+/// How the model's tool calls travel: through the API's tool calling (`native`), or as text
+/// in the answer that Nerve reads (`text`; docs/providers.md, "Tools as text").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolTransport {
+    Native,
+    Text,
+}
+
+impl ToolTransport {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Text => "text",
+        }
+    }
+}
+
+/// A provider set to `tool_protocol = "auto"` switched from the API's tool calling to
+/// calls written as text: the model answered with call-shaped text and no native call.
+/// From the turn named here on, the tools are described in the system prompt and calls
+/// are read from the answers' text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolProtocolSwitched {
+    /// The turn whose answer showed it; its calls are the first read from text.
+    pub turn: u32,
+    pub from: ToolTransport,
+    pub to: ToolTransport,
+    /// What was seen, in a line (the tools the text named).
+    pub reason: String,
+}
+
 /// Every event an execution can record, tagged by `kind`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -398,6 +430,7 @@ pub enum Event {
     Resumed(Resumed),
     WorkspaceSnapshot(WorkspaceSnapshot),
     WorkspaceRewound(WorkspaceRewound),
+    ToolProtocolSwitched(ToolProtocolSwitched),
 }
 
 /// The `kind` tag of an [`Event`], as stored in the log's `kind` column.
@@ -422,11 +455,12 @@ pub enum EventKind {
     Resumed,
     WorkspaceSnapshot,
     WorkspaceRewound,
+    ToolProtocolSwitched,
 }
 
 impl EventKind {
     /// Every kind, in the order `docs/events.md` documents them.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 20] = [
         Self::Started,
         Self::ContextCreated,
         Self::MessageAppended,
@@ -446,6 +480,7 @@ impl EventKind {
         Self::Resumed,
         Self::WorkspaceSnapshot,
         Self::WorkspaceRewound,
+        Self::ToolProtocolSwitched,
     ];
 
     /// The payload version this build writes for this kind.
@@ -469,7 +504,8 @@ impl EventKind {
             | Self::Checkpoint
             | Self::Resumed
             | Self::WorkspaceSnapshot
-            | Self::WorkspaceRewound => EVENT_VERSION,
+            | Self::WorkspaceRewound
+            | Self::ToolProtocolSwitched => EVENT_VERSION,
         }
     }
 
@@ -499,6 +535,7 @@ impl EventKind {
             Self::Resumed => "resumed",
             Self::WorkspaceSnapshot => "workspace_snapshot",
             Self::WorkspaceRewound => "workspace_rewound",
+            Self::ToolProtocolSwitched => "tool_protocol_switched",
         }
     }
 }
@@ -525,6 +562,7 @@ impl Event {
             Self::Resumed(_) => EventKind::Resumed,
             Self::WorkspaceSnapshot(_) => EventKind::WorkspaceSnapshot,
             Self::WorkspaceRewound(_) => EventKind::WorkspaceRewound,
+            Self::ToolProtocolSwitched(_) => EventKind::ToolProtocolSwitched,
         }
     }
 }

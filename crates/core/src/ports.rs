@@ -151,6 +151,65 @@ pub struct ToolDefinition {
     pub parameters: serde_json::Value,
 }
 
+impl ToolDefinition {
+    /// The tool's arguments in one line, from its JSON Schema, for a model that got them
+    /// wrong or reads its tools as text: `shell {command: string, timeout_secs?: integer}`
+    /// (`?` marks an optional argument; enumerations list their values).
+    pub fn signature(&self) -> String {
+        let schema = &self.parameters;
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(serde_json::Value::as_str).collect())
+            .unwrap_or_default();
+        let arguments: Vec<String> = schema["properties"]
+            .as_object()
+            .map(|properties| {
+                properties
+                    .iter()
+                    .map(|(name, property)| {
+                        let optional = if required.contains(&name.as_str()) {
+                            ""
+                        } else {
+                            "?"
+                        };
+                        format!("{name}{optional}: {}", type_of(property))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        format!("{} {{{}}}", self.name, arguments.join(", "))
+    }
+}
+
+/// A JSON Schema's type in a word or two: `string`, `integer`, `array of string`,
+/// `"a" | "b"`; a nullable type is named without its `null`.
+fn type_of(schema: &serde_json::Value) -> String {
+    if let Some(values) = schema["enum"].as_array() {
+        let values: Vec<String> = values.iter().map(ToString::to_string).collect();
+        return values.join(" | ");
+    }
+    let named = match &schema["type"] {
+        serde_json::Value::String(name) => Some(name.clone()),
+        serde_json::Value::Array(names) => names
+            .iter()
+            .filter_map(serde_json::Value::as_str)
+            .find(|name| *name != "null")
+            .map(str::to_owned),
+        serde_json::Value::Null
+        | serde_json::Value::Bool(_)
+        | serde_json::Value::Number(_)
+        | serde_json::Value::Object(_) => None,
+    };
+    match named.as_deref() {
+        Some("array") => format!("array of {}", type_of(&schema["items"])),
+        Some(name) => name.to_owned(),
+        None => schema["anyOf"]
+            .as_array()
+            .and_then(|variants| variants.iter().find(|v| v["type"] != "null"))
+            .map_or_else(|| "any".to_owned(), type_of),
+    }
+}
+
 /// What a tool call produced, for the model. `is_error` covers everything the model
 /// should see and react to: bad arguments, a path outside the workspace, a non-zero exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -311,5 +370,34 @@ impl<T: EventSink + ?Sized> EventSink for std::sync::Arc<T> {
         checkpoint: Option<Snapshot>,
     ) -> Enqueued {
         (**self).enqueue(execution, events, checkpoint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ToolDefinition;
+
+    fn check(parameters: serde_json::Value, expected: &str) {
+        let tool = ToolDefinition {
+            name: "t".into(),
+            description: String::new(),
+            parameters,
+        };
+        assert_eq!(tool.signature(), expected);
+    }
+
+    #[test]
+    fn signatures_name_every_argument_and_mark_the_optional_ones() {
+        check(
+            serde_json::json!({"type": "object", "required": ["command"], "properties": {
+                "command": {"type": "string"},
+                "timeout_secs": {"type": ["integer", "null"], "format": "uint64"},
+                "steps": {"type": "array", "items": {"type": "string"}},
+                "strategy": {"anyOf": [{"enum": ["summarize", "archive"]}, {"type": "null"}]},
+            }}),
+            r#"t {command: string, steps?: array of string, strategy?: "summarize" | "archive", timeout_secs?: integer}"#,
+        );
+        check(serde_json::json!({"type": "object"}), "t {}");
+        check(serde_json::Value::Null, "t {}");
     }
 }

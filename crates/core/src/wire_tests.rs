@@ -10,7 +10,10 @@ use crate::event::{
     MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry, Stagnation,
     StagnationAction, Started, TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
-use crate::event::{ChangeKind, WorkspaceChange, WorkspaceRewound, WorkspaceSnapshot};
+use crate::event::{
+    ChangeKind, ToolProtocolSwitched, ToolTransport, WorkspaceChange, WorkspaceRewound,
+    WorkspaceSnapshot,
+};
 use crate::{
     BlockId, Complexity, ExecutionStatus, LoopType, Message, MessagePart, MessageRole, MicroUsd,
     TaskId, TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolResult, TurnRecord,
@@ -265,6 +268,12 @@ fn events() {
                 change: ChangeKind::Deleted,
                 path: "notes/todo.md".into(),
             }],
+        }),
+        Event::ToolProtocolSwitched(ToolProtocolSwitched {
+            turn: 1,
+            from: ToolTransport::Native,
+            to: ToolTransport::Text,
+            reason: "the answer wrote a call of `read_file` as text and made no native call".into(),
         }),
     ];
     let mut kinds: Vec<&str> = events.iter().map(|e| e.kind().as_str()).collect();

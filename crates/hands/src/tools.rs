@@ -466,8 +466,19 @@ fn format_grep(pattern: &str, output: &GrepOutput) -> ToolOutput {
 }
 
 /// Parses a call's arguments as `T`. Absent arguments (`null`) count as `{}`, so tools
-/// whose fields are all optional can be called bare.
-fn parse<T: DeserializeOwned>(call: &ToolCall) -> Result<T, ToolOutput> {
+/// whose fields are all optional can be called bare. A failure names the problem and the
+/// arguments the tool expects (its signature), so that a model that wrote them wrong can
+/// write them right.
+fn parse<T: DeserializeOwned + JsonSchema>(call: &ToolCall) -> Result<T, ToolOutput> {
+    parse_arguments(call).map_err(|problem| {
+        ToolOutput::error(format!(
+            "{problem}. Expected arguments: {}",
+            definition::<T>(&call.name, "").signature()
+        ))
+    })
+}
+
+fn parse_arguments<T: DeserializeOwned>(call: &ToolCall) -> Result<T, String> {
     let arguments = match &call.arguments {
         serde_json::Value::Null => serde_json::Value::Object(serde_json::Map::new()),
         serde_json::Value::Object(_) => call.arguments.clone(),
@@ -475,15 +486,15 @@ fn parse<T: DeserializeOwned>(call: &ToolCall) -> Result<T, ToolOutput> {
         | serde_json::Value::Number(_)
         | serde_json::Value::String(_)
         | serde_json::Value::Array(_)) => {
-            return Err(ToolOutput::error(format!(
+            return Err(format!(
                 "invalid arguments for `{}`: expected a JSON object, got {}",
                 call.name,
                 json_kind(other)
-            )));
+            ));
         }
     };
     serde_json::from_value(arguments)
-        .map_err(|e| ToolOutput::error(format!("invalid arguments for `{}`: {e}", call.name)))
+        .map_err(|e| format!("invalid arguments for `{}`: {e}", call.name))
 }
 
 fn json_kind(value: &serde_json::Value) -> &'static str {
@@ -614,7 +625,7 @@ mod tests {
 
     use super::*;
 
-    fn check_parse<T: DeserializeOwned + std::fmt::Debug>(
+    fn check_parse<T: DeserializeOwned + JsonSchema + std::fmt::Debug>(
         name: &str,
         arguments: serde_json::Value,
         expected: Result<&str, &str>,
@@ -624,13 +635,33 @@ mod tests {
             name: name.to_owned(),
             arguments,
         };
+        // Every failure ends with the tool's signature; the problem comes before it.
+        let signature = definition::<T>(name, "").signature();
         let got = parse::<T>(&call)
             .map(|args| format!("{args:?}"))
-            .map_err(|output| output.content);
+            .map_err(|output| {
+                let suffix = format!(". Expected arguments: {signature}");
+                assert!(output.content.ends_with(&suffix), "{}", output.content);
+                output.content[..output.content.len() - suffix.len()].to_owned()
+            });
         assert_eq!(
             got.as_ref().map(String::as_str).map_err(String::as_str),
             expected,
             "{name}"
+        );
+    }
+
+    #[test]
+    fn a_failure_shows_the_expected_arguments() {
+        let call = ToolCall {
+            id: ToolCallId("call-1".to_owned()),
+            name: "edit_file".to_owned(),
+            arguments: serde_json::json!({"path": "a.py"}),
+        };
+        assert_eq!(
+            parse::<EditFileArgs>(&call).unwrap_err().content,
+            "invalid arguments for `edit_file`: missing field `old_text`. Expected arguments: \
+             edit_file {new_text: string, old_text: string, path: string, replace_all?: boolean}"
         );
     }
 

@@ -306,7 +306,8 @@ pub(crate) fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
         | Event::ProxyDecision(_)
         | Event::Checkpoint(_)
         | Event::WorkspaceSnapshot(_)
-        | Event::WorkspaceRewound(_) => IndexUpdate::Nothing,
+        | Event::WorkspaceRewound(_)
+        | Event::ToolProtocolSwitched(_) => IndexUpdate::Nothing,
     }
 }
 

@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use nerve_core::event::{
     ApprovalDecided, ApprovalRequested, CallPurpose, Compaction, ContextCreated, Finish,
     MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry, Stagnation, Started,
-    TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted, WorkspaceRewound,
-    WorkspaceSnapshot,
+    TaskTransition, ToolCallFinished, ToolCallStarted, ToolProtocolSwitched, TurnCompleted,
+    WorkspaceRewound, WorkspaceSnapshot,
 };
 use nerve_core::{
     BlockId, Event, EventKind, Message, MessagePart, MessageRole, MicroUsd, TaskStatus,
@@ -191,6 +191,9 @@ pub struct Replay {
     pub approvals_decided: u32,
     pub compactions: Vec<CompactionRecord>,
     pub stagnation: Vec<Stagnation>,
+    /// The last switch of the tool protocol (`tool_protocol = "auto"` moving to calls
+    /// written as text), if any.
+    pub tool_protocol: Option<ToolProtocolSwitched>,
     pub proxy: ProxyTally,
     pub checkpoints: Vec<CheckpointMark>,
     /// Every resume of this execution; its length is the number of attempts so far.
@@ -299,6 +302,7 @@ impl Replayer {
                 approvals_decided: 0,
                 compactions: Vec::new(),
                 stagnation: Vec::new(),
+                tool_protocol: None,
                 proxy: ProxyTally::default(),
                 checkpoints: Vec::new(),
                 resumes: Vec::new(),
@@ -477,6 +481,7 @@ impl Replayer {
                 out.workspace.position = rewound.turn;
                 out.workspace.current = Some(rewound.tree);
             }
+            Event::ToolProtocolSwitched(switched) => out.tool_protocol = Some(switched),
         }
     }
 
@@ -623,6 +628,9 @@ fn decode(kind: EventKind, version: u32, payload: &str) -> Option<Event> {
             read::<WorkspaceSnapshot>(payload, Event::WorkspaceSnapshot)
         }
         EventKind::WorkspaceRewound => read::<WorkspaceRewound>(payload, Event::WorkspaceRewound),
+        EventKind::ToolProtocolSwitched => {
+            read::<ToolProtocolSwitched>(payload, Event::ToolProtocolSwitched)
+        }
     }
 }
 

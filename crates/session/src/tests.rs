@@ -711,7 +711,8 @@ fn expected_gaps(prefix: &[Event]) -> Vec<GapKind> {
             | Event::Checkpoint(_)
             | Event::Resumed(_)
             | Event::WorkspaceSnapshot(_)
-            | Event::WorkspaceRewound(_) => {}
+            | Event::WorkspaceRewound(_)
+            | Event::ToolProtocolSwitched(_) => {}
         }
     }
     let mut gaps = vec![GapKind::ToolCallInDoubt; open.len()];

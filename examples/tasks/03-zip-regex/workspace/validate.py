@@ -1,0 +1,8 @@
+import re
+
+ZIP = re.compile(r"\d{5}")
+
+
+def is_zip_code(text):
+    """True when text is exactly five digits."""
+    return ZIP.match(text) is not None

@@ -1,0 +1,9 @@
+from defaults import DEFAULTS
+
+
+def load_config(overrides):
+    """The defaults with overrides applied, and the timeout in milliseconds added."""
+    config = dict(DEFAULTS)
+    config.update(overrides)
+    config["timeout_ms"] = config["timeout"] * 1000
+    return config

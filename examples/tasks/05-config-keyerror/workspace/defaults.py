@@ -1,0 +1,5 @@
+DEFAULTS = {
+    "host": "localhost",
+    "port": 8080,
+    "timeout_secs": 30,
+}

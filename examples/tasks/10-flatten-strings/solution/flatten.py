@@ -1,0 +1,9 @@
+def flatten(value):
+    """Nested lists as one flat list; strings and numbers are items."""
+    out = []
+    for item in value:
+        if isinstance(item, list):
+            out.extend(flatten(item))
+        else:
+            out.append(item)
+    return out
