@@ -359,6 +359,37 @@ struct Summarise {
     recent_turns: Option<usize>,
 }
 
+/// The content of every folded result but the first ([`Compactor::fold_last_results`]):
+/// a placeholder (never masked again) that points to the first.
+const FOLDED_REST: &str = "[masked: folded into the first result above]";
+
+/// Characters of the call names a fold's placeholder lists at most.
+const FOLD_NAMES_CHARS: usize = 120;
+
+/// The tools `results` came from, each once with how many times when more than one:
+/// `shell ×3, recall`.
+fn call_names(results: &[&ToolResult]) -> String {
+    let mut names: Vec<(&str, usize)> = Vec::new();
+    for result in results {
+        // Ends: one pass per result.
+        match names.iter_mut().find(|(name, _)| *name == result.name) {
+            Some((_, n)) => *n += 1,
+            None => names.push((&result.name, 1)),
+        }
+    }
+    names
+        .iter()
+        .map(|(name, n)| {
+            if *n > 1 {
+                format!("{name} ×{n}")
+            } else {
+                (*name).to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Messages of this many tokens or fewer are never clipped to make room.
 const CLIP_FLOOR_TOKENS: u64 = 48;
 
@@ -654,8 +685,11 @@ impl Compactor<'_> {
     /// the window less the reply's reserve), the recent turns lose their protection step
     /// by step: their outputs are masked (oldest first, each with its digest and block
     /// id), then everything but the last turn is summarised, then the largest messages
-    /// are clipped (their originals archived). Only a system prompt larger than the window
-    /// is left to the provider's overflow error.
+    /// are clipped (their originals archived), and last the last turn's tool results are
+    /// folded into one placeholder ([`Self::fold_last_results`]). Should the prompt still
+    /// be over the prompt budget (the system prompt, the tool definitions, the task and
+    /// what is left of the last turn do not fit a small window), the run ends with an
+    /// `error` here, before a request over the window is sent.
     async fn fit(
         &mut self,
         turn: u32,
@@ -688,9 +722,151 @@ impl Compactor<'_> {
             if self.window.fill() > target {
                 self.clip(turn, target, trigger).await?;
             }
-            Ok(())
+            if self.window.fill() > target {
+                self.fold_last_results(turn, trigger).await?;
+            }
+            Ok::<(), Stop>(())
         }
         .instrument(span)
+        .await?;
+        self.check_fits()
+    }
+
+    /// Ends the run when the next request is over the window as the server counts it,
+    /// after every compaction: it would be refused, and nothing is left to take out. (A
+    /// request over the prompt budget but inside the window goes out with a smaller output
+    /// limit; a server that counts the limit too refuses it, and the overflow path ends
+    /// the run when compaction cannot make room.)
+    fn check_fits(&self) -> Result<(), Stop> {
+        let Some(capacity) = self.window.capacity() else {
+            return Ok(());
+        };
+        let limit = unscaled(capacity, self.scale());
+        let fill = self.window.fill();
+        if fill <= limit {
+            return Ok(());
+        }
+        Err(Stop::new(
+            TerminationReason::Error,
+            format!(
+                "the context does not fit the window: after every compaction the next request \
+                 holds {fill} tokens (the system prompt, {} tokens of tool definitions, the task \
+                 and the last turn), over the window of {capacity}{}; use a model with a larger \
+                 window or fewer tools",
+                self.window.tool_tokens(),
+                if limit < capacity {
+                    format!(" ({limit} by this engine's count, as the server counts more)")
+                } else {
+                    String::new()
+                }
+            ),
+        ))
+    }
+
+    /// The last resort of [`Self::fit`]: the tool results of the last turn, each at its
+    /// floor already (a masked output keeps the line that names its block, about 50
+    /// tokens), are folded into one message. Its first result names the calls and the
+    /// block that holds the results as they stood (the placeholders among them name the
+    /// blocks of their outputs); the other results only point to it, since every call
+    /// must keep a result for the APIs to accept the conversation. Nothing happens when
+    /// the last assistant message made no calls, or the fold would not be smaller.
+    async fn fold_last_results(
+        &mut self,
+        turn: u32,
+        trigger: CompactionTrigger,
+    ) -> Result<(), Stop> {
+        let messages = self.window.messages();
+        let Some(asked) = messages
+            .iter()
+            .rposition(|m| m.role == MessageRole::Assistant)
+            .filter(|&i| messages[i].tool_calls().next().is_some())
+        else {
+            return Ok(());
+        };
+        let from = asked + 1;
+        let to = from
+            + messages[from..]
+                .iter()
+                .take_while(|m| m.role == MessageRole::Tool)
+                .count();
+        let results: Vec<&ToolResult> = messages[from..to]
+            .iter()
+            .flat_map(|m| &m.parts)
+            .filter_map(|part| match part {
+                MessagePart::ToolResult(result) => Some(result),
+                MessagePart::Text { .. }
+                | MessagePart::ToolCall(_)
+                | MessagePart::Thinking { .. }
+                | MessagePart::CompactionSummary { .. } => None,
+            })
+            .collect();
+        if results.is_empty() {
+            return Ok(());
+        }
+        let id = BlockId::new();
+        let names = call_names(&results);
+        let names = clip(&names, FOLD_NAMES_CHARS);
+        let count = results.len();
+        let parts = results
+            .iter()
+            .enumerate()
+            .map(|(i, result)| {
+                MessagePart::ToolResult(ToolResult {
+                    call_id: result.call_id.clone(),
+                    name: result.name.clone(),
+                    content: if i == 0 {
+                        format!(
+                            "{MASKED}the outputs of the last {count} calls ({names}) were dropped \
+                             for room and archived as block {id}; call recall with this block_id \
+                             to see them]"
+                        )
+                    } else {
+                        FOLDED_REST.to_owned()
+                    },
+                    is_error: result.is_error,
+                })
+            })
+            .collect();
+        let folded = Message {
+            role: MessageRole::Tool,
+            parts,
+            pinned: false,
+        };
+        let tokens = self.window.counter().count_message(&folded);
+        if tokens >= self.window.counts()[from..to].iter().sum::<u64>() {
+            return Ok(());
+        }
+        let mut archived = vec![id];
+        archived.extend(messages[from..to].iter().filter_map(placeholder_block));
+        let before = self.window.fill();
+        let originals = self
+            .window
+            .splice(from..to, vec![folded.clone()], vec![tokens]);
+        // Should the archive fail, the run stops; the log has no `compaction` event for
+        // the fold and still holds the originals (as for a mask).
+        self.archive
+            .archive(
+                self.execution,
+                ArchivedBlock {
+                    id,
+                    messages: originals,
+                    note: format!("the {count} tool results of turn {turn}, folded for room"),
+                },
+            )
+            .await?;
+        self.window.compaction.archived_blocks += 1;
+        self.finish_compaction(
+            turn,
+            CompactionStrategy::Mask,
+            trigger,
+            from,
+            to,
+            vec![folded],
+            archived,
+            before,
+            None,
+            false,
+        )
         .await
     }
 

@@ -96,6 +96,11 @@ impl Window {
         self.capacity
     }
 
+    /// Tokens of the tool definitions offered every turn.
+    pub(crate) fn tool_tokens(&self) -> u64 {
+        self.tool_tokens
+    }
+
     /// Tokens the next request will carry: every message plus the tool definitions.
     pub(crate) fn fill(&self) -> u64 {
         self.counts.iter().sum::<u64>() + self.tool_tokens
@@ -127,11 +132,14 @@ impl Window {
         replacement: Vec<Message>,
         counts: Vec<u64>,
     ) -> Vec<Message> {
-        let removed = range.len();
+        let (start, removed) = (range.start, range.len());
         let added = replacement.len();
         let replaced = self.messages.splice(range.clone(), replacement).collect();
         self.counts.splice(range, counts);
-        if let Some(protected) = self.protect_from.as_mut() {
+        // A range at or after the protected messages' start leaves it where it is.
+        if let Some(protected) = self.protect_from.as_mut()
+            && start < *protected
+        {
             *protected = protected.saturating_sub(removed).saturating_add(added);
         }
         replaced
