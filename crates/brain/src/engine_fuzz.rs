@@ -212,9 +212,18 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
+    case_in(prop_oneof![
+        1_000_u64..8_000,
+        8_000_u64..64_000,
+        64_000_u64..=200_000
+    ])
+}
+
+/// Cases whose window is drawn from `windows`.
+fn case_in(windows: impl Strategy<Value = u64>) -> impl Strategy<Value = Case> {
     (
         proptest::collection::vec(line(), 1..60),
-        prop_oneof![1_000_u64..8_000, 8_000_u64..64_000, 64_000_u64..=200_000],
+        windows,
         prop_oneof![3 => Just(1000_u64), 1 => 500_u64..2_500],
         any::<bool>(),
         1_u32..40,
@@ -246,7 +255,15 @@ fn case() -> impl Strategy<Value = Case> {
 /// calls. Far above what a run makes; a loop that spins passes it.
 const CALLS_PER_TURN: usize = 80;
 
-fn check(case: &Case) -> Result<(), TestCaseError> {
+/// What a run left to check: its result, the server that saw its requests, its events.
+struct Outcome {
+    result: crate::ExecutionResult,
+    server: Arc<Server>,
+    sink: Arc<MemorySink>,
+}
+
+/// Runs `case` to its end.
+fn run_case(case: &Case) -> Result<Outcome, TestCaseError> {
     let cassette: Vec<String> = case
         .lines
         .iter()
@@ -302,6 +319,19 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
     let result = runtime
         .block_on(engine.run(ExecutionId::new(), task, CancellationToken::new()))
         .map_err(|e| TestCaseError::fail(format!("the run did not start: {e}")))?;
+    Ok(Outcome {
+        result,
+        server,
+        sink,
+    })
+}
+
+fn check(case: &Case) -> Result<(), TestCaseError> {
+    let Outcome {
+        result,
+        server,
+        sink: _,
+    } = run_case(case)?;
     let reason = result.termination_reason;
     prop_assert!(
         reason != nerve_core::TerminationReason::Error || result.error.is_some(),
@@ -341,4 +371,78 @@ proptest! {
     fn every_run_ends_within_bounds_and_the_window(case in case()) {
         check(&case)?;
     }
+
+    /// The same in windows of 300 to 1,000 tokens, where the system prompt and the tool
+    /// definitions alone take half or more, and what compaction leaves of each message
+    /// (its floor) decides whether a request fits: the last turn's results are folded,
+    /// or the run ends before it sends a request over the window.
+    #[test]
+    fn small_windows_end_within_bounds_and_the_window(case in case_in(300_u64..1_000)) {
+        check(&case)?;
+    }
+}
+
+/// A case of one turn of `calls` tool calls (outputs of 30 lines), then an answer, in a
+/// window of `window` tokens.
+fn last_turn_of(calls: usize, window: u64) -> Case {
+    Case {
+        lines: vec![
+            Line::Tools {
+                words: 0,
+                outputs: vec![30; calls],
+            },
+            Line::Answer { words: 5 },
+        ],
+        window,
+        scale_permille: 1000,
+        states_count: true,
+        max_turns: 5,
+        loop_type: LoopType::React,
+        agent_controlled: false,
+    }
+}
+
+/// A tiny window whose last turn holds eight tool results, each masked to its floor (the
+/// line that names its block): before the fold, the second request was sent at about 830
+/// tokens into a window of 600 (and of 500). Now the results are folded into one
+/// placeholder and the request fits; where even that is too much, the run ends with an
+/// error before sending it.
+#[test]
+fn a_last_turn_of_many_results_is_folded_or_the_run_ends_before_sending() {
+    let outcome = run_case(&last_turn_of(8, 600)).unwrap();
+    let largest = outcome.server.largest.load(Ordering::SeqCst);
+    assert!(largest <= 600, "a request of {largest} tokens");
+    assert_eq!(
+        outcome.result.termination_reason,
+        nerve_core::TerminationReason::Completed,
+        "{:?}",
+        outcome.result.error
+    );
+    let folds: Vec<_> = outcome
+        .sink
+        .events()
+        .into_iter()
+        .filter_map(|event| match event {
+            nerve_core::Event::Compaction(c) => Some(c),
+            _ => None,
+        })
+        .filter(|c| format!("{:?}", c.replacement).contains("were dropped for room"))
+        .collect();
+    assert_eq!(folds.len(), 1, "one fold of the last turn's results");
+    let [folded] = folds[0].replacement.as_slice() else {
+        panic!("{:?}", folds[0].replacement)
+    };
+    assert_eq!(folded.parts.len(), 8, "every call keeps a result");
+
+    // A window of 500: the system prompt, the tools, the task, the calls and the fold do
+    // not fit. The run ends before its second request, saying why.
+    let outcome = run_case(&last_turn_of(8, 500)).unwrap();
+    assert_eq!(
+        outcome.result.termination_reason,
+        nerve_core::TerminationReason::Error
+    );
+    let error = outcome.result.error.unwrap_or_default();
+    assert!(error.contains("does not fit the window"), "{error}");
+    assert_eq!(outcome.server.calls.load(Ordering::SeqCst), 1);
+    assert!(outcome.server.largest.load(Ordering::SeqCst) <= 500);
 }
