@@ -63,8 +63,10 @@ pub(crate) async fn turn(run: &mut Run) -> Result<TurnEnd, Stop> {
 
 async fn turn_in(run: &mut Run, span: &tracing::Span) -> Result<TurnEnd, Stop> {
     let turns = run.progress.turn_count();
-    run.compactor().maybe_compact(turns).await?;
+    // The warning first, so that the boundary's fit counts it: a message appended after
+    // the fit could take the request over the window.
     run.warn_near_budget();
+    run.compactor().maybe_compact(turns).await?;
     let started = Instant::now();
     let number = turns + 1;
     let tools = Arc::clone(&run.hands.definitions);
