@@ -422,9 +422,12 @@ fn a_last_turn_of_many_results_is_folded_or_the_run_ends_before_sending() {
         .sink
         .events()
         .into_iter()
-        .filter_map(|event| match event {
-            nerve_core::Event::Compaction(c) => Some(c),
-            _ => None,
+        .filter_map(|event| {
+            if let nerve_core::Event::Compaction(c) = event {
+                Some(c)
+            } else {
+                None
+            }
         })
         .filter(|c| format!("{:?}", c.replacement).contains("were dropped for room"))
         .collect();
