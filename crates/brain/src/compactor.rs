@@ -687,9 +687,10 @@ impl Compactor<'_> {
     /// id), then everything but the last turn is summarised, then the largest messages
     /// are clipped (their originals archived), and last the last turn's tool results are
     /// folded into one placeholder ([`Self::fold_last_results`]). Should the prompt still
-    /// be over the prompt budget (the system prompt, the tool definitions, the task and
-    /// what is left of the last turn do not fit a small window), the run ends with an
-    /// `error` here, before a request over the window is sent.
+    /// be over the window as the server counts it (the system prompt, the tool
+    /// definitions, the task and what is left of the last turn do not fit a small
+    /// window), the run ends with an `error` here, before the request is sent
+    /// ([`Self::check_fits`]).
     async fn fit(
         &mut self,
         turn: u32,
