@@ -450,6 +450,13 @@ proptest! {
         }
         let messages = &outcome.result.context.messages;
         prop_assert!(messages.iter().any(|m| m.pinned && m.text_content().contains("keep the build green")));
+        // At the smallest windows what compaction leaves (the system prompt, the tools, each
+        // message's floor) can be over the window: the run then ends before sending it.
+        let error = outcome.result.error.as_deref().unwrap_or_default();
+        if error.contains("does not fit the window") {
+            prop_assert!(window < 1_500, "{error}");
+            return Ok(());
+        }
         // The last assistant message and its predecessors of the recent window are intact.
         let last = messages.iter().rev().find(|m| m.role == MessageRole::Assistant).unwrap();
         prop_assert_eq!(last.text_content(), "done");
