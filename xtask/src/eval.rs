@@ -251,7 +251,7 @@ pub(crate) fn eval(args: &[String]) -> Result<()> {
             // One thread: with two on a loaded 2-core machine each step waits at a barrier
             // for a descheduled thread (measured at load 12: 2.7 s per generated token
             // with two, 0.43 s with one).
-            .args(real::qwen_server_args(&model, EVAL_WINDOW, 1, KEY))
+            .args(real::qwen_server_args(&model, EVAL_WINDOW, KEY))
             .args(["--host", "127.0.0.1", "--port", &port.to_string()]),
         &server_log,
         port,

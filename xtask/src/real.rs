@@ -136,7 +136,7 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
     let llama_server = Server::start(
         "llama-server (Qwen2.5-Coder-1.5B)",
         Command::new(&llama_server_bin)
-            .args(qwen_server_args(&qwen, QWEN_WINDOW, 1, LLAMA_KEY))
+            .args(qwen_server_args(&qwen, QWEN_WINDOW, LLAMA_KEY))
             .args(["--host", "127.0.0.1", "--port", &server_port.to_string()]),
         &logs.join("llama-server.log"),
         server_port,
@@ -172,6 +172,13 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
                 "--test",
                 "e2e",
                 &filter,
+                // One test at a time: they take turns on the model servers anyway (a
+                // mutex in the tests), and the watchdog's limit per test must count a
+                // test's own run, not its wait for another's.
+                "--",
+                "--test-threads=1",
+                // What each run did (requests, tool calls, ending), as it happens.
+                "--nocapture",
             ])
             .env("NERVE_REQUIRE_DOCKER", "1")
             .env(nerve_hands::EXECUTOR_ENV, executor)
@@ -217,15 +224,21 @@ pub(crate) fn tools_venv(cache: &Path) -> Result<PathBuf> {
 }
 
 /// The arguments of `llama-server` serving Qwen2.5-Coder-1.5B, but its address: the
-/// corrected chat template (`--jinja`: tools through it), a `window`-token context, one
-/// slot, `threads` threads, greedy sampling with a fixed seed (runs are reproducible), and
-/// the key `key`.
-pub(crate) fn qwen_server_args(
-    model: &crate::qwen::Qwen,
-    window: u32,
-    threads: u32,
-    key: &str,
-) -> Vec<String> {
+/// corrected chat template (`--jinja`: tools through it), greedy sampling with a fixed seed
+/// (runs are reproducible), the key `key`, and:
+///
+/// - two slots of a `window`-token context each, so that the two prompt prefixes a run on
+///   `tool_protocol = "auto"` sends (the tools through the API, then in the system prompt
+///   after the switch) both stay cached from one run to the next: the server gives a request
+///   the slot holding the longest common prefix, and a cached prefix of ~1,700 tokens is a
+///   minute of prompt processing not redone;
+/// - one thread to generate and two to read a prompt. Generating a token is many small
+///   steps, each ending at a barrier of all the threads: on a busy 2-core machine a
+///   descheduled second thread stalls every one (measured at a load average of 12: 2.7 s a
+///   token with two threads, 0.43 s with one). Reading a prompt is few large steps, where a
+///   second thread pays.
+pub(crate) fn qwen_server_args(model: &crate::qwen::Qwen, window: u32, key: &str) -> Vec<String> {
+    const SLOTS: u32 = 2;
     let mut args: Vec<String> = vec![
         "--model".into(),
         model.gguf.display().to_string(),
@@ -238,13 +251,13 @@ pub(crate) fn qwen_server_args(
             crate::qwen::MODEL_NAME,
             "--jinja",
             "--ctx-size",
-            &window.to_string(),
+            &(window * SLOTS).to_string(),
             "--parallel",
-            "1",
+            &SLOTS.to_string(),
             "--threads",
-            &threads.to_string(),
+            "1",
             "--threads-batch",
-            &threads.to_string(),
+            "2",
             "--temp",
             "0",
             "--seed",

@@ -125,10 +125,13 @@ fn blocks(text: &str) -> Vec<Block<'_>> {
                 Some(end) => (&inner[..end], &inner[end + CLOSE_TAG.len()..]),
                 None => (inner, ""),
             };
-            found.push(Block {
-                body: unfenced(body.trim()),
-                tagged: true,
-            });
+            let body = unfenced(body.trim());
+            match objects(body) {
+                Some(objects) => {
+                    found.extend(objects.into_iter().map(|body| Block { body, tagged: true }))
+                }
+                None => found.push(Block { body, tagged: true }),
+            }
             rest = after;
         } else if Some(at) == fence {
             let inner = &rest[at + FENCE.len()..];
@@ -140,10 +143,16 @@ fn blocks(text: &str) -> Vec<Block<'_>> {
             };
             let body = body.trim();
             if body.starts_with('{') {
-                found.push(Block {
-                    body,
-                    tagged: false,
-                });
+                match objects(body) {
+                    Some(objects) => found.extend(objects.into_iter().map(|body| Block {
+                        body,
+                        tagged: false,
+                    })),
+                    None => found.push(Block {
+                        body,
+                        tagged: false,
+                    }),
+                }
             }
             rest = after;
         } else {
@@ -179,6 +188,23 @@ fn json_object_end(text: &str) -> Option<usize> {
         Some(Ok(serde_json::Value::Object(_))) => Some(values.byte_offset()),
         Some(Ok(_) | Err(_)) | None => None,
     }
+}
+
+/// The JSON objects `body` holds one after another (separated by white space or a comma),
+/// when it holds two or more and nothing else: Qwen2.5-Coder-1.5B writes a whole plan as
+/// one fenced block of three calls. `None` otherwise (one object, or anything that is not
+/// such a sequence: the body is then read whole, as before).
+fn objects(body: &str) -> Option<Vec<&str>> {
+    let mut found = Vec::new();
+    let mut rest = body.trim_start();
+    // Ends: each pass consumes one whole object (at least the two bytes `{}`) or returns.
+    while !rest.is_empty() {
+        let end = json_object_end(rest)?;
+        found.push(&rest[..end]);
+        rest = rest[end..].trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+    }
+    (found.len() > 1).then_some(found)
 }
 
 /// `body` without a code fence around it (a model may fence the JSON inside the tags).
@@ -455,6 +481,31 @@ mod tests {
             "<tool_call>{\"name\": \"shell\", \"arguments\": {}}</tool_call>\n<tool_call>\n```json\n{\"name\": \"read_file\", \"parameters\": {\"path\": \"x\"}}\n```",
             &["shell({})", r#"read_file({"path":"x"})"#],
             &["shell({})", r#"read_file({"path":"x"})"#],
+        );
+    }
+
+    #[test]
+    fn a_block_of_several_objects_is_several_calls() {
+        // Qwen2.5-Coder-1.5B's answer, byte for byte (through llama-server, not streamed,
+        // second run of tests/e2e/real.rs's work run): three calls in one fenced block.
+        let answer = "```json\n{\n  \"name\": \"read_file\",\n  \"arguments\": {\n    \"path\": \"notes.txt\"\n  }\n}\n{\n  \"name\": \"edit_file\",\n  \"arguments\": {\n    \"path\": \"notes.txt\",\n    \"old_text\": \"pears\",\n    \"new_text\": \"plums\"\n  }\n}\n{\n  \"name\": \"shell\",\n  \"arguments\": {\n    \"command\": \"cat notes.txt\"\n  }\n}\n```";
+        let calls = [
+            r#"read_file({"path":"notes.txt"})"#,
+            r#"edit_file({"new_text":"plums","old_text":"pears","path":"notes.txt"})"#,
+            r#"shell({"command":"cat notes.txt"})"#,
+        ];
+        check(answer, &calls, &calls);
+        // Inside tags, and separated by commas.
+        check(
+            "<tool_call>\n{\"name\": \"shell\", \"arguments\": {}},\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>",
+            &["shell({})", r#"read_file({"path":"a"})"#],
+            &["shell({})", r#"read_file({"path":"a"})"#],
+        );
+        // Not a clean sequence (text after the first object): read whole, as before.
+        check(
+            "```json\n{\"name\": \"shell\", \"arguments\": {}}\nand then\n```",
+            &["!shell: the call is not valid JSON (trailing characters at line 2 column 1)"],
+            &["!shell: the call is not valid JSON (trailing characters at line 2 column 1)"],
         );
     }
 
