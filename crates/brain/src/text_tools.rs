@@ -19,6 +19,11 @@
 //! provider on `auto` that has not switched yet), only calls naming a known tool count, so
 //! prose or an example never becomes a call; leniently (after the switch, or on `text`),
 //! any `<tool_call>` block counts, and a fenced or bare object whose keys are a call's.
+//!
+//! A block that is not valid JSON is repaired when it can be ([`crate::call_repair`]:
+//! unescaped quotes and line breaks inside strings, a missing last brace) and the repair
+//! is shaped as a call (a `name` and an `arguments` object); the call then carries what
+//! was repaired ([`TextCall::repaired`]), which its `tool_call_started` event records.
 
 use nerve_core::{Message, MessagePart, MessageRole, ToolCall, ToolCallId, ToolDefinition};
 use serde::{Deserialize, Serialize};
@@ -52,6 +57,8 @@ pub(crate) struct TextCall {
     pub(crate) name: Option<String>,
     /// Its arguments, or why they could not be read.
     pub(crate) arguments: Result<serde_json::Value, String>,
+    /// What was repaired to read it, in a line, when its text was not valid JSON.
+    pub(crate) repaired: Option<String>,
 }
 
 impl TextCall {
@@ -81,9 +88,10 @@ impl TextCall {
 /// The calls written in `text`, in order. `strict`: only calls naming one of `tools`.
 pub(crate) fn parse(text: &str, tools: &[ToolDefinition], strict: bool) -> Vec<TextCall> {
     let known = |name: &str| tools.iter().any(|tool| tool.name == name);
+    let keys = member_keys(tools);
     let mut calls = Vec::new();
-    for block in blocks(text) {
-        let call = read_block(block.body);
+    for block in blocks(text, &keys) {
+        let call = read_block(block.body, &keys);
         let counts = match (&call.name, block.tagged) {
             (Some(name), _) if known(name) => true,
             (_, true) => !strict,
@@ -108,11 +116,23 @@ const OPEN_TAG: &str = "<tool_call>";
 const CLOSE_TAG: &str = "</tool_call>";
 const FENCE: &str = "```";
 
-/// The candidate blocks of `text`, in order. Each scan step moves `rest` forward by at
-/// least one byte, so the loop ends.
-fn blocks(text: &str) -> Vec<Block<'_>> {
+/// The member names a call may hold: a call's own and the tools' arguments. A repair
+/// that cannot tell whether a quote ends a string takes these for the next member.
+fn member_keys(tools: &[ToolDefinition]) -> Vec<&str> {
+    let mut keys = vec!["name", "arguments", "parameters"];
+    for tool in tools {
+        if let Some(properties) = tool.parameters["properties"].as_object() {
+            keys.extend(properties.keys().map(String::as_str));
+        }
+    }
+    keys
+}
+
+/// The candidate blocks of `text`, in order. `keys`: as [`member_keys`].
+fn blocks<'a>(text: &'a str, keys: &[&str]) -> Vec<Block<'a>> {
     let mut found = Vec::new();
     let mut rest = text;
+    // Ends: each step moves `rest` forward by at least one byte.
     while !rest.is_empty() {
         let tag = rest.find(OPEN_TAG);
         let fence = rest.find(FENCE);
@@ -148,7 +168,10 @@ fn blocks(text: &str) -> Vec<Block<'_>> {
             rest = after;
         } else {
             let object = &rest[at..];
-            let end = json_object_end(object).unwrap_or(object.len());
+            // An object that is not JSON ends where its repair ends, else with the text.
+            let end = json_object_end(object)
+                .or_else(|| crate::call_repair::repair(object, keys, false).map(|r| r.end))
+                .unwrap_or(object.len());
             found.push(Block {
                 body: &object[..end],
                 tagged: false,
@@ -193,21 +216,29 @@ fn unfenced(body: &str) -> &str {
 /// How an unreadable call's error begins when its text is not JSON.
 const NOT_JSON: &str = "the call is not valid JSON";
 
-/// Reads one block as a call.
-fn read_block(body: &str) -> TextCall {
-    let value = match serde_json::from_str::<serde_json::Value>(body) {
-        Ok(value) => value,
-        Err(error) => {
-            return TextCall {
-                name: named_in(body),
-                arguments: Err(format!("{NOT_JSON} ({error})")),
-            };
-        }
+/// Reads one block as a call; one that is not JSON, repaired when the repair is shaped as
+/// a call. `keys`: as [`member_keys`].
+fn read_block(body: &str, keys: &[&str]) -> TextCall {
+    let (value, repaired) = match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(value) => (value, None),
+        Err(error) => match crate::call_repair::repair(body, keys, true)
+            .filter(|repaired| is_call(&repaired.value))
+        {
+            Some(repaired) => (repaired.value, Some(repaired.what)),
+            None => {
+                return TextCall {
+                    name: named_in(body),
+                    arguments: Err(format!("{NOT_JSON} ({error})")),
+                    repaired: None,
+                };
+            }
+        },
     };
     let Some(object) = value.as_object() else {
         return TextCall {
             name: None,
             arguments: Err("the call is not a JSON object".into()),
+            repaired,
         };
     };
     let name = object
@@ -221,7 +252,21 @@ fn read_block(body: &str) -> TextCall {
         None if name.is_some() && object.len() == 1 => Ok(serde_json::json!({})),
         Some(_) | None => Err("it has no `arguments` object".into()),
     };
-    TextCall { name, arguments }
+    TextCall {
+        name,
+        arguments,
+        repaired,
+    }
+}
+
+/// Whether `value` is shaped as a call: a `name` string and an `arguments` (or
+/// `parameters`) object.
+fn is_call(value: &serde_json::Value) -> bool {
+    value["name"].is_string()
+        && value
+            .get("arguments")
+            .or_else(|| value.get("parameters"))
+            .is_some_and(serde_json::Value::is_object)
 }
 
 /// The tool named in text that is not valid JSON: what follows `"name"` and a colon.
