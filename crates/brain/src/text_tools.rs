@@ -544,6 +544,120 @@ mod tests {
         );
     }
 
+    /// The one call `text` yields read `strict`ly: its name, arguments and repair.
+    fn one(text: &str, strict: bool) -> (String, serde_json::Value, Option<String>) {
+        let mut calls = parse(text, &tools(), strict);
+        assert_eq!(calls.len(), 1, "{text}: {calls:?}");
+        let call = calls.remove(0);
+        (
+            call.name.unwrap_or_default(),
+            call.arguments.unwrap(),
+            call.repaired,
+        )
+    }
+
+    #[test]
+    fn broken_calls_are_repaired_when_the_repair_is_a_call() {
+        // As Qwen2.5-Coder-1.5B writes a file: the docstring's quotes unescaped, the line
+        // breaks raw.
+        let fenced = "I will fix the import.\n```json\n{\n  \"name\": \"edit_file\",\n  \"arguments\": {\n    \"path\": \"geometry.py\",\n    \"old_text\": \"def distance(a, b):\",\n    \"new_text\": \"import math\n\ndef distance(a, b):\n    \"\"\"The distance.\"\"\"\"\n  }\n}\n```";
+        for strict in [true, false] {
+            let (name, arguments, repaired) = one(fenced, strict);
+            assert_eq!(name, "edit_file");
+            assert_eq!(
+                arguments["new_text"],
+                "import math\n\ndef distance(a, b):\n    \"\"\"The distance.\"\"\""
+            );
+            assert_eq!(arguments["old_text"], "def distance(a, b):");
+            assert_eq!(
+                repaired.as_deref(),
+                Some(
+                    "escaped 6 double quotes and 3 control characters (line breaks or tabs) inside strings"
+                )
+            );
+        }
+        // A raw line break in a tagged call.
+        let (name, arguments, repaired) = one(
+            "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"cd src\nls\"}}\n</tool_call>",
+            true,
+        );
+        assert_eq!(
+            (name.as_str(), &arguments["command"]),
+            ("shell", &"cd src\nls".into())
+        );
+        assert!(repaired.is_some());
+        // A bare call missing its last brace at the end of the answer.
+        let (name, arguments, repaired) = one(
+            "Let me look.\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.py\"}",
+            true,
+        );
+        assert_eq!(
+            (name.as_str(), arguments),
+            ("read_file", serde_json::json!({"path": "a.py"}))
+        );
+        assert_eq!(
+            repaired.as_deref(),
+            Some("added 1 closing bracket at the end")
+        );
+        // A bare broken call followed by prose and a second call: both are read.
+        let calls = parse(
+            "{\"name\": \"shell\", \"arguments\": {\"command\": \"echo \"hi\"\"}}\nand then\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"b\"}}",
+            &tools(),
+            true,
+        );
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(
+            calls[0].arguments,
+            Ok(serde_json::json!({"command": "echo \"hi\""}))
+        );
+        assert_eq!(calls[1].repaired, None);
+        // Valid calls are not repaired.
+        assert_eq!(
+            one(
+                "```json\n{\"name\": \"shell\", \"arguments\": {}}\n```",
+                true
+            )
+            .2,
+            None
+        );
+    }
+
+    #[test]
+    fn prose_examples_and_what_cannot_be_repaired_stay_as_they_were() {
+        // Prose with braces and a broken call mid-sentence: never a call.
+        check(
+            "Write {\"name\": \"shell\", \"arguments\": {\"command\": \"ls\n\"} like this; a set is {1, 2}.",
+            &[],
+            &[],
+        );
+        // An example naming a tool that does not exist, broken: not when reading strictly.
+        check(
+            "For example:\n```json\n{\"name\": \"run_tests\", \"arguments\": {\"filter\": \"a\"b\"}}\n```",
+            &[],
+            &[r#"run_tests({"filter":"a\"b"})"#],
+        );
+        // Repaired into something that is not a call: unreadable as before.
+        check(
+            "<tool_call>\n{\"name\": \"shell\", \"arguments\": \"ls\n\"}\n</tool_call>",
+            &[
+                "!shell: the call is not valid JSON (control character (\\u0000-\\u001F) found while parsing a string at line 2 column 0)",
+            ],
+            &[
+                "!shell: the call is not valid JSON (control character (\\u0000-\\u001F) found while parsing a string at line 2 column 0)",
+            ],
+        );
+        // Cut off inside a string: unreadable as before.
+        check(
+            "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"ls",
+            &[
+                "!shell: the call is not valid JSON (EOF while parsing a string at line 1 column 46)",
+            ],
+            &[
+                "!shell: the call is not valid JSON (EOF while parsing a string at line 1 column 46)",
+            ],
+        );
+    }
+
     #[test]
     fn calls_become_tool_calls_with_text_ids() {
         let calls: Vec<ToolCall> = parse(
