@@ -1932,6 +1932,20 @@ impl ToolExecutor for RecordedTools {
     }
 }
 
+/// Every tool result in `events`, in order.
+fn results(events: &[Event]) -> Vec<ToolResult> {
+    events
+        .iter()
+        .filter_map(|e| {
+            if let Event::ToolCallFinished(finished) = e {
+                Some(finished.result.clone())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 /// Every `tool_call_started` event's `repaired`, in order.
 fn repairs(events: &[Event]) -> Vec<Option<String>> {
     events
@@ -1944,6 +1958,48 @@ fn repairs(events: &[Event]) -> Vec<Option<String>> {
             }
         })
         .collect()
+}
+
+/// The geometry task of the recorded answers, run against `server` through a provider on
+/// `auto` (the default), with `edit_file` offered when `edit`: its end, its events, the
+/// calls that reached the tools.
+async fn run_geometry(
+    server: &TestServer,
+    edit: bool,
+    max_turns: u32,
+) -> (TerminationReason, Vec<Event>, Vec<ToolCall>) {
+    let mut config = OpenAiConfig::new("qwen2.5-coder-1.5b");
+    config.base_url = format!("{}/v1", server.url);
+    config.http = http();
+    assert_eq!(config.tool_protocol, nerve_brain::ToolProtocol::Auto);
+    let sink = Arc::new(MemorySink::default());
+    let tools = Arc::new(RecordedTools {
+        edit,
+        ..RecordedTools::default()
+    });
+    let engine = AgentEngine::new(
+        Arc::new(OpenAiProvider::new(config).unwrap()),
+        Arc::clone(&tools) as Arc<dyn ToolExecutor>,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+        EngineConfig {
+            max_turns,
+            ..EngineConfig::default()
+        },
+    );
+    let task = Task {
+        id: TaskId::new(),
+        description: "`test_geometry.py` fails with an error. Fix the code, not the test.".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/tmp/workspace".into(),
+    };
+    let result = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    let events = sink.0.lock().unwrap().clone();
+    let calls = tools.calls.lock().unwrap().clone();
+    (result.termination_reason, events, calls)
 }
 
 /// Qwen, offered native tools, wrote its call as a ```` ```json ```` block and the server
@@ -1960,55 +2016,18 @@ async fn a_local_models_calls_written_as_text_run_through_auto() {
         recorded("qwen-unreadable-call.sse"),
     ])
     .await;
-    let mut config = OpenAiConfig::new("qwen2.5-coder-1.5b");
-    config.base_url = format!("{}/v1", server.url);
-    config.http = http();
-    assert_eq!(config.tool_protocol, nerve_brain::ToolProtocol::Auto);
-    let provider = Arc::new(OpenAiProvider::new(config).unwrap());
-    let sink = Arc::new(MemorySink::default());
-    let tools = Arc::new(RecordedTools::default());
-    let engine = AgentEngine::new(
-        provider,
-        Arc::clone(&tools) as Arc<dyn ToolExecutor>,
-        Arc::clone(&sink) as Arc<dyn EventSink>,
-        EngineConfig {
-            max_turns: 2,
-            ..EngineConfig::default()
-        },
-    );
-    let task = Task {
-        id: TaskId::new(),
-        description: "`test_geometry.py` fails with an error. Fix the code, not the test.".into(),
-        metadata: serde_json::Value::Null,
-        status: TaskStatus::Created,
-        workspace: "/tmp/workspace".into(),
-    };
-    let result = engine
-        .run(ExecutionId::new(), task, CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(result.termination_reason, TerminationReason::MaxTurns);
-    let events = sink.0.lock().unwrap().clone();
+    let (reason, events, calls) = run_geometry(&server, false, 2).await;
+    assert_eq!(reason, TerminationReason::MaxTurns);
     let switched: Vec<&Event> = events
         .iter()
         .filter(|e| matches!(e, Event::ToolProtocolSwitched(_)))
         .collect();
     assert_eq!(switched.len(), 1, "{events:?}");
-    let results: Vec<ToolResult> = events
-        .iter()
-        .filter_map(|e| {
-            if let Event::ToolCallFinished(finished) = e {
-                Some(finished.result.clone())
-            } else {
-                None
-            }
-        })
-        .collect();
+    let results = results(&events);
     assert_eq!(results.len(), 2, "{results:?}");
     assert_eq!(results[0].name, "shell");
     assert_eq!(results[1].name, "write_file");
     assert!(!results[1].is_error, "{results:?}");
-    let calls = tools.calls.lock().unwrap().clone();
     assert_eq!(
         calls[1].arguments,
         serde_json::json!({"path": "geometry.py", "content": "import math\n\ndef distance(a, b):\n    \"\"\"The Euclidean distance between points a and b, each (x, y).\"\"\"\n    dx = a[0] - b[0]\n    dy = a[1] - b[1]\n    return math.sqrt(dx * dx + dy * dy)"})
@@ -2094,38 +2113,9 @@ fn qwen_stream(text: &str) -> Reply {
 /// `auto` did: its end, its events, the calls that reached the tools.
 async fn run_qwen(answers: &[&str]) -> (TerminationReason, Vec<Event>, Vec<ToolCall>) {
     let server = TestServer::start(answers.iter().map(|a| qwen_stream(a)).collect()).await;
-    let mut config = OpenAiConfig::new("qwen2.5-coder-1.5b");
-    config.base_url = format!("{}/v1", server.url);
-    config.http = http();
-    let sink = Arc::new(MemorySink::default());
-    let tools = Arc::new(RecordedTools {
-        edit: true,
-        ..RecordedTools::default()
-    });
-    let engine = AgentEngine::new(
-        Arc::new(OpenAiProvider::new(config).unwrap()),
-        Arc::clone(&tools) as Arc<dyn ToolExecutor>,
-        Arc::clone(&sink) as Arc<dyn EventSink>,
-        EngineConfig {
-            max_turns: 5,
-            ..EngineConfig::default()
-        },
-    );
-    let task = Task {
-        id: TaskId::new(),
-        description: "`test_geometry.py` fails with an error. Fix the code, not the test.".into(),
-        metadata: serde_json::Value::Null,
-        status: TaskStatus::Created,
-        workspace: "/tmp/workspace".into(),
-    };
-    let result = engine
-        .run(ExecutionId::new(), task, CancellationToken::new())
-        .await
-        .unwrap();
+    let outcome = run_geometry(&server, true, 5).await;
     assert_eq!(server.requests().len(), answers.len());
-    let events = sink.0.lock().unwrap().clone();
-    let calls = tools.calls.lock().unwrap().clone();
-    (result.termination_reason, events, calls)
+    outcome
 }
 
 /// Whether the run switched to calls written as text.
@@ -2214,16 +2204,7 @@ async fn prose_examples_and_calls_beyond_repair_are_left_alone() {
     let (reason, events, calls) = run_qwen(&[cut, "Done."]).await;
     assert_eq!(reason, TerminationReason::Completed);
     assert!(calls.is_empty(), "{calls:?}");
-    let results: Vec<ToolResult> = events
-        .iter()
-        .filter_map(|e| {
-            if let Event::ToolCallFinished(finished) = e {
-                Some(finished.result.clone())
-            } else {
-                None
-            }
-        })
-        .collect();
+    let results = results(&events);
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(results[0].name, "unreadable_tool_call");
     assert!(
