@@ -533,6 +533,7 @@ async fn commit_latency(url: &str) -> Result<Commits> {
                     Event::ToolCallStarted(ToolCallStarted {
                         turn,
                         call: call.clone(),
+                        repaired: None,
                     }),
                 ];
                 let second = vec![

@@ -217,6 +217,7 @@ impl AgentEngine {
             cancel,
             tool_protocol,
             tools_as_text,
+            text_repairs: Vec::new(),
         }
     }
 

@@ -9,6 +9,7 @@ pub mod approval;
 pub mod archive;
 pub mod auto;
 mod builtin;
+mod call_repair;
 mod caller;
 pub mod compaction;
 mod compactor;

@@ -1550,9 +1550,23 @@ impl crate::Provider for Protocol {
                 bytes::Bytes::from(format!("data: {chunk}\n\n"))
             })
             .collect();
-        events.push_back(bytes::Bytes::from_static(
-            b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
-        ));
+        // Native calls whole, one event each.
+        let calls: Vec<&nerve_core::ToolCall> = response.message.tool_calls().collect();
+        for (index, call) in calls.iter().enumerate() {
+            let chunk = serde_json::json!({"choices": [{"delta": {"tool_calls": [{
+                "index": index, "id": call.id.0, "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments.to_string()},
+            }]}}]});
+            events.push_back(bytes::Bytes::from(format!("data: {chunk}\n\n")));
+        }
+        let finish = if calls.is_empty() {
+            "stop"
+        } else {
+            "tool_calls"
+        };
+        events.push_back(bytes::Bytes::from(format!(
+            "data: {{\"choices\":[{{\"delta\":{{}},\"finish_reason\":\"{finish}\"}}]}}\n\ndata: [DONE]\n\n"
+        )));
         let estimate = crate::tokens::UsageEstimate {
             input: 10,
             counter: Arc::new(crate::tokens::Estimate),
@@ -1579,6 +1593,16 @@ async fn run_protocol_on(
     live: bool,
     cassette: &str,
 ) -> (Outcome, Vec<(Vec<nerve_core::Message>, usize)>) {
+    run_protocol_in(protocol, live, cassette, EngineConfig::default()).await
+}
+
+/// [`run_protocol_on`] with `config`.
+async fn run_protocol_in(
+    protocol: crate::ToolProtocol,
+    live: bool,
+    cassette: &str,
+    config: EngineConfig,
+) -> (Outcome, Vec<(Vec<nerve_core::Message>, usize)>) {
     let provider = Arc::new(Protocol {
         inner: ScriptedProvider::parse("test", cassette).unwrap(),
         protocol,
@@ -1591,7 +1615,7 @@ async fn run_protocol_on(
         Arc::clone(&provider) as Arc<dyn crate::Provider>,
         Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
         Arc::clone(&sink) as Arc<dyn EventSink>,
-        EngineConfig::default(),
+        config,
     );
     let result = engine
         .run(ExecutionId::new(), do_it(), CancellationToken::new())
@@ -1712,6 +1736,60 @@ async fn an_unreadable_text_call_is_answered_with_the_expected_format() {
     assert_eq!(outcome.tools.calls.lock().unwrap().len(), 1);
 }
 
+/// A call written as text that is not JSON but repairs into a call runs, and its
+/// `tool_call_started` says what was repaired; a valid one says nothing.
+#[tokio::test]
+async fn a_repaired_text_call_runs_and_its_start_says_what_was_repaired() {
+    let broken = "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"echo \"hi\"\nls\"}}\n</tool_call>";
+    let valid =
+        "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>";
+    let (outcome, _) = run_protocol(
+        crate::ToolProtocol::Text,
+        &lines(&[says(broken), says(valid), says("done")]),
+    )
+    .await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    let ran: Vec<serde_json::Value> = outcome
+        .tools
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| c.arguments.clone())
+        .collect();
+    assert_eq!(
+        ran,
+        [
+            serde_json::json!({"command": "echo \"hi\"\nls"}),
+            serde_json::json!({"command": "ls"})
+        ]
+    );
+    let started: Vec<Option<String>> = outcome
+        .events()
+        .into_iter()
+        .filter_map(|e| {
+            if let Event::ToolCallStarted(started) = e {
+                Some(started.repaired)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(
+        started,
+        [
+            Some(
+                "escaped 2 double quotes and 1 control character (a line break or tab) inside strings"
+                    .to_owned()
+            ),
+            None
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_model_looping_on_text_calls_gets_the_correction_then_stops() {
     let call = says(
@@ -1788,6 +1866,85 @@ async fn a_runaway_answer_is_stopped_and_asked_again_with_a_note() {
             .iter()
             .any(|m| m.role == MessageRole::Assistant
                 && m.text_content().contains("check the file again"))
+    );
+}
+
+/// The note a runaway answer leaves takes room the request was fitted without: the retry
+/// is fitted again with it. Over windows around the size of the conversation (the
+/// thresholds off, so that only the fit compacts): a retry over the prompt budget (the
+/// window less the reply's reserve) comes only after the fit tried (a compaction between
+/// the runaway and the retry), and where the turn's output can still be masked, the fit
+/// brings a retry the note took over the budget back under it.
+#[tokio::test]
+async fn a_runaway_retry_is_fitted_again_with_its_note_at_a_small_window() {
+    let looping = format!(
+        "Let me think.\n{}",
+        "I will check the file again.\n".repeat(100)
+    );
+    let cassette = lines(&[
+        serde_json::json!({"tool_calls": [{"name": "shell",
+            "arguments": {"lines": 40, "fact": "the port is 8443"}}]})
+        .to_string(),
+        says(&looping),
+        says("done"),
+    ]);
+    let counter = crate::tokens::counter_for_model("local");
+    let mut definitions = nerve_core::ToolExecutor::definitions(&EchoTools::default());
+    definitions.extend(crate::compactor::context_tool_definitions(
+        EngineConfig::default().compaction.agent_controlled,
+    ));
+    let tool_tokens = counter.count_tools(&definitions);
+    let prompt = |messages: &[nerve_core::Message]| {
+        messages
+            .iter()
+            .map(|m| counter.count_message(m))
+            .sum::<u64>()
+            + tool_tokens
+    };
+    let (mut retries, mut brought_back) = (0, 0);
+    // Ends: a fixed range of windows.
+    for window in (500..1_500).step_by(8) {
+        let mut config = EngineConfig {
+            context_window: Some(window),
+            ..EngineConfig::default()
+        };
+        config.compaction.soft_percent = 100;
+        config.compaction.hard_percent = 100;
+        let (outcome, seen) =
+            run_protocol_in(crate::ToolProtocol::Native, true, &cassette, config).await;
+        let events = outcome.events();
+        let Some(ran_away) = events
+            .iter()
+            .position(|e| matches!(e, Event::Retry(r) if r.error == "runaway"))
+        else {
+            continue;
+        };
+        retries += 1;
+        let budget = window - crate::compaction::reply_reserve(window);
+        // The requests: the first turn, the second turn's (it ran away), its retry.
+        let (turn, retry) = (&seen[1].0, &seen[2].0);
+        let note = retry.last().unwrap();
+        assert!(
+            note.text_content().contains("Your last answer was stopped"),
+            "{note:?}"
+        );
+        let refitted = events[ran_away..]
+            .iter()
+            .take_while(|e| !matches!(e, Event::ModelCalled(_)))
+            .any(|e| matches!(e, Event::Compaction(_)));
+        assert!(
+            prompt(retry) <= budget || refitted,
+            "window {window}: the retry holds {} tokens, over the budget of {budget}, and was not refitted",
+            prompt(retry)
+        );
+        if prompt(turn) + counter.count_message(note) > budget && prompt(retry) <= budget {
+            brought_back += 1;
+        }
+    }
+    assert!(retries > 100, "only {retries} windows ran away");
+    assert!(
+        brought_back > 0,
+        "no retry was brought back under the budget"
     );
 }
 

@@ -19,7 +19,7 @@ use std::time::Instant;
 use nerve_core::event::{CallPurpose, TaskTransition, ToolProtocolSwitched, ToolTransport};
 use nerve_core::{
     ContextArchive, Event, ExecutionId, FinishReason, LoopType, Message, MessagePart, Snapshot,
-    TaskId, TaskStatus, TerminationReason, ToolDefinition, ToolExecutor, TurnRecord,
+    TaskId, TaskStatus, TerminationReason, ToolCallId, ToolDefinition, ToolExecutor, TurnRecord,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -102,9 +102,18 @@ pub(crate) struct Run {
     pub(crate) tool_protocol: ToolProtocol,
     /// Whether calls travel as text now: on `text`, and on `auto` once it switched.
     pub(crate) tools_as_text: bool,
+    /// The calls of the last answer read from text that had to be repaired, and what was
+    /// repaired: their `tool_call_started` events say so.
+    pub(crate) text_repairs: Vec<(ToolCallId, String)>,
 }
 
 impl Run {
+    /// What was repaired to read `call` from text, if anything (said once).
+    pub(crate) fn take_text_repair(&mut self, call: &ToolCallId) -> Option<String> {
+        let at = self.text_repairs.iter().position(|(id, _)| id == call)?;
+        Some(self.text_repairs.swap_remove(at).1)
+    }
+
     /// Appends `message` to the conversation (recorded).
     pub(crate) fn push_message(&mut self, message: Message) {
         self.window.push(&mut self.journal, message);
@@ -213,7 +222,8 @@ impl Run {
     /// One model call on the conversation, with retries. When the window overflows, it
     /// compacts now, whatever the thresholds say, and asks once more; when the refusals
     /// state the server's count of the prompt, up to [`OVERFLOW_COMPACTIONS`] times, each
-    /// compaction aimed by that count.
+    /// compaction aimed by that count. A runaway answer is asked for again with a note,
+    /// the request fitted again with it.
     pub(crate) async fn call_model(
         &mut self,
         turn: u32,
@@ -250,6 +260,10 @@ impl Run {
                         "[Nerve] Your last answer was stopped because {why}. Do not repeat \
                          yourself: make one tool call, or give a short final answer."
                     )));
+                    // The request was fitted to the window without the note: fitted again,
+                    // so that the note cannot take the retry over it.
+                    let turns = self.progress.turn_count();
+                    self.compactor().fit_request(turns).await?;
                     continue;
                 }
                 // A summary call never compacts for itself (the compactor calls the caller
@@ -325,6 +339,7 @@ impl Run {
             ToolProtocol::Text => false,
             ToolProtocol::Auto => !self.tools_as_text,
         };
+        self.text_repairs.clear();
         let calls = text_tools::parse(&response.message.text_content(), tools, strict);
         if calls.is_empty() {
             return response;
@@ -344,11 +359,14 @@ impl Run {
                     ),
                 }));
         }
-        for (n, call) in calls.into_iter().enumerate() {
-            response
-                .message
-                .parts
-                .push(MessagePart::ToolCall(call.into_call(turn, n)));
+        for (n, mut text_call) in calls.into_iter().enumerate() {
+            let repaired = text_call.repaired.take();
+            let call = text_call.into_call(turn, n);
+            if let Some(what) = repaired {
+                tracing::info!(turn, call = %call.id, %what, "repaired a call written as text");
+                self.text_repairs.push((call.id.clone(), what));
+            }
+            response.message.parts.push(MessagePart::ToolCall(call));
         }
         response.finish = FinishReason::ToolCalls;
         response

@@ -19,6 +19,11 @@
 //! provider on `auto` that has not switched yet), only calls naming a known tool count, so
 //! prose or an example never becomes a call; leniently (after the switch, or on `text`),
 //! any `<tool_call>` block counts, and a fenced or bare object whose keys are a call's.
+//!
+//! A block that is not valid JSON is repaired when it can be ([`crate::call_repair`]:
+//! unescaped quotes and line breaks inside strings, a missing last brace) and the repair
+//! is shaped as a call (a `name` and an `arguments` object); the call then carries what
+//! was repaired ([`TextCall::repaired`]), which its `tool_call_started` event records.
 
 use nerve_core::{Message, MessagePart, MessageRole, ToolCall, ToolCallId, ToolDefinition};
 use serde::{Deserialize, Serialize};
@@ -52,6 +57,8 @@ pub(crate) struct TextCall {
     pub(crate) name: Option<String>,
     /// Its arguments, or why they could not be read.
     pub(crate) arguments: Result<serde_json::Value, String>,
+    /// What was repaired to read it, in a line, when its text was not valid JSON.
+    pub(crate) repaired: Option<String>,
 }
 
 impl TextCall {
@@ -81,9 +88,10 @@ impl TextCall {
 /// The calls written in `text`, in order. `strict`: only calls naming one of `tools`.
 pub(crate) fn parse(text: &str, tools: &[ToolDefinition], strict: bool) -> Vec<TextCall> {
     let known = |name: &str| tools.iter().any(|tool| tool.name == name);
+    let keys = member_keys(tools);
     let mut calls = Vec::new();
-    for block in blocks(text) {
-        let call = read_block(block.body);
+    for block in blocks(text, &keys) {
+        let call = read_block(block.body, &keys);
         let counts = match (&call.name, block.tagged) {
             (Some(name), _) if known(name) => true,
             (_, true) => !strict,
@@ -108,11 +116,23 @@ const OPEN_TAG: &str = "<tool_call>";
 const CLOSE_TAG: &str = "</tool_call>";
 const FENCE: &str = "```";
 
-/// The candidate blocks of `text`, in order. Each scan step moves `rest` forward by at
-/// least one byte, so the loop ends.
-fn blocks(text: &str) -> Vec<Block<'_>> {
+/// The member names a call may hold: a call's own and the tools' arguments. A repair
+/// that cannot tell whether a quote ends a string takes these for the next member.
+fn member_keys(tools: &[ToolDefinition]) -> Vec<&str> {
+    let mut keys = vec!["name", "arguments", "parameters"];
+    for tool in tools {
+        if let Some(properties) = tool.parameters["properties"].as_object() {
+            keys.extend(properties.keys().map(String::as_str));
+        }
+    }
+    keys
+}
+
+/// The candidate blocks of `text`, in order. `keys`: as [`member_keys`].
+fn blocks<'a>(text: &'a str, keys: &[&str]) -> Vec<Block<'a>> {
     let mut found = Vec::new();
     let mut rest = text;
+    // Ends: each step moves `rest` forward by at least one byte.
     while !rest.is_empty() {
         let tag = rest.find(OPEN_TAG);
         let fence = rest.find(FENCE);
@@ -157,7 +177,10 @@ fn blocks(text: &str) -> Vec<Block<'_>> {
             rest = after;
         } else {
             let object = &rest[at..];
-            let end = json_object_end(object).unwrap_or(object.len());
+            // An object that is not JSON ends where its repair ends, else with the text.
+            let end = json_object_end(object)
+                .or_else(|| crate::call_repair::repair(object, keys, false).map(|r| r.end))
+                .unwrap_or(object.len());
             found.push(Block {
                 body: &object[..end],
                 tagged: false,
@@ -219,21 +242,29 @@ fn unfenced(body: &str) -> &str {
 /// How an unreadable call's error begins when its text is not JSON.
 const NOT_JSON: &str = "the call is not valid JSON";
 
-/// Reads one block as a call.
-fn read_block(body: &str) -> TextCall {
-    let value = match serde_json::from_str::<serde_json::Value>(body) {
-        Ok(value) => value,
-        Err(error) => {
-            return TextCall {
-                name: named_in(body),
-                arguments: Err(format!("{NOT_JSON} ({error})")),
-            };
-        }
+/// Reads one block as a call; one that is not JSON, repaired when the repair is shaped as
+/// a call. `keys`: as [`member_keys`].
+fn read_block(body: &str, keys: &[&str]) -> TextCall {
+    let (value, repaired) = match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(value) => (value, None),
+        Err(error) => match crate::call_repair::repair(body, keys, true)
+            .filter(|repaired| is_call(&repaired.value))
+        {
+            Some(repaired) => (repaired.value, Some(repaired.what)),
+            None => {
+                return TextCall {
+                    name: named_in(body),
+                    arguments: Err(format!("{NOT_JSON} ({error})")),
+                    repaired: None,
+                };
+            }
+        },
     };
     let Some(object) = value.as_object() else {
         return TextCall {
             name: None,
             arguments: Err("the call is not a JSON object".into()),
+            repaired,
         };
     };
     let name = object
@@ -247,7 +278,21 @@ fn read_block(body: &str) -> TextCall {
         None if name.is_some() && object.len() == 1 => Ok(serde_json::json!({})),
         Some(_) | None => Err("it has no `arguments` object".into()),
     };
-    TextCall { name, arguments }
+    TextCall {
+        name,
+        arguments,
+        repaired,
+    }
+}
+
+/// Whether `value` is shaped as a call: a `name` string and an `arguments` (or
+/// `parameters`) object.
+fn is_call(value: &serde_json::Value) -> bool {
+    value["name"].is_string()
+        && value
+            .get("arguments")
+            .or_else(|| value.get("parameters"))
+            .is_some_and(serde_json::Value::is_object)
 }
 
 /// The tool named in text that is not valid JSON: what follows `"name"` and a colon.
@@ -547,6 +592,120 @@ mod tests {
             "```json\n{\"name\": \"shell\", \"arguments\": [\"ls\"]}\n```",
             &["!shell: it has no `arguments` object"],
             &["!shell: it has no `arguments` object"],
+        );
+    }
+
+    /// The one call `text` yields read `strict`ly: its name, arguments and repair.
+    fn one(text: &str, strict: bool) -> (String, serde_json::Value, Option<String>) {
+        let mut calls = parse(text, &tools(), strict);
+        assert_eq!(calls.len(), 1, "{text}: {calls:?}");
+        let call = calls.remove(0);
+        (
+            call.name.unwrap_or_default(),
+            call.arguments.unwrap(),
+            call.repaired,
+        )
+    }
+
+    #[test]
+    fn broken_calls_are_repaired_when_the_repair_is_a_call() {
+        // As Qwen2.5-Coder-1.5B writes a file: the docstring's quotes unescaped, the line
+        // breaks raw.
+        let fenced = "I will fix the import.\n```json\n{\n  \"name\": \"edit_file\",\n  \"arguments\": {\n    \"path\": \"geometry.py\",\n    \"old_text\": \"def distance(a, b):\",\n    \"new_text\": \"import math\n\ndef distance(a, b):\n    \"\"\"The distance.\"\"\"\"\n  }\n}\n```";
+        for strict in [true, false] {
+            let (name, arguments, repaired) = one(fenced, strict);
+            assert_eq!(name, "edit_file");
+            assert_eq!(
+                arguments["new_text"],
+                "import math\n\ndef distance(a, b):\n    \"\"\"The distance.\"\"\""
+            );
+            assert_eq!(arguments["old_text"], "def distance(a, b):");
+            assert_eq!(
+                repaired.as_deref(),
+                Some(
+                    "escaped 6 double quotes and 3 control characters (line breaks or tabs) inside strings"
+                )
+            );
+        }
+        // A raw line break in a tagged call.
+        let (name, arguments, repaired) = one(
+            "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"cd src\nls\"}}\n</tool_call>",
+            true,
+        );
+        assert_eq!(
+            (name.as_str(), &arguments["command"]),
+            ("shell", &"cd src\nls".into())
+        );
+        assert!(repaired.is_some());
+        // A bare call missing its last brace at the end of the answer.
+        let (name, arguments, repaired) = one(
+            "Let me look.\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.py\"}",
+            true,
+        );
+        assert_eq!(
+            (name.as_str(), arguments),
+            ("read_file", serde_json::json!({"path": "a.py"}))
+        );
+        assert_eq!(
+            repaired.as_deref(),
+            Some("added 1 closing bracket at the end")
+        );
+        // A bare broken call followed by prose and a second call: both are read.
+        let calls = parse(
+            "{\"name\": \"shell\", \"arguments\": {\"command\": \"echo \"hi\"\"}}\nand then\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"b\"}}",
+            &tools(),
+            true,
+        );
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(
+            calls[0].arguments,
+            Ok(serde_json::json!({"command": "echo \"hi\""}))
+        );
+        assert_eq!(calls[1].repaired, None);
+        // Valid calls are not repaired.
+        assert_eq!(
+            one(
+                "```json\n{\"name\": \"shell\", \"arguments\": {}}\n```",
+                true
+            )
+            .2,
+            None
+        );
+    }
+
+    #[test]
+    fn prose_examples_and_what_cannot_be_repaired_stay_as_they_were() {
+        // Prose with braces and a broken call mid-sentence: never a call.
+        check(
+            "Write {\"name\": \"shell\", \"arguments\": {\"command\": \"ls\n\"} like this; a set is {1, 2}.",
+            &[],
+            &[],
+        );
+        // An example naming a tool that does not exist, broken: not when reading strictly.
+        check(
+            "For example:\n```json\n{\"name\": \"run_tests\", \"arguments\": {\"filter\": \"a\"b\"}}\n```",
+            &[],
+            &[r#"run_tests({"filter":"a\"b"})"#],
+        );
+        // Repaired into something that is not a call: unreadable as before.
+        check(
+            "<tool_call>\n{\"name\": \"shell\", \"arguments\": \"ls\n\"}\n</tool_call>",
+            &[
+                "!shell: the call is not valid JSON (control character (\\u0000-\\u001F) found while parsing a string at line 2 column 0)",
+            ],
+            &[
+                "!shell: the call is not valid JSON (control character (\\u0000-\\u001F) found while parsing a string at line 2 column 0)",
+            ],
+        );
+        // Cut off inside a string: unreadable as before.
+        check(
+            "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"ls",
+            &[
+                "!shell: the call is not valid JSON (EOF while parsing a string at line 1 column 46)",
+            ],
+            &[
+                "!shell: the call is not valid JSON (EOF while parsing a string at line 1 column 46)",
+            ],
         );
     }
 

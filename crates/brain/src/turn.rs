@@ -181,9 +181,11 @@ async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolR
 }
 
 async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
+    let repaired = run.take_text_repair(&call.id);
     run.journal.record(Event::ToolCallStarted(ToolCallStarted {
         turn,
         call: call.clone(),
+        repaired,
     }));
     run.journal.flush().await?;
     let started = Instant::now();

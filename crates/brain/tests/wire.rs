@@ -1876,15 +1876,20 @@ fn recorded(name: &str) -> Reply {
     }
 }
 
-/// The tools Qwen was offered when the answers were recorded, answering as the real ones
-/// did: the test run fails with the `NameError`.
-struct RecordedTools;
+/// The tools Qwen was offered when the answers were recorded (`edit_file` besides, for the
+/// answers written here), answering as the real ones did: the test run fails with the
+/// `NameError`, a file is written or edited. The calls are kept.
+#[derive(Default)]
+struct RecordedTools {
+    edit: bool,
+    calls: Mutex<Vec<ToolCall>>,
+}
 
 #[async_trait]
 impl ToolExecutor for RecordedTools {
     fn definitions(&self) -> Vec<ToolDefinition> {
         let schema = |props: serde_json::Value, required: &[&str]| serde_json::json!({"type": "object", "properties": props, "required": required});
-        vec![
+        let mut tools = vec![
             ToolDefinition {
                 name: "shell".into(),
                 description: "Run a shell command in the workspace.".into(),
@@ -1901,43 +1906,83 @@ impl ToolExecutor for RecordedTools {
                     &["path", "content"],
                 ),
             },
-        ]
+        ];
+        if self.edit {
+            tools.push(ToolDefinition {
+                name: "edit_file".into(),
+                description: "Replace old_text with new_text in a file.".into(),
+                parameters: schema(
+                    serde_json::json!({"path": {"type": "string"}, "old_text": {"type": "string"},
+                        "new_text": {"type": "string"}}),
+                    &["path", "old_text", "new_text"],
+                ),
+            });
+        }
+        tools
     }
 
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
-        assert_eq!(call.name, "shell", "only the shell call is readable");
-        Ok(ToolOutput::error(
-            "E       NameError: name 'math' is not defined\n1 failed in 0.04s\n[exit status 1]",
-        ))
+        self.calls.lock().unwrap().push(call.clone());
+        Ok(match call.name.as_str() {
+            "shell" => ToolOutput::error(
+                "E       NameError: name 'math' is not defined\n1 failed in 0.04s\n[exit status 1]",
+            ),
+            _ => ToolOutput::ok(format!("wrote {}", call.arguments["path"])),
+        })
     }
 }
 
-/// Qwen, offered native tools, wrote its call as a ```` ```json ```` block and the server
-/// passed it on as text. On `tool_protocol = "auto"` the call runs and the run switches to
-/// text (an event); the next request has no `tools`, the tool list and call format in the
-/// system prompt, the answer as it was written and the result in `<tool_response>` tags.
-/// Qwen's next answer names `write_file` in a fenced block whose JSON is broken (the
-/// file's docstring quotes are not escaped): it runs nothing, and its error result shows
-/// the format and `write_file`'s arguments.
-#[tokio::test]
-async fn a_local_models_calls_written_as_text_run_through_auto() {
-    let server = TestServer::start(vec![
-        recorded("qwen-fenced-call.sse"),
-        recorded("qwen-unreadable-call.sse"),
-    ])
-    .await;
+/// Every tool result in `events`, in order.
+fn results(events: &[Event]) -> Vec<ToolResult> {
+    events
+        .iter()
+        .filter_map(|e| {
+            if let Event::ToolCallFinished(finished) = e {
+                Some(finished.result.clone())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Every `tool_call_started` event's `repaired`, in order.
+fn repairs(events: &[Event]) -> Vec<Option<String>> {
+    events
+        .iter()
+        .filter_map(|e| {
+            if let Event::ToolCallStarted(started) = e {
+                Some(started.repaired.clone())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// The geometry task of the recorded answers, run against `server` through a provider on
+/// `auto` (the default), with `edit_file` offered when `edit`: its end, its events, the
+/// calls that reached the tools.
+async fn run_geometry(
+    server: &TestServer,
+    edit: bool,
+    max_turns: u32,
+) -> (TerminationReason, Vec<Event>, Vec<ToolCall>) {
     let mut config = OpenAiConfig::new("qwen2.5-coder-1.5b");
     config.base_url = format!("{}/v1", server.url);
     config.http = http();
     assert_eq!(config.tool_protocol, nerve_brain::ToolProtocol::Auto);
-    let provider = Arc::new(OpenAiProvider::new(config).unwrap());
     let sink = Arc::new(MemorySink::default());
+    let tools = Arc::new(RecordedTools {
+        edit,
+        ..RecordedTools::default()
+    });
     let engine = AgentEngine::new(
-        provider,
-        Arc::new(RecordedTools),
+        Arc::new(OpenAiProvider::new(config).unwrap()),
+        Arc::clone(&tools) as Arc<dyn ToolExecutor>,
         Arc::clone(&sink) as Arc<dyn EventSink>,
         EngineConfig {
-            max_turns: 2,
+            max_turns,
             ..EngineConfig::default()
         },
     );
@@ -1952,37 +1997,47 @@ async fn a_local_models_calls_written_as_text_run_through_auto() {
         .run(ExecutionId::new(), task, CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(result.termination_reason, TerminationReason::MaxTurns);
     let events = sink.0.lock().unwrap().clone();
+    let calls = tools.calls.lock().unwrap().clone();
+    (result.termination_reason, events, calls)
+}
+
+/// Qwen, offered native tools, wrote its call as a ```` ```json ```` block and the server
+/// passed it on as text. On `tool_protocol = "auto"` the call runs and the run switches to
+/// text (an event); the next request has no `tools`, the tool list and call format in the
+/// system prompt, the answer as it was written and the result in `<tool_response>` tags.
+/// Qwen's next answer names `write_file` in a fenced block whose JSON is broken (the
+/// file's docstring quotes are not escaped): the call is repaired, runs with the file's
+/// text as Qwen meant it, and its `tool_call_started` says what was repaired.
+#[tokio::test]
+async fn a_local_models_calls_written_as_text_run_through_auto() {
+    let server = TestServer::start(vec![
+        recorded("qwen-fenced-call.sse"),
+        recorded("qwen-unreadable-call.sse"),
+    ])
+    .await;
+    let (reason, events, calls) = run_geometry(&server, false, 2).await;
+    assert_eq!(reason, TerminationReason::MaxTurns);
     let switched: Vec<&Event> = events
         .iter()
         .filter(|e| matches!(e, Event::ToolProtocolSwitched(_)))
         .collect();
     assert_eq!(switched.len(), 1, "{events:?}");
-    let results: Vec<ToolResult> = events
-        .iter()
-        .filter_map(|e| {
-            if let Event::ToolCallFinished(finished) = e {
-                Some(finished.result.clone())
-            } else {
-                None
-            }
-        })
-        .collect();
+    let results = results(&events);
     assert_eq!(results.len(), 2, "{results:?}");
     assert_eq!(results[0].name, "shell");
-    assert_eq!(results[1].name, "unreadable_tool_call");
-    assert!(results[1].is_error);
-    assert!(
-        results[1].content.contains("not valid JSON")
-            && results[1]
-                .content
-                .contains("<tool_call>\n{\"name\": \"shell\", \"arguments\": {}}\n</tool_call>")
-            && results[1].content.contains(
-                "The arguments of `write_file`: write_file {content: string, path: string}."
-            ),
-        "{}",
-        results[1].content
+    assert_eq!(results[1].name, "write_file");
+    assert!(!results[1].is_error, "{results:?}");
+    assert_eq!(
+        calls[1].arguments,
+        serde_json::json!({"path": "geometry.py", "content": "import math\n\ndef distance(a, b):\n    \"\"\"The Euclidean distance between points a and b, each (x, y).\"\"\"\n    dx = a[0] - b[0]\n    dy = a[1] - b[1]\n    return math.sqrt(dx * dx + dy * dy)"})
+    );
+    assert_eq!(
+        repairs(&events),
+        [
+            None,
+            Some("escaped 6 double quotes inside strings".to_owned())
+        ]
     );
     // The requests: native tools first, then none, the tools described in the prompt.
     let requests = server.requests();
@@ -2012,4 +2067,153 @@ async fn a_local_models_calls_written_as_text_run_through_auto() {
         "<tool_response>\nE       NameError: name 'math' is not defined\n1 failed in 0.04s\n[exit status 1]\n</tool_response>"
     );
     assert_eq!(messages[3]["role"], "user");
+}
+
+/// An answer streamed as `llama-server` streams Qwen's (the recorded streams' shape: a
+/// keep-alive comment, a role event, the text a few characters an event, the finish, the
+/// usage and timings, `[DONE]`).
+fn qwen_stream(text: &str) -> Reply {
+    let event = |choices: serde_json::Value| {
+        let mut event = serde_json::json!({"choices": choices, "created": 1795829829,
+            "id": "chatcmpl-7VLX6q50d3vcP9grDzIB8j1WNzsiGVdY", "model": "qwen2.5-coder-1.5b",
+            "system_fingerprint": "b1-0c1e570", "object": "chat.completion.chunk"});
+        if event["choices"].as_array().is_some_and(Vec::is_empty) {
+            event["usage"] = serde_json::json!({"completion_tokens": 105, "prompt_tokens": 627,
+                "total_tokens": 732, "prompt_tokens_details": {"cached_tokens": 37}});
+            event["timings"] = serde_json::json!({"cache_n": 37, "prompt_n": 590,
+                "prompt_ms": 76260.475, "predicted_n": 105, "predicted_ms": 47381.968});
+        }
+        format!("data: {event}\n\n").into_bytes()
+    };
+    let mut pieces = vec![
+        b":\n\n".to_vec(),
+        event(serde_json::json!([{"finish_reason": null, "index": 0,
+            "delta": {"role": "assistant", "content": null}}])),
+    ];
+    let chars: Vec<char> = text.chars().collect();
+    for piece in chars.chunks(3) {
+        let piece: String = piece.iter().collect();
+        pieces.push(event(
+            serde_json::json!([{"finish_reason": null, "index": 0,
+            "delta": {"content": piece}}]),
+        ));
+    }
+    pieces.push(event(
+        serde_json::json!([{"finish_reason": "stop", "index": 0, "delta": {}}]),
+    ));
+    pieces.push(event(serde_json::json!([])));
+    pieces.push(b"data: [DONE]\n\n".to_vec());
+    Reply::Stream {
+        pieces,
+        abort: false,
+    }
+}
+
+/// What a run of Qwen's `answers` (streamed as `llama-server` does) through a provider on
+/// `auto` did: its end, its events, the calls that reached the tools.
+async fn run_qwen(answers: &[&str]) -> (TerminationReason, Vec<Event>, Vec<ToolCall>) {
+    let server = TestServer::start(answers.iter().map(|a| qwen_stream(a)).collect()).await;
+    let outcome = run_geometry(&server, true, 5).await;
+    assert_eq!(server.requests().len(), answers.len());
+    outcome
+}
+
+/// Whether the run switched to calls written as text.
+fn switched(events: &[Event]) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(e, Event::ToolProtocolSwitched(_)))
+}
+
+/// Qwen's `edit_file` as it writes a file's text into JSON: the docstring's `"""` not
+/// escaped, the line breaks raw, in a ```` ```json ```` block. Read strictly (on `auto`,
+/// before any switch) it is repaired into one call of `edit_file` with the text meant.
+#[tokio::test]
+async fn an_edit_with_an_unescaped_docstring_and_raw_line_breaks_is_repaired() {
+    let edit = "I'll add the missing import.\n```json\n{\n  \"name\": \"edit_file\",\n  \"arguments\": {\n    \"path\": \"geometry.py\",\n    \"old_text\": \"def distance(a, b):\n    \"\"\"The Euclidean distance between points a and b, each (x, y).\"\"\"\",\n    \"new_text\": \"import math\n\ndef distance(a, b):\n    \"\"\"The Euclidean distance between points a and b, each (x, y).\"\"\"\"\n  }\n}\n```";
+    let (reason, events, calls) = run_qwen(&[edit, "The import is added."]).await;
+    assert_eq!(reason, TerminationReason::Completed);
+    assert!(switched(&events));
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].name, "edit_file");
+    let docstring = "    \"\"\"The Euclidean distance between points a and b, each (x, y).\"\"\"";
+    assert_eq!(
+        calls[0].arguments,
+        serde_json::json!({
+            "path": "geometry.py",
+            "old_text": format!("def distance(a, b):\n{docstring}"),
+            "new_text": format!("import math\n\ndef distance(a, b):\n{docstring}"),
+        })
+    );
+    assert_eq!(
+        repairs(&events),
+        [Some(
+            "escaped 12 double quotes and 4 control characters (line breaks or tabs) inside strings"
+                .to_owned()
+        )]
+    );
+}
+
+/// A `<tool_call>` block with a raw line break in its command, and a bare call missing its
+/// last brace at the end of an answer: each repaired and run.
+#[tokio::test]
+async fn a_raw_line_break_and_a_missing_last_brace_are_repaired() {
+    let tagged = "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"cd tests &&\npython3 -m pytest -q\"}}\n</tool_call>";
+    let (reason, events, calls) = run_qwen(&[tagged, "Done."]).await;
+    assert_eq!(reason, TerminationReason::Completed);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        calls[0].arguments,
+        serde_json::json!({"command": "cd tests &&\npython3 -m pytest -q"})
+    );
+    assert_eq!(
+        repairs(&events),
+        [Some(
+            "escaped 1 control character (a line break or tab) inside strings".to_owned()
+        )]
+    );
+    let bare = "Let me run the tests.\n{\"name\": \"shell\", \"arguments\": {\"command\": \"python3 -m pytest -q\"}";
+    let (reason, events, calls) = run_qwen(&[bare, "Done."]).await;
+    assert_eq!(reason, TerminationReason::Completed);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        calls[0].arguments,
+        serde_json::json!({"command": "python3 -m pytest -q"})
+    );
+    assert_eq!(
+        repairs(&events),
+        [Some("added 1 closing bracket at the end".to_owned())]
+    );
+}
+
+/// What the repair must leave alone: prose with braces (a line that starts like an object
+/// but is no call), an example call of a tool that does not exist in an explanation (read
+/// strictly), and a call cut off inside a string, which stays an `unreadable_tool_call`
+/// with the error result it got before.
+#[tokio::test]
+async fn prose_examples_and_calls_beyond_repair_are_left_alone() {
+    let prose = "The function returns a dict such as {\"a\": \"b\"} for each row:\n{\"a\": \"x\"y\", \"b\": 2}\nso nothing else is needed.";
+    let example = "You could run them with:\n```json\n{\"name\": \"run_tests\", \"arguments\": {\"filter\": \"test_\"distance\"\"}}\n```\nbut the fix is already in place.";
+    for answer in [prose, example] {
+        let (reason, events, calls) = run_qwen(&[answer]).await;
+        assert_eq!(reason, TerminationReason::Completed, "{answer}");
+        assert!(calls.is_empty(), "{answer}: {calls:?}");
+        assert!(!switched(&events), "{answer}");
+    }
+    let cut = "<tool_call>\n{\"name\": \"write_file\", \"arguments\": {\"path\": \"a.py\", \"content\": \"def f():\n    return \"x";
+    let (reason, events, calls) = run_qwen(&[cut, "Done."]).await;
+    assert_eq!(reason, TerminationReason::Completed);
+    assert!(calls.is_empty(), "{calls:?}");
+    let results = results(&events);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].name, "unreadable_tool_call");
+    assert!(
+        results[0].content.starts_with(
+            "[Nerve] Your tool call was not run: the call is not valid JSON (control character"
+        ) && results[0]
+            .content
+            .contains("The arguments of `write_file`: write_file {content: string, path: string}."),
+        "{}",
+        results[0].content
+    );
 }

@@ -694,6 +694,7 @@ mod tests {
                 Event::ToolCallStarted(ToolCallStarted {
                     turn: 1,
                     call: call(),
+                    repaired: None,
                 }),
                 Event::ToolCallFinished(ToolCallFinished {
                     turn: 1,

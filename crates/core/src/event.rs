@@ -62,6 +62,11 @@ pub struct MessageAppended {
 pub struct ToolCallStarted {
     pub turn: u32,
     pub call: ToolCall,
+    /// Only on a call written as text that was not valid JSON and that Nerve repaired to
+    /// read it: what was changed, in a line (docs/providers.md, "Tools as text"). Absent
+    /// on every other call and on older logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repaired: Option<String>,
 }
 
 /// Written after a tool ran.

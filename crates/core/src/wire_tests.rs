@@ -147,6 +147,7 @@ fn events() {
         Event::ToolCallStarted(ToolCallStarted {
             turn: 1,
             call: call(),
+            repaired: None,
         }),
         Event::ToolCallFinished(ToolCallFinished {
             turn: 1,
@@ -323,4 +324,26 @@ fn model_called_without_stream_timings() {
     let back = serde_json::to_value(&event).unwrap();
     assert!(back.get("time_to_first_token_ms").is_none(), "{back}");
     assert!(back.get("tokens_per_second").is_none(), "{back}");
+}
+
+/// `tool_call_started` of a call that was not repaired (every call in older logs) has no
+/// `repaired` on the wire; a repaired one carries what was repaired.
+#[test]
+fn tool_call_started_with_and_without_a_repair() {
+    let plain = Event::ToolCallStarted(ToolCallStarted {
+        turn: 2,
+        call: call(),
+        repaired: None,
+    });
+    let wire = serde_json::to_value(&plain).unwrap();
+    assert!(wire.get("repaired").is_none(), "{wire}");
+    assert_eq!(serde_json::from_value::<Event>(wire).unwrap(), plain);
+    let repaired = Event::ToolCallStarted(ToolCallStarted {
+        turn: 2,
+        call: call(),
+        repaired: Some("escaped 6 double quotes inside strings".into()),
+    });
+    let wire = serde_json::to_value(&repaired).unwrap();
+    assert_eq!(wire["repaired"], "escaped 6 double quotes inside strings");
+    assert_eq!(serde_json::from_value::<Event>(wire).unwrap(), repaired);
 }

@@ -139,7 +139,11 @@ fn turn_events(turn: u32, index: u32) -> Vec<Event> {
                 pinned: false,
             },
         }),
-        Event::ToolCallStarted(ToolCallStarted { turn, call }),
+        Event::ToolCallStarted(ToolCallStarted {
+            turn,
+            call,
+            repaired: None,
+        }),
         Event::ToolCallFinished(ToolCallFinished {
             turn,
             result: result.clone(),

@@ -81,6 +81,7 @@ fn tool_started(n: u32, id: &str) -> Event {
     Event::ToolCallStarted(ToolCallStarted {
         turn: n,
         call: call(id),
+        repaired: None,
     })
 }
 

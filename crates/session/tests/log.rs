@@ -74,6 +74,7 @@ fn turn_events(turn: u32) -> Vec<Event> {
         Event::ToolCallStarted(ToolCallStarted {
             turn,
             call: call.clone(),
+            repaired: None,
         }),
         Event::ToolCallFinished(ToolCallFinished {
             turn,
