@@ -20,11 +20,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
 use crate::args::ChatArgs;
-use crate::config::Config;
 use crate::output;
 use crate::progress::{Line, Mode, Status, Style, thousands};
 use crate::run::{Launch, Session, Start};
 use crate::transcript::key_argument;
+use nerve_runtime::config::Config;
 
 const HELP: &[&str] = &[
     "commands:",
@@ -48,7 +48,7 @@ pub(crate) async fn chat(
     let config = Config::load(config_path)?;
     let mode = Mode::detect(false, false);
     if let Some(id) = &args.id {
-        let (resumable, _) = crate::resume::continuable(db, id).await?;
+        let (resumable, _) = nerve_runtime::resume::continuable(db, id).await?;
         let workspace = crate::run::validate_workspace(Path::new(&resumable.started.workspace))?;
         if let Some(given) = &args.workspace
             && crate::run::validate_workspace(given)? != workspace
@@ -95,7 +95,7 @@ pub(crate) async fn chat(
             crate::run::validate_workspace(&here)?
         }
     };
-    let provider = crate::provider::build(
+    let provider = nerve_runtime::provider::build(
         args.provider.as_deref().unwrap_or("openai"),
         args.model.as_deref(),
         &config.provider_settings(args.context_window)?,
@@ -133,7 +133,7 @@ pub(crate) async fn chat(
 /// the person ended it.
 pub(crate) async fn converse(
     session: Session<'_>,
-    reopened: Option<Box<crate::resume::Resumable>>,
+    reopened: Option<Box<nerve_runtime::resume::Resumable>>,
 ) -> Result<u8, Failure> {
     let Session {
         mut engine,
@@ -400,7 +400,8 @@ async fn follow_up(
     per_message_turns: u32,
     cancel: CancellationToken,
 ) -> Result<ExecutionResult, Failure> {
-    let (continuable, replay) = crate::resume::continuable(db, &execution_id.to_string()).await?;
+    let (continuable, replay) =
+        nerve_runtime::resume::continuable(db, &execution_id.to_string()).await?;
     let mut engine = engine.clone();
     engine.config.max_turns = continuable.state.turns.saturating_add(per_message_turns);
     follow.recover = replay.termination_reason.is_none();
@@ -616,7 +617,7 @@ impl Terminal {
 
 /// Where the chat history is kept: beside the default log, under the XDG state directory.
 fn history_file() -> Option<PathBuf> {
-    let db = crate::args::default_db().ok()?;
+    let db = nerve_runtime::log::default_db().ok()?;
     let dir = db.parent()?;
     std::fs::create_dir_all(dir).ok()?;
     Some(dir.join("chat_history"))

@@ -11,8 +11,8 @@ use nerve_hands::devcontainer::{self, DevImage};
 use nerve_hands::{DEFAULT_IMAGE, ImageSource};
 
 use crate::Failure;
-use crate::config::Config;
 use crate::output;
+use nerve_runtime::config::Config;
 
 /// The image a run uses and what came with its definition.
 #[derive(Debug)]

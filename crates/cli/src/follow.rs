@@ -12,8 +12,8 @@ use nerve_session::{SessionError, StoredEvent};
 
 use crate::Failure;
 use crate::inspect::{event_json, event_line};
-use crate::log::{Reader, reader};
 use crate::output;
+use nerve_runtime::log::{Reader, reader};
 
 /// How often a SQLite log is read for new events.
 const POLL: Duration = Duration::from_millis(200);

@@ -9,8 +9,8 @@ use nerve_session::{Replay, StoredEvent};
 
 use crate::Failure;
 use crate::args::StatusArg;
-use crate::log::{Reader, reader};
 use crate::output;
+use nerve_runtime::log::{Reader, reader};
 
 /// How many candidates an ambiguous prefix names.
 const CANDIDATES: usize = 5;

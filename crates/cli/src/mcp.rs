@@ -13,8 +13,8 @@ use nerve_hands::{DEFAULT_IMAGE, ProxyListener, Sandbox, SandboxConfig, SandboxT
 
 use crate::Failure;
 use crate::args::McpCommand;
-use crate::config::Config;
 use crate::output;
+use nerve_runtime::config::Config;
 
 pub(crate) async fn command(command: McpCommand, config: Option<&Path>) -> Result<u8, Failure> {
     match command {

@@ -172,7 +172,7 @@ impl Spec {
 
 /// The task queue lives in the PostgreSQL log only.
 pub(crate) async fn queue_store(db: &Path, redactor: Arc<Redactor>) -> Result<PgStore, Failure> {
-    let Some(url) = db.to_str().filter(|_| crate::log::is_postgres(db)) else {
+    let Some(url) = db.to_str().filter(|_| nerve_runtime::log::is_postgres(db)) else {
         return Err(Failure::usage(
             "the task queue needs a PostgreSQL log: pass --db postgres://user@host:port/dbname (see docs/postgres.md)",
         ));

@@ -9,13 +9,15 @@ use std::path::Path;
 use nerve_core::ExecutionId;
 use nerve_hands::{HomeRemoval, HomeSweep, ReapScope};
 
-use crate::log::Reader;
 use crate::{Failure, output};
+use nerve_runtime::log::Reader;
 
 /// The executions of the log at `db` that can never run again, or why the log could not
 /// say (then only unused homes go).
 async fn ended_for_good(db: &Path) -> Result<HashSet<String>, String> {
-    let store = crate::log::reader(db).await.map_err(|e| e.message)?;
+    let store = nerve_runtime::log::reader(db)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut ended: HashSet<String> = store
         .executions()
         .await
@@ -67,7 +69,7 @@ pub(crate) async fn reap(db: &Path, all: bool, id: Option<&str>) -> Result<u8, F
         }
     };
     let homes = HomeSweep {
-        dir: Some(crate::log::homes_dir(db)?),
+        dir: Some(nerve_runtime::log::homes_dir(db)?),
         ended,
         ..HomeSweep::default()
     };

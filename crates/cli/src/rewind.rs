@@ -31,7 +31,7 @@ pub(crate) fn store_dir(db: &Path, execution: ExecutionId) -> Result<PathBuf, Fa
     if let Some(dir) = std::env::var_os(CHECKPOINTS_ENV).filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir).join(execution.to_string()));
     }
-    Ok(crate::log::state_dir(db)?
+    Ok(nerve_runtime::log::state_dir(db)?
         .join("checkpoints")
         .join(execution.to_string()))
 }
@@ -155,7 +155,7 @@ fn parse_logged(tree: &str) -> Result<TreeHash, Failure> {
 
 /// Reads `id`'s verified log and opens its snapshot store, or says in one line why not.
 async fn open(db: &Path, id: &str) -> Result<Opened, Failure> {
-    let (execution, _, replay) = crate::resume::load(db, id).await?;
+    let (execution, _, replay) = nerve_runtime::resume::load(db, id).await?;
     let Some(started) = &replay.started else {
         return Err(Failure::usage(format!(
             "execution {execution} has no start event"
@@ -320,7 +320,7 @@ pub(crate) async fn rewind_to(
     // After the restore: the log never says the workspace is a tree it is not. A crash
     // in between leaves a workspace that differs from the log's last record, which the
     // next rewind or resume sees as a change outside the execution.
-    let (sink, _) = crate::resume::person_sink(db).await?;
+    let (sink, _) = nerve_runtime::resume::person_sink(db).await?;
     sink.append(
         execution,
         Event::WorkspaceRewound(WorkspaceRewound {

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
 use crate::args::{ComplexityArg, LoopArg, RunArgs};
-use crate::config::Config;
 use crate::output;
 use crate::progress::{Display, Line, Mode, ProgressSink, Style, thousands};
+use nerve_runtime::config::Config;
 
 /// Environment variables whose values are registered with the redactor when set.
 const PROVIDER_KEY_VARS: &[&str] = &["OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
@@ -36,7 +36,7 @@ pub(crate) async fn run(
     if let Some(id) = args.continue_id.clone() {
         return follow_up(args, db, config_path, &id).await;
     }
-    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback);
+    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback.map(Into::into));
     let launch = fresh(&args, db, &config, ExecutionId::new()).await?;
     launch.go().await
 }
@@ -54,7 +54,7 @@ pub(crate) async fn fresh<'a>(
     };
     let workspace = validate_workspace(workspace)?;
     let description = read_task(args)?;
-    let provider = crate::provider::build(
+    let provider = nerve_runtime::provider::build(
         args.provider.as_deref().unwrap_or("openai"),
         args.model.as_deref(),
         &config.provider_settings(args.context_window)?,
@@ -133,9 +133,9 @@ async fn follow_up(
     config_path: Option<&Path>,
     id: &str,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback);
+    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback.map(Into::into));
     let message = read_task(&args)?;
-    let (continuable, replay) = crate::resume::continuable(db, id).await?;
+    let (continuable, replay) = nerve_runtime::resume::continuable(db, id).await?;
     let workspace = validate_workspace(Path::new(&continuable.started.workspace))?;
     if let Some(given) = &args.workspace
         && validate_workspace(given)? != workspace
@@ -179,7 +179,7 @@ async fn follow_up(
 /// `script:` cassette continues after the last answer the log recorded.
 pub(crate) async fn provider_for(
     config: &Config,
-    resumable: &crate::resume::Resumable,
+    resumable: &nerve_runtime::resume::Resumable,
     spec: Option<&str>,
 ) -> Result<Arc<dyn Provider>, Failure> {
     let started = &resumable.started;
@@ -199,7 +199,9 @@ pub(crate) async fn provider_for(
             .get("context_window")
             .and_then(serde_json::Value::as_u64),
     )?;
-    crate::provider::build(spec, model, &settings).await
+    nerve_runtime::provider::build(spec, model, &settings)
+        .await
+        .map_err(Failure::from)
 }
 
 /// The engine settings an execution recorded at its start.
@@ -244,8 +246,8 @@ pub(crate) async fn resume(
     output: Output,
 ) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
-    let resumable = crate::resume::resumable(db, id).await?;
-    crate::resume::not_in_a_worker(db, resumable.execution).await?;
+    let resumable = nerve_runtime::resume::resumable(db, id).await?;
+    nerve_runtime::resume::not_in_a_worker(db, resumable.execution).await?;
     let mut launch = resumed(db, &config, resumable, provider_spec, None).await?;
     launch.mode = Mode::detect(output != Output::Text, false);
     launch.jsonl = output == Output::Jsonl;
@@ -257,7 +259,7 @@ pub(crate) async fn resume(
 pub(crate) async fn resumed<'a>(
     db: &'a Path,
     config: &'a Config,
-    resumable: crate::resume::Resumable,
+    resumable: nerve_runtime::resume::Resumable,
     provider_spec: Option<&str>,
     workspace: Option<PathBuf>,
 ) -> Result<Launch<'a>, Failure> {
@@ -310,7 +312,7 @@ impl Output {
 pub(crate) enum Start {
     Once(Once),
     /// An interactive session; `Some`: a reopened execution.
-    Chat(Option<Box<crate::resume::Resumable>>),
+    Chat(Option<Box<nerve_runtime::resume::Resumable>>),
 }
 
 /// What differs between a fresh run, a resume and a follow-up.
@@ -351,7 +353,7 @@ pub(crate) struct Launch<'a> {
     pub(crate) execution_id: ExecutionId,
     pub(crate) start: Start,
     /// A log opened already (a worker shares one among its executions); `db` otherwise.
-    pub(crate) log: Option<Arc<dyn crate::log::Log>>,
+    pub(crate) log: Option<Arc<dyn nerve_runtime::log::Log>>,
     /// Cancelled by the caller (a draining worker) instead of by Ctrl-C.
     pub(crate) cancel: Option<CancellationToken>,
 }
@@ -431,7 +433,7 @@ impl Launch<'_> {
             .collect();
         sandbox_config.account_name = environment.user_name.clone();
         // Beside the log: a reboot that clears /tmp leaves a resumable execution its home.
-        let homes = crate::log::homes_dir(self.db)?;
+        let homes = nerve_runtime::log::homes_dir(self.db)?;
         sandbox_config.homes = Some(homes.clone());
         sandbox_config.caches = caches;
         self.config.sandbox.apply_limits(&mut sandbox_config)?;
@@ -481,7 +483,7 @@ impl Launch<'_> {
     ) -> Result<(Ended, Arc<Display>), Failure> {
         let log = match &self.log {
             Some(log) => Arc::clone(log),
-            None => crate::log::writer(self.db, Arc::clone(&redactor)).await?,
+            None => nerve_runtime::log::writer(self.db, Arc::clone(&redactor)).await?,
         };
         // The model table gives prices and the context window; --context-window wins.
         let model = self
@@ -813,7 +815,7 @@ pub(crate) fn ending(result: &ExecutionResult, db: &Path) -> Vec<Line> {
 
 /// Where the log is and three commands to try next.
 pub(crate) fn next_steps(id: ExecutionId, db: &Path) -> Vec<Line> {
-    let db_flag = if crate::args::default_db().is_ok_and(|default| default == db) {
+    let db_flag = if nerve_runtime::log::default_db().is_ok_and(|default| default == db) {
         String::new()
     } else {
         format!("--db {} ", db.display())

@@ -8,8 +8,8 @@ use std::path::Path;
 use nerve_core::ExecutionId;
 use nerve_session::{Store, parse_log, write_log};
 
-use crate::log::{self, reader};
 use crate::{Failure, output};
+use nerve_runtime::log::{self, reader};
 
 pub(crate) async fn export(db: &Path, id: &str) -> Result<u8, Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;

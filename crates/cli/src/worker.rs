@@ -29,9 +29,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
-use crate::config::Config;
 use crate::output;
 use crate::queue::{Spec, Workspace, queue_store};
+use nerve_runtime::config::Config;
 
 /// How long an idle worker waits for a submit's notification before it looks anyway (an
 /// expired lease of a dead worker notifies nobody).
@@ -209,8 +209,8 @@ async fn handle(worker: Arc<Worker>, claim: Claim, cancel: CancellationToken) {
 
 /// Removes the sandbox home of `id`, over for good; a failure is said, never fatal.
 fn discard_home(worker: &Worker, id: ExecutionId) {
-    let removed = crate::log::homes_dir(&worker.db)
-        .map_err(|e| e.message)
+    let removed = nerve_runtime::log::homes_dir(&worker.db)
+        .map_err(|e| e.to_string())
         .and_then(|homes| {
             nerve_hands::discard_sandbox_home(Some(&homes), id).map_err(|e| e.to_string())
         });
@@ -283,16 +283,16 @@ async fn take_up(worker: &Worker, claim: &Claim, cancel: CancellationToken) -> O
             crate::run::fresh(&args, &worker.db, &worker.config, id).await
         }
         verified => {
-            let events = match crate::resume::checked(id, verified) {
+            let events = match nerve_runtime::resume::checked(id, verified) {
                 Ok(events) => events,
-                Err(failure) => return Outcome::Failed(failure.message),
+                Err(failure) => return Outcome::Failed(failure.to_string()),
             };
             let replay = nerve_session::replay(&id.to_string(), &events);
             match replay.termination_reason {
                 None | Some(TerminationReason::Shutdown) => {}
                 Some(reason) => return Outcome::AlreadyEnded(reason),
             }
-            match crate::resume::resumable_from(id, &events, &replay) {
+            match nerve_runtime::resume::resumable_from(id, &events, &replay) {
                 Ok(resumable) => {
                     say(
                         &worker.name,
@@ -310,7 +310,7 @@ async fn take_up(worker: &Worker, claim: &Claim, cancel: CancellationToken) -> O
                     )
                     .await
                 }
-                Err(failure) => Err(failure),
+                Err(failure) => Err(failure.into()),
             }
         }
     };
@@ -320,7 +320,7 @@ async fn take_up(worker: &Worker, claim: &Claim, cancel: CancellationToken) -> O
     };
     launch.mode = crate::progress::Mode::Silent;
     launch.jsonl = false;
-    launch.log = Some(Arc::clone(&worker.store) as Arc<dyn crate::log::Log>);
+    launch.log = Some(Arc::clone(&worker.store) as Arc<dyn nerve_runtime::log::Log>);
     launch.cancel = Some(cancel);
     match launch.execute().await {
         Ok(result) => Outcome::Ended(result.termination_reason, result.context.turn_count()),

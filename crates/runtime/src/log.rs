@@ -1,7 +1,7 @@
 //! Which log `--db` (or `NERVE_DB`) names, and opening it: a SQLite file (the default), or
 //! a PostgreSQL server when the value is a `postgres://…` or `postgresql://…` URL.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nerve_core::{ContextArchive, ExecutionId, Redactor};
@@ -10,23 +10,37 @@ use nerve_session::{
     SqliteSink, Store, StoredEvent, is_postgres_url,
 };
 
-use crate::Failure;
+use crate::RuntimeError;
 
 /// Everything a run needs from a log: the engine's sink, the archive, and the reads.
-pub(crate) trait Log: EventStore + ContextArchive {}
+pub trait Log: EventStore + ContextArchive {}
 impl<T: EventStore + ContextArchive> Log for T {}
 
+/// The log when a front end names none: `nerve.db` under the XDG state directory.
+pub fn default_db() -> Result<PathBuf, RuntimeError> {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| Path::new(&home).join(".local").join("state"))
+        })
+        .ok_or_else(|| {
+            RuntimeError::usage("cannot locate a state directory: set --db, NERVE_DB or HOME")
+        })?;
+    Ok(state.join("nerve").join("nerve.db"))
+}
+
 /// Whether `db` is a PostgreSQL URL rather than a SQLite path.
-pub(crate) fn is_postgres(db: &Path) -> bool {
+pub fn is_postgres(db: &Path) -> bool {
     db.to_str().is_some_and(is_postgres_url)
 }
 
 /// The directory beside the log where an execution's host-side state lives (snapshot
 /// stores, sandbox homes): the SQLite file's directory, or for a PostgreSQL log the state
 /// directory where the default log lives.
-pub(crate) fn state_dir(db: &Path) -> Result<std::path::PathBuf, Failure> {
+pub fn state_dir(db: &Path) -> Result<std::path::PathBuf, RuntimeError> {
     let base = if is_postgres(db) {
-        crate::args::default_db()?
+        default_db()?
     } else {
         db.to_path_buf()
     };
@@ -38,61 +52,59 @@ pub(crate) fn state_dir(db: &Path) -> Result<std::path::PathBuf, Failure> {
 }
 
 /// Where the sandbox homes of the log at `db` live (`<state dir>/homes/<execution id>`).
-pub(crate) fn homes_dir(db: &Path) -> Result<std::path::PathBuf, Failure> {
+pub fn homes_dir(db: &Path) -> Result<std::path::PathBuf, RuntimeError> {
     Ok(state_dir(db)?.join("homes"))
 }
 
 /// Opens `db` for writing: creating and migrating it when needed.
-pub(crate) async fn writer(db: &Path, redactor: Arc<Redactor>) -> Result<Arc<dyn Log>, Failure> {
+pub async fn writer(db: &Path, redactor: Arc<Redactor>) -> Result<Arc<dyn Log>, RuntimeError> {
     if let Some(url) = db.to_str().filter(|db| is_postgres_url(db)) {
         let store = PgStore::connect(url, redactor)
             .await
-            .map_err(Failure::usage)?;
+            .map_err(RuntimeError::from)?;
         return Ok(Arc::new(store));
     }
     Ok(Arc::new(
-        SqliteSink::open(db, redactor).map_err(Failure::usage)?,
+        SqliteSink::open(db, redactor).map_err(RuntimeError::from)?,
     ))
 }
 
 /// A log opened for the read-only commands. A SQLite file is opened read-only (never
 /// created, migrated or locked against a writer); a PostgreSQL log through its store.
-pub(crate) enum Reader {
+#[derive(Debug)]
+pub enum Reader {
     Sqlite(Store),
     Postgres(PgStore),
 }
 
 /// Opens `db` for reading; a SQLite file must exist.
-pub(crate) async fn reader(db: &Path) -> Result<Reader, Failure> {
+pub async fn reader(db: &Path) -> Result<Reader, RuntimeError> {
     if let Some(url) = db.to_str().filter(|db| is_postgres_url(db)) {
         let store = PgStore::connect(url, Arc::new(Redactor::new()))
             .await
-            .map_err(Failure::usage)?;
+            .map_err(RuntimeError::from)?;
         return Ok(Reader::Postgres(store));
     }
     if !db.exists() {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::NotFound(format!(
             "no event log at {} (run `nerve run` first, or pass --db)",
             db.display()
         )));
     }
     Ok(Reader::Sqlite(
-        Store::open_read_only(db).map_err(Failure::usage)?,
+        Store::open_read_only(db).map_err(RuntimeError::from)?,
     ))
 }
 
 impl Reader {
-    pub(crate) async fn events(
-        &self,
-        execution: ExecutionId,
-    ) -> Result<Vec<StoredEvent>, SessionError> {
+    pub async fn events(&self, execution: ExecutionId) -> Result<Vec<StoredEvent>, SessionError> {
         match self {
             Self::Sqlite(store) => store.events(&execution),
             Self::Postgres(store) => store.events(execution).await,
         }
     }
 
-    pub(crate) async fn replay(&self, execution: ExecutionId) -> Result<Replay, SessionError> {
+    pub async fn replay(&self, execution: ExecutionId) -> Result<Replay, SessionError> {
         match self {
             // Streams the rows: one thread verifies the chain while another decodes.
             Self::Sqlite(store) => store.replay(&execution),
@@ -100,7 +112,7 @@ impl Reader {
         }
     }
 
-    pub(crate) async fn verify(
+    pub async fn verify(
         &self,
         execution: ExecutionId,
     ) -> Result<Result<u64, ChainError>, SessionError> {
@@ -110,17 +122,14 @@ impl Reader {
         }
     }
 
-    pub(crate) async fn executions(&self) -> Result<Vec<ExecutionSummary>, SessionError> {
+    pub async fn executions(&self) -> Result<Vec<ExecutionSummary>, SessionError> {
         match self {
             Self::Sqlite(store) => store.executions(),
             Self::Postgres(store) => store.executions().await,
         }
     }
 
-    pub(crate) async fn export(
-        &self,
-        execution: ExecutionId,
-    ) -> Result<ExecutionLog, SessionError> {
+    pub async fn export(&self, execution: ExecutionId) -> Result<ExecutionLog, SessionError> {
         match self {
             Self::Sqlite(store) => store.export(&execution),
             Self::Postgres(store) => store.export(execution).await,
@@ -128,7 +137,7 @@ impl Reader {
     }
 
     /// The ids that start with `prefix` (any case), in id order, at most `limit`.
-    pub(crate) async fn executions_with_prefix(
+    pub async fn executions_with_prefix(
         &self,
         prefix: &str,
         limit: usize,
