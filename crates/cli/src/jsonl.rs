@@ -17,12 +17,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
 use nerve_brain::{Delta, DeltaObserver};
 use nerve_core::event::CallPurpose;
-use nerve_core::{
-    Enqueued, Event, EventSink, ExecutionId, Redactor, SinkError, Snapshot, StreamRedaction,
-};
+use nerve_core::{Event, ExecutionId, Redactor, StreamRedaction};
 use serde_json::{Value, json};
 
 use crate::output;
@@ -155,7 +152,7 @@ impl Jsonl {
         nerve_session::redacted_json(&line, &self.redactor).unwrap_or_default()
     }
 
-    fn print_events<'a>(
+    pub(crate) fn print_events<'a>(
         &self,
         execution: ExecutionId,
         events: impl IntoIterator<Item = &'a Event>,
@@ -200,55 +197,6 @@ pub(crate) fn summary_line(summary: &Value) -> Value {
         line.extend(fields.clone());
     }
     line
-}
-
-/// Prints every event on its way to `inner` (the log, behind the progress display).
-pub(crate) struct JsonlSink {
-    jsonl: Arc<Jsonl>,
-    inner: Arc<dyn EventSink>,
-}
-
-impl JsonlSink {
-    pub(crate) fn new(jsonl: Arc<Jsonl>, inner: Arc<dyn EventSink>) -> Self {
-        Self { jsonl, inner }
-    }
-}
-
-#[async_trait]
-impl EventSink for JsonlSink {
-    async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        self.jsonl.print_events(execution, [&event]);
-        self.inner.append(execution, event).await
-    }
-
-    async fn checkpoint(
-        &self,
-        execution: ExecutionId,
-        turn: u32,
-        snapshot: Value,
-    ) -> Result<Option<u64>, SinkError> {
-        self.inner.checkpoint(execution, turn, snapshot).await
-    }
-
-    async fn commit(
-        &self,
-        execution: ExecutionId,
-        events: Vec<Event>,
-        checkpoint: Option<Snapshot>,
-    ) -> Result<Option<u64>, SinkError> {
-        self.jsonl.print_events(execution, &events);
-        self.inner.commit(execution, events, checkpoint).await
-    }
-
-    fn enqueue(
-        &self,
-        execution: ExecutionId,
-        events: Vec<Event>,
-        checkpoint: Option<Snapshot>,
-    ) -> Enqueued {
-        self.jsonl.print_events(execution, &events);
-        self.inner.enqueue(execution, events, checkpoint)
-    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 mod approve;
 mod args;
 mod chat;
-mod environment;
 mod follow;
 mod html;
 mod inspect;
@@ -20,6 +19,7 @@ mod queue;
 mod reap;
 mod rewind;
 mod run;
+mod screen;
 mod telemetry;
 mod transcript;
 mod transfer;

@@ -84,7 +84,9 @@ impl Spec {
                 .as_deref()
                 .filter(|w| !w.as_os_str().is_empty())
             {
-                Some(workspace) => Workspace::Path(crate::run::validate_workspace(workspace)?),
+                Some(workspace) => {
+                    Workspace::Path(nerve_runtime::launch::validate_workspace(workspace)?)
+                }
                 None => {
                     return Err(Failure::usage(
                         "name the workspace with --workspace DIR (a path every worker reaches) or --git URL",

@@ -28,6 +28,8 @@ use nerve_session::{Claim, EventStore, LeaseState, PgStore, SessionError};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use nerve_runtime::observer::Unobserved;
+
 use crate::Failure;
 use crate::output;
 use crate::queue::{Spec, Workspace, queue_store};
@@ -72,7 +74,7 @@ pub(crate) async fn work(
     settings: Settings,
 ) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
-    let redactor = crate::run::config_redactor(&config)?;
+    let redactor = nerve_runtime::launch::config_redactor(&config)?;
     let store = Arc::new(queue_store(db, redactor).await?);
     // Fail at once, not at the first claim, on a machine without a Docker engine.
     nerve_hands::connect_docker()
@@ -280,7 +282,11 @@ async fn take_up(worker: &Worker, claim: &Claim, cancel: CancellationToken) -> O
                 Ok(args) => args,
                 Err(message) => return Outcome::Failed(message),
             };
-            crate::run::fresh(&args, &worker.db, &worker.config, id).await
+            let request = match crate::run::request(&args) {
+                Ok(request) => request,
+                Err(failure) => return Outcome::Failed(failure.message),
+            };
+            nerve_runtime::launch::fresh(&request, &worker.db, &worker.config, id).await
         }
         verified => {
             let events = match nerve_runtime::resume::checked(id, verified) {
@@ -301,7 +307,7 @@ async fn take_up(worker: &Worker, claim: &Claim, cancel: CancellationToken) -> O
                             replay.total_turns, resumable.state.attempt
                         ),
                     );
-                    crate::run::resumed(
+                    nerve_runtime::launch::resumed(
                         &worker.db,
                         &worker.config,
                         resumable,
@@ -310,21 +316,22 @@ async fn take_up(worker: &Worker, claim: &Claim, cancel: CancellationToken) -> O
                     )
                     .await
                 }
-                Err(failure) => Err(failure.into()),
+                Err(error) => Err(error),
             }
         }
     };
-    let mut launch = match launched {
-        Ok(launch) => launch,
+    let (mut launch, start) = match launched {
+        Ok(launched) => launched,
+        Err(error) => return Outcome::Failed(error.to_string()),
+    };
+    launch.log = Some(Arc::clone(&worker.store) as Arc<dyn nerve_runtime::log::Log>);
+    launch.capture_content = match crate::telemetry::capture_content() {
+        Ok(capture) => capture,
         Err(failure) => return Outcome::Failed(failure.message),
     };
-    launch.mode = crate::progress::Mode::Silent;
-    launch.jsonl = false;
-    launch.log = Some(Arc::clone(&worker.store) as Arc<dyn nerve_runtime::log::Log>);
-    launch.cancel = Some(cancel);
-    match launch.execute().await {
+    match launch.execute(start, Arc::new(Unobserved), cancel).await {
         Ok(result) => Outcome::Ended(result.termination_reason, result.context.turn_count()),
-        Err(failure) => Outcome::Failed(failure.message),
+        Err(error) => Outcome::Failed(error.to_string()),
     }
 }
 

@@ -2,7 +2,11 @@
 //! editor and HTTP front ends to come) puts an execution together with. It turns the
 //! configuration file into the engine's settings, the model table and the proxy's rules
 //! (`config`), builds providers from a spec (`provider`), opens the log a front end names
-//! (`log`), and rebuilds an execution's state from its log to continue it (`resume`).
+//! (`log`), rebuilds an execution's state from its log to continue it (`resume`), puts an
+//! execution together (`launch`: a fresh task, a resume, a person's next message, a
+//! conversation), starts its sandbox and runs the engine in it (`session`), telling the
+//! front end's [`Observer`](observer::Observer) what happens, and keeps the workspace's
+//! history (`snapshots`).
 //!
 //! It never prints, never touches a terminal and knows nothing of clap: what a person sees
 //! is the front end's business. Its errors are [`RuntimeError`]s, whose kinds a front end
@@ -13,8 +17,15 @@ mod error;
 pub mod config;
 #[cfg(test)]
 mod config_doc_test;
+mod environment;
+pub mod launch;
 pub mod log;
+pub mod mcp;
+pub mod observer;
 pub mod provider;
+pub mod reap;
 pub mod resume;
+pub mod session;
+pub mod snapshots;
 
 pub use error::{ErrorKind, RuntimeError};
