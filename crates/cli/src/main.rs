@@ -185,7 +185,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             lease,
             workspaces,
         } => {
-            let settings = worker::Settings {
+            let settings = nerve_runtime::worker::WorkerSettings {
                 concurrency: concurrency as usize,
                 lease: std::time::Duration::from_secs(lease),
                 workspaces,

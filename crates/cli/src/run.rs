@@ -59,12 +59,7 @@ pub(crate) fn request(args: &RunArgs) -> Result<RunRequest, Failure> {
             .unwrap_or_else(|| DEFAULT_PROVIDER.to_owned()),
         model: args.model.clone(),
         loop_type: loop_type(args.loop_type),
-        complexity: args.complexity.map(|c| match c {
-            ComplexityArg::Simple => Complexity::Simple,
-            ComplexityArg::Medium => Complexity::Medium,
-            ComplexityArg::Complex => Complexity::Complex,
-            ComplexityArg::Epic => Complexity::Epic,
-        }),
+        complexity: args.complexity.map(complexity),
         max_turns: args.max_turns,
         timeout_secs: args.timeout,
         budget_usd: args.budget_usd,
@@ -74,7 +69,16 @@ pub(crate) fn request(args: &RunArgs) -> Result<RunRequest, Failure> {
     })
 }
 
-fn loop_type(arg: LoopArg) -> LoopType {
+pub(crate) fn complexity(arg: ComplexityArg) -> Complexity {
+    match arg {
+        ComplexityArg::Simple => Complexity::Simple,
+        ComplexityArg::Medium => Complexity::Medium,
+        ComplexityArg::Complex => Complexity::Complex,
+        ComplexityArg::Epic => Complexity::Epic,
+    }
+}
+
+pub(crate) fn loop_type(arg: LoopArg) -> LoopType {
     match arg {
         LoopArg::React => LoopType::React,
         LoopArg::PlanExecute => LoopType::PlanExecute,

@@ -6,7 +6,8 @@
 //! execution together (`launch`: a fresh task, a resume, a person's next message, a
 //! conversation), starts its sandbox and runs the engine in it (`session`), telling the
 //! front end's [`Observer`](observer::Observer) what happens, and keeps the workspace's
-//! history (`snapshots`).
+//! history (`snapshots`). On a PostgreSQL log it queues executions (`queue`) and runs
+//! them as a worker under the queue's leases (`worker`).
 //!
 //! It never prints, never touches a terminal and knows nothing of clap: what a person sees
 //! is the front end's business. Its errors are [`RuntimeError`]s, whose kinds a front end
@@ -23,9 +24,11 @@ pub mod log;
 pub mod mcp;
 pub mod observer;
 pub mod provider;
+pub mod queue;
 pub mod reap;
 pub mod resume;
 pub mod session;
 pub mod snapshots;
+pub mod worker;
 
 pub use error::{ErrorKind, RuntimeError};
