@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use nerve_core::{Event, MessagePart, MessageRole, ToolCall, ToolResult};
-use nerve_session::{Replay, StoredEvent};
+use nerve_runtime::log::{Replay, StoredEvent};
 
 /// One turn as the page shows it.
 #[derive(Default)]

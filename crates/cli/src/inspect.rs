@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use nerve_core::ExecutionId;
-use nerve_session::{Replay, StoredEvent};
+use nerve_runtime::log::{Replay, StoredEvent};
 
 use crate::Failure;
 use crate::args::StatusArg;
@@ -199,10 +199,7 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
 /// `list --status queued`: the task queue's waiting executions (a SQLite log has no queue),
 /// oldest first; one that a draining worker gave back has events already.
 async fn queued(store: &Reader, json: bool) -> Result<u8, Failure> {
-    let entries = match store {
-        Reader::Postgres(pg) => pg.queue().await.map_err(Failure::usage)?,
-        Reader::Sqlite(_) => Vec::new(),
-    };
+    let entries = store.queue().await.map_err(Failure::usage)?;
     let waiting: Vec<serde_json::Value> = entries
         .into_iter()
         .filter(|e| e.state == "queued")

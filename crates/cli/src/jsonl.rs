@@ -111,7 +111,7 @@ impl Jsonl {
 
     /// The line of one event.
     pub(crate) fn event_line(&self, execution: ExecutionId, event: &Event) -> String {
-        let payload = nerve_session::redacted_json(event, &self.redactor)
+        let payload = nerve_runtime::log::redacted_json(event, &self.redactor)
             .ok()
             .and_then(|text| serde_json::from_str::<Value>(&text).ok())
             .unwrap_or(Value::Null);
@@ -149,7 +149,7 @@ impl Jsonl {
         if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
             line.extend(fields);
         }
-        nerve_session::redacted_json(&line, &self.redactor).unwrap_or_default()
+        nerve_runtime::log::redacted_json(&line, &self.redactor).unwrap_or_default()
     }
 
     pub(crate) fn print_events<'a>(

@@ -74,7 +74,7 @@ include!(concat!(env!("OUT_DIR"), "/carried_executor.rs"));
 
 fn main() -> ExitCode {
     if let Some((bytes, sha256)) = CARRIED_EXECUTOR {
-        nerve_hands::carry_executor(nerve_hands::CarriedExecutor { bytes, sha256 });
+        nerve_runtime::carry_executor(nerve_runtime::CarriedExecutor { bytes, sha256 });
     }
     let cli = Cli::parse();
     let telemetry = match telemetry::init() {

@@ -4,7 +4,7 @@
 //! replayed conversation, so compactions do not hide what happened before them.
 
 use nerve_core::{Event, MessagePart, MessageRole, ToolCall, ToolResult};
-use nerve_session::{Replay, StoredEvent};
+use nerve_runtime::log::{Replay, StoredEvent};
 
 /// The widest a tool call's argument or outcome line grows before it is clipped.
 const WIDTH: usize = 100;
@@ -23,7 +23,7 @@ pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<Strin
             snake(&started.loop_type)
         ));
         // The degraded sandbox is said, never only logged.
-        if let Ok(nerve_hands::ExecutorUse::PerCall { reason }) =
+        if let Ok(nerve_runtime::ExecutorUse::PerCall { reason }) =
             serde_json::from_value(started.config["sandbox_executor"].clone())
         {
             out.push(format!(

@@ -7,7 +7,9 @@
 //! conversation), starts its sandbox and runs the engine in it (`session`), telling the
 //! front end's [`Observer`](observer::Observer) what happens, and keeps the workspace's
 //! history (`snapshots`). On a PostgreSQL log it queues executions (`queue`) and runs
-//! them as a worker under the queue's leases (`worker`).
+//! them as a worker under the queue's leases (`worker`). It reads the log for a front end
+//! to show (`log`'s `Reader`, whose types it re-exports) and moves executions between logs
+//! (`transfer`).
 //!
 //! It never prints, never touches a terminal and knows nothing of clap: what a person sees
 //! is the front end's business. Its errors are [`RuntimeError`]s, whose kinds a front end
@@ -29,6 +31,11 @@ pub mod reap;
 pub mod resume;
 pub mod session;
 pub mod snapshots;
+pub mod transfer;
 pub mod worker;
 
 pub use error::{ErrorKind, RuntimeError};
+/// The executor a `nerve` binary carries, handed to the sandboxes that need one; and how
+/// an execution's sandbox ran its tool calls (recorded in the `started` event, shown by
+/// `show`). Re-exported on purpose: a front end never wires the sandbox itself.
+pub use nerve_hands::{CarriedExecutor, ExecutorUse, carry_executor};

@@ -5,9 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nerve_core::{ContextArchive, ExecutionId, Redactor};
-use nerve_session::{
-    ChainError, EventStore, ExecutionLog, ExecutionSummary, PgStore, Replay, SessionError,
-    SqliteSink, Store, StoredEvent, is_postgres_url,
+use nerve_session::{EventStore, PgStore, SqliteSink, Store, is_postgres_url};
+// What the log's readers hand a front end to show (`list`, `show`, `replay`, `events`,
+// `verify`, `export`): the log's own read-side types, re-exported on purpose, so that a
+// front end reads the log through the runtime and never opens it itself.
+pub use nerve_session::{
+    ChainError, ExecutionLog, ExecutionSummary, Listener, QueueEntry, Replay, SessionError,
+    StoredEvent, redacted_json,
 };
 
 use crate::RuntimeError;
@@ -97,6 +101,11 @@ pub async fn reader(db: &Path) -> Result<Reader, RuntimeError> {
 }
 
 impl Reader {
+    /// Whether this is the PostgreSQL log (the one with a task queue).
+    pub fn is_postgres(&self) -> bool {
+        matches!(self, Self::Postgres(_))
+    }
+
     pub async fn events(&self, execution: ExecutionId) -> Result<Vec<StoredEvent>, SessionError> {
         match self {
             Self::Sqlite(store) => store.events(&execution),
@@ -133,6 +142,46 @@ impl Reader {
         match self {
             Self::Sqlite(store) => store.export(&execution),
             Self::Postgres(store) => store.export(execution).await,
+        }
+    }
+
+    /// The events of `execution` after sequence number `after` (none: an empty list).
+    pub async fn events_after(
+        &self,
+        execution: ExecutionId,
+        after: u64,
+    ) -> Result<Vec<StoredEvent>, SessionError> {
+        match self {
+            Self::Sqlite(store) => store.events_after(&execution, after),
+            Self::Postgres(store) => store.events_after(execution, after).await,
+        }
+    }
+
+    /// The task queue, oldest first (a SQLite log has none: empty).
+    pub async fn queue(&self) -> Result<Vec<QueueEntry>, SessionError> {
+        match self {
+            Self::Sqlite(_) => Ok(Vec::new()),
+            Self::Postgres(store) => store.queue().await,
+        }
+    }
+
+    /// `execution`'s entry in the task queue, if the log has a queue and it is there.
+    pub async fn queue_entry(
+        &self,
+        execution: ExecutionId,
+    ) -> Result<Option<QueueEntry>, SessionError> {
+        match self {
+            Self::Sqlite(_) => Ok(None),
+            Self::Postgres(store) => store.queue_entry(execution).await,
+        }
+    }
+
+    /// A listener for the log's notifications on `channel`; `None` for a SQLite log, which
+    /// notifies nobody (a follower polls it).
+    pub async fn listen(&self, channel: &str) -> Result<Option<Listener>, SessionError> {
+        match self {
+            Self::Sqlite(_) => Ok(None),
+            Self::Postgres(store) => store.listen(channel).await.map(Some),
         }
     }
 
