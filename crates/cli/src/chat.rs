@@ -28,7 +28,7 @@ use crate::args::ChatArgs;
 use crate::output;
 use crate::progress::{Display, Line, Mode, Status, Style, thousands};
 use crate::screen::Screen;
-use crate::transcript::key_argument;
+use nerve_runtime::views::transcript::key_argument;
 
 const HELP: &[&str] = &[
     "commands:",

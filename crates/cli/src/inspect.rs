@@ -269,7 +269,7 @@ pub(crate) async fn show(
     }
     let (store, execution, events) = load(db, id).await?;
     let replayed = store.replay(execution).await.map_err(Failure::usage)?;
-    for line in crate::transcript::transcript(&events, &replayed) {
+    for line in nerve_runtime::views::transcript::transcript(&events, &replayed) {
         output::line(&line);
     }
     Ok(0)

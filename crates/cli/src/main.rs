@@ -11,7 +11,6 @@ mod chat;
 mod follow;
 mod html;
 mod inspect;
-mod jsonl;
 mod mcp;
 mod output;
 mod progress;
@@ -21,7 +20,6 @@ mod rewind;
 mod run;
 mod screen;
 mod telemetry;
-mod transcript;
 mod transfer;
 mod worker;
 

@@ -16,7 +16,7 @@ use nerve_core::event::{ApprovalDecision, CallPurpose, ProxyVerdict, StagnationA
 use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, TokenUsage};
 
 use crate::output;
-use crate::transcript::{key_argument, outcome_lines, text_of};
+use nerve_runtime::views::transcript::{key_argument, outcome_lines, text_of};
 
 /// How the transcript is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

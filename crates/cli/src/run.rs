@@ -117,7 +117,7 @@ pub(crate) enum Output {
     Text,
     /// `--json`: one JSON object at the end; no progress.
     Json,
-    /// `--jsonl`: JSON lines as things happen (crate::jsonl), the summary last; no progress.
+    /// `--jsonl`: JSON lines as things happen (`nerve_runtime::views::jsonl`), the summary last; no progress.
     Jsonl,
 }
 
@@ -144,7 +144,7 @@ async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Re
     ));
     let screen = Screen {
         display: Arc::clone(&display),
-        jsonl: jsonl.then(|| Arc::new(crate::jsonl::Jsonl::new(redactor))),
+        jsonl: jsonl.then(|| Arc::new(nerve_runtime::views::jsonl::Jsonl::new(redactor))),
         approver: None,
     };
     let session = launch.open(Arc::new(screen)).await?;
@@ -242,7 +242,7 @@ fn report(result: &ExecutionResult, display: &Display, db: &Path, jsonl: bool) {
             "error": result.error,
         });
         output::json(&if jsonl {
-            crate::jsonl::summary_line(&summary)
+            nerve_runtime::views::jsonl::summary_line(&summary)
         } else {
             summary
         });

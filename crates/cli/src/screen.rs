@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use nerve_brain::Delta;
 use nerve_brain::approval::{Approval, Approver};
-use nerve_brain::{Delta, DeltaObserver as _};
 use nerve_core::event::CallPurpose;
 use nerve_core::{Event, ExecutionId, ToolCall};
 use nerve_runtime::observer::{Notice, Observer};
+use nerve_runtime::views::jsonl::Jsonl;
 
-use crate::jsonl::Jsonl;
 use crate::output;
 use crate::progress::{Display, Mode};
 
@@ -29,7 +29,9 @@ pub(crate) struct Screen {
 impl Observer for Screen {
     fn events(&self, execution: ExecutionId, events: &[Event]) {
         if let Some(jsonl) = &self.jsonl {
-            jsonl.print_events(execution, events);
+            for line in jsonl.event_lines(execution, events) {
+                output::line(&line);
+            }
         }
         for event in events {
             self.display.observe(event);
@@ -38,7 +40,11 @@ impl Observer for Screen {
 
     fn delta(&self, execution: ExecutionId, purpose: CallPurpose, delta: &Delta) {
         match &self.jsonl {
-            Some(jsonl) => jsonl.delta(execution, purpose, delta),
+            Some(jsonl) => {
+                for line in jsonl.delta_lines(execution, purpose, delta) {
+                    output::line(&line);
+                }
+            }
             None => self.display.delta(purpose, delta),
         }
     }

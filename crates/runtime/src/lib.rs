@@ -9,7 +9,7 @@
 //! history (`snapshots`). On a PostgreSQL log it queues executions (`queue`) and runs
 //! them as a worker under the queue's leases (`worker`). It reads the log for a front end
 //! to show (`log`'s `Reader`, whose types it re-exports) and moves executions between logs
-//! (`transfer`).
+//! (`transfer`), and renders an execution as a transcript or as JSON lines (`views`).
 //!
 //! It never prints, never touches a terminal and knows nothing of clap: what a person sees
 //! is the front end's business. Its errors are [`RuntimeError`]s, whose kinds a front end
@@ -32,6 +32,7 @@ pub mod resume;
 pub mod session;
 pub mod snapshots;
 pub mod transfer;
+pub mod views;
 pub mod worker;
 
 pub use error::{ErrorKind, RuntimeError};
