@@ -256,14 +256,7 @@ pub fn key_argument(call: &ToolCall) -> String {
 /// there was.
 fn outcome_line(result: &ToolResult) -> String {
     let mut lines: Vec<&str> = result.content.trim().lines().collect();
-    let exit = lines
-        .last()
-        .and_then(|line| line.strip_prefix("[exit code: "))
-        .and_then(|rest| rest.strip_suffix(']'))
-        .map(str::to_owned);
-    if exit.is_some() {
-        lines.pop();
-    }
+    let exit = take_exit_code(&mut lines);
     let stderr_at = lines.iter().position(|line| *line == "[stderr]");
     let body: Vec<&str> = lines
         .iter()
@@ -298,14 +291,7 @@ fn outcome_line(result: &ToolResult) -> String {
 /// A one-line outcome without an exit code stays on one line.
 pub fn outcome_lines(result: &ToolResult, head: usize, tail: usize) -> Vec<String> {
     let mut lines: Vec<&str> = result.content.trim_end().lines().collect();
-    let exit = lines
-        .last()
-        .and_then(|line| line.strip_prefix("[exit code: "))
-        .and_then(|rest| rest.strip_suffix(']'))
-        .map(str::to_owned);
-    if exit.is_some() {
-        lines.pop();
-    }
+    let exit = take_exit_code(&mut lines);
     let body: Vec<&str> = lines
         .into_iter()
         .filter(|line| *line != "[stderr]")
@@ -335,6 +321,19 @@ pub fn outcome_lines(result: &ToolResult, head: usize, tail: usize) -> Vec<Strin
             out
         }
     }
+}
+
+/// The exit code a tool's output ends with (`[exit code: N]`), taken off its lines.
+fn take_exit_code(lines: &mut Vec<&str>) -> Option<String> {
+    let exit = lines
+        .last()
+        .and_then(|line| line.strip_prefix("[exit code: "))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .map(str::to_owned);
+    if exit.is_some() {
+        lines.pop();
+    }
+    exit
 }
 
 /// `text`'s first line, cut at [`WIDTH`] bytes (on a character boundary) with `...`.
