@@ -171,6 +171,7 @@ impl Chat<'_> {
 
         let mut plan_next = false;
         let mut compact_next = false;
+        // Ends: when the person says so (`/exit`, Ctrl-D) or the input ends.
         loop {
             display.pause();
             let line = match terminal.read("› ", true).await {
@@ -413,6 +414,7 @@ fn styled(style: Style, lines: impl Iterator<Item = String>) -> Vec<Line> {
 /// flight is abandoned); a second one while it stops aborts, as in `run`. At the prompt
 /// the line editor owns the terminal and Ctrl-C only clears the line.
 async fn stop_turns(current: Arc<Mutex<Option<CancellationToken>>>, display: Arc<Display>) {
+    // Ends: when the task is aborted (the conversation is over), or the second Ctrl-C exits.
     while tokio::signal::ctrl_c().await.is_ok() {
         let token = current.lock().ok().and_then(|slot| slot.clone());
         let Some(token) = token else {
@@ -537,6 +539,7 @@ impl Terminal {
         std::thread::Builder::new()
             .name("nerve-chat-terminal".into())
             .spawn(move || {
+                // Ends: when the conversation drops its side of the channel.
                 while let Ok(request) = inbox.recv() {
                     let input = match editor.readline(&request.prompt) {
                         Ok(line) => {

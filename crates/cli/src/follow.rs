@@ -27,6 +27,8 @@ pub(crate) async fn follow(db: &Path, id: &str, json: bool, full: bool) -> Resul
     let mut listener = store.listen("nerve_events").await.map_err(Failure::usage)?;
     let wanted = execution.to_string();
     let mut after = 0;
+    // Ends: at the execution's `finish` event (or an error); a running one is followed for
+    // as long as it runs.
     loop {
         let new = match events_after(&store, execution, after).await {
             Ok(new) => new,
@@ -55,6 +57,7 @@ pub(crate) async fn follow(db: &Path, id: &str, json: bool, full: bool) -> Resul
             Some(listener) => {
                 // Wait for a commit to this execution (or the recheck).
                 let deadline = tokio::time::Instant::now() + RECHECK;
+                // Ends: at the deadline, or at a notification for this execution.
                 loop {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     match listener.next(left).await.map_err(Failure::runtime)? {
