@@ -3,8 +3,9 @@
 //! right after each event of the uninterrupted run is durable (`NERVE_KILL_AFTER_EVENT`),
 //! and right before and right after each tool call (`NERVE_KILL_BEFORE_TOOL_CALL`,
 //! `NERVE_KILL_AFTER_TOOL_CALL`). The switches exist only in a `nerve` built with the
-//! `kill-points` features of nerve-session and nerve-hands, which this package's
-//! dev-dependencies turn on in the `cargo test --workspace` build.
+//! `kill-points` features of nerve-session and nerve-hands (nerve-cli's `kill-points`
+//! feature), which this package's dev-dependencies turn on in the `cargo test --workspace`
+//! build.
 //!
 //! Each killed run's log verifies and replays with the gaps its events imply; `nerve
 //! resume` completes it; the workspace ends byte for byte as after the uninterrupted run,
@@ -208,8 +209,7 @@ fn kill_run(scenario: &Scenario, kill: Kill) -> Killed {
     if output.status.success() {
         panic!(
             "nerve ran to the end with {name} set: this binary has no kill points; build it with \
-             `cargo test --workspace` or `cargo build -p nerve-cli --features \
-             nerve-session/kill-points,nerve-hands/kill-points`"
+             `cargo test --workspace` or `cargo build -p nerve-cli --features kill-points`"
         );
     }
     assert_eq!(

@@ -1,14 +1,15 @@
-//! Part 4 of `cargo xtask bench fleet`: the fleet like for like with the anchor. The real
-//! engine (`nerve_brain::AgentEngine`, as `nerve worker` drives it) with the scripted
-//! provider and an in-process `read_file` that returns 200 bytes at once (the anchor's
-//! Python tool does the same; a bench harness may, a `nerve worker` never does: its tools
-//! run in the sandbox), on the real `PgStore` log, under the queue's leases: 64 executions
-//! submitted, claimed by 4 OS processes (this xtask binary again, `bench-fleet-process`)
-//! of 16 executions each, one `PgStore` per process as a worker has.
+//! Part 4 of `cargo xtask bench fleet`: the fleet like for like with the anchor. The
+//! runtime's worker (`nerve_runtime::worker::Worker`, as `nerve worker` runs it: claims,
+//! leases, releases) running the real engine with the scripted provider and an in-process
+//! `read_file` that returns 200 bytes at once (the anchor's Python tool does the same; a
+//! bench harness may, a `nerve worker` never does: its tools run in the sandbox), on the
+//! real `PgStore` log: 64 executions submitted, claimed by 4 OS processes (this xtask
+//! binary again, `bench-fleet-process`) of 16 executions each, one `PgStore` per process
+//! as a worker has.
 //!
-//! What a `nerve worker` does and this does not: start a sandbox per execution, send each
-//! tool call into it, serve the auth proxy, renew the leases (they are taken long enough
-//! here), and pass events through its silent progress display.
+//! What a `nerve worker` does and this does not: start a sandbox per execution (its
+//! runner here is in process), send each tool call into it, serve the auth proxy, and
+//! renew the leases in time (they are taken long enough here that no renewal comes due).
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -22,6 +23,8 @@ use nerve_core::{
     Enqueued, Event, EventSink, ExecutionId, Redactor, SinkError, Snapshot, TaskId, TaskStatus,
     TerminationReason, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
 };
+use nerve_runtime::queue::Claim;
+use nerve_runtime::worker::{Handled, Outcome, Quiet, Runner, Worker};
 use nerve_session::{EventStore as _, PgStore};
 use tokio_util::sync::CancellationToken;
 
@@ -167,9 +170,10 @@ pub(crate) fn run(
     })
 }
 
-/// One of the processes: `bench-fleet-process URL EXECUTIONS TURNS`. Claims its executions,
-/// says `ready`, waits for `go` on stdin, runs them all at once, and prints one line with
-/// its start and end (seconds since the epoch), the tool turns run and every batch's wait.
+/// One of the processes: `bench-fleet-process URL EXECUTIONS TURNS`. Claims its executions
+/// as the runtime's worker, says `ready`, waits for `go` on stdin, has the worker handle them
+/// all at once (each under its lease, released at its end), and prints one line with its
+/// start and end (seconds since the epoch), the tool turns run and every batch's wait.
 pub(crate) fn process(args: &[String]) -> Result<()> {
     let [url, executions, turns] = args else {
         bail!("usage: xtask bench-fleet-process URL EXECUTIONS TURNS");
@@ -182,58 +186,48 @@ pub(crate) fn process(args: &[String]) -> Result<()> {
         .build()?;
     runtime.block_on(async {
         let store = Arc::new(PgStore::connect(url, Arc::new(Redactor::new())).await?);
-        let worker = format!("bench:{}", std::process::id());
+        let latencies = Arc::new(Mutex::new(Vec::new()));
+        let runner = InProcess {
+            script: cassette(turns),
+            max_turns: u32::try_from(turns + 1).unwrap_or(u32::MAX),
+            latencies: Arc::clone(&latencies),
+        };
+        let worker = Arc::new(Worker::new(
+            format!("bench:{}", std::process::id()),
+            store,
+            LEASE,
+            Arc::new(runner),
+            Arc::new(Quiet),
+            None,
+        ));
         let mut claimed = Vec::new();
+        // Ends: after `executions` claims, or when the queue runs out (an error).
         while claimed.len() < executions {
-            let claim = store
-                .claim(&worker, LEASE)
+            let claim = worker
+                .claim()
                 .await?
                 .context("the queue ran out of executions")?;
-            store.hold_lease(claim.execution_id, &worker);
-            claimed.push(claim.execution_id);
+            claimed.push(claim);
         }
         println!("ready");
         let mut go = String::new();
         std::io::stdin().read_line(&mut go)?;
         let start = now();
-        let script = Arc::new(cassette(turns));
-        let latencies = Arc::new(Mutex::new(Vec::new()));
         let mut runs = tokio::task::JoinSet::new();
-        for id in claimed {
-            let sink = Arc::new(TimedSink {
-                log: Arc::clone(&store),
-                latencies: Arc::clone(&latencies),
-            });
-            let (store, script, worker) = (Arc::clone(&store), Arc::clone(&script), worker.clone());
-            runs.spawn(async move {
-                let provider = ScriptedProvider::parse("bench", &script)?;
-                let config = EngineConfig {
-                    max_turns: u32::try_from(turns + 1).unwrap_or(u32::MAX),
-                    ..EngineConfig::default()
-                };
-                let engine = AgentEngine::new(Arc::new(provider), Arc::new(ReadFile), sink, config);
-                let task = Task {
-                    id: TaskId::new(),
-                    description: "Read every file.".into(),
-                    metadata: serde_json::Value::Null,
-                    status: TaskStatus::Created,
-                    workspace: "/workspace".into(),
-                };
-                let result = engine.run(id, task, CancellationToken::new()).await?;
-                if result.termination_reason != TerminationReason::Completed {
-                    bail!("{id} ended {}", result.termination_reason);
-                }
-                if store.lease_lost(id) {
-                    bail!("{id} lost its lease");
-                }
-                store.release(id, &worker, true).await?;
-                // Tool turns: every turn but the answering one.
-                anyhow::Ok(result.context.turn_count().saturating_sub(1) as usize)
-            });
+        for claim in claimed {
+            runs.spawn(Arc::clone(&worker).handle(claim, CancellationToken::new()));
         }
         let mut done = 0;
-        while let Some(run) = runs.join_next().await {
-            done += run??;
+        // Ends: every handled execution is joined once.
+        while let Some(handled) = runs.join_next().await {
+            let handled = handled?;
+            // Tool turns: every turn but the answering one.
+            if let Handled::Released(Outcome::Ended(TerminationReason::Completed, turns)) = handled
+            {
+                done += turns.saturating_sub(1) as usize;
+            } else {
+                bail!("an execution was handled as {handled:?}");
+            }
         }
         let end = now();
         let latencies = latencies
@@ -248,6 +242,44 @@ pub(crate) fn process(args: &[String]) -> Result<()> {
         );
         anyhow::Ok(())
     })
+}
+
+/// The worker's runner here: the engine in process, with the scripted provider, the
+/// in-process `read_file` and the log behind [`TimedSink`].
+struct InProcess {
+    script: String,
+    max_turns: u32,
+    latencies: Arc<Mutex<Vec<f64>>>,
+}
+
+#[async_trait]
+impl Runner for InProcess {
+    async fn run(&self, worker: &Worker, claim: &Claim, cancel: CancellationToken) -> Outcome {
+        let provider = match ScriptedProvider::parse("bench", &self.script) {
+            Ok(provider) => provider,
+            Err(error) => return Outcome::Failed(error.to_string()),
+        };
+        let sink = Arc::new(TimedSink {
+            log: Arc::clone(worker.store()),
+            latencies: Arc::clone(&self.latencies),
+        });
+        let config = EngineConfig {
+            max_turns: self.max_turns,
+            ..EngineConfig::default()
+        };
+        let engine = AgentEngine::new(Arc::new(provider), Arc::new(ReadFile), sink, config);
+        let task = Task {
+            id: TaskId::new(),
+            description: "Read every file.".into(),
+            metadata: serde_json::Value::Null,
+            status: TaskStatus::Created,
+            workspace: "/workspace".into(),
+        };
+        match engine.run(claim.execution_id, task, cancel).await {
+            Ok(result) => Outcome::Ended(result.termination_reason, result.context.turn_count()),
+            Err(error) => Outcome::Failed(error.to_string()),
+        }
+    }
 }
 
 fn now() -> f64 {

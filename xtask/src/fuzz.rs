@@ -83,8 +83,8 @@ const TARGETS: &[Target] = &[
     },
     Target {
         short: "config",
-        package: "nerve-cli",
-        binary: &["--bin", "nerve"],
+        package: "nerve-runtime",
+        binary: &["--lib"],
         filter: "config::fuzz::",
         properties: 3,
         cases: CASES_PER_PASS,

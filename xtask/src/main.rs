@@ -185,7 +185,7 @@ fn ensure_postgres() -> Result<(String, Option<nerve_session::pg_cluster::PgClus
 }
 
 /// The features that compile the crash-injection switches into `nerve` (tests only).
-const KILL_POINTS: &str = "nerve-session/kill-points,nerve-hands/kill-points";
+const KILL_POINTS: &str = "kill-points";
 
 fn test_sandbox() -> Result<()> {
     let executor = image(false)?;

@@ -1,6 +1,6 @@
 //! The command line, as clap parses it. Validation beyond syntax happens in the commands.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -28,23 +28,9 @@ impl Cli {
     pub(crate) fn db_path(&self) -> Result<PathBuf, Failure> {
         match &self.db {
             Some(db) => Ok(db.clone()),
-            None => default_db(),
+            None => Ok(nerve_runtime::log::default_db()?),
         }
     }
-}
-
-/// The log when neither --db nor NERVE_DB names one: under the XDG state directory.
-pub(crate) fn default_db() -> Result<PathBuf, Failure> {
-    let state = std::env::var_os("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| {
-            std::env::var_os("HOME").map(|home| Path::new(&home).join(".local").join("state"))
-        })
-        .ok_or_else(|| {
-            Failure::usage("cannot locate a state directory: set --db, NERVE_DB or HOME")
-        })?;
-    Ok(state.join("nerve").join("nerve.db"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -309,6 +295,25 @@ impl StatusArg {
     }
 }
 
+/// `run --sandbox-fallback`: the configuration's `[sandbox] fallback`, from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SandboxFallbackArg {
+    /// Refuse to start, naming the fix.
+    Refuse,
+    /// Run each call through its own `docker exec`: slower, background jobs not contained,
+    /// no MCP server inside the sandbox. Recorded in the `started` event.
+    PerCall,
+}
+
+impl From<SandboxFallbackArg> for nerve_runtime::config::SandboxFallback {
+    fn from(arg: SandboxFallbackArg) -> Self {
+        match arg {
+            SandboxFallbackArg::Refuse => Self::Refuse,
+            SandboxFallbackArg::PerCall => Self::PerCall,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum LoopArg {
     React,
@@ -383,7 +388,7 @@ pub(crate) struct RunArgs {
     /// Without a usable sandbox executor: refuse to start (the default), or run each tool
     /// call through its own `docker exec` (slower; recorded in the log).
     #[arg(long, value_name = "MODE")]
-    pub(crate) sandbox_fallback: Option<crate::config::SandboxFallback>,
+    pub(crate) sandbox_fallback: Option<SandboxFallbackArg>,
     /// Print one JSON object as the last line of stdout; no progress.
     #[arg(long, conflicts_with_all = ["jsonl", "quiet"])]
     pub(crate) json: bool,

@@ -1,5 +1,5 @@
 //! `nerve chat`: a person and the agent take turns on one execution. The first message is
-//! the task; every later one continues the same execution ([`AgentEngine::follow_up`]):
+//! the task; every later one continues the same execution (the runtime's `Session::send`):
 //! one log, one sandbox, one context, the loop run once per message. `ask` approvals are
 //! asked inline; Ctrl-C stops the agent's turn and returns to the prompt; Ctrl-D or `/exit`
 //! ends the session.
@@ -13,18 +13,22 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use nerve_brain::ExecutionResult;
 use nerve_brain::approval::{Approval, Approver};
-use nerve_brain::{AgentEngine, EngineConfig, ExecutionResult, FollowUp, Task};
-use nerve_core::{ExecutionId, LoopType, TaskId, TaskStatus, TerminationReason, ToolCall};
+use nerve_core::{ExecutionId, LoopType, TerminationReason, ToolCall};
+use nerve_runtime::RuntimeError;
+use nerve_runtime::config::Config;
+use nerve_runtime::launch::ChatRequest;
+use nerve_runtime::resume::Resumable;
+use nerve_runtime::session::Session;
 use tokio_util::sync::CancellationToken;
 
 use crate::Failure;
 use crate::args::ChatArgs;
-use crate::config::Config;
 use crate::output;
-use crate::progress::{Line, Mode, Status, Style, thousands};
-use crate::run::{Launch, Session, Start};
-use crate::transcript::key_argument;
+use crate::progress::{Display, Line, Mode, Status, Style, thousands};
+use crate::screen::Screen;
+use nerve_runtime::views::transcript::key_argument;
 
 const HELP: &[&str] = &[
     "commands:",
@@ -47,298 +51,264 @@ pub(crate) async fn chat(
 ) -> Result<u8, Failure> {
     let config = Config::load(config_path)?;
     let mode = Mode::detect(false, false);
-    if let Some(id) = &args.id {
-        let (resumable, _) = crate::resume::continuable(db, id).await?;
-        let workspace = crate::run::validate_workspace(Path::new(&resumable.started.workspace))?;
-        if let Some(given) = &args.workspace
-            && crate::run::validate_workspace(given)? != workspace
-        {
-            return Err(Failure::usage(format!(
-                "execution {} works on {}, not {}: leave --workspace out to reopen it",
-                resumable.execution,
-                workspace.display(),
-                given.display()
-            )));
-        }
-        let provider =
-            crate::run::provider_for(&config, &resumable, args.provider.as_deref()).await?;
-        let mut engine_config = crate::run::recorded_engine_config(&config, &resumable.started)?;
-        engine_config.max_turns = args.max_turns;
-        if args.context_window.is_some() {
-            engine_config.context_window = args.context_window;
-        }
-        let image = args
-            .image
-            .clone()
-            .or_else(|| crate::run::recorded_image(&resumable.started));
-        let launch = Launch {
-            db,
-            config: &config,
-            workspace,
-            provider,
-            engine_config,
-            image,
-            mode,
-            jsonl: false,
-            execution_id: resumable.execution,
-            start: Start::Chat(Some(Box::new(resumable))),
-            log: None,
-            cancel: None,
-        };
-        return launch.go().await;
-    }
-    let workspace = match &args.workspace {
-        Some(dir) => crate::run::validate_workspace(dir)?,
-        None => {
-            let here = std::env::current_dir()
-                .map_err(|e| Failure::usage(format!("cannot read the current directory: {e}")))?;
-            crate::run::validate_workspace(&here)?
-        }
-    };
-    let provider = crate::provider::build(
-        args.provider.as_deref().unwrap_or("openai"),
-        args.model.as_deref(),
-        &config.provider_settings(args.context_window)?,
-    )
-    .await?;
-    let engine_config = EngineConfig {
+    let request = ChatRequest {
+        workspace: args.workspace.clone(),
+        provider: args.provider.clone(),
+        model: args.model.clone(),
         max_turns: args.max_turns,
         context_window: args.context_window,
-        recorded_config: serde_json::json!({
-            "max_turns": args.max_turns,
-            "context_window": args.context_window,
-            "image": args.image,
-            "chat": true,
-        }),
-        ..config.engine_config()?
-    };
-    let launch = Launch {
-        db,
-        config: &config,
-        workspace,
-        provider,
-        engine_config,
         image: args.image.clone(),
-        mode,
-        jsonl: false,
-        execution_id: ExecutionId::new(),
-        start: Start::Chat(None),
-        log: None,
-        cancel: None,
     };
-    launch.go().await
-}
-
-/// The session, once the sandbox is up: prompt, run, repeat. Returns the exit code: 0 when
-/// the person ended it.
-pub(crate) async fn converse(
-    session: Session<'_>,
-    reopened: Option<Box<crate::resume::Resumable>>,
-) -> Result<u8, Failure> {
-    let Session {
-        mut engine,
-        display,
-        db,
-        execution_id,
-        workspace,
-        context_window,
-    } = session;
-    let per_message_turns = engine.config.max_turns;
+    let (mut launch, reopened) = match &args.id {
+        Some(id) => {
+            let (launch, resumable) =
+                nerve_runtime::launch::reopened(&request, db, &config, id).await?;
+            (launch, Some(resumable))
+        }
+        None => {
+            let workspace = match &args.workspace {
+                Some(dir) => dir.clone(),
+                None => std::env::current_dir().map_err(|e| {
+                    Failure::usage(format!("cannot read the current directory: {e}"))
+                })?,
+            };
+            let launch =
+                nerve_runtime::launch::conversation(&request, &workspace, db, &config).await?;
+            (launch, None)
+        }
+    };
+    launch.capture_content = crate::telemetry::capture_content()?;
+    let display = Arc::new(Display::new(
+        mode,
+        launch.context_window()?,
+        Arc::clone(launch.redactor()),
+    ));
     let terminal = Arc::new(Terminal::start(history_file())?);
     let current: Arc<Mutex<Option<CancellationToken>>> = Arc::new(Mutex::new(None));
-    engine.approver = Arc::new(ChatApprover {
+    let approver = ChatApprover {
         terminal: Arc::clone(&terminal),
         display: Arc::clone(&display),
         current: Arc::clone(&current),
         always: Mutex::new(HashSet::new()),
-    });
-    let interrupts = tokio::spawn(stop_turns(Arc::clone(&current), Arc::clone(&display)));
+    };
+    let screen = Screen {
+        display: Arc::clone(&display),
+        jsonl: None,
+        approver: Some(Arc::new(approver)),
+    };
+    let session = launch.open(Arc::new(screen)).await?;
+    let chat = Chat {
+        session: &session,
+        display,
+        terminal,
+        current,
+        db,
+    };
+    let code = chat.converse(reopened).await;
+    // A conversation never ends for good: the sandbox home stays for the next one.
+    session.close(None).await;
+    code
+}
 
-    let mut started = reopened.is_some();
-    let mut header: Vec<Line> = vec![(
-        Style::Dim,
-        format!(
-            "nerve chat · execution {execution_id} · {} · {}",
-            workspace.display(),
-            engine.provider.model()
-        ),
-    )];
-    if let Some(reopened) = &reopened {
-        let state = &reopened.state;
-        header.push((
+/// A conversation, once the sandbox is up.
+struct Chat<'a> {
+    session: &'a Session,
+    display: Arc<Display>,
+    terminal: Arc<Terminal>,
+    /// The token of the agent's turn in progress, for Ctrl-C and the approval question.
+    current: Arc<Mutex<Option<CancellationToken>>>,
+    db: &'a Path,
+}
+
+impl Chat<'_> {
+    /// Prompt, run, repeat. Returns the exit code: 0 when the person ended it.
+    async fn converse(&self, reopened: Option<Resumable>) -> Result<u8, Failure> {
+        let Self {
+            session,
+            display,
+            terminal,
+            current,
+            db,
+        } = self;
+        let execution_id = session.execution_id();
+        let interrupts = tokio::spawn(stop_turns(Arc::clone(current), Arc::clone(display)));
+
+        let mut started = reopened.is_some();
+        let mut header: Vec<Line> = vec![(
             Style::Dim,
             format!(
-                "reopened after turn {} · {} in / {} out tokens · {} · task: {}",
-                state.turns,
-                thousands(state.usage.input_tokens),
-                thousands(state.usage.output_tokens),
-                state.cost,
-                crate::progress::first_line(&reopened.started.task)
+                "nerve chat · execution {execution_id} · {} · {}",
+                session.workspace().display(),
+                session.model()
             ),
-        ));
-        display.seed(Status {
-            turn: state.turns,
-            usage: state.usage,
-            cost: state.cost,
-            ..Status::default()
-        });
-    }
-    header.push((
+        )];
+        if let Some(reopened) = &reopened {
+            let state = &reopened.state;
+            header.push((
+                Style::Dim,
+                format!(
+                    "reopened after turn {} · {} in / {} out tokens · {} · task: {}",
+                    state.turns,
+                    thousands(state.usage.input_tokens),
+                    thousands(state.usage.output_tokens),
+                    state.cost,
+                    crate::progress::first_line(&reopened.started.task)
+                ),
+            ));
+            display.seed(Status {
+                turn: state.turns,
+                usage: state.usage,
+                cost: state.cost,
+                ..Status::default()
+            });
+        }
+        header.push((
         Style::Dim,
         "type a message · /help for commands · Ctrl-C stops the agent's turn · Ctrl-D or /exit ends"
             .to_owned(),
     ));
-    display.lines(&header);
+        display.lines(&header);
 
-    let mut plan_next = false;
-    let mut compact_next = false;
-    loop {
+        let mut plan_next = false;
+        let mut compact_next = false;
+        // Ends: when the person says so (`/exit`, Ctrl-D) or the input ends.
+        loop {
+            display.pause();
+            let line = match terminal.read("› ", true).await {
+                Input::Line(line) => line,
+                Input::Interrupted => continue,
+                Input::Eof => break,
+            };
+            let text = line.trim();
+            if text.is_empty() {
+                continue;
+            }
+            if display.mode() == Mode::Plain {
+                // Nobody sees the typing off a terminal: the transcript shows the message.
+                display.lines(&[(Style::Text, format!("› {text}"))]);
+            }
+            if let Some(command) = text.strip_prefix('/') {
+                match command.split_whitespace().next().unwrap_or_default() {
+                    "exit" | "quit" => break,
+                    "help" => {
+                        display.lines(&styled(Style::Dim, HELP.iter().map(|l| (*l).to_owned())))
+                    }
+                    "cost" => {
+                        let status = display.status();
+                        display.lines(&[(
+                            Style::Dim,
+                            format!(
+                                "{} turn{} · {} in / {} out tokens · {}",
+                                status.turn,
+                                if status.turn == 1 { "" } else { "s" },
+                                thousands(status.usage.input_tokens),
+                                thousands(status.usage.output_tokens),
+                                status.cost
+                            ),
+                        )]);
+                    }
+                    "context" => {
+                        let status = display.status();
+                        let fill = match session.context_window().filter(|w| *w > 0) {
+                            Some(window) => format!(
+                                "{} of {} tokens ({}%)",
+                                thousands(status.last_input),
+                                thousands(window),
+                                status.last_input.saturating_mul(100) / window
+                            ),
+                            None => {
+                                format!("{} tokens (window unknown)", thousands(status.last_input))
+                            }
+                        };
+                        display.lines(&[(
+                            Style::Dim,
+                            format!(
+                                "context: {fill} · {} compaction(s) · {} archived block(s)",
+                                status.compactions, status.archived_blocks
+                            ),
+                        )]);
+                    }
+                    "compact" => {
+                        compact_next = started;
+                        display.lines(&[(
+                            Style::Dim,
+                            if started {
+                                "the context will be compacted before your next message runs"
+                            } else {
+                                "nothing to compact yet"
+                            }
+                            .to_owned(),
+                        )]);
+                    }
+                    "plan" => {
+                        plan_next = true;
+                        display.lines(&[(
+                            Style::Dim,
+                            "the next message is planned first (plan-execute)".to_owned(),
+                        )]);
+                    }
+                    "diff" => {
+                        let lines = workspace_command(db, execution_id, started, command).await;
+                        display.lines(&lines);
+                    }
+                    "undo" => {
+                        let lines = workspace_command(db, execution_id, started, command).await;
+                        display.lines(&lines);
+                    }
+                    other => display.lines(&[(
+                        Style::Error,
+                        format!("unknown command /{other}: /help lists them"),
+                    )]),
+                }
+                continue;
+            }
+
+            display.next_message();
+            display.resume();
+            let cancel = CancellationToken::new();
+            if let Ok(mut slot) = current.lock() {
+                *slot = Some(cancel.clone());
+            }
+            let loop_type = if std::mem::take(&mut plan_next) {
+                LoopType::PlanExecute
+            } else {
+                LoopType::React
+            };
+            let outcome = session
+                .send(
+                    text,
+                    loop_type,
+                    !started,
+                    std::mem::take(&mut compact_next),
+                    cancel,
+                )
+                .await;
+            if let Ok(mut slot) = current.lock() {
+                *slot = None;
+            }
+            display.finish();
+            match outcome {
+                Ok(result) => {
+                    started = true;
+                    let mut lines = message_ending(&result);
+                    if display.mode() == Mode::Live {
+                        // Off a terminal the last turn's line said as much already.
+                        lines.push((Style::Dim, display.status_text(&display.status())));
+                    }
+                    display.lines(&lines);
+                }
+                Err(error) => display.lines(&[(Style::Error, format!("error: {error}"))]),
+            }
+        }
+        interrupts.abort();
         display.pause();
-        let line = match terminal.read("› ", true).await {
-            Input::Line(line) => line,
-            Input::Interrupted => continue,
-            Input::Eof => break,
-        };
-        let text = line.trim();
-        if text.is_empty() {
-            continue;
+        if started {
+            let mut lines = vec![(Style::Text, String::new())];
+            lines.extend(crate::progress::next_steps(execution_id, db));
+            display.lines(&lines);
         }
-        if display.mode() == Mode::Plain {
-            // Nobody sees the typing off a terminal: the transcript shows the message.
-            display.lines(&[(Style::Text, format!("› {text}"))]);
-        }
-        if let Some(command) = text.strip_prefix('/') {
-            match command.split_whitespace().next().unwrap_or_default() {
-                "exit" | "quit" => break,
-                "help" => display.lines(&styled(Style::Dim, HELP.iter().map(|l| (*l).to_owned()))),
-                "cost" => {
-                    let status = display.status();
-                    display.lines(&[(
-                        Style::Dim,
-                        format!(
-                            "{} turn{} · {} in / {} out tokens · {}",
-                            status.turn,
-                            if status.turn == 1 { "" } else { "s" },
-                            thousands(status.usage.input_tokens),
-                            thousands(status.usage.output_tokens),
-                            status.cost
-                        ),
-                    )]);
-                }
-                "context" => {
-                    let status = display.status();
-                    let fill = match context_window.filter(|w| *w > 0) {
-                        Some(window) => format!(
-                            "{} of {} tokens ({}%)",
-                            thousands(status.last_input),
-                            thousands(window),
-                            status.last_input.saturating_mul(100) / window
-                        ),
-                        None => format!("{} tokens (window unknown)", thousands(status.last_input)),
-                    };
-                    display.lines(&[(
-                        Style::Dim,
-                        format!(
-                            "context: {fill} · {} compaction(s) · {} archived block(s)",
-                            status.compactions, status.archived_blocks
-                        ),
-                    )]);
-                }
-                "compact" => {
-                    compact_next = started;
-                    display.lines(&[(
-                        Style::Dim,
-                        if started {
-                            "the context will be compacted before your next message runs"
-                        } else {
-                            "nothing to compact yet"
-                        }
-                        .to_owned(),
-                    )]);
-                }
-                "plan" => {
-                    plan_next = true;
-                    display.lines(&[(
-                        Style::Dim,
-                        "the next message is planned first (plan-execute)".to_owned(),
-                    )]);
-                }
-                "diff" => {
-                    let lines = workspace_command(db, execution_id, started, command).await;
-                    display.lines(&lines);
-                }
-                "undo" => {
-                    let lines = workspace_command(db, execution_id, started, command).await;
-                    display.lines(&lines);
-                }
-                other => display.lines(&[(
-                    Style::Error,
-                    format!("unknown command /{other}: /help lists them"),
-                )]),
-            }
-            continue;
-        }
-
-        display.next_message();
-        display.resume();
-        let cancel = CancellationToken::new();
-        if let Ok(mut slot) = current.lock() {
-            *slot = Some(cancel.clone());
-        }
-        let loop_type = if std::mem::take(&mut plan_next) {
-            LoopType::PlanExecute
-        } else {
-            LoopType::React
-        };
-        let outcome = if started {
-            let next = FollowUp {
-                message: text.to_owned(),
-                loop_type,
-                // Decided from the log when the message runs.
-                recover: false,
-                compact: std::mem::take(&mut compact_next),
-            };
-            follow_up(&engine, db, execution_id, next, per_message_turns, cancel).await
-        } else {
-            let mut engine = engine.clone();
-            engine.config.loop_type = loop_type;
-            let task = Task {
-                id: TaskId::new(),
-                description: text.to_owned(),
-                metadata: serde_json::Value::Null,
-                status: TaskStatus::Created,
-                workspace: workspace.display().to_string(),
-            };
-            engine
-                .run(execution_id, task, cancel)
-                .await
-                .map_err(Failure::usage)
-        };
-        if let Ok(mut slot) = current.lock() {
-            *slot = None;
-        }
-        display.finish();
-        match outcome {
-            Ok(result) => {
-                started = true;
-                let mut lines = message_ending(&result);
-                if display.mode() == Mode::Live {
-                    // Off a terminal the last turn's line said as much already.
-                    lines.push((Style::Dim, display.status_text(&display.status())));
-                }
-                display.lines(&lines);
-            }
-            Err(failure) => display.lines(&[(Style::Error, format!("error: {}", failure.message))]),
-        }
+        Ok(0)
     }
-    interrupts.abort();
-    display.pause();
-    if started {
-        let mut lines = vec![(Style::Text, String::new())];
-        lines.extend(crate::run::next_steps(execution_id, db));
-        display.lines(&lines);
-    }
-    Ok(0)
 }
 
 /// `/diff [last|N]` and `/undo [force]` on the execution's workspace (docs/checkpoints.md).
@@ -355,25 +325,37 @@ async fn workspace_command(
     let id = execution_id.to_string();
     let outcome = match (words.next(), words.next(), words.next()) {
         (Some("diff"), None, None) => {
-            crate::rewind::diff_text(db, &id, crate::rewind::Scope::Execution)
+            nerve_runtime::snapshots::diff_text(db, &id, nerve_runtime::snapshots::Scope::Execution)
                 .await
                 .map(|text| vec![text])
         }
-        (Some("diff"), Some("last"), None) => {
-            crate::rewind::diff_text(db, &id, crate::rewind::Scope::LastChange)
-                .await
-                .map(|text| vec![text])
-        }
+        (Some("diff"), Some("last"), None) => nerve_runtime::snapshots::diff_text(
+            db,
+            &id,
+            nerve_runtime::snapshots::Scope::LastChange,
+        )
+        .await
+        .map(|text| vec![text]),
         (Some("diff"), Some(turn), None) if turn.parse::<u32>().is_ok_and(|t| t > 0) => {
             let turn = turn.parse::<u32>().unwrap_or(1);
-            crate::rewind::diff_text(db, &id, crate::rewind::Scope::Turn(turn))
-                .await
-                .map(|text| vec![text])
+            nerve_runtime::snapshots::diff_text(
+                db,
+                &id,
+                nerve_runtime::snapshots::Scope::Turn(turn),
+            )
+            .await
+            .map(|text| vec![text])
         }
         (Some("undo"), force @ (None | Some("force")), None) => {
-            crate::rewind::rewind_to(db, &id, crate::rewind::Target::Undo, force.is_some()).await
+            nerve_runtime::snapshots::rewind_to(
+                db,
+                &id,
+                nerve_runtime::snapshots::Target::Undo,
+                force.is_some(),
+            )
+            .await
         }
-        _ => Err(Failure::usage(
+        _ => Err(RuntimeError::usage(
             "usage: /diff, /diff last, /diff N, /undo or /undo force",
         )),
     };
@@ -385,29 +367,9 @@ async fn workspace_command(
             .collect(),
         Err(failure) => vec![(
             Style::Error,
-            failure.message.replace("pass --force", "use /undo force"),
+            failure.message().replace("pass --force", "use /undo force"),
         )],
     }
-}
-
-/// The next message of a running chat: the execution as its log left it, continued (a
-/// crashed last attempt recovered first).
-async fn follow_up(
-    engine: &AgentEngine,
-    db: &Path,
-    execution_id: ExecutionId,
-    mut follow: FollowUp,
-    per_message_turns: u32,
-    cancel: CancellationToken,
-) -> Result<ExecutionResult, Failure> {
-    let (continuable, replay) = crate::resume::continuable(db, &execution_id.to_string()).await?;
-    let mut engine = engine.clone();
-    engine.config.max_turns = continuable.state.turns.saturating_add(per_message_turns);
-    follow.recover = replay.termination_reason.is_none();
-    engine
-        .follow_up(execution_id, continuable.state, follow, cancel)
-        .await
-        .map_err(Failure::usage)
 }
 
 /// One line after the agent's answer: nothing when it simply answered, else how the turn
@@ -451,10 +413,8 @@ fn styled(style: Style, lines: impl Iterator<Item = String>) -> Vec<Line> {
 /// Ctrl-C while the agent works stops its turn at the next boundary (a model call in
 /// flight is abandoned); a second one while it stops aborts, as in `run`. At the prompt
 /// the line editor owns the terminal and Ctrl-C only clears the line.
-async fn stop_turns(
-    current: Arc<Mutex<Option<CancellationToken>>>,
-    display: Arc<crate::progress::Display>,
-) {
+async fn stop_turns(current: Arc<Mutex<Option<CancellationToken>>>, display: Arc<Display>) {
+    // Ends: when the task is aborted (the conversation is over), or the second Ctrl-C exits.
     while tokio::signal::ctrl_c().await.is_ok() {
         let token = current.lock().ok().and_then(|slot| slot.clone());
         let Some(token) = token else {
@@ -476,7 +436,7 @@ async fn stop_turns(
 /// rule). Every answer is recorded by the engine as a person's decision.
 struct ChatApprover {
     terminal: Arc<Terminal>,
-    display: Arc<crate::progress::Display>,
+    display: Arc<Display>,
     current: Arc<Mutex<Option<CancellationToken>>>,
     /// Rules the person approved for the rest of the session.
     always: Mutex<HashSet<String>>,
@@ -579,6 +539,7 @@ impl Terminal {
         std::thread::Builder::new()
             .name("nerve-chat-terminal".into())
             .spawn(move || {
+                // Ends: when the conversation drops its side of the channel.
                 while let Ok(request) = inbox.recv() {
                     let input = match editor.readline(&request.prompt) {
                         Ok(line) => {
@@ -616,7 +577,7 @@ impl Terminal {
 
 /// Where the chat history is kept: beside the default log, under the XDG state directory.
 fn history_file() -> Option<PathBuf> {
-    let db = crate::args::default_db().ok()?;
+    let db = nerve_runtime::log::default_db().ok()?;
     let dir = db.parent()?;
     std::fs::create_dir_all(dir).ok()?;
     Some(dir.join("chat_history"))

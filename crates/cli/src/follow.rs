@@ -8,12 +8,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use nerve_core::ExecutionId;
-use nerve_session::{SessionError, StoredEvent};
+use nerve_runtime::log::{SessionError, StoredEvent};
 
 use crate::Failure;
 use crate::inspect::{event_json, event_line};
-use crate::log::{Reader, reader};
 use crate::output;
+use nerve_runtime::log::{Reader, reader};
 
 /// How often a SQLite log is read for new events.
 const POLL: Duration = Duration::from_millis(200);
@@ -24,12 +24,11 @@ const RECHECK: Duration = Duration::from_secs(2);
 pub(crate) async fn follow(db: &Path, id: &str, json: bool, full: bool) -> Result<u8, Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
     let store = reader(db).await?;
-    let mut listener = match &store {
-        Reader::Postgres(pg) => Some(pg.listen("nerve_events").await.map_err(Failure::usage)?),
-        Reader::Sqlite(_) => None,
-    };
+    let mut listener = store.listen("nerve_events").await.map_err(Failure::usage)?;
     let wanted = execution.to_string();
     let mut after = 0;
+    // Ends: at the execution's `finish` event (or an error); a running one is followed for
+    // as long as it runs.
     loop {
         let new = match events_after(&store, execution, after).await {
             Ok(new) => new,
@@ -58,6 +57,7 @@ pub(crate) async fn follow(db: &Path, id: &str, json: bool, full: bool) -> Resul
             Some(listener) => {
                 // Wait for a commit to this execution (or the recheck).
                 let deadline = tokio::time::Instant::now() + RECHECK;
+                // Ends: at the deadline, or at a notification for this execution.
                 loop {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     match listener.next(left).await.map_err(Failure::runtime)? {
@@ -78,10 +78,7 @@ async fn events_after(
     execution: ExecutionId,
     after: u64,
 ) -> Result<Vec<StoredEvent>, SessionError> {
-    let events = match store {
-        Reader::Sqlite(sqlite) => sqlite.events_after(&execution, after)?,
-        Reader::Postgres(pg) => pg.events_after(execution, after).await?,
-    };
+    let events = store.events_after(execution, after).await?;
     if events.is_empty() && after == 0 {
         return Err(SessionError::UnknownExecution(execution.to_string()));
     }
@@ -91,9 +88,9 @@ async fn events_after(
 /// Whether `execution`, which has no event yet, may still start: the PostgreSQL task queue
 /// holds it waiting for a worker (or being started); a SQLite log cannot tell, so yes.
 async fn may_start(store: &Reader, execution: ExecutionId) -> Result<bool, Failure> {
-    let Reader::Postgres(pg) = store else {
+    if !store.is_postgres() {
         return Ok(true);
-    };
-    let entry = pg.queue_entry(execution).await.map_err(Failure::usage)?;
+    }
+    let entry = store.queue_entry(execution).await.map_err(Failure::usage)?;
     Ok(entry.is_some_and(|e| e.state == "queued" || e.state == "claimed"))
 }

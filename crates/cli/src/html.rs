@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use nerve_core::{Event, MessagePart, MessageRole, ToolCall, ToolResult};
-use nerve_session::{Replay, StoredEvent};
+use nerve_runtime::log::{Replay, StoredEvent};
 
 /// One turn as the page shows it.
 #[derive(Default)]
@@ -202,7 +202,7 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             let _ = write!(
                 html,
                 "<details class=\"{class}\"><summary><code>{}</code> <span class=\"outcome\">{outcome}</span></summary><h4>arguments</h4><pre>{}</pre><h4>result</h4><pre>{}</pre></details>",
-                escape(&crate::transcript::key_argument(call)),
+                escape(&nerve_runtime::views::transcript::key_argument(call)),
                 escape(&serde_json::to_string_pretty(&call.arguments).unwrap_or_default()),
                 escape(
                     result
@@ -222,7 +222,7 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             .iter()
             .any(|part| matches!(part, MessagePart::ToolCall(_)));
         (message.role == MessageRole::Assistant && !calls)
-            .then(|| crate::transcript::text_of(&message.parts))
+            .then(|| nerve_runtime::views::transcript::text_of(&message.parts))
     });
     if let Some(answer) = answer.filter(|a| !a.trim().is_empty()) {
         let _ = write!(

@@ -5,12 +5,12 @@
 use std::path::Path;
 
 use nerve_core::ExecutionId;
-use nerve_session::{Replay, StoredEvent};
+use nerve_runtime::log::{Replay, StoredEvent};
 
 use crate::Failure;
 use crate::args::StatusArg;
-use crate::log::{Reader, reader};
 use crate::output;
+use nerve_runtime::log::{Reader, reader};
 
 /// How many candidates an ambiguous prefix names.
 const CANDIDATES: usize = 5;
@@ -199,10 +199,7 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
 /// `list --status queued`: the task queue's waiting executions (a SQLite log has no queue),
 /// oldest first; one that a draining worker gave back has events already.
 async fn queued(store: &Reader, json: bool) -> Result<u8, Failure> {
-    let entries = match store {
-        Reader::Postgres(pg) => pg.queue().await.map_err(Failure::usage)?,
-        Reader::Sqlite(_) => Vec::new(),
-    };
+    let entries = store.queue().await.map_err(Failure::usage)?;
     let waiting: Vec<serde_json::Value> = entries
         .into_iter()
         .filter(|e| e.state == "queued")
@@ -272,7 +269,7 @@ pub(crate) async fn show(
     }
     let (store, execution, events) = load(db, id).await?;
     let replayed = store.replay(execution).await.map_err(Failure::usage)?;
-    for line in crate::transcript::transcript(&events, &replayed) {
+    for line in nerve_runtime::views::transcript::transcript(&events, &replayed) {
         output::line(&line);
     }
     Ok(0)

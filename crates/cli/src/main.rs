@@ -5,28 +5,21 @@
 //! other termination or a failed `verify`, 2 for usage and configuration errors (one line
 //! on stderr, nothing written to the log), 130 when aborted by a second Ctrl-C.
 
+mod approve;
 mod args;
 mod chat;
-mod config;
-#[cfg(test)]
-mod config_doc_test;
-mod environment;
 mod follow;
 mod html;
 mod inspect;
-mod jsonl;
-mod log;
 mod mcp;
 mod output;
 mod progress;
-mod provider;
 mod queue;
 mod reap;
-mod resume;
 mod rewind;
 mod run;
+mod screen;
 mod telemetry;
-mod transcript;
 mod transfer;
 mod worker;
 
@@ -61,12 +54,25 @@ impl Failure {
     }
 }
 
+/// The runtime's errors as exit codes: 2 when the request was refused before anything was
+/// changed (usage, configuration, an execution's state, the provider, the sandbox, the
+/// log), 1 when an operation failed part way. The message is the runtime's, unchanged.
+impl From<nerve_runtime::RuntimeError> for Failure {
+    fn from(error: nerve_runtime::RuntimeError) -> Self {
+        if error.kind().refused_before_start() {
+            Self::usage(error)
+        } else {
+            Self::runtime(error)
+        }
+    }
+}
+
 // The executor this binary carries (build.rs): `CARRIED_EXECUTOR`.
 include!(concat!(env!("OUT_DIR"), "/carried_executor.rs"));
 
 fn main() -> ExitCode {
     if let Some((bytes, sha256)) = CARRIED_EXECUTOR {
-        nerve_hands::carry_executor(nerve_hands::CarriedExecutor { bytes, sha256 });
+        nerve_runtime::carry_executor(nerve_runtime::CarriedExecutor { bytes, sha256 });
     }
     let cli = Cli::parse();
     let telemetry = match telemetry::init() {
@@ -117,7 +123,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Rewind { .. }
         | Command::Mcp { .. } => false,
     };
-    if log::is_postgres(&db) && continues {
+    if nerve_runtime::log::is_postgres(&db) && continues {
         return Err(Failure::usage(
             "chat and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
         ));
@@ -177,7 +183,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             lease,
             workspaces,
         } => {
-            let settings = worker::Settings {
+            let settings = nerve_runtime::worker::WorkerSettings {
                 concurrency: concurrency as usize,
                 lease: std::time::Duration::from_secs(lease),
                 workspaces,
@@ -196,7 +202,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             let output = run::Output::from_flags(json, jsonl);
             run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), output).await
         }
-        Command::Approve { id, deny, reason } => resume::approve(&db, &id, deny, reason).await,
+        Command::Approve { id, deny, reason } => approve::approve(&db, &id, deny, reason).await,
         Command::Diff { id, turn } => rewind::diff(&db, &id, turn).await,
         Command::Rewind { id, turn, force } => rewind::rewind(&db, &id, turn, force).await,
         Command::Reap { all, id } => reap::reap(&db, all, id.as_deref()).await,
@@ -217,4 +223,29 @@ fn one_line(message: &str) -> String {
         .filter(|line| !line.is_empty())
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use nerve_runtime::RuntimeError;
+
+    use super::Failure;
+
+    #[test]
+    fn runtime_errors_keep_their_message_and_exit_2_unless_they_failed_part_way() {
+        let check = |error: RuntimeError, code: u8| {
+            let message = error.to_string();
+            let failure = Failure::from(error);
+            assert_eq!((failure.code, failure.message), (code, message));
+        };
+        check(RuntimeError::usage("give the task"), 2);
+        check(RuntimeError::config("invalid config c.toml: x"), 2);
+        check(RuntimeError::NotFound("no event log at x".into()), 2);
+        check(RuntimeError::conflict("execution e waits for approval"), 2);
+        check(RuntimeError::provider("ANTHROPIC_API_KEY is not set"), 2);
+        check(RuntimeError::sandbox("cannot connect to Docker"), 2);
+        check(RuntimeError::log("event log x: locked"), 2);
+        check(RuntimeError::Engine("invalid task".into()), 2);
+        check(RuntimeError::failed("event log write failed: disk full"), 1);
+    }
 }

@@ -11,15 +11,12 @@
 
 use std::sync::Mutex;
 
-use async_trait::async_trait;
 use nerve_brain::Delta;
 use nerve_core::event::{ApprovalDecision, CallPurpose, ProxyVerdict, StagnationAction};
-use nerve_core::{
-    Enqueued, Event, EventSink, ExecutionId, MessageRole, MicroUsd, SinkError, Snapshot, TokenUsage,
-};
+use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, TokenUsage};
 
 use crate::output;
-use crate::transcript::{key_argument, outcome_lines, text_of};
+use nerve_runtime::views::transcript::{key_argument, outcome_lines, text_of};
 
 /// How the transcript is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,7 +253,7 @@ impl Display {
         answer
     }
 
-    fn observe(&self, event: &Event) {
+    pub(crate) fn observe(&self, event: &Event) {
         if self.mode == Mode::Silent {
             return;
         }
@@ -470,7 +467,7 @@ impl Display {
         lines
     }
 
-    fn delta(&self, purpose: CallPurpose, delta: &Delta) {
+    pub(crate) fn delta(&self, purpose: CallPurpose, delta: &Delta) {
         // Plain lines come whole from the events; only a terminal shows text as it streams.
         if self.mode != Mode::Live || purpose != CallPurpose::Agent {
             return;
@@ -550,12 +547,6 @@ impl Display {
     }
 }
 
-impl nerve_brain::DeltaObserver for Display {
-    fn delta(&self, _execution: ExecutionId, purpose: CallPurpose, delta: &Delta) {
-        Display::delta(self, purpose, delta);
-    }
-}
-
 /// The terminal's width in columns: `COLUMNS`, else 80.
 fn terminal_width() -> usize {
     std::env::var("COLUMNS")
@@ -563,6 +554,33 @@ fn terminal_width() -> usize {
         .and_then(|c| c.parse().ok())
         .filter(|c| *c > 0)
         .unwrap_or(80)
+}
+
+/// Where the log is and three commands to try next (the end of `run` and of `chat`).
+pub(crate) fn next_steps(id: ExecutionId, db: &std::path::Path) -> Vec<Line> {
+    let db_flag = if nerve_runtime::log::default_db().is_ok_and(|default| default == db) {
+        String::new()
+    } else {
+        format!("--db {} ", db.display())
+    };
+    let mut lines = vec![
+        (
+            Style::Dim,
+            format!("log: execution {id} in {}", db.display()),
+        ),
+        (Style::Dim, "next:".to_owned()),
+    ];
+    for (command, what) in [
+        ("show", "the transcript"),
+        ("replay", "completeness and gaps"),
+        ("chat", "talk to the agent about it"),
+    ] {
+        lines.push((
+            Style::Dim,
+            format!("  nerve {db_flag}{command:<6} {id}   {what}"),
+        ));
+    }
+    lines
 }
 
 /// `1234567` as `1,234,567`.
@@ -593,60 +611,6 @@ fn snake(value: &impl serde::Serialize) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
-}
-
-/// Wraps the log's sink and shows every event on the [`Display`] before it is recorded.
-#[derive(Debug)]
-pub(crate) struct ProgressSink<S> {
-    inner: S,
-    display: std::sync::Arc<Display>,
-}
-
-impl<S> ProgressSink<S> {
-    pub(crate) fn new(inner: S, display: std::sync::Arc<Display>) -> Self {
-        Self { inner, display }
-    }
-}
-
-#[async_trait]
-impl<S: EventSink> EventSink for ProgressSink<S> {
-    async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        self.display.observe(&event);
-        self.inner.append(execution, event).await
-    }
-
-    async fn checkpoint(
-        &self,
-        execution: ExecutionId,
-        turn: u32,
-        snapshot: serde_json::Value,
-    ) -> Result<Option<u64>, SinkError> {
-        self.inner.checkpoint(execution, turn, snapshot).await
-    }
-
-    async fn commit(
-        &self,
-        execution: ExecutionId,
-        events: Vec<Event>,
-        checkpoint: Option<Snapshot>,
-    ) -> Result<Option<u64>, SinkError> {
-        for event in &events {
-            self.display.observe(event);
-        }
-        self.inner.commit(execution, events, checkpoint).await
-    }
-
-    fn enqueue(
-        &self,
-        execution: ExecutionId,
-        events: Vec<Event>,
-        checkpoint: Option<Snapshot>,
-    ) -> Enqueued {
-        for event in &events {
-            self.display.observe(event);
-        }
-        self.inner.enqueue(execution, events, checkpoint)
-    }
 }
 
 #[cfg(test)]

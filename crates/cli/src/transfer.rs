@@ -5,20 +5,13 @@
 use std::io::BufRead;
 use std::path::Path;
 
-use nerve_core::ExecutionId;
-use nerve_session::{Store, parse_log, write_log};
+use nerve_runtime::transfer;
 
-use crate::log::{self, reader};
 use crate::{Failure, output};
 
 pub(crate) async fn export(db: &Path, id: &str) -> Result<u8, Failure> {
-    let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
-    let exported = reader(db)
-        .await?
-        .export(execution)
-        .await
-        .map_err(Failure::usage)?;
-    output::write_with(|out| write_log(&exported, out))
+    let exported = transfer::export(db, id).await?;
+    output::write_with(|out| transfer::write(&exported, out))
         .map_err(|e| Failure::runtime(format!("cannot write the export: {e}")))?;
     Ok(0)
 }
@@ -32,19 +25,8 @@ pub(crate) async fn import(db: &Path, file: &Path) -> Result<u8, Failure> {
             .map_err(|e| Failure::usage(format!("cannot open {shown}: {e}")))?;
         Box::new(std::io::BufReader::new(opened))
     };
-    let parsed = parse_log(&mut input).map_err(|e| Failure::usage(format!("{shown}: {e}")))?;
-    let (id, count) = (parsed.execution_id.clone(), parsed.events.len());
-    if log::is_postgres(db) {
-        let store = log::writer(db, std::sync::Arc::new(nerve_core::Redactor::new())).await?;
-        store.import(parsed).await.map_err(Failure::usage)?;
-    } else {
-        // A writing connection of its own; no writer thread is needed for one transaction.
-        let db = db.to_path_buf();
-        tokio::task::spawn_blocking(move || Store::open(&db)?.import(&parsed))
-            .await
-            .map_err(|e| Failure::runtime(format!("the import stopped: {e}")))?
-            .map_err(Failure::usage)?;
-    }
+    let parsed = transfer::read(&mut input, &shown.to_string())?;
+    let (id, count) = transfer::import(db, parsed).await?;
     output::line(&format!("imported execution {id}: {count} events"));
     Ok(0)
 }

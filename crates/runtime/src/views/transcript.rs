@@ -1,16 +1,16 @@
-//! `nerve show ID` as a person reads it: the task, what the agent said and did turn by
+//! The transcript view of an execution (`nerve show ID`), as a person reads it: the task, what the agent said and did turn by
 //! turn (each tool call one line with its key argument, then its clipped outcome), the final
 //! answer whole, the error of a failed run, then the totals. Built from the events, not the
 //! replayed conversation, so compactions do not hide what happened before them.
 
+use crate::log::{Replay, StoredEvent};
 use nerve_core::{Event, MessagePart, MessageRole, ToolCall, ToolResult};
-use nerve_session::{Replay, StoredEvent};
 
 /// The widest a tool call's argument or outcome line grows before it is clipped.
 const WIDTH: usize = 100;
 
 /// The transcript of one execution, as lines of plain text.
-pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
+pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
     let mut out = Vec::new();
     out.push(format!("execution  {}", replayed.execution_id));
     if let Some(first) = events.first() {
@@ -23,7 +23,7 @@ pub(crate) fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<Strin
             snake(&started.loop_type)
         ));
         // The degraded sandbox is said, never only logged.
-        if let Ok(nerve_hands::ExecutorUse::PerCall { reason }) =
+        if let Ok(crate::ExecutorUse::PerCall { reason }) =
             serde_json::from_value(started.config["sandbox_executor"].clone())
         {
             out.push(format!(
@@ -210,7 +210,7 @@ fn snake(value: &impl serde::Serialize) -> String {
         .unwrap_or_default()
 }
 
-pub(crate) fn text_of(parts: &[MessagePart]) -> String {
+pub fn text_of(parts: &[MessagePart]) -> String {
     parts
         .iter()
         .filter_map(|part| match part {
@@ -232,7 +232,7 @@ fn call_line(call: Option<&ToolCall>, name: &str) -> String {
 }
 
 /// A tool call as one line: its name and the argument that says what it does.
-pub(crate) fn key_argument(call: &ToolCall) -> String {
+pub fn key_argument(call: &ToolCall) -> String {
     let arg = |key: &str| call.arguments.get(key).and_then(|v| v.as_str());
     let key = match call.name.as_str() {
         "shell" => arg("command").map(str::to_owned),
@@ -256,14 +256,7 @@ pub(crate) fn key_argument(call: &ToolCall) -> String {
 /// there was.
 fn outcome_line(result: &ToolResult) -> String {
     let mut lines: Vec<&str> = result.content.trim().lines().collect();
-    let exit = lines
-        .last()
-        .and_then(|line| line.strip_prefix("[exit code: "))
-        .and_then(|rest| rest.strip_suffix(']'))
-        .map(str::to_owned);
-    if exit.is_some() {
-        lines.pop();
-    }
+    let exit = take_exit_code(&mut lines);
     let stderr_at = lines.iter().position(|line| *line == "[stderr]");
     let body: Vec<&str> = lines
         .iter()
@@ -296,16 +289,9 @@ fn outcome_line(result: &ToolResult) -> String {
 /// A tool's outcome in a few lines, for the live transcript: the exit code (or `error`,
 /// `ok`) and how many lines there were, then the first `head` and last `tail` of them.
 /// A one-line outcome without an exit code stays on one line.
-pub(crate) fn outcome_lines(result: &ToolResult, head: usize, tail: usize) -> Vec<String> {
+pub fn outcome_lines(result: &ToolResult, head: usize, tail: usize) -> Vec<String> {
     let mut lines: Vec<&str> = result.content.trim_end().lines().collect();
-    let exit = lines
-        .last()
-        .and_then(|line| line.strip_prefix("[exit code: "))
-        .and_then(|rest| rest.strip_suffix(']'))
-        .map(str::to_owned);
-    if exit.is_some() {
-        lines.pop();
-    }
+    let exit = take_exit_code(&mut lines);
     let body: Vec<&str> = lines
         .into_iter()
         .filter(|line| *line != "[stderr]")
@@ -335,6 +321,19 @@ pub(crate) fn outcome_lines(result: &ToolResult, head: usize, tail: usize) -> Ve
             out
         }
     }
+}
+
+/// The exit code a tool's output ends with (`[exit code: N]`), taken off its lines.
+fn take_exit_code(lines: &mut Vec<&str>) -> Option<String> {
+    let exit = lines
+        .last()
+        .and_then(|line| line.strip_prefix("[exit code: "))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .map(str::to_owned);
+    if exit.is_some() {
+        lines.pop();
+    }
+    exit
 }
 
 /// `text`'s first line, cut at [`WIDTH`] bytes (on a character boundary) with `...`.

@@ -1,5 +1,6 @@
-//! `nerve approve` and the log side of `nerve resume`: decide a parked execution's pending
-//! approvals, and rebuild what the engine needs to continue an execution from its log.
+//! Continuing an execution from its log: read it once its hash chain verifies, check that
+//! it may be resumed (or continued with a person's message), and fold its events into
+//! what the engine needs to go on; and deciding a parked execution's pending approvals.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,40 +15,39 @@ use nerve_core::{
 };
 use nerve_session::{EventStore, PgStore, Replay, SessionError, SqliteSink, Store, StoredEvent};
 
-use crate::Failure;
-use crate::output;
+use crate::RuntimeError;
 
 /// An execution as its log left it, ready to continue.
 #[derive(Debug)]
-pub(crate) struct Resumable {
-    pub(crate) execution: ExecutionId,
-    pub(crate) started: Started,
-    pub(crate) state: ResumeState,
+pub struct Resumable {
+    pub execution: ExecutionId,
+    pub started: Started,
+    pub state: ResumeState,
     /// Model calls already answered, per purpose: where a scripted provider continues.
-    pub(crate) model_calls: BTreeMap<CallPurpose, usize>,
+    pub model_calls: BTreeMap<CallPurpose, usize>,
 }
 
 /// Reads `id`'s events once their hash chain verifies, and replays them. Every command
 /// that continues an execution or appends to its log (`resume`, `approve`; `chat ID` and
 /// `run --continue` when they come) goes through here.
-pub(crate) async fn load(
+pub async fn load(
     db: &Path,
     id: &str,
-) -> Result<(ExecutionId, Vec<StoredEvent>, Replay), Failure> {
-    let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
+) -> Result<(ExecutionId, Vec<StoredEvent>, Replay), RuntimeError> {
+    let execution: ExecutionId = id.parse().map_err(RuntimeError::usage)?;
     let verified = if crate::log::is_postgres(db) {
         let crate::log::Reader::Postgres(store) = crate::log::reader(db).await? else {
-            return Err(Failure::usage("not a PostgreSQL log"));
+            return Err(RuntimeError::log("not a PostgreSQL log"));
         };
         EventStore::verified_events(&store, execution).await
     } else {
         if !db.exists() {
-            return Err(Failure::usage(format!(
+            return Err(RuntimeError::NotFound(format!(
                 "no event log at {} (pass --db)",
                 db.display()
             )));
         }
-        let store = Store::open_read_only(db).map_err(Failure::usage)?;
+        let store = Store::open_read_only(db).map_err(RuntimeError::from)?;
         store.verified_events(&execution)
     };
     let events = checked(execution, verified)?;
@@ -58,17 +58,17 @@ pub(crate) async fn load(
 /// The events of a verified read, or why the execution cannot be continued. Nothing is
 /// built on, or appended to, a log whose chain does not verify: the model would see
 /// whatever an editor of the database put there.
-pub(crate) fn checked(
+pub fn checked(
     execution: ExecutionId,
     verified: Result<Vec<StoredEvent>, SessionError>,
-) -> Result<Vec<StoredEvent>, Failure> {
+) -> Result<Vec<StoredEvent>, RuntimeError> {
     verified.map_err(|error| {
             if let SessionError::BrokenChain(broken) = &error {
-                Failure::usage(format!(
+                RuntimeError::log(format!(
                     "execution {execution} cannot be continued: its log is tampered or damaged ({broken}); see `nerve verify {execution}`"
                 ))
             } else {
-                Failure::usage(error)
+                RuntimeError::from(error)
             }
         })
 }
@@ -77,26 +77,16 @@ pub(crate) fn checked(
 /// (`nerve chat ID`, `run --continue ID`): any ending will do, and a crash is recovered
 /// first (which counts as a resume). Refused: a broken chain, pending approvals, a task
 /// closed for good.
-pub(crate) async fn continuable(db: &Path, id: &str) -> Result<(Resumable, Replay), Failure> {
+pub async fn continuable(db: &Path, id: &str) -> Result<(Resumable, Replay), RuntimeError> {
     let (execution, events, replay) = load(db, id).await?;
     let Some(started) = replay.started.clone() else {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} has no start event; nothing to continue"
         )));
     };
-    if !replay.pending_approvals.is_empty() {
-        return Err(Failure::usage(format!(
-            "execution {execution} waits for approval of {}: decide with `nerve approve {execution}` (or --deny) first",
-            replay
-                .pending_approvals
-                .iter()
-                .map(|p| p.call.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
+    no_pending_approvals(execution, &replay)?;
     if replay.messages.is_empty() {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} recorded no conversation; nothing to continue"
         )));
     }
@@ -104,13 +94,13 @@ pub(crate) async fn continuable(db: &Path, id: &str) -> Result<(Resumable, Repla
     if !task_status.can_transition_to(TaskStatus::InProgress)
         && task_status != TaskStatus::InProgress
     {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} left its task {task_status}, which cannot be taken up again"
         )));
     }
     let attempt = u32::try_from(replay.resumes.len() + 1).unwrap_or(u32::MAX);
     if replay.termination_reason.is_none() && attempt > MAX_RESUMES {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} crashed and was already resumed {} times; inspect it with `nerve replay {execution}`",
             replay.resumes.len()
         )));
@@ -119,22 +109,41 @@ pub(crate) async fn continuable(db: &Path, id: &str) -> Result<(Resumable, Repla
     Ok((resumable, replay))
 }
 
+/// Refuses an execution that waits for a person's decision: `approve` comes first.
+fn no_pending_approvals(execution: ExecutionId, replay: &Replay) -> Result<(), RuntimeError> {
+    if replay.pending_approvals.is_empty() {
+        return Ok(());
+    }
+    Err(RuntimeError::conflict(format!(
+        "execution {execution} waits for approval of {}: decide with `nerve approve {execution}` (or --deny) first",
+        replay
+            .pending_approvals
+            .iter()
+            .map(|p| p.call.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
 /// Reads `id` from the log and checks that it can be resumed.
-pub(crate) async fn resumable(db: &Path, id: &str) -> Result<Resumable, Failure> {
+pub async fn resumable(db: &Path, id: &str) -> Result<Resumable, RuntimeError> {
     let (execution, events, replay) = load(db, id).await?;
     resumable_from(execution, &events, &replay)
 }
 
 /// On a PostgreSQL log, refuses an execution the task queue holds for a worker: the worker
 /// (or the next one) continues it, and two writers would fork its conversation.
-pub(crate) async fn not_in_a_worker(db: &Path, execution: ExecutionId) -> Result<(), Failure> {
+pub async fn not_in_a_worker(db: &Path, execution: ExecutionId) -> Result<(), RuntimeError> {
     let crate::log::Reader::Postgres(store) = crate::log::reader(db).await? else {
         return Ok(());
     };
-    let entry = store.queue_entry(execution).await.map_err(Failure::usage)?;
+    let entry = store
+        .queue_entry(execution)
+        .await
+        .map_err(RuntimeError::from)?;
     match entry {
         Some(entry) if entry.state == "queued" || entry.state == "claimed" => {
-            Err(Failure::usage(format!(
+            Err(RuntimeError::conflict(format!(
                 "execution {execution} is {} in the task queue{}; a worker continues it (or `nerve cancel {execution}` first)",
                 entry.state,
                 entry.worker.map(|w| format!(" by {w}")).unwrap_or_default()
@@ -146,13 +155,13 @@ pub(crate) async fn not_in_a_worker(db: &Path, execution: ExecutionId) -> Result
 
 /// Checks that the execution whose verified log is `events` can be resumed, and rebuilds
 /// what the engine needs to continue it.
-pub(crate) fn resumable_from(
+pub fn resumable_from(
     execution: ExecutionId,
     events: &[StoredEvent],
     replay: &Replay,
-) -> Result<Resumable, Failure> {
+) -> Result<Resumable, RuntimeError> {
     let Some(started) = replay.started.clone() else {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} has no start event; nothing to resume"
         )));
     };
@@ -160,7 +169,7 @@ pub(crate) fn resumable_from(
         None => {}
         Some(reason) if reason.is_resumable() => {}
         Some(reason) => {
-            return Err(Failure::usage(format!(
+            return Err(RuntimeError::conflict(format!(
                 "execution {execution} ended with {reason}, which cannot be resumed (only crashed, shutdown, parked, timed_out and error runs can)"
             )));
         }
@@ -168,29 +177,19 @@ pub(crate) fn resumable_from(
     let attempt = u32::try_from(replay.resumes.len() + 1).unwrap_or(u32::MAX);
     let task_status = replay.task_status.unwrap_or(TaskStatus::InProgress);
     if attempt > MAX_RESUMES {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} was already resumed {} times; inspect it with `nerve replay {execution}`",
             replay.resumes.len()
         )));
     }
-    if !replay.pending_approvals.is_empty() {
-        return Err(Failure::usage(format!(
-            "execution {execution} waits for approval of {}: decide with `nerve approve {execution}` (or --deny) first",
-            replay
-                .pending_approvals
-                .iter()
-                .map(|p| p.call.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
+    no_pending_approvals(execution, replay)?;
     if replay.messages.is_empty() {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} recorded no conversation; nothing to resume"
         )));
     }
     if !may_resume(task_status, attempt) {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} left its task {task_status}, which a resume cannot take up again"
         )));
     }
@@ -295,41 +294,51 @@ fn rebuild(
 
 /// A sink for what a person appends to a finished execution's log (`approve`, `rewind`),
 /// with the PostgreSQL store when the log is one (its task queue).
-pub(crate) async fn person_sink(
+pub async fn person_sink(
     db: &Path,
-) -> Result<(Arc<dyn EventSink>, Option<Arc<PgStore>>), Failure> {
+) -> Result<(Arc<dyn EventSink>, Option<Arc<PgStore>>), RuntimeError> {
     if let Some(url) = db.to_str().filter(|_| crate::log::is_postgres(db)) {
         let store = Arc::new(
             PgStore::connect(url, Arc::new(Redactor::new()))
                 .await
-                .map_err(Failure::usage)?,
+                .map_err(RuntimeError::from)?,
         );
         Ok((Arc::clone(&store) as Arc<dyn EventSink>, Some(store)))
     } else {
-        let sink = SqliteSink::open(db, Arc::new(Redactor::new())).map_err(Failure::usage)?;
+        let sink = SqliteSink::open(db, Arc::new(Redactor::new())).map_err(RuntimeError::from)?;
         Ok((Arc::new(sink), None))
     }
 }
 
+/// What [`approve`] did after recording the decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approved {
+    /// The execution waits for `resume`.
+    ToResume,
+    /// The execution went back to the task queue (a PostgreSQL log), where a worker resumes it.
+    Requeued,
+}
+
 /// `nerve approve ID [--deny] [--reason TEXT]`: records a human decision for every pending
-/// approval of a parked execution.
-pub(crate) async fn approve(
+/// approval of a parked execution; `decided` hears of each once it is recorded.
+pub async fn approve(
     db: &Path,
     id: &str,
     deny: bool,
     reason: Option<String>,
-) -> Result<u8, Failure> {
+    mut decided: impl FnMut(&nerve_session::PendingApproval),
+) -> Result<(ExecutionId, Approved), RuntimeError> {
     let (execution, _, replay) = load(db, id).await?;
     if replay.pending_approvals.is_empty() {
         let ended = replay
             .termination_reason
             .map_or_else(|| "is unfinished".to_owned(), |r| format!("ended {r}"));
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} has no pending approval (it {ended})"
         )));
     }
     if replay.termination_reason != Some(TerminationReason::Parked) {
-        return Err(Failure::usage(format!(
+        return Err(RuntimeError::conflict(format!(
             "execution {execution} is not parked; approvals are decided on parked executions"
         )));
     }
@@ -352,22 +361,17 @@ pub(crate) async fn approve(
             }),
         )
         .await
-        .map_err(Failure::runtime)?;
-        output::line(&format!(
-            "{} {} call {} ({})",
-            if deny { "denied" } else { "approved" },
-            pending.call.name,
-            pending.call.id,
-            pending.rule
-        ));
+        .map_err(RuntimeError::failed)?;
+        decided(pending);
     }
     // In a fleet, the decided execution goes back to the queue, where a worker resumes it.
     if let Some(queue) = queue
-        && queue.requeue(execution).await.map_err(Failure::runtime)?
+        && queue
+            .requeue(execution)
+            .await
+            .map_err(RuntimeError::failed)?
     {
-        output::line(&format!("queued again: a worker resumes {execution}"));
-        return Ok(0);
+        return Ok((execution, Approved::Requeued));
     }
-    output::line(&format!("continue it with: nerve resume {execution}"));
-    Ok(0)
+    Ok((execution, Approved::ToResume))
 }

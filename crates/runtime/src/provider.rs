@@ -29,7 +29,7 @@ use nerve_brain::{
 };
 use secrecy::SecretString;
 
-use crate::Failure;
+use crate::RuntimeError;
 
 /// The model used when `--model` is not given, per official endpoint.
 const DEFAULT_OPENAI_MODEL: &str = "gpt-4o";
@@ -48,25 +48,25 @@ const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the configuration file and the run's flags say about the provider.
 #[derive(Debug, Clone)]
-pub(crate) struct Settings {
+pub struct Settings {
     /// The built-in model table with the file's `[[models]]`.
-    pub(crate) table: ModelTable,
+    pub table: ModelTable,
     /// `--context-window`; else the table's window for the model.
-    pub(crate) context_window: Option<u64>,
+    pub context_window: Option<u64>,
     /// `[providers.anthropic] prompt_caching`; on unless set to false.
-    pub(crate) anthropic_prompt_caching: Option<bool>,
+    pub anthropic_prompt_caching: Option<bool>,
     /// `[providers.openai] stream`; on unless set to false.
-    pub(crate) openai_stream: Option<bool>,
+    pub openai_stream: Option<bool>,
     /// `[providers.anthropic] stream`; on unless set to false.
-    pub(crate) anthropic_stream: Option<bool>,
+    pub anthropic_stream: Option<bool>,
     /// `[providers.openai] tool_choice`; `auto` unless set.
-    pub(crate) openai_tool_choice: Option<ToolChoice>,
+    pub openai_tool_choice: Option<ToolChoice>,
     /// `[providers.anthropic] tool_choice`; `auto` unless set.
-    pub(crate) anthropic_tool_choice: Option<ToolChoice>,
+    pub anthropic_tool_choice: Option<ToolChoice>,
     /// `[providers.openai] tool_protocol`; `auto` unless set.
-    pub(crate) openai_tool_protocol: Option<ToolProtocol>,
+    pub openai_tool_protocol: Option<ToolProtocol>,
     /// `[providers.anthropic] tool_protocol`; `auto` unless set.
-    pub(crate) anthropic_tool_protocol: Option<ToolProtocol>,
+    pub anthropic_tool_protocol: Option<ToolProtocol>,
 }
 
 impl Default for Settings {
@@ -86,11 +86,11 @@ impl Default for Settings {
 }
 
 /// The provider `spec` names, checked to be reachable when it speaks HTTP.
-pub(crate) async fn build(
+pub async fn build(
     spec: &str,
     model: Option<&str>,
     settings: &Settings,
-) -> Result<Arc<dyn Provider>, Failure> {
+) -> Result<Arc<dyn Provider>, RuntimeError> {
     let env = |name: &str| std::env::var(name).ok();
     let (provider, endpoint) = build_with(spec, model, settings, &env)?;
     if let Some(url) = endpoint
@@ -108,7 +108,7 @@ fn build_with(
     model: Option<&str>,
     settings: &Settings,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(Arc<dyn Provider>, Option<String>), Failure> {
+) -> Result<(Arc<dyn Provider>, Option<String>), RuntimeError> {
     let env = |name: &str| {
         env(name)
             .map(|v| v.trim().to_owned())
@@ -116,12 +116,12 @@ fn build_with(
     };
     if let Some(path) = spec.strip_prefix("script:") {
         if path.is_empty() {
-            return Err(Failure::usage(
+            return Err(RuntimeError::usage(
                 "--provider script: needs a cassette path, e.g. script:demo.jsonl",
             ));
         }
         return Ok((
-            Arc::new(ScriptedProvider::from_file(Path::new(path)).map_err(Failure::usage)?),
+            Arc::new(ScriptedProvider::from_file(Path::new(path)).map_err(RuntimeError::provider)?),
             None,
         ));
     }
@@ -136,7 +136,7 @@ fn build_with(
                 DEFAULT_OPENAI_MODEL,
             )?;
             if base_url.is_none() && api_key.is_none() {
-                return Err(Failure::usage(
+                return Err(RuntimeError::provider(
                     "OPENAI_API_KEY is not set (it is needed for api.openai.com; for a local server set OPENAI_BASE_URL)",
                 ));
             }
@@ -158,7 +158,7 @@ fn build_with(
             config.tool_protocol = settings.openai_tool_protocol.unwrap_or_default();
             let url = config.base_url.clone();
             let provider = OpenAiProvider::new(config)
-                .map_err(|e| Failure::usage(format!("provider openai: {e}")))?;
+                .map_err(|e| RuntimeError::provider(format!("provider openai: {e}")))?;
             Ok((Arc::new(provider), Some(url)))
         }
         "anthropic" => {
@@ -171,7 +171,7 @@ fn build_with(
                 DEFAULT_ANTHROPIC_MODEL,
             )?;
             if base_url.is_none() && api_key.is_none() {
-                return Err(Failure::usage("ANTHROPIC_API_KEY is not set"));
+                return Err(RuntimeError::provider("ANTHROPIC_API_KEY is not set"));
             }
             let mut config = AnthropicConfig::new(model.clone());
             if let Some(url) = base_url {
@@ -189,10 +189,10 @@ fn build_with(
             config.tool_protocol = settings.anthropic_tool_protocol.unwrap_or_default();
             let url = config.base_url.clone();
             let provider = AnthropicProvider::new(config)
-                .map_err(|e| Failure::usage(format!("provider anthropic: {e}")))?;
+                .map_err(|e| RuntimeError::provider(format!("provider anthropic: {e}")))?;
             Ok((Arc::new(provider), Some(url)))
         }
-        other => Err(Failure::usage(format!(
+        other => Err(RuntimeError::usage(format!(
             "unknown provider `{other}` (expected script:PATH, openai or anthropic)"
         ))),
     }
@@ -203,11 +203,11 @@ fn choose_model(
     base_url: Option<&str>,
     variable: &str,
     default: &str,
-) -> Result<String, Failure> {
+) -> Result<String, RuntimeError> {
     match (model.map(str::trim).filter(|m| !m.is_empty()), base_url) {
         (Some(model), _) => Ok(model.to_owned()),
         (None, None) => Ok(default.to_owned()),
-        (None, Some(_)) => Err(Failure::usage(format!(
+        (None, Some(_)) => Err(RuntimeError::usage(format!(
             "--model is required when {variable} is set (the server's model name)"
         ))),
     }
@@ -275,12 +275,12 @@ fn proxied(url: &str, env: &dyn Fn(&str) -> Option<String>) -> bool {
 
 /// Resolves the endpoint's host and opens (and drops) a TCP connection to it, all within
 /// `timeout`.
-async fn preflight(provider: &str, url: &str, timeout: Duration) -> Result<(), Failure> {
+async fn preflight(provider: &str, url: &str, timeout: Duration) -> Result<(), RuntimeError> {
     let Some(endpoint) = endpoint(url) else {
         return Ok(());
     };
     let unreachable = |why: String| {
-        Failure::usage(format!(
+        RuntimeError::provider(format!(
             "provider {provider} at {} is unreachable: {why}",
             endpoint.shown
         ))
@@ -338,7 +338,8 @@ mod tests {
         };
         let outcome = build_with(spec, model, &Settings::default(), &env)
             .map(|(p, _)| (p.name().to_owned(), p.model().to_owned()))
-            .map_err(|f| (f.code, f.message));
+            // Every mistake refuses the run before anything starts (the CLI's exit 2).
+            .map_err(|e| (e.kind().refused_before_start(), e.to_string()));
         match expected {
             Ok((name, model)) => assert_eq!(
                 outcome.unwrap(),
@@ -347,7 +348,7 @@ mod tests {
             ),
             Err(message) => assert_eq!(
                 outcome.unwrap_err(),
-                (2, message.to_owned()),
+                (true, message.to_owned()),
                 "{spec} {vars:?}"
             ),
         }
@@ -532,11 +533,10 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(
-            (failure.code, failure.message),
-            (
-                2,
-                format!("provider openai at {open} is unreachable: connection refused")
-            )
+            failure,
+            RuntimeError::Provider(format!(
+                "provider openai at {open} is unreachable: connection refused"
+            ))
         );
         let failure = preflight(
             "anthropic",
@@ -545,12 +545,12 @@ mod tests {
         )
         .await
         .unwrap_err();
+        let message = failure.message();
         assert!(
-            failure.message.starts_with(
+            message.starts_with(
                 "provider anthropic at https://no-such-host.invalid is unreachable: cannot resolve no-such-host.invalid"
-            ) || failure.message.ends_with("no answer within 5 s"),
-            "{}",
-            failure.message
+            ) || message.ends_with("no answer within 5 s"),
+            "{message}"
         );
     }
 }

@@ -10,9 +10,9 @@ use nerve_hands::build::{BuildOutcome, DockerfileBuild, build_dockerfile};
 use nerve_hands::devcontainer::{self, DevImage};
 use nerve_hands::{DEFAULT_IMAGE, ImageSource};
 
-use crate::Failure;
+use crate::RuntimeError;
 use crate::config::Config;
-use crate::output;
+use crate::observer::{Notice, Observer};
 
 /// The image a run uses and what came with its definition.
 #[derive(Debug)]
@@ -48,15 +48,15 @@ impl Origin {
     }
 }
 
-/// Resolves (and builds, when needed) the run's image. `quiet` keeps build progress off
-/// stderr (`--json`).
+/// Resolves (and builds, when needed) the run's image; a build's progress goes to
+/// `observer`.
 pub(crate) async fn resolve(
     docker: &bollard::Docker,
     flag: Option<&str>,
     config: &Config,
     workspace: &Path,
-    quiet: bool,
-) -> Result<Environment, Failure> {
+    observer: &dyn Observer,
+) -> Result<Environment, RuntimeError> {
     let named = |image: &str, origin: Origin| Environment {
         image: image.to_owned(),
         env: Vec::new(),
@@ -69,7 +69,7 @@ pub(crate) async fn resolve(
     if let Some(image) = &config.sandbox.image {
         return Ok(named(image, Origin::Config));
     }
-    if let Some(dev) = devcontainer::find(workspace).map_err(Failure::usage)? {
+    if let Some(dev) = devcontainer::find(workspace).map_err(RuntimeError::config)? {
         let definition = relative(workspace, &dev.path);
         if !dev.ignored.is_empty() {
             tracing::info!(ignored = ?dev.ignored, "devcontainer.json fields Nerve ignores");
@@ -77,7 +77,7 @@ pub(crate) async fn resolve(
         let mut environment = match &dev.image {
             DevImage::Named(image) => named(image, Origin::Devcontainer),
             DevImage::Build(build) => {
-                let outcome = build_image(docker, build, quiet).await?;
+                let outcome = build_image(docker, build, observer).await?;
                 built(outcome, Origin::Devcontainer, workspace, build)
             }
         };
@@ -99,7 +99,7 @@ pub(crate) async fn resolve(
             args: Default::default(),
             target: None,
         };
-        let outcome = build_image(docker, &build, quiet).await?;
+        let outcome = build_image(docker, &build, observer).await?;
         let mut environment = built(outcome, Origin::Dockerfile, workspace, &build);
         if let Some(record) = environment.record.as_object_mut() {
             record.insert(
@@ -111,13 +111,11 @@ pub(crate) async fn resolve(
     }
     if !nerve_hands::image_exists(docker, DEFAULT_IMAGE)
         .await
-        .map_err(Failure::usage)?
+        .map_err(RuntimeError::sandbox)?
     {
-        if !quiet {
-            output::error_line(&format!(
-                "building the sandbox image {DEFAULT_IMAGE} (once)"
-            ));
-        }
+        observer.notice(Notice::BuildingDefaultImage {
+            image: DEFAULT_IMAGE.to_owned(),
+        });
         let source = config
             .sandbox
             .busybox
@@ -125,7 +123,7 @@ pub(crate) async fn resolve(
             .map_or_else(ImageSource::default, |busybox| ImageSource { busybox });
         nerve_hands::build_default_image(docker, &source, DEFAULT_IMAGE)
             .await
-            .map_err(Failure::usage)?;
+            .map_err(RuntimeError::sandbox)?;
     }
     Ok(named(DEFAULT_IMAGE, Origin::Default))
 }
@@ -133,26 +131,22 @@ pub(crate) async fn resolve(
 async fn build_image(
     docker: &bollard::Docker,
     build: &DockerfileBuild,
-    quiet: bool,
-) -> Result<BuildOutcome, Failure> {
+    observer: &dyn Observer,
+) -> Result<BuildOutcome, RuntimeError> {
     let mut announced = false;
     let mut progress = |line: &str| {
-        if quiet {
-            return;
-        }
-        // Said only when something is built: a reused image prints nothing.
+        // Said only when something is built: a reused image says nothing.
         if !announced {
             announced = true;
-            output::error_line(&format!(
-                "building the sandbox image from {} (once per change)",
-                build.dockerfile.display()
-            ));
+            observer.notice(Notice::BuildingImage {
+                dockerfile: build.dockerfile.clone(),
+            });
         }
-        output::error_line(&format!("build: {line}"));
+        observer.notice(Notice::BuildOutput(line.to_owned()));
     };
     build_dockerfile(docker, build, &mut progress)
         .await
-        .map_err(Failure::usage)
+        .map_err(RuntimeError::sandbox)
 }
 
 fn built(

@@ -164,12 +164,12 @@ fn load(path: &Path) -> Option<Config> {
     match Config::load(Some(path)) {
         Ok(config) => Some(config),
         Err(failure) => {
-            assert_eq!(failure.code, 2, "{}", failure.message);
-            assert!(!failure.message.contains('\n'), "{}", failure.message);
+            assert_eq!(failure.kind(), crate::ErrorKind::Config, "{failure}");
+            assert!(!failure.message().contains('\n'), "{}", failure.message());
             assert!(
-                failure.message.contains(&path.display().to_string()),
+                failure.message().contains(&path.display().to_string()),
                 "{}",
-                failure.message
+                failure.message()
             );
             None
         }
@@ -180,8 +180,8 @@ fn load(path: &Path) -> Option<Config> {
 fn build_proxy(config: &Config) {
     let lookup = |_: &str| Some(SECRET.to_owned());
     if let Err(failure) = config.proxy.build(&lookup) {
-        assert!(!failure.message.contains('\n'), "{}", failure.message);
-        assert!(!failure.message.contains(SECRET), "{}", failure.message);
+        assert!(!failure.message().contains('\n'), "{}", failure.message());
+        assert!(!failure.message().contains(SECRET), "{}", failure.message());
     }
 }
 

@@ -1,6 +1,7 @@
-//! `nerve run --jsonl` and `nerve resume --jsonl`: one JSON object per line of stdout as
-//! things happen, for scripts and editors (what `codex exec --json` and `claude -p
-//! --output-format stream-json` are for theirs). The schema is in docs/cli.md.
+//! The JSON Lines view of an execution (`nerve run --jsonl`, `nerve resume --jsonl`): one
+//! JSON object per line as things happen, for scripts and editors (what `codex exec --json`
+//! and `claude -p --output-format stream-json` are for theirs). The schema is in
+//! docs/cli.md; this makes the lines, a front end writes them.
 //!
 //! Three types of line, told apart by `type`:
 //! - `event`: every event the engine records, as it goes to the log: `kind` and the
@@ -12,24 +13,22 @@
 //!   messages, and the `message_appended` event that follows carries the whole answer.
 //! - `summary`: the last line, with the fields `--json` prints.
 //!
-//! Each line is written with one `write` under the stdout lock, so lines never interleave.
+//! A front end writes each line with one `write` (the CLI: under the stdout lock), so lines
+//! never interleave.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
-use nerve_brain::{Delta, DeltaObserver};
+use nerve_brain::Delta;
 use nerve_core::event::CallPurpose;
-use nerve_core::{
-    Enqueued, Event, EventSink, ExecutionId, Redactor, SinkError, Snapshot, StreamRedaction,
-};
+use nerve_core::{Event, ExecutionId, Redactor, StreamRedaction};
 use serde_json::{Value, json};
 
-use crate::output;
+use crate::log::redacted_json;
 
-/// Prints events and deltas of one run as JSON lines, redacted.
+/// The JSON lines of one run's events and deltas, redacted.
 #[derive(Debug)]
-pub(crate) struct Jsonl {
+pub struct Jsonl {
     redactor: Arc<Redactor>,
     /// Streamed text held back because it may be the start of a secret that the next delta
     /// completes: a secret split across deltas is redacted whole.
@@ -47,7 +46,7 @@ struct Held {
 }
 
 impl Jsonl {
-    pub(crate) fn new(redactor: Arc<Redactor>) -> Self {
+    pub fn new(redactor: Arc<Redactor>) -> Self {
         Self {
             redactor,
             held: Mutex::new(Held::default()),
@@ -56,7 +55,7 @@ impl Jsonl {
 
     /// The lines of one delta: what can be shown of it now (nothing while it may still be
     /// part of a secret).
-    fn delta_lines(
+    pub fn delta_lines(
         &self,
         execution: ExecutionId,
         purpose: CallPurpose,
@@ -113,8 +112,8 @@ impl Jsonl {
     }
 
     /// The line of one event.
-    pub(crate) fn event_line(&self, execution: ExecutionId, event: &Event) -> String {
-        let payload = nerve_session::redacted_json(event, &self.redactor)
+    pub fn event_line(&self, execution: ExecutionId, event: &Event) -> String {
+        let payload = redacted_json(event, &self.redactor)
             .ok()
             .and_then(|text| serde_json::from_str::<Value>(&text).ok())
             .unwrap_or(Value::Null);
@@ -128,7 +127,7 @@ impl Jsonl {
     }
 
     /// The line of one delta.
-    pub(crate) fn delta_line(
+    pub fn delta_line(
         &self,
         execution: ExecutionId,
         purpose: CallPurpose,
@@ -152,35 +151,29 @@ impl Jsonl {
         if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
             line.extend(fields);
         }
-        nerve_session::redacted_json(&line, &self.redactor).unwrap_or_default()
+        redacted_json(&line, &self.redactor).unwrap_or_default()
     }
 
-    fn print_events<'a>(
+    /// The lines of events on their way to the log: first whatever streamed text was held
+    /// back (the answer has ended), then one line per event.
+    pub fn event_lines<'a>(
         &self,
         execution: ExecutionId,
         events: impl IntoIterator<Item = &'a Event>,
-    ) {
-        let flushed = {
+    ) -> Vec<String> {
+        let mut lines = {
             let mut held = self
                 .held
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.flush_held(&mut held)
         };
-        for line in flushed {
-            output::line(&line);
-        }
-        for event in events {
-            output::line(&self.event_line(execution, event));
-        }
-    }
-}
-
-impl DeltaObserver for Jsonl {
-    fn delta(&self, execution_id: ExecutionId, purpose: CallPurpose, delta: &Delta) {
-        for line in self.delta_lines(execution_id, purpose, delta) {
-            output::line(&line);
-        }
+        lines.extend(
+            events
+                .into_iter()
+                .map(|event| self.event_line(execution, event)),
+        );
+        lines
     }
 }
 
@@ -194,61 +187,12 @@ fn is_empty(delta: &Delta) -> bool {
 }
 
 /// The summary object (`--json`'s fields) as the last line of a `--jsonl` run.
-pub(crate) fn summary_line(summary: &Value) -> Value {
+pub fn summary_line(summary: &Value) -> Value {
     let mut line = json!({"type": "summary"});
     if let (Some(line), Some(fields)) = (line.as_object_mut(), summary.as_object()) {
         line.extend(fields.clone());
     }
     line
-}
-
-/// Prints every event on its way to `inner` (the log, behind the progress display).
-pub(crate) struct JsonlSink {
-    jsonl: Arc<Jsonl>,
-    inner: Arc<dyn EventSink>,
-}
-
-impl JsonlSink {
-    pub(crate) fn new(jsonl: Arc<Jsonl>, inner: Arc<dyn EventSink>) -> Self {
-        Self { jsonl, inner }
-    }
-}
-
-#[async_trait]
-impl EventSink for JsonlSink {
-    async fn append(&self, execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        self.jsonl.print_events(execution, [&event]);
-        self.inner.append(execution, event).await
-    }
-
-    async fn checkpoint(
-        &self,
-        execution: ExecutionId,
-        turn: u32,
-        snapshot: Value,
-    ) -> Result<Option<u64>, SinkError> {
-        self.inner.checkpoint(execution, turn, snapshot).await
-    }
-
-    async fn commit(
-        &self,
-        execution: ExecutionId,
-        events: Vec<Event>,
-        checkpoint: Option<Snapshot>,
-    ) -> Result<Option<u64>, SinkError> {
-        self.jsonl.print_events(execution, &events);
-        self.inner.commit(execution, events, checkpoint).await
-    }
-
-    fn enqueue(
-        &self,
-        execution: ExecutionId,
-        events: Vec<Event>,
-        checkpoint: Option<Snapshot>,
-    ) -> Enqueued {
-        self.jsonl.print_events(execution, &events);
-        self.inner.enqueue(execution, events, checkpoint)
-    }
 }
 
 #[cfg(test)]

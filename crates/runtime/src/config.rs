@@ -1,5 +1,6 @@
-//! The optional TOML configuration file. Unknown keys are errors, so a typo never silently
-//! falls back to a default.
+//! The optional TOML configuration file, and what it gives every front end: the engine's
+//! settings, the model table, the proxy's rules and secrets, the sandbox's limits and the
+//! MCP servers. Unknown keys are errors, so a typo never silently falls back to a default.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,48 +11,48 @@ use nerve_hands::proxy::{
 use secrecy::SecretString;
 use serde::Deserialize;
 
-use crate::Failure;
+use crate::RuntimeError;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Config {
+pub struct Config {
     #[serde(default)]
-    pub(crate) sandbox: SandboxSection,
+    pub sandbox: SandboxSection,
     #[serde(default)]
-    pub(crate) proxy: ProxySection,
+    pub proxy: ProxySection,
     #[serde(default)]
-    pub(crate) guardrails: GuardrailsSection,
+    pub guardrails: GuardrailsSection,
     #[serde(default)]
-    pub(crate) policy: PolicySection,
+    pub policy: PolicySection,
     #[serde(default)]
-    pub(crate) compaction: Option<nerve_brain::compaction::CompactionConfig>,
+    pub compaction: Option<nerve_brain::compaction::CompactionConfig>,
     /// Extra models, or overrides of the built-in table's windows and prices.
     #[serde(default)]
-    pub(crate) models: Vec<ModelSection>,
+    pub models: Vec<ModelSection>,
     /// Per-provider settings.
     #[serde(default)]
-    pub(crate) providers: ProvidersSection,
+    pub providers: ProvidersSection,
     /// MCP servers whose tools the model gets (docs/mcp.md).
     #[serde(default)]
-    pub(crate) mcp: McpSection,
+    pub mcp: McpSection,
 }
 
 /// `[mcp]`: the `[[mcp.servers]]` list.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct McpSection {
+pub struct McpSection {
     #[serde(default)]
-    pub(crate) servers: Vec<nerve_hands::mcp::McpServerConfig>,
+    pub servers: Vec<nerve_hands::mcp::McpServerConfig>,
 }
 
 impl McpSection {
     /// Checks every entry and that names are unique.
-    pub(crate) fn validate(&self) -> Result<(), Failure> {
+    pub fn validate(&self) -> Result<(), RuntimeError> {
         let mut seen = std::collections::BTreeSet::new();
         for server in &self.servers {
-            server.validate().map_err(Failure::usage)?;
+            server.validate().map_err(RuntimeError::config)?;
             if !seen.insert(server.name.as_str()) {
-                return Err(Failure::usage(format!(
+                return Err(RuntimeError::config(format!(
                     "MCP server `{}` is configured twice",
                     server.name
                 )));
@@ -62,10 +63,7 @@ impl McpSection {
 
     /// The servers with their environment: each named variable's host value, through the
     /// credential filter (a name or value that looks like a credential stays out).
-    pub(crate) fn specs(
-        &self,
-        redactor: &nerve_core::Redactor,
-    ) -> Vec<nerve_hands::mcp::McpServerSpec> {
+    pub fn specs(&self, redactor: &nerve_core::Redactor) -> Vec<nerve_hands::mcp::McpServerSpec> {
         self.servers
             .iter()
             .map(|server| {
@@ -89,30 +87,30 @@ impl McpSection {
 /// `[providers.NAME]`: settings of one provider's client.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ProvidersSection {
+pub struct ProvidersSection {
     #[serde(default)]
-    pub(crate) openai: OpenAiSection,
+    pub openai: OpenAiSection,
     #[serde(default)]
-    pub(crate) anthropic: AnthropicSection,
+    pub anthropic: AnthropicSection,
 }
 
 /// `[providers.openai]`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct OpenAiSection {
+pub struct OpenAiSection {
     /// Stream answers (default true); `false` asks every call for the whole answer.
-    pub(crate) stream: Option<bool>,
+    pub stream: Option<bool>,
     /// Which tools the model may or must call ([`ToolChoiceSetting`]).
-    pub(crate) tool_choice: Option<ToolChoiceSetting>,
+    pub tool_choice: Option<ToolChoiceSetting>,
     /// How tool calls travel: `"native"`, `"text"` or `"auto"` (the default).
-    pub(crate) tool_protocol: Option<nerve_brain::ToolProtocol>,
+    pub tool_protocol: Option<nerve_brain::ToolProtocol>,
 }
 
 /// `tool_choice` of a provider's section: `"auto"` (the default: the model decides),
 /// `"required"` (some tool), `"none"` (no tool), or a tool's name (that tool, every turn:
 /// for a small local model that will not call tools on its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ToolChoiceSetting(pub(crate) nerve_brain::ToolChoice);
+pub struct ToolChoiceSetting(pub nerve_brain::ToolChoice);
 
 impl<'de> Deserialize<'de> for ToolChoiceSetting {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -142,85 +140,85 @@ impl<'de> Deserialize<'de> for ToolChoiceSetting {
 /// `[providers.anthropic]`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct AnthropicSection {
+pub struct AnthropicSection {
     /// Cache breakpoints in requests; `false` for a gateway in front of a model that is
     /// not Claude.
-    pub(crate) prompt_caching: Option<bool>,
+    pub prompt_caching: Option<bool>,
     /// Stream answers (default true); `false` asks every call for the whole answer.
-    pub(crate) stream: Option<bool>,
+    pub stream: Option<bool>,
     /// Which tools the model may or must call ([`ToolChoiceSetting`]).
-    pub(crate) tool_choice: Option<ToolChoiceSetting>,
+    pub tool_choice: Option<ToolChoiceSetting>,
     /// How tool calls travel: `"native"`, `"text"` or `"auto"` (the default).
-    pub(crate) tool_protocol: Option<nerve_brain::ToolProtocol>,
+    pub tool_protocol: Option<nerve_brain::ToolProtocol>,
 }
 
 /// `[guardrails]`: limits and recoveries of every run (command-line flags win).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct GuardrailsSection {
-    pub(crate) max_tokens_recoveries: Option<u32>,
-    pub(crate) premature_end_retries: Option<u32>,
-    pub(crate) max_replans: Option<u32>,
-    pub(crate) reserve_tokens: Option<u64>,
-    pub(crate) reserve_cost_percent: Option<u32>,
-    pub(crate) stagnation: Option<nerve_brain::stagnation::StagnationConfig>,
+pub struct GuardrailsSection {
+    pub max_tokens_recoveries: Option<u32>,
+    pub premature_end_retries: Option<u32>,
+    pub max_replans: Option<u32>,
+    pub reserve_tokens: Option<u64>,
+    pub reserve_cost_percent: Option<u32>,
+    pub stagnation: Option<nerve_brain::stagnation::StagnationConfig>,
 }
 
 /// `[policy]`: which tool calls run, ask or are refused. `default` is `allow` unless set.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct PolicySection {
-    pub(crate) default: Option<nerve_brain::approval::PolicyAction>,
+pub struct PolicySection {
+    pub default: Option<nerve_brain::approval::PolicyAction>,
     #[serde(default)]
-    pub(crate) rules: Vec<nerve_brain::approval::PolicyRule>,
+    pub rules: Vec<nerve_brain::approval::PolicyRule>,
 }
 
 /// One `[[models]]` entry: prices in dollars per million tokens.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ModelSection {
-    pub(crate) name: String,
-    pub(crate) context_window: Option<u64>,
-    pub(crate) max_output_tokens: Option<u64>,
-    pub(crate) input_usd_per_million: Option<f64>,
-    pub(crate) output_usd_per_million: Option<f64>,
+pub struct ModelSection {
+    pub name: String,
+    pub context_window: Option<u64>,
+    pub max_output_tokens: Option<u64>,
+    pub input_usd_per_million: Option<f64>,
+    pub output_usd_per_million: Option<f64>,
     /// Input tokens read from the provider's prompt cache.
-    pub(crate) cached_input_usd_per_million: Option<f64>,
+    pub cached_input_usd_per_million: Option<f64>,
     /// Input tokens written to the provider's prompt cache.
-    pub(crate) cache_write_usd_per_million: Option<f64>,
+    pub cache_write_usd_per_million: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct SandboxSection {
+pub struct SandboxSection {
     /// The image to run tools in.
-    pub(crate) image: Option<String>,
+    pub image: Option<String>,
     /// Host busybox used to build the default image.
-    pub(crate) busybox: Option<std::path::PathBuf>,
+    pub busybox: Option<std::path::PathBuf>,
     /// Memory limit of the container (no swap beyond it): bytes or a size (`"2GiB"`).
-    pub(crate) memory: Option<Size>,
+    pub memory: Option<Size>,
     /// Processes and threads the container may hold at once.
-    pub(crate) pids: Option<i64>,
+    pub pids: Option<i64>,
     /// CPUs the container may use (`1.5`).
-    pub(crate) cpus: Option<f64>,
+    pub cpus: Option<f64>,
     /// Size of the `/tmp` tmpfs: bytes or a size (`"256MiB"`).
-    pub(crate) tmp_size: Option<Size>,
+    pub tmp_size: Option<Size>,
     /// A Dockerfile (relative to the workspace) to build the image from, when neither an
     /// image nor a devcontainer.json names one; its directory is the build context.
-    pub(crate) dockerfile: Option<std::path::PathBuf>,
+    pub dockerfile: Option<std::path::PathBuf>,
     /// Caches that last between runs, opt-in per tool.
     #[serde(default)]
-    pub(crate) caches: CachesSection,
+    pub caches: CachesSection,
     /// When the sandbox's executor cannot run: `"refuse"` to start (the default) or
     /// `"per-call"` (each call its own `docker exec`; `--sandbox-fallback` on `run`).
-    pub(crate) fallback: Option<SandboxFallback>,
+    pub fallback: Option<SandboxFallback>,
 }
 
 /// What a sandbox does without a usable executor (`[sandbox] fallback`,
 /// `run --sandbox-fallback`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub(crate) enum SandboxFallback {
+pub enum SandboxFallback {
     /// Refuse to start, naming the fix.
     Refuse,
     /// Run each call through its own `docker exec`: slower, background jobs not contained,
@@ -232,16 +230,16 @@ pub(crate) enum SandboxFallback {
 /// name (a volume shared by every workspace configured with that name).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct CachesSection {
-    pub(crate) pip: Option<CacheSetting>,
-    pub(crate) npm: Option<CacheSetting>,
-    pub(crate) cargo: Option<CacheSetting>,
+pub struct CachesSection {
+    pub pip: Option<CacheSetting>,
+    pub npm: Option<CacheSetting>,
+    pub cargo: Option<CacheSetting>,
 }
 
 /// One tool's cache setting.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub(crate) enum CacheSetting {
+pub enum CacheSetting {
     Enabled(bool),
     Shared(String),
 }
@@ -250,7 +248,7 @@ pub(crate) enum CacheSetting {
 /// `"512m"`, `"2G"`; `k`, `m`, `g` with an optional `b` or `ib`, any case).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub(crate) enum Size {
+pub enum Size {
     Bytes(u64),
     Text(String),
 }
@@ -265,7 +263,7 @@ impl Size {
 }
 
 /// Parses `"512MiB"` and its spellings (see [`Size`]).
-pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let digits = text
         .find(|c: char| !c.is_ascii_digit())
@@ -294,10 +292,10 @@ impl SandboxSection {
     /// Lays the file's limits over `config`'s defaults; a limit that cannot work is an error
     /// naming the key.
     /// The cache volumes `[sandbox.caches]` asks for, for `workspace`.
-    pub(crate) fn cache_volumes(
+    pub fn cache_volumes(
         &self,
         workspace: &std::path::Path,
-    ) -> Result<Vec<nerve_hands::caches::CacheVolume>, Failure> {
+    ) -> Result<Vec<nerve_hands::caches::CacheVolume>, RuntimeError> {
         use nerve_hands::caches::{CacheTool, CacheVolume};
         let mut volumes = Vec::new();
         for (tool, setting) in [
@@ -312,7 +310,7 @@ impl SandboxSection {
                 }
                 Some(CacheSetting::Shared(name)) => {
                     volumes.push(CacheVolume::shared(tool, name).ok_or_else(|| {
-                        Failure::usage(format!(
+                        RuntimeError::config(format!(
                             "sandbox.caches.{}: `{name}` is not a cache name (letters, digits, `_`, `.`, `-`; at most 64)",
                             tool.as_str()
                         ))
@@ -323,16 +321,16 @@ impl SandboxSection {
         Ok(volumes)
     }
 
-    pub(crate) fn apply_limits(
+    pub fn apply_limits(
         &self,
         config: &mut nerve_hands::SandboxConfig,
-    ) -> Result<(), Failure> {
-        let size = |key: &str, value: &Size, min: u64| -> Result<u64, Failure> {
+    ) -> Result<(), RuntimeError> {
+        let size = |key: &str, value: &Size, min: u64| -> Result<u64, RuntimeError> {
             let bytes = value
                 .bytes()
-                .map_err(|e| Failure::usage(format!("sandbox.{key}: {e}")))?;
+                .map_err(|e| RuntimeError::config(format!("sandbox.{key}: {e}")))?;
             if bytes < min || i64::try_from(bytes).is_err() {
-                return Err(Failure::usage(format!(
+                return Err(RuntimeError::config(format!(
                     "sandbox.{key}: {bytes} bytes is out of range (at least {} MiB)",
                     min >> 20
                 )));
@@ -341,14 +339,14 @@ impl SandboxSection {
         };
         if let Some(memory) = &self.memory {
             config.memory_bytes = i64::try_from(size("memory", memory, 16 << 20)?)
-                .map_err(|e| Failure::usage(format!("sandbox.memory: {e}")))?;
+                .map_err(|e| RuntimeError::config(format!("sandbox.memory: {e}")))?;
         }
         if let Some(tmp) = &self.tmp_size {
             config.tmp_bytes = size("tmp_size", tmp, 1 << 20)?;
         }
         if let Some(pids) = self.pids {
             if pids < 8 {
-                return Err(Failure::usage(format!(
+                return Err(RuntimeError::config(format!(
                     "sandbox.pids: {pids} is too few (at least 8: the executor and a shell need some)"
                 )));
             }
@@ -356,7 +354,7 @@ impl SandboxSection {
         }
         if let Some(cpus) = self.cpus {
             if !(0.01..=1024.0).contains(&cpus) {
-                return Err(Failure::usage(format!(
+                return Err(RuntimeError::config(format!(
                     "sandbox.cpus: {cpus} is not a CPU count (0.01 to 1024)"
                 )));
             }
@@ -372,7 +370,7 @@ impl SandboxSection {
 
 impl Config {
     /// The engine settings the file gives; run flags are laid over them.
-    pub(crate) fn engine_config(&self) -> Result<nerve_brain::EngineConfig, Failure> {
+    pub fn engine_config(&self) -> Result<nerve_brain::EngineConfig, RuntimeError> {
         let defaults = nerve_brain::EngineConfig::default();
         let guards = &self.guardrails;
         let policy = nerve_brain::approval::ToolPolicy::new(
@@ -381,7 +379,7 @@ impl Config {
                 .default
                 .unwrap_or(nerve_brain::approval::PolicyAction::Allow),
         )
-        .map_err(Failure::usage)?;
+        .map_err(RuntimeError::config)?;
         Ok(nerve_brain::EngineConfig {
             max_tokens_recoveries: guards
                 .max_tokens_recoveries
@@ -402,12 +400,14 @@ impl Config {
     }
 
     /// The built-in model table with the file's `[[models]]` laid over it.
-    pub(crate) fn model_table(&self) -> Result<nerve_brain::ModelTable, Failure> {
-        let micros = |usd: Option<f64>, name: &str| -> Result<Option<u64>, Failure> {
+    pub fn model_table(&self) -> Result<nerve_brain::ModelTable, RuntimeError> {
+        let micros = |usd: Option<f64>, name: &str| -> Result<Option<u64>, RuntimeError> {
             usd.map(|usd| {
                 nerve_core::MicroUsd::from_usd(usd)
                     .map(|m| m.0)
-                    .ok_or_else(|| Failure::usage(format!("model {name}: {usd} is not a price")))
+                    .ok_or_else(|| {
+                        RuntimeError::config(format!("model {name}: {usd} is not a price"))
+                    })
             })
             .transpose()
         };
@@ -425,15 +425,15 @@ impl Config {
         }
         nerve_brain::ModelTable::builtin()
             .with_overrides(overrides)
-            .map_err(Failure::usage)
+            .map_err(RuntimeError::config)
     }
 
     /// What the provider's client needs from the file: the model table, the window
     /// (`--context-window` as given), the Anthropic cache setting, whether to stream.
-    pub(crate) fn provider_settings(
+    pub fn provider_settings(
         &self,
         context_window: Option<u64>,
-    ) -> Result<crate::provider::Settings, Failure> {
+    ) -> Result<crate::provider::Settings, RuntimeError> {
         Ok(crate::provider::Settings {
             table: self.model_table()?,
             context_window,
@@ -448,7 +448,7 @@ impl Config {
     }
 
     /// The configuration with `run --sandbox-fallback`, when given, in place of the file's.
-    pub(crate) fn with_fallback(mut self, flag: Option<SandboxFallback>) -> Self {
+    pub fn with_fallback(mut self, flag: Option<SandboxFallback>) -> Self {
         if flag.is_some() {
             self.sandbox.fallback = flag;
         }
@@ -456,15 +456,16 @@ impl Config {
     }
 
     /// Reads `path`, or the defaults when no file was named.
-    pub(crate) fn load(path: Option<&Path>) -> Result<Self, Failure> {
+    pub fn load(path: Option<&Path>) -> Result<Self, RuntimeError> {
         let Some(path) = path else {
             return Ok(Self::default());
         };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Failure::usage(format!("cannot read config {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            RuntimeError::config(format!("cannot read config {}: {e}", path.display()))
+        })?;
         let config: Self = toml::from_str(&text).map_err(|e| {
             let first = e.to_string().lines().next().unwrap_or_default().to_owned();
-            Failure::usage(format!(
+            RuntimeError::config(format!(
                 "invalid config {}: {first} ({})",
                 path.display(),
                 e.message()
@@ -472,8 +473,12 @@ impl Config {
         })?;
         // Values that parse but cannot work (a policy pattern that is no regex, a price that
         // is no amount) are refused here too, before any command looks at anything else.
-        let invalid = |f: Failure| {
-            Failure::usage(format!("invalid config {}: {}", path.display(), f.message))
+        let invalid = |e: RuntimeError| {
+            RuntimeError::config(format!(
+                "invalid config {}: {}",
+                path.display(),
+                e.message()
+            ))
         };
         config.engine_config().map_err(invalid)?;
         config.model_table().map_err(invalid)?;
@@ -488,42 +493,42 @@ impl Config {
 /// every request from the sandbox is denied (and recorded). See docs/proxy.md.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ProxySection {
+pub struct ProxySection {
     /// Resolution, TCP connect and TLS handshake to an upstream (default 10).
-    pub(crate) connect_timeout_secs: Option<u64>,
+    pub connect_timeout_secs: Option<u64>,
     /// A whole request, from its head to the end of the response (default 120).
-    pub(crate) timeout_secs: Option<u64>,
+    pub timeout_secs: Option<u64>,
     /// The largest request body forwarded (default 8 MiB).
-    pub(crate) max_request_bytes: Option<u64>,
+    pub max_request_bytes: Option<u64>,
     /// The largest response body passed back (default 64 MiB).
-    pub(crate) max_response_bytes: Option<u64>,
+    pub max_response_bytes: Option<u64>,
     #[serde(default)]
-    pub(crate) rules: Vec<RuleSpec>,
+    pub rules: Vec<RuleSpec>,
 }
 
 /// One `[[proxy.rules]]` entry.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RuleSpec {
+pub struct RuleSpec {
     /// `api.example.com`, `*.example.com`, or an IP literal.
-    pub(crate) host: String,
+    pub host: String,
     /// Default `["GET", "HEAD"]`; `CONNECT` allows tunnels (not with a credential).
-    pub(crate) methods: Option<Vec<String>>,
+    pub methods: Option<Vec<String>>,
     /// Allowed path prefixes; default `["/"]`.
-    pub(crate) paths: Option<Vec<String>>,
+    pub paths: Option<Vec<String>>,
     /// `https` (default) or `http`: how the proxy talks to the upstream.
-    pub(crate) upstream_scheme: Option<SchemeSpec>,
+    pub upstream_scheme: Option<SchemeSpec>,
     /// Default: 443 for https, 80 for http.
-    pub(crate) upstream_port: Option<u16>,
+    pub upstream_port: Option<u16>,
     /// Allow loopback, private, link-local and metadata addresses (default false).
     #[serde(default)]
-    pub(crate) allow_private: bool,
-    pub(crate) credential: Option<CredentialSpec>,
+    pub allow_private: bool,
+    pub credential: Option<CredentialSpec>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum SchemeSpec {
+pub enum SchemeSpec {
     Http,
     Https,
 }
@@ -532,38 +537,52 @@ pub(crate) enum SchemeSpec {
 /// (exactly one of `env` and `file`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct CredentialSpec {
+pub struct CredentialSpec {
     /// Label in events and redactions (`[REDACTED:<name>]`); default: the variable's name
     /// in lower case, else the file's name.
-    pub(crate) name: Option<String>,
+    pub name: Option<String>,
     /// Default `Authorization`.
-    pub(crate) header: Option<String>,
+    pub header: Option<String>,
     /// Default `Bearer {secret}`.
-    pub(crate) value: Option<String>,
+    pub value: Option<String>,
     /// An environment variable of the `nerve` process holding the secret.
-    pub(crate) env: Option<String>,
+    pub env: Option<String>,
     /// A file holding the secret (trailing line breaks are ignored).
-    pub(crate) file: Option<PathBuf>,
+    pub file: Option<PathBuf>,
 }
 
 /// The proxy's configuration, and its secrets labelled for the redactor.
-pub(crate) struct ProxySetup {
-    pub(crate) config: ProxyConfig,
-    pub(crate) secrets: Vec<(String, SecretString)>,
+pub struct ProxySetup {
+    pub config: ProxyConfig,
+    pub secrets: Vec<(String, SecretString)>,
+}
+
+/// The rules' hosts and the secrets' labels, never a secret.
+impl std::fmt::Debug for ProxySetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hosts: Vec<String> = self
+            .config
+            .rules
+            .iter()
+            .map(|rule| format!("{:?}", rule.host))
+            .collect();
+        let labels: Vec<&str> = self.secrets.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("ProxySetup")
+            .field("rules", &hosts)
+            .field("secrets", &labels)
+            .finish()
+    }
 }
 
 impl ProxySection {
     /// Validates the rules and reads their secrets (`env` looks up a variable of this
     /// process). Errors are one line naming the rule, never a secret.
-    pub(crate) fn build(
-        &self,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<ProxySetup, Failure> {
+    pub fn build(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<ProxySetup, RuntimeError> {
         let mut rules = Vec::new();
         let mut secrets = Vec::new();
         for spec in &self.rules {
             let fail = |problem: String| {
-                Failure::usage(format!("[[proxy.rules]] host = {:?}: {problem}", spec.host))
+                RuntimeError::config(format!("[[proxy.rules]] host = {:?}: {problem}", spec.host))
             };
             let host = HostPattern::parse(&spec.host).map_err(fail)?;
             let mut rule = ProxyRule::new(host);
@@ -618,7 +637,7 @@ impl ProxySection {
             limits,
             ..ProxyConfig::new(rules)
         };
-        config.validate().map_err(Failure::usage)?;
+        config.validate().map_err(RuntimeError::config)?;
         Ok(ProxySetup { config, secrets })
     }
 }
@@ -703,7 +722,7 @@ mod tests {
                 .sandbox
                 .apply_limits(&mut sandbox)
                 .map(|()| sandbox)
-                .map_err(|f| f.message)
+                .map_err(|e| e.to_string())
         };
         let sandbox =
             apply("[sandbox]\nmemory = \"1GiB\"\npids = 100\ncpus = 1.5\ntmp_size = 1048576\n")
@@ -763,7 +782,7 @@ mod tests {
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_owned())
         };
-        config.proxy.build(&lookup).map_err(|f| f.message)
+        config.proxy.build(&lookup).map_err(|e| e.to_string())
     }
 
     #[test]
