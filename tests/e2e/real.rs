@@ -142,8 +142,9 @@ struct Route {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tools {
     /// Qwen2.5-Coder-1.5B through `llama-server` (its corrected template), directly or
-    /// behind LiteLLM: the model does real work, reading a file, editing it and running a
-    /// command, whether it writes its calls natively or as text (`tool_protocol = "auto"`).
+    /// behind LiteLLM: the model does real work, reading a file, editing another with what
+    /// it read and running a command, whether it writes its calls natively or as text
+    /// (`tool_protocol = "auto"`).
     Works,
     /// The model calls them, and the server answers each call whole: llama-cpp-python's
     /// `chatml-function-calling` cannot stream a call (it accepts `stream: true`, sends
@@ -251,11 +252,12 @@ fn run_args<'a>(
     ]
 }
 
-/// A fresh workspace under `dir` with a file to read.
+/// A fresh workspace under `dir` with files to read.
 fn workspace(dir: &Path, name: &str) -> PathBuf {
     let workspace = dir.join(format!("workspace-{}", name.replace(' ', "-")));
     std::fs::create_dir_all(&workspace).unwrap();
     std::fs::write(workspace.join("notes.txt"), "apples\npears\n").unwrap();
+    std::fs::write(workspace.join("hint.txt"), "plums\n").unwrap();
     workspace
 }
 
@@ -652,11 +654,14 @@ fn tool_run(dir: &Path, db: &Path, route: &Route, mode: Mode) -> (Vec<Exchange>,
     (run.calls, run.shown)
 }
 
-/// What the work runs ask: read a file, edit it, run a command.
-const WORK_TASK: &str = "The file notes.txt lists fruits. Read it with the read_file tool, change `pears` to `plums` in it with the edit_file tool, then run `cat notes.txt` with the shell tool and say what it printed.";
+/// What the work runs ask: read a file, edit another with what it says, run a command. The
+/// edit needs what the read returns, so the run takes at least two requests after its
+/// first tool call (asked to edit a file it is told the contents of, Qwen wrote the read,
+/// the edit and the command as one block of three calls, then answered: one request).
+const WORK_TASK: &str = "The file hint.txt names a fruit. Read it with the read_file tool. Then, in notes.txt, change `pears` to that fruit with the edit_file tool, run `cat notes.txt` with the shell tool, and say what it printed.";
 
-/// [`Tools::Works`]: the model reads `notes.txt`, edits it and runs a command, each tool
-/// call succeeding at least once; every request is accepted once, at least two after the
+/// [`Tools::Works`]: the model reads `hint.txt`, edits `notes.txt` with what it read and
+/// runs a command, each tool call succeeding at least once; every request is accepted once, at least two after the
 /// first tool ran; the file holds the edit; the log verifies. The prompt prefix stays put
 /// between ordinary turns, on each side of a switch to tools as text (which changes the
 /// system prompt and the tools once).
