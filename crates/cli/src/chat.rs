@@ -131,7 +131,18 @@ impl Chat<'_> {
             db,
         } = self;
         let execution_id = session.execution_id();
-        let interrupts = tokio::spawn(stop_turns(Arc::clone(current), Arc::clone(display)));
+        // The handler is installed here, before the first prompt, not when the task first
+        // runs: the line editor saves the SIGINT disposition it finds when a prompt opens and
+        // puts it back when the prompt closes, so a handler installed while the first prompt
+        // is open (the task scheduled late on a busy machine) was undone by it, and the next
+        // Ctrl-C killed nerve (seen in CI under load: the chat's terminal vanished).
+        let sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(|e| Failure::runtime(format!("cannot catch Ctrl-C: {e}")))?;
+        let interrupts = tokio::spawn(stop_turns(
+            sigint,
+            Arc::clone(current),
+            Arc::clone(display),
+        ));
 
         let mut started = reopened.is_some();
         let mut header: Vec<Line> = vec![(
@@ -413,9 +424,13 @@ fn styled(style: Style, lines: impl Iterator<Item = String>) -> Vec<Line> {
 /// Ctrl-C while the agent works stops its turn at the next boundary (a model call in
 /// flight is abandoned); a second one while it stops aborts, as in `run`. At the prompt
 /// the line editor owns the terminal and Ctrl-C only clears the line.
-async fn stop_turns(current: Arc<Mutex<Option<CancellationToken>>>, display: Arc<Display>) {
+async fn stop_turns(
+    mut sigint: tokio::signal::unix::Signal,
+    current: Arc<Mutex<Option<CancellationToken>>>,
+    display: Arc<Display>,
+) {
     // Ends: when the task is aborted (the conversation is over), or the second Ctrl-C exits.
-    while tokio::signal::ctrl_c().await.is_ok() {
+    while sigint.recv().await.is_some() {
         let token = current.lock().ok().and_then(|slot| slot.clone());
         let Some(token) = token else {
             continue;
