@@ -201,7 +201,7 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
             // For the test that kills a server and starts it again: its own, the same way.
             .env("NERVE_REAL_LLAMA_PYTHON", llama_python.join("bin/python"))
             .env("NERVE_REAL_MODEL", &model),
-        crate::watchdog::Limits::from_env()?,
+        real_limits()?,
     );
     drop(litellm_server);
     drop(llama_server);
@@ -210,6 +210,18 @@ pub(crate) fn test_real(executor: &Path, filter: Option<&str>) -> Result<()> {
         eprintln!("server logs: {}", logs.display());
     }
     result
+}
+
+/// The watchdog's limits for the real tests: the environment's, but 1,200 s a test unless
+/// `NERVE_TEST_LIMIT_SECS` says otherwise. A Qwen test is four runs of up to eight steps of
+/// 5 to 30 s each; measured beside a CI run (load 2 to 5), the longest took about 13
+/// minutes, near the default 900 s.
+fn real_limits() -> Result<crate::watchdog::Limits> {
+    let mut limits = crate::watchdog::Limits::from_env()?;
+    if std::env::var_os("NERVE_TEST_LIMIT_SECS").is_none() {
+        limits.test = Duration::from_secs(1_200);
+    }
+    Ok(limits)
 }
 
 /// CMake and Ninja from PyPI (they build llama.cpp), in a venv whose Python has pip.

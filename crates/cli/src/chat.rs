@@ -138,11 +138,7 @@ impl Chat<'_> {
         // Ctrl-C killed nerve (seen in CI under load: the chat's terminal vanished).
         let sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
             .map_err(|e| Failure::runtime(format!("cannot catch Ctrl-C: {e}")))?;
-        let interrupts = tokio::spawn(stop_turns(
-            sigint,
-            Arc::clone(current),
-            Arc::clone(display),
-        ));
+        let interrupts = tokio::spawn(stop_turns(sigint, Arc::clone(current), Arc::clone(display)));
 
         let mut started = reopened.is_some();
         let mut header: Vec<Line> = vec![(
