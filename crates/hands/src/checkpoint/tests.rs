@@ -34,6 +34,27 @@ fn write(root: &Path, path: &str, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();
 }
 
+/// Waits until the kernel's coarse clock is past `path`'s modification and change times,
+/// so that a snapshot begun from now on does not find the file racy. Without it a test
+/// that expects an unchanged workspace to read nothing fails on a fast, idle machine (every
+/// step inside one clock tick: the file is racy again at each snapshot) and passes on a
+/// loaded one.
+fn wait_past_times_of(path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).unwrap();
+    let stamp = |secs: i64, nanos: i64| (secs, u32::try_from(nanos).unwrap());
+    let latest = stamp(meta.mtime(), meta.mtime_nsec()).max(stamp(meta.ctime(), meta.ctime_nsec()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // Ends: the coarse clock ticks every few milliseconds; the deadline bounds the wait.
+    while index::coarse_now() <= latest {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the coarse clock stood still"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Ten turns that edit, create and delete files (one binary, one in a new directory),
 /// a snapshot after each; each turn's changes are what it did; restoring turn 3 gives
 /// its exact tree back; the user's `.git`, an ignored 200 MB build directory and a file
@@ -389,7 +410,10 @@ fn only_changed_files_are_read() {
     let read = || store.lock().last_read;
     assert_eq!(read(), 50);
     // Written a moment ago, the files may be racy: the next snapshot reads them again,
-    // at most once.
+    // at most once, once the clock has moved past them.
+    for i in 0..50 {
+        wait_past_times_of(&root.join(format!("d{}/f{i}.txt", i % 5)));
+    }
     store.snapshot().unwrap();
     let unchanged = store.snapshot().unwrap();
     assert_eq!((unchanged.clone(), read()), (first.clone(), 0));
@@ -399,7 +423,9 @@ fn only_changed_files_are_read() {
     assert_eq!(read(), 1);
     assert_ne!(second, first);
 
-    // A reopened store (a new process) reads its cache from the store.
+    // A reopened store (a new process) reads its cache from the store (the changed file
+    // again first if it was racy, once the clock is past it).
+    wait_past_times_of(&root.join("d3/f13.txt"));
     let reopened = Checkpoints::open(CheckpointConfig::new(dir.path().join("s"), &root)).unwrap();
     reopened.snapshot().unwrap();
     assert_eq!(reopened.snapshot().unwrap(), second);
