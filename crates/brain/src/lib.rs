@@ -50,8 +50,6 @@ mod engine_fuzz;
 #[cfg(test)]
 mod loop_tests;
 #[cfg(test)]
-mod module_graph;
-#[cfg(test)]
 mod prefix_tests;
 #[cfg(test)]
 mod testing;

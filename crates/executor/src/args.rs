@@ -105,7 +105,7 @@ fn number(flag: &str, value: OsString) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::Limits;
+    use crate::limits::Limits;
 
     fn check(args: &[&str], env_root: Option<&str>, expected: Result<Invocation, &str>) {
         let got = parse_args(

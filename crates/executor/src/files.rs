@@ -8,12 +8,12 @@ use rustix::fs::{AtFlags, Dir, FileType};
 
 use crate::confine::{Access, Workspace};
 use crate::error::Error;
+use crate::limits::Limits;
 use crate::output::char_boundary_before_end;
 use crate::protocol::{
     DirEntry, EditFileOutput, EditFileRequest, EntryKind, ListDirOutput, ListDirRequest,
     ReadFileOutput, ReadFileRequest, WriteFileOutput, WriteFileRequest,
 };
-use crate::server::Limits;
 
 /// How much of a file's start is searched for a NUL byte to call it binary, like git does.
 pub(crate) const BINARY_PROBE_BYTES: usize = 8192;

@@ -16,8 +16,8 @@ use crate::confine::{Node, Workspace};
 use crate::error::Error;
 use crate::files::BINARY_PROBE_BYTES;
 use crate::glob::Glob;
+use crate::limits::Limits;
 use crate::protocol::{GrepOutput, GrepRequest};
-use crate::server::Limits;
 
 /// Directories that hold version-control data, not sources.
 const SKIPPED_DIRS: [&[u8]; 3] = [b".git", b".hg", b".svn"];

@@ -18,11 +18,13 @@
 
 mod args;
 mod confine;
+mod control;
 mod error;
 mod exec;
 mod files;
 mod glob;
 mod grep;
+mod limits;
 mod output;
 mod protocol;
 mod relay;
@@ -31,8 +33,10 @@ mod spawn;
 
 pub use args::{Invocation, ROOT_ENV, USAGE, parse_args};
 pub use confine::{CONTAINER_ROOT, Workspace};
+pub use control::connect_control;
 pub use error::Error;
 pub use exec::{kill_remaining_children, reap_children};
+pub use limits::Limits;
 pub use protocol::{
     Decoded, DirEntry, EditFileOutput, EditFileRequest, EntryKind, ExecOutput, ExecRequest,
     GrepOutput, GrepRequest, ListDirOutput, ListDirRequest, Op, Pong, ReadFileOutput,
@@ -40,4 +44,4 @@ pub use protocol::{
     SpawnRequest, StreamHello, VERSION, WriteFileOutput, WriteFileRequest, decode_response,
 };
 pub use relay::{DEFAULT_RELAY_LISTEN, Relay, RelayConfig, spawn_relay};
-pub use server::{Config, Executor, Limits, connect_control, wait_for_hangup};
+pub use server::{Config, Executor, wait_for_hangup};

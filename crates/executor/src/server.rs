@@ -10,55 +10,14 @@
 //! without the engine between the two ends.
 
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use crate::confine::{CONTAINER_ROOT, Workspace};
+use crate::control::connect_control;
 use crate::error::Error;
+use crate::limits::Limits;
 use crate::protocol::{ExecOutput, ExecRequest, Op, Pong, Reply, Request, Response, VERSION};
 use crate::{exec, files, grep, spawn};
-
-/// Size and count caps. Every one bounds either the executor's memory or a response's size.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits {
-    /// The most content bytes one `read_file` response carries.
-    pub max_read_bytes: usize,
-    /// Lines `read_file` returns when the request gives no `limit`.
-    pub read_lines: u64,
-    /// The largest file `write_file` writes and `edit_file` reads or writes.
-    pub max_file_bytes: u64,
-    /// Entries `list_dir` returns at most.
-    pub max_list_entries: usize,
-    /// Matching lines `grep` returns at most.
-    pub max_grep_matches: usize,
-    /// Files larger than this are skipped by `grep`.
-    pub max_grep_file_bytes: u64,
-    /// Files `grep` opens at most per request.
-    pub max_grep_files: u64,
-    /// Bytes of one matching line that `grep` shows.
-    pub max_grep_line_bytes: usize,
-    /// Upper bound on `exec`'s `max_output_bytes`, whatever the request says.
-    pub max_output_bytes: u64,
-    /// The longest request line accepted (`write_file` content is inside it, JSON-escaped).
-    pub max_request_bytes: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_read_bytes: 256 * 1024,
-            read_lines: 2000,
-            max_file_bytes: 16 * 1024 * 1024,
-            max_list_entries: 1000,
-            max_grep_matches: 500,
-            max_grep_file_bytes: 4 * 1024 * 1024,
-            max_grep_files: 50_000,
-            max_grep_line_bytes: 400,
-            max_output_bytes: 16 * 1024 * 1024,
-            max_request_bytes: 128 * 1024 * 1024,
-        }
-    }
-}
 
 /// Everything the executor needs to know before it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,20 +179,6 @@ impl Executor {
     }
 }
 
-/// Connects to the host's control socket at `path` (close-on-exec, as every socket the
-/// standard library opens), with an error naming it.
-pub fn connect_control(path: &Path) -> io::Result<UnixStream> {
-    UnixStream::connect(path).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "cannot connect to the control socket {}: {e}",
-                path.display()
-            ),
-        )
-    })
-}
-
 /// Waits on `fd` until the host hangs up (`POLLRDHUP` for the socket, `POLLHUP` for a pipe,
 /// or an error), without reading from it. Returns at once if it cannot poll.
 pub fn wait_for_hangup(fd: std::os::fd::BorrowedFd<'_>) {
@@ -313,7 +258,7 @@ mod tests {
     #[test]
     fn a_hangup_is_seen_without_reading_and_data_is_not_one() {
         use std::os::fd::AsFd;
-        let (ours, host) = UnixStream::pair().unwrap();
+        let (ours, host) = std::os::unix::net::UnixStream::pair().unwrap();
         (&host).write_all(b"pending request\n").unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let watcher = std::thread::spawn(move || {

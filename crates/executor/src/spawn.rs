@@ -62,7 +62,7 @@ pub(crate) fn spawn(workspace: &Workspace, request: &SpawnRequest) -> Result<Spa
 
 /// Connects to the host's one-off socket and says which stream this connection is.
 fn introduce(request: &SpawnRequest, stream: &str) -> Result<UnixStream, Error> {
-    let mut connection = crate::server::connect_control(std::path::Path::new(&request.socket))
+    let mut connection = crate::control::connect_control(std::path::Path::new(&request.socket))
         .map_err(|e| Error::io("cannot connect to", &request.socket, e))?;
     let hello = StreamHello {
         nonce: request.nonce.clone(),

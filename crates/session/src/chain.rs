@@ -2,8 +2,7 @@
 //! editing, removing or reordering any event breaks verification from that point on.
 
 use ring::digest::{Context, SHA256};
-
-use crate::store::StoredEvent;
+use serde::Serialize;
 
 /// The `prev_hash` of an execution's first event.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -23,6 +22,34 @@ pub(crate) enum Break {
     Missing { found: u64 },
     Link,
     Content,
+}
+
+/// One event as stored: the payload is the redacted JSON text that was hashed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoredEvent {
+    pub execution_id: String,
+    pub seq: u64,
+    pub ts: String,
+    pub kind: String,
+    pub version: u32,
+    pub payload: String,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+impl StoredEvent {
+    pub(crate) fn fields(&self) -> Fields<'_> {
+        Fields {
+            execution_id: &self.execution_id,
+            seq: self.seq,
+            ts: &self.ts,
+            kind: &self.kind,
+            version: self.version,
+            payload: &self.payload,
+            prev_hash: &self.prev_hash,
+            hash: &self.hash,
+        }
+    }
 }
 
 /// One stored event's fields, borrowed: what the chain covers.

@@ -14,8 +14,9 @@ use nerve_core::{BlockId, Event, EventSink, ExecutionId};
 use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock};
 use crate::chain::ChainError;
+use crate::chain::StoredEvent;
 use crate::replay::Replay;
-use crate::store::{ExecutionSummary, ResumePoint, StoredCheckpoint, StoredEvent};
+use crate::store::{ExecutionSummary, ResumePoint, StoredCheckpoint};
 use crate::transfer::ExecutionLog;
 
 /// An event log backend: appends (through [`EventSink`] and [`EventStore::append_all`]),

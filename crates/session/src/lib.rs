@@ -21,7 +21,7 @@ mod wal;
 mod writer;
 
 pub use archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
-pub use chain::{ChainError, GENESIS_HASH, verify_events};
+pub use chain::{ChainError, GENESIS_HASH, StoredEvent, verify_events};
 pub use encode::redacted_json;
 pub use event_store::EventStore;
 pub use pg::{PgStore, is_postgres_url};
@@ -30,7 +30,7 @@ pub use replay::{
     COMPLETE_AT, CheckpointMark, CompactionRecord, Gap, GapKind, PendingApproval, ProxyTally,
     Replay, ResumeMark, WorkspaceHistory, replay,
 };
-pub use store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint, StoredEvent};
+pub use store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint};
 pub use transfer::{
     EXPORT_FORMAT, EXPORT_VERSION, ExecutionLog, ImportError, LoggedEvent, parse_log, write_log,
 };

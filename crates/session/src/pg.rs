@@ -25,16 +25,14 @@ use tokio_postgres::{GenericClient, NoTls, Row};
 
 use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, searchable_text};
-use crate::chain::{ChainCheck, ChainError, GENESIS_HASH, event_hash};
+use crate::chain::{ChainCheck, ChainError, GENESIS_HASH, StoredEvent, event_hash};
 use crate::encode::{
     EncodedEvent, Write, Written, encode_batch, encode_blocks, encode_checkpoint, encode_event,
     index_update, sha256_hex,
 };
 use crate::event_store::EventStore;
 use crate::replay::{Replay, replay};
-use crate::store::{
-    ExecutionSummary, ResumePoint, StoredCheckpoint, StoredEvent, now_rfc3339, to_i64, to_u64,
-};
+use crate::store::{ExecutionSummary, ResumePoint, StoredCheckpoint, now_rfc3339, to_i64, to_u64};
 use crate::transfer::{ExecutionLog, LoggedEvent};
 
 /// The schema version this Nerve writes.

@@ -19,9 +19,10 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::SessionError;
+use crate::chain::StoredEvent;
 use crate::encode::redacted_json;
 use crate::pg::{HeldLease, PgStore};
-use crate::store::{StoredEvent, to_i64};
+use crate::store::to_i64;
 
 /// A claimed execution: what to run, and how many times it has been claimed (1 the first
 /// time; more when a worker's lease ran out before it finished).

@@ -28,8 +28,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::chain::StoredEvent;
 use crate::chain::{Break, ChainCheck};
-use crate::store::StoredEvent;
 
 /// Completeness weights in hundredths; integer arithmetic so scores compare exactly.
 const W_STARTED: u32 = 15;

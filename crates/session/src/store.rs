@@ -21,7 +21,8 @@ use serde::Serialize;
 use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
 use crate::chain::{
-    ChainCheck, ChainError, Fields, GENESIS_HASH, content_matches, event_hash, verify_events,
+    ChainCheck, ChainError, Fields, GENESIS_HASH, StoredEvent, content_matches, event_hash,
+    verify_events,
 };
 use crate::encode::{
     IndexUpdate, RowWrite, Write, Written, encode_blocks, encode_checkpoint, encode_event,
@@ -45,34 +46,6 @@ const MAX_CACHED_HEADS: usize = 4096;
 const ROW_LAG: u64 = 64;
 /// The writing connection's page cache, in KiB (negative: SQLite's unit for KiB).
 const WRITER_CACHE_KIB: i64 = -16_384;
-
-/// One event as stored: the payload is the redacted JSON text that was hashed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StoredEvent {
-    pub execution_id: String,
-    pub seq: u64,
-    pub ts: String,
-    pub kind: String,
-    pub version: u32,
-    pub payload: String,
-    pub prev_hash: String,
-    pub hash: String,
-}
-
-impl StoredEvent {
-    pub(crate) fn fields(&self) -> Fields<'_> {
-        Fields {
-            execution_id: &self.execution_id,
-            seq: self.seq,
-            ts: &self.ts,
-            kind: &self.kind,
-            version: self.version,
-            payload: &self.payload,
-            prev_hash: &self.prev_hash,
-            hash: &self.hash,
-        }
-    }
-}
 
 /// One row of the executions index: a line of `nerve list`, the header of `nerve show`.
 /// Maintained by the writer in the same transaction as the events it summarises, so it

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::archive::ArchiveBlock;
 use crate::chain::ChainCheck;
+use crate::chain::StoredEvent;
 use crate::encode::sha256_hex;
-use crate::store::StoredEvent;
 
 /// The `format` of the header line.
 pub const EXPORT_FORMAT: &str = "nerve-log";

@@ -30,12 +30,13 @@ use tokio::sync::oneshot;
 use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock};
 use crate::chain::ChainError;
+use crate::chain::StoredEvent;
 use crate::encode::{
     EncodedEvent, Write, Written, encode_batch, encode_blocks, encode_checkpoint, encode_event,
 };
 use crate::event_store::EventStore;
 use crate::replay::Replay;
-use crate::store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint, StoredEvent};
+use crate::store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint};
 use crate::transfer::ExecutionLog;
 use crate::wal::WalFlush;
 
