@@ -496,3 +496,51 @@ pub(crate) fn sandbox_available() -> bool {
     eprintln!("skipping: {reason}");
     false
 }
+
+/// A Python virtual environment under `~/.cache/nerve/<name>` with `requirement` installed
+/// from PyPI, made when missing (once per test process: tests asking at the same time wait
+/// for it). A venv whose install was cut short has no marker and is made anew. Returns its
+/// `python`, or why there is none.
+pub(crate) fn python_venv(name: &str, requirement: &str) -> Result<PathBuf, String> {
+    static INSTALL: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    let venv = home.join(".cache/nerve").join(name);
+    let python = venv.join("bin/python");
+    let marker = venv.join(".nerve-complete");
+    if std::fs::read_to_string(&marker).is_ok_and(|done| done == requirement) && python.exists() {
+        return Ok(python);
+    }
+    eprintln!("installing {requirement} into {} (once)", venv.display());
+    if venv.exists() {
+        std::fs::remove_dir_all(&venv)
+            .map_err(|e| format!("cannot clear {}: {e}", venv.display()))?;
+    }
+    let run = |command: &mut Command| -> Result<(), String> {
+        let output = command
+            .output()
+            .map_err(|e| format!("cannot run {command:?}: {e}"))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{command:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+            ))
+        }
+    };
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        requirement,
+    ]))?;
+    std::fs::write(&marker, requirement).map_err(|e| e.to_string())?;
+    Ok(python)
+}
