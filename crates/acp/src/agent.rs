@@ -29,7 +29,7 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Client, ConnectTo, Error};
 use async_trait::async_trait;
 use nerve_core::event::CallPurpose;
-use nerve_core::{Event, ExecutionId, LoopType, Redactor, TerminationReason, ToolCall};
+use nerve_core::{Event, ExecutionId, LoopType, TerminationReason, ToolCall};
 use nerve_runtime::RuntimeError;
 use nerve_runtime::config::Config;
 use nerve_runtime::launch::{ChatRequest, ClientMcpServer, Launch};
