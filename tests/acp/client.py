@@ -13,7 +13,8 @@ Steps (`op`):
   initialize                      protocol 1, client_info acp-e2e 0.1
   new_session {cwd}               -> session_id (kept for the steps after it)
   load_session {cwd, session_id}  -> the updates received while loading
-  prompt {text}                   -> stop_reason
+  prompt {text}                   -> stop_reason, and the seconds from sending it to the
+                                  first agent_message_chunk (first_chunk_secs)
   prompt_cancel {text, after}     prompt; once an update of kind `after` (e.g. tool_call)
                                   has arrived, session/cancel; -> stop_reason and the
                                   seconds from the cancel to the answer
@@ -48,9 +49,14 @@ class Recorder:
         self.permissions = []
         self.answers = list(answers)
         self.arrived = asyncio.Event()
+        # When the first agent_message_chunk of the current prompt arrived.
+        self.first_chunk = None
 
     async def session_update(self, session_id, update, **kwargs):
-        self.updates.append(update.model_dump(mode="json", by_alias=True, exclude_none=True))
+        dumped = update.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if dumped.get("sessionUpdate") == "agent_message_chunk" and self.first_chunk is None:
+            self.first_chunk = time.monotonic()
+        self.updates.append(dumped)
         self.arrived.set()
 
     async def request_permission(self, session_id, tool_call, options, **kwargs):
@@ -125,8 +131,12 @@ async def main(plan):
                     result["replayed"] = recorder.updates[before:]
                 elif op == "prompt":
                     before = len(recorder.updates)
+                    recorder.first_chunk = None
+                    sent = time.monotonic()
                     response = await conn.prompt(session_id=session_id, prompt=[text_block(step["text"])])
                     result["stop_reason"] = response.stop_reason
+                    if recorder.first_chunk is not None:
+                        result["first_chunk_secs"] = recorder.first_chunk - sent
                     result["updates"] = recorder.updates[before:]
                 elif op == "prompt_cancel":
                     before = len(recorder.updates)

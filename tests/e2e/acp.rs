@@ -10,7 +10,9 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::support::{docker_available, nerve, nerve_bin, python_venv, root, stderr, stdout};
+use crate::support::{
+    docker_available, nerve, nerve_bin, nerve_cache, python_venv, root, stderr, stdout,
+};
 
 /// The Python SDK the tests drive `nerve acp` with.
 const ACP_SDK: &str = "agent-client-protocol==0.12.1";
@@ -53,7 +55,7 @@ fn setup(cassette: &str) -> Setup {
 /// cassette, the client answering permission requests with `permissions` in order; returns
 /// what it printed.
 fn client(s: &Setup, name: &str, steps: Value, permissions: &[&str]) -> Value {
-    let python = python_venv("acp-client-0.12.1", ACP_SDK)
+    let python = python_venv(&nerve_cache("acp-client-0.12.1"), ACP_SDK, "python")
         .unwrap_or_else(|reason| panic!("no Python ACP client: {reason}"));
     let stderr_file = s.dir.path().join(format!("{name}.stderr"));
     let plan = json!({

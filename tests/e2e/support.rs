@@ -497,25 +497,23 @@ pub(crate) fn sandbox_available() -> bool {
     false
 }
 
-/// A Python virtual environment under `~/.cache/nerve/<name>` with `requirement` installed
-/// from PyPI, made when missing (once per test process: tests asking at the same time wait
-/// for it). A venv whose install was cut short has no marker and is made anew. Returns its
-/// `python`, or why there is none.
-pub(crate) fn python_venv(name: &str, requirement: &str) -> Result<PathBuf, String> {
+/// The program `program` of a Python virtual environment at `venv` with `requirement`
+/// installed from PyPI, made when missing (one install at a time per test process: tests
+/// asking at the same time wait for it). A venv whose install was cut short has no marker
+/// and is made anew. `Err` says why there is none.
+pub(crate) fn python_venv(venv: &Path, requirement: &str, program: &str) -> Result<PathBuf, String> {
     static INSTALL: Mutex<()> = Mutex::new(());
     let _one_at_a_time = INSTALL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    let venv = home.join(".cache/nerve").join(name);
-    let python = venv.join("bin/python");
+    let executable = venv.join("bin").join(program);
     let marker = venv.join(".nerve-complete");
-    if std::fs::read_to_string(&marker).is_ok_and(|done| done == requirement) && python.exists() {
-        return Ok(python);
+    if marker.exists() && executable.exists() {
+        return Ok(executable);
     }
     eprintln!("installing {requirement} into {} (once)", venv.display());
     if venv.exists() {
-        std::fs::remove_dir_all(&venv)
+        std::fs::remove_dir_all(venv)
             .map_err(|e| format!("cannot clear {}: {e}", venv.display()))?;
     }
     let run = |command: &mut Command| -> Result<(), String> {
@@ -534,7 +532,7 @@ pub(crate) fn python_venv(name: &str, requirement: &str) -> Result<PathBuf, Stri
             ))
         }
     };
-    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new("python3").args(["-m", "venv"]).arg(venv))?;
     run(Command::new(venv.join("bin/pip")).args([
         "install",
         "--quiet",
@@ -542,5 +540,11 @@ pub(crate) fn python_venv(name: &str, requirement: &str) -> Result<PathBuf, Stri
         requirement,
     ]))?;
     std::fs::write(&marker, requirement).map_err(|e| e.to_string())?;
-    Ok(python)
+    Ok(executable)
+}
+
+/// `~/.cache/nerve/<name>`: where the tests keep what they install.
+pub(crate) fn nerve_cache(name: &str) -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/nerve").join(name)
 }

@@ -226,8 +226,14 @@ impl Observer for Ears {
             ),
             PermissionOption::new(REJECT_ONCE, "Reject", PermissionOptionKind::RejectOnce),
         ];
-        // The call was announced as pending when its approval was requested.
-        let tool_call = ToolCallUpdate::new(call.id.to_string(), ToolCallUpdateFields::new());
+        // The call was announced as pending when its approval was requested; its title and
+        // input again, for a client that shows the request on its own.
+        let tool_call = ToolCallUpdate::new(
+            call.id.to_string(),
+            ToolCallUpdateFields::new()
+                .title(nerve_runtime::views::transcript::key_argument(call))
+                .raw_input(call.arguments.clone()),
+        );
         let request = RequestPermissionRequest::new(self.session_id.clone(), tool_call, options);
         let response = match self.client.send_request(request).block_task().await {
             Ok(response) => response,
