@@ -42,7 +42,7 @@ use crate::updates::Updates;
 
 /// How long a cancelled prompt waits for its turn to stop before it answers `cancelled`
 /// anyway (the turn goes on stopping; the next prompt waits for it).
-const CANCEL_GRACE: Duration = Duration::from_millis(1500);
+const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
 /// The permission options a client is offered, by id.
 const ALLOW_ONCE: &str = "allow_once";
