@@ -87,7 +87,9 @@ fn client(s: &Setup, name: &str, steps: Value, permissions: &[&str]) -> Value {
     );
     let text = stdout(&output);
     let result: Value = serde_json::from_str(text.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("client output is not JSON ({e}): {text}\nagent stderr:\n{agent_log}"));
+        .unwrap_or_else(|e| {
+            panic!("client output is not JSON ({e}): {text}\nagent stderr:\n{agent_log}")
+        });
     assert!(
         !text.contains(SECRET) && !agent_log.contains(SECRET),
         "the secret reached the ACP stream or the agent's log"
@@ -194,7 +196,10 @@ fn an_editor_session_edits_asks_and_is_loaded_again() {
     assert_eq!(prompts[0]["stop_reason"], "end_turn", "{first}");
     let updates = &prompts[0]["updates"];
     let kinds = kinds(updates);
-    assert!(kinds.contains(&"agent_message_chunk".to_owned()), "{kinds:?}");
+    assert!(
+        kinds.contains(&"agent_message_chunk".to_owned()),
+        "{kinds:?}"
+    );
     assert!(text_of(updates, "agent_message_chunk").contains("Done editing."));
     let calls: Vec<&Value> = updates
         .as_array()
@@ -232,7 +237,10 @@ fn an_editor_session_edits_asks_and_is_loaded_again() {
         .find_map(|u| u["content"][0]["content"]["text"].as_str())
         .unwrap_or_default()
         .to_owned();
-    assert!(shell_output.contains("[REDACTED:OPENAI_API_KEY]"), "{shell_output}");
+    assert!(
+        shell_output.contains("[REDACTED:OPENAI_API_KEY]"),
+        "{shell_output}"
+    );
 
     // The second prompt: two permission requests, allowed once then rejected.
     assert_eq!(prompts[1]["stop_reason"], "end_turn", "{first}");
@@ -280,7 +288,11 @@ fn an_editor_session_edits_asks_and_is_loaded_again() {
             )
         })
         .collect();
-    assert_eq!(decided, [("approved", "user"), ("denied", "user")], "{log:?}");
+    assert_eq!(
+        decided,
+        [("approved", "user"), ("denied", "user")],
+        "{log:?}"
+    );
     let started = &log[0]["payload"];
     assert_eq!(started["config"]["front_end"], "acp", "{started}");
     assert_eq!(started["config"]["client"]["name"], "acp-e2e", "{started}");

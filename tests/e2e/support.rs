@@ -501,7 +501,11 @@ pub(crate) fn sandbox_available() -> bool {
 /// installed from PyPI, made when missing (one install at a time per test process: tests
 /// asking at the same time wait for it). A venv whose install was cut short has no marker
 /// and is made anew. `Err` says why there is none.
-pub(crate) fn python_venv(venv: &Path, requirement: &str, program: &str) -> Result<PathBuf, String> {
+pub(crate) fn python_venv(
+    venv: &Path,
+    requirement: &str,
+    program: &str,
+) -> Result<PathBuf, String> {
     static INSTALL: Mutex<()> = Mutex::new(());
     let _one_at_a_time = INSTALL
         .lock()

@@ -16,16 +16,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
-use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, ContentBlock, CurrentModeUpdate, EmbeddedResourceResource,
-    Implementation, InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse,
-    McpCapabilities, McpServer, NewSessionRequest, NewSessionResponse, PermissionOption,
-    PermissionOptionKind, PromptCapabilities, PromptRequest, PromptResponse,
-    RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionMode, SessionModeState,
-    SessionNotification, SessionUpdate, SetSessionModeRequest, SetSessionModeResponse, StopReason,
-    ToolCallUpdate, ToolCallUpdateFields,
-};
 use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, ContentBlock, CurrentModeUpdate,
+    EmbeddedResourceResource, Implementation, InitializeRequest, InitializeResponse,
+    LoadSessionRequest, LoadSessionResponse, McpCapabilities, McpServer, NewSessionRequest,
+    NewSessionResponse, PermissionOption, PermissionOptionKind, PromptCapabilities, PromptRequest,
+    PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionMode,
+    SessionModeState, SessionNotification, SessionUpdate, SetSessionModeRequest,
+    SetSessionModeResponse, StopReason, ToolCallUpdate, ToolCallUpdateFields,
+};
 use agent_client_protocol::{Client, ConnectTo, Error};
 use async_trait::async_trait;
 use nerve_core::event::CallPurpose;
@@ -451,7 +451,8 @@ impl Agent {
         .await
         .map_err(refused)?;
         let id = launch.execution_id.to_string();
-        self.open(launch, &request.mcp_servers, client, false).await?;
+        self.open(launch, &request.mcp_servers, client, false)
+            .await?;
         Ok(NewSessionResponse::new(id).modes(Mode::Ask.state()))
     }
 
@@ -617,12 +618,16 @@ impl Agent {
                     Some(error) => format!("\n\n· stopped ({reason}): {error}"),
                     None => format!("\n\n· stopped ({reason})"),
                 };
-                let redacted = conversation.ears.with_updates(|updates| updates.redact(&line));
-                conversation.ears.send(vec![SessionUpdate::AgentMessageChunk(
-                    agent_client_protocol::v1::schema::ContentChunk::new(ContentBlock::Text(
-                        agent_client_protocol::v1::schema::TextContent::new(redacted),
-                    )),
-                )]);
+                let redacted = conversation
+                    .ears
+                    .with_updates(|updates| updates.redact(&line));
+                conversation
+                    .ears
+                    .send(vec![SessionUpdate::AgentMessageChunk(
+                        agent_client_protocol::v1::schema::ContentChunk::new(ContentBlock::Text(
+                            agent_client_protocol::v1::schema::TextContent::new(redacted),
+                        )),
+                    )]);
                 StopReason::EndTurn
             }
         };
@@ -660,9 +665,9 @@ impl Agent {
             .unwrap_or_else(PoisonError::into_inner) = mode;
         conversation
             .ears
-            .send(vec![SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new(
-                mode.id(),
-            ))]);
+            .send(vec![SessionUpdate::CurrentModeUpdate(
+                CurrentModeUpdate::new(mode.id()),
+            )]);
         Ok(SetSessionModeResponse::new())
     }
 }
@@ -688,16 +693,15 @@ fn prompt_text(blocks: &[ContentBlock]) -> Result<String, Error> {
             ContentBlock::Text(text) => parts.push(text.text.clone()),
             ContentBlock::ResourceLink(link) => parts.push(format!("@{}", link.uri)),
             ContentBlock::Resource(embedded) => match &embedded.resource {
-                EmbeddedResourceResource::TextResourceContents(resource) => parts.push(format!(
-                    "@{}:\n```\n{}\n```",
-                    resource.uri, resource.text
-                )),
-                _ => {
+                EmbeddedResourceResource::TextResourceContents(resource) => {
+                    parts.push(format!("@{}:\n```\n{}\n```", resource.uri, resource.text))
+                }
+                EmbeddedResourceResource::BlobResourceContents(_) | _ => {
                     return Err(Error::invalid_params()
                         .data("binary resources are not accepted: send text"));
                 }
             },
-            _ => {
+            ContentBlock::Image(_) | ContentBlock::Audio(_) | _ => {
                 return Err(
                     Error::invalid_params().data("only text and text resources are accepted")
                 );
@@ -727,7 +731,7 @@ fn client_servers(servers: &[McpServer]) -> Result<Vec<ClientMcpServer>, Error> 
                     .map(|var| (var.name.clone(), var.value.clone()))
                     .collect(),
             }),
-            _ => Err(Error::invalid_params()
+            McpServer::Http(_) | McpServer::Sse(_) | _ => Err(Error::invalid_params()
                 .data("only stdio MCP servers are accepted (see docs/acp.md)")),
         })
         .collect()

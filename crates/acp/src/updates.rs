@@ -95,7 +95,9 @@ impl Updates {
                 }
                 updates
             }
-            Event::ApprovalRequested(requested) => self.announce(&requested.call, ToolCallStatus::Pending),
+            Event::ApprovalRequested(requested) => {
+                self.announce(&requested.call, ToolCallStatus::Pending)
+            }
             Event::ToolCallStarted(started) => {
                 let mut updates = self.flush();
                 updates.extend(self.started(&started.call));
@@ -132,7 +134,8 @@ impl Updates {
                 MessageRole::User => {
                     for part in &message.parts {
                         if let MessagePart::Text { text } = part {
-                            updates.extend(chunk(self.redact(text), SessionUpdate::UserMessageChunk));
+                            updates
+                                .extend(chunk(self.redact(text), SessionUpdate::UserMessageChunk));
                         }
                     }
                 }
@@ -309,9 +312,9 @@ fn chunk(text: String, update: fn(ContentChunk) -> SessionUpdate) -> Vec<Session
     if text.is_empty() {
         return Vec::new();
     }
-    vec![update(ContentChunk::new(ContentBlock::Text(TextContent::new(
-        text,
-    ))))]
+    vec![update(ContentChunk::new(ContentBlock::Text(
+        TextContent::new(text),
+    )))]
 }
 
 /// The kind of a tool, for the editor's icon.
@@ -367,7 +370,10 @@ mod tests {
         assert_eq!(started[0]["sessionUpdate"], "tool_call");
         assert_eq!(started[0]["kind"], "edit");
         assert_eq!(started[0]["status"], "in_progress");
-        assert_eq!(started[0]["locations"][0]["path"], "/home/me/project/src/a.rs");
+        assert_eq!(
+            started[0]["locations"][0]["path"],
+            "/home/me/project/src/a.rs"
+        );
         let finished = updates.event(&Event::ToolCallFinished(ToolCallFinished {
             turn: 1,
             result: ToolResult {
@@ -390,15 +396,17 @@ mod tests {
     #[test]
     fn a_secret_split_across_deltas_is_redacted_whole() {
         let mut updates = updates();
-        let mut shown = String::new();
+        let mut sent = Vec::new();
         for piece in ["the key is sk-secret-", "value-1234567890 ok"] {
-            for update in updates.delta(CallPurpose::Agent, &Delta::Text(piece.into())) {
-                shown.push_str(&json(&[update])[0]["content"]["text"].as_str().unwrap().to_owned());
-            }
+            sent.extend(updates.delta(CallPurpose::Agent, &Delta::Text(piece.into())));
         }
-        for update in updates.flush() {
-            shown.push_str(&json(&[update])[0]["content"]["text"].as_str().unwrap().to_owned());
-        }
+        sent.extend(updates.flush());
+        let shown: String = json(&sent)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["content"]["text"].as_str().unwrap().to_owned())
+            .collect();
         assert!(!shown.contains("sk-secret"), "{shown}");
         assert!(shown.starts_with("the key is "), "{shown}");
         assert!(shown.ends_with(" ok"), "{shown}");

@@ -183,7 +183,11 @@ impl Launch<'_> {
         // MCP servers start before the engine, so their tools are in the first turn and
         // where each runs is recorded with the run's configuration.
         let mut specs = self.config.mcp.specs(&redactor);
-        specs.extend(self.client_mcp.iter().map(|server| client_spec(server, &redactor)));
+        specs.extend(
+            self.client_mcp
+                .iter()
+                .map(|server| client_spec(server, &redactor)),
+        );
         let mcp = if specs.is_empty() {
             None
         } else {
