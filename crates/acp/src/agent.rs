@@ -29,7 +29,7 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::{Client, ConnectTo, Error};
 use async_trait::async_trait;
 use nerve_core::event::CallPurpose;
-use nerve_core::{Event, ExecutionId, LoopType, TerminationReason, ToolCall};
+use nerve_core::{Event, ExecutionId, TerminationReason, ToolCall};
 use nerve_runtime::RuntimeError;
 use nerve_runtime::config::Config;
 use nerve_runtime::launch::{ChatRequest, ClientMcpServer, Launch};
@@ -563,6 +563,7 @@ impl Agent {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(cancel.clone());
         let first = !conversation.started.load(Ordering::SeqCst);
+        let loop_type = self.settings.loop_type;
         // The turn runs as a task of its own: a cancelled prompt answers within the
         // grace even when the turn takes longer to stop, and the turn still ends cleanly
         // (the next prompt waits for it through the turn lock it holds).
@@ -572,7 +573,7 @@ impl Agent {
             tokio::spawn(async move {
                 let outcome = conversation
                     .session
-                    .send(&text, LoopType::React, first, false, cancel)
+                    .send(&text, loop_type, first, false, cancel)
                     .await;
                 if outcome.is_ok() {
                     conversation.started.store(true, Ordering::SeqCst);

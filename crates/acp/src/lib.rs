@@ -26,7 +26,7 @@ use nerve_runtime::RuntimeError;
 use nerve_runtime::config::Config;
 
 /// What every session of this agent starts with (`nerve acp`'s options).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     /// `script:PATH`, `openai` or `anthropic`; `None`: the runtime's default (a loaded
     /// session keeps the provider it started with).
@@ -34,6 +34,9 @@ pub struct Settings {
     pub model: Option<String>,
     /// Turns per prompt.
     pub max_turns: u32,
+    /// The loop each prompt runs (`react` unless asked; a plan loop's plan is shown as a
+    /// `plan` update).
+    pub loop_type: nerve_core::LoopType,
     pub context_window: Option<u64>,
     pub image: Option<String>,
     /// Whether the engine's spans may carry message content (through the redactor).

@@ -394,6 +394,25 @@ mod tests {
     }
 
     #[test]
+    fn a_submitted_plan_is_a_plan_update() {
+        let mut updates = updates();
+        let plan = call(
+            "submit_plan",
+            serde_json::json!({"steps": ["read the test", "fix the bug"]}),
+        );
+        let sent = json(&updates.event(&Event::ToolCallStarted(ToolCallStarted {
+            turn: 1,
+            call: plan,
+            repaired: None,
+        })));
+        assert_eq!(sent[0]["sessionUpdate"], "tool_call");
+        assert_eq!(sent[0]["kind"], "think");
+        assert_eq!(sent[1]["sessionUpdate"], "plan");
+        assert_eq!(sent[1]["entries"][1]["content"], "fix the bug");
+        assert_eq!(sent[1]["entries"][1]["status"], "pending");
+    }
+
+    #[test]
     fn a_secret_split_across_deltas_is_redacted_whole() {
         let mut updates = updates();
         let mut sent = Vec::new();

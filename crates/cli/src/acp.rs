@@ -19,6 +19,7 @@ pub(crate) async fn serve(
         provider: args.provider,
         model: args.model,
         max_turns: args.max_turns,
+        loop_type: crate::run::loop_type(args.loop_type),
         context_window: args.context_window,
         image: args.image,
         capture_content: crate::telemetry::capture_content()?,

@@ -414,6 +414,15 @@ pub(crate) struct AcpArgs {
     /// The model to ask (default: the provider's).
     #[arg(long, value_name = "NAME")]
     pub(crate) model: Option<String>,
+    /// How the agent works on each prompt: act and observe, plan then execute, or both
+    /// (see docs/loops.md).
+    #[arg(
+        long = "loop",
+        value_name = "LOOP",
+        value_enum,
+        default_value = "react"
+    )]
+    pub(crate) loop_type: LoopArg,
     /// The most turns (model calls) the agent takes for one prompt.
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_turns: u32,
