@@ -737,3 +737,70 @@ fn client_servers(servers: &[McpServer]) -> Result<Vec<ClientMcpServer>, Error> 
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use agent_client_protocol::v1::schema::{
+        EmbeddedResource, EnvVariable, McpServerHttp, McpServerStdio, ResourceLink, TextContent,
+        TextResourceContents,
+    };
+
+    use super::*;
+
+    fn check_prompt(blocks: Vec<ContentBlock>, expected: Result<&str, &str>) {
+        let got = prompt_text(&blocks).map_err(|error| {
+            error
+                .data
+                .as_ref()
+                .and_then(|d| d.as_str())
+                .unwrap_or_default()
+                .to_owned()
+        });
+        assert_eq!(
+            got.as_deref().map_err(String::as_str),
+            expected,
+            "{blocks:?}"
+        );
+    }
+
+    #[test]
+    fn a_prompt_is_its_text_and_its_text_resources() {
+        check_prompt(
+            vec![
+                ContentBlock::Text(TextContent::new("fix this")),
+                ContentBlock::ResourceLink(ResourceLink::new("a.rs", "file:///w/a.rs")),
+                ContentBlock::Resource(EmbeddedResource::new(
+                    EmbeddedResourceResource::TextResourceContents(TextResourceContents::new(
+                        "fn main() {}",
+                        "file:///w/b.rs",
+                    )),
+                )),
+            ],
+            Ok("fix this\n@file:///w/a.rs\n@file:///w/b.rs:\n```\nfn main() {}\n```"),
+        );
+        check_prompt(
+            vec![ContentBlock::Text(TextContent::new("  "))],
+            Err("the prompt is empty"),
+        );
+    }
+
+    #[test]
+    fn a_client_brings_stdio_mcp_servers_only() {
+        let stdio = McpServer::Stdio(
+            McpServerStdio::new("time", "/usr/bin/mcp-server-time")
+                .args(vec!["--local-timezone".into(), "UTC".into()])
+                .env(vec![EnvVariable::new("TZ", "UTC")]),
+        );
+        assert_eq!(
+            client_servers(&[stdio]).unwrap(),
+            [ClientMcpServer {
+                name: "time".into(),
+                command: "/usr/bin/mcp-server-time".into(),
+                args: vec!["--local-timezone".into(), "UTC".into()],
+                env: vec![("TZ".into(), "UTC".into())],
+            }]
+        );
+        let http = McpServer::Http(McpServerHttp::new("remote", "https://example.com/mcp"));
+        assert!(client_servers(&[http]).is_err());
+    }
+}
