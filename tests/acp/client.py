@@ -18,6 +18,8 @@ Steps (`op`):
   prompt_cancel {text, after}     prompt; once an update of kind `after` (e.g. tool_call)
                                   has arrived, session/cancel; -> stop_reason and the
                                   seconds from the cancel to the answer
+  prompt_abandon {text}           prompt; once a permission is asked (answer it "never"),
+                                  the client closes without answering; the last step
   set_mode {mode}
   unknown_method                  a request for a method no agent has -> the error
   malformed                       a line that is not JSON -> the error the agent answered
@@ -49,6 +51,7 @@ class Recorder:
         self.permissions = []
         self.answers = list(answers)
         self.arrived = asyncio.Event()
+        self.asked = asyncio.Event()
         # When the first agent_message_chunk of the current prompt arrived.
         self.first_chunk = None
 
@@ -61,6 +64,7 @@ class Recorder:
 
     async def request_permission(self, session_id, tool_call, options, **kwargs):
         answer = self.answers.pop(0) if self.answers else "reject_once"
+        self.asked.set()
         self.permissions.append(
             {
                 "tool_call": tool_call.model_dump(mode="json", by_alias=True, exclude_none=True),
@@ -68,6 +72,9 @@ class Recorder:
                 "answer": answer,
             }
         )
+        if answer == "never":
+            # The person walks away: no answer, ever (the client closes instead).
+            await asyncio.Event().wait()
         if answer == "cancelled":
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
         return RequestPermissionResponse(
@@ -161,6 +168,18 @@ async def main(plan):
                     result["cancel_secs"] = time.monotonic() - cancelled_at
                     result["stop_reason"] = response.stop_reason
                     result["updates"] = recorder.updates[before:]
+                elif op == "prompt_abandon":
+                    # The prompt runs until a permission is asked; then the client goes
+                    # away without answering (the steps after it are not run).
+                    abandoned = asyncio.create_task(
+                        conn.prompt(session_id=session_id, prompt=[text_block(step["text"])])
+                    )
+                    # Its answer never comes: the connection closes under it.
+                    abandoned.add_done_callback(lambda task: task.cancelled() or task.exception())
+                    await asyncio.wait_for(recorder.asked.wait(), timeout=300)
+                    result["asked"] = True
+                    results.append(result)
+                    break
                 elif op == "set_mode":
                     await conn.set_session_mode(session_id=session_id, mode_id=step["mode"])
                     result["ok"] = True

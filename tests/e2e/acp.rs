@@ -359,3 +359,44 @@ fn a_cancel_during_a_long_command_answers_cancelled_at_once() {
     let replay = verifies_and_replays_complete(&s.db, &id);
     assert_eq!(replay["termination_reason"], "shutdown", "{replay}");
 }
+
+#[test]
+fn an_editor_that_goes_away_during_a_permission_parks_the_execution() {
+    if !docker_available() {
+        return;
+    }
+    let s = setup(
+        r#"{"text": "Touching.", "tool_calls": [{"name": "shell", "arguments": {"command": "touch later.txt"}}]}
+{"text": "Touched."}
+"#,
+    );
+    let cwd = s.workspace.display().to_string();
+    let result = client(
+        &s,
+        "abandon",
+        json!([
+            {"op": "initialize"},
+            {"op": "new_session", "cwd": cwd},
+            {"op": "prompt_abandon", "text": "touch a file"},
+        ]),
+        &["never"],
+    );
+    assert_eq!(step(&result, "prompt_abandon")["asked"], true, "{result}");
+    let id = step(&result, "new_session")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let verify = nerve(&s.db, &["verify", &id]);
+    assert!(verify.status.success(), "{}", stderr(&verify));
+    let replay = nerve(&s.db, &["replay", &id, "--json"]);
+    let replay: Value = serde_json::from_str(stdout(&replay).trim()).unwrap();
+    assert_eq!(replay["termination_reason"], "parked", "{replay}");
+    assert!(!s.workspace.join("later.txt").exists());
+    // Decided from the terminal, it goes on where it stopped.
+    let approve = nerve(&s.db, &["approve", &id]);
+    assert!(approve.status.success(), "{}", stderr(&approve));
+    let resume = nerve(&s.db, &["resume", &id, "--json"]);
+    assert_eq!(resume.status.code(), Some(0), "{}", stderr(&resume));
+    assert!(s.workspace.join("later.txt").exists());
+    verifies_and_replays_complete(&s.db, &id);
+}
