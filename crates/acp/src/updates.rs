@@ -394,6 +394,23 @@ mod tests {
     }
 
     #[test]
+    fn reasoning_is_a_thought_and_a_summary_is_not_shown() {
+        let mut updates = updates();
+        let mut sent = updates.delta(CallPurpose::Agent, &Delta::Thinking("hmm, ".into()));
+        sent.extend(updates.delta(CallPurpose::Summary, &Delta::Text("summary".into())));
+        sent.extend(updates.flush());
+        let sent = json(&sent);
+        let kinds: Vec<&str> = sent
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["sessionUpdate"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["agent_thought_chunk"], "{sent}");
+        assert_eq!(sent[0]["content"]["text"], "hmm, ");
+    }
+
+    #[test]
     fn a_submitted_plan_is_a_plan_update() {
         let mut updates = updates();
         let plan = call(
