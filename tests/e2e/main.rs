@@ -5,6 +5,7 @@
 // Test helpers may unwrap and print: a failure here is a test failure with its reason.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
+mod acp;
 mod anthropic;
 mod bad_input;
 mod chat;

@@ -7,7 +7,6 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The Phoenix release the tests run against (`cargo xtask ci` installs the same).
@@ -23,59 +22,17 @@ pub(crate) fn venv_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("NERVE_PHOENIX_VENV").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    home.join(".cache/nerve")
-        .join(format!("phoenix-{PHOENIX_VERSION}"))
+    crate::support::nerve_cache(&format!("phoenix-{PHOENIX_VERSION}"))
 }
-
-/// Marks a finished install: a venv without it was interrupted and is made anew.
-const COMPLETE: &str = ".nerve-complete";
 
 /// The `phoenix` executable, installing it first when the venv is missing or incomplete.
 /// `Err` says why it cannot be had.
 fn phoenix_executable() -> Result<PathBuf, String> {
-    static INSTALL: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = INSTALL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let venv = venv_dir();
-    let phoenix = venv.join("bin/phoenix");
-    if venv.join(COMPLETE).exists() && phoenix.exists() {
-        return Ok(phoenix);
-    }
-    eprintln!(
-        "installing arize-phoenix=={PHOENIX_VERSION} into {} (once)",
-        venv.display()
-    );
-    if venv.exists() {
-        std::fs::remove_dir_all(&venv)
-            .map_err(|e| format!("cannot clear {}: {e}", venv.display()))?;
-    }
-    let run = |command: &mut Command| -> Result<(), String> {
-        let output = command
-            .output()
-            .map_err(|e| format!("cannot run {command:?}: {e}"))?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{command:?} failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or_default()
-            ))
-        }
-    };
-    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(venv.join("bin/pip")).args([
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
+    crate::support::python_venv(
+        &venv_dir(),
         &format!("arize-phoenix=={PHOENIX_VERSION}"),
-    ]))?;
-    std::fs::write(venv.join(COMPLETE), PHOENIX_VERSION).map_err(|e| e.to_string())?;
-    Ok(phoenix)
+        "phoenix",
+    )
 }
 
 /// A free loopback port (bound, then released for Phoenix to take).
@@ -244,7 +201,7 @@ pub(crate) fn phoenix_available() -> bool {
         .args(["-c", "import venv"])
         .output()
         .is_ok_and(|o| o.status.success());
-    if python || venv_dir().join(COMPLETE).exists() {
+    if python || venv_dir().join(".nerve-complete").exists() {
         return true;
     }
     let reason = "no python3 with venv to install Arize Phoenix";

@@ -496,3 +496,59 @@ pub(crate) fn sandbox_available() -> bool {
     eprintln!("skipping: {reason}");
     false
 }
+
+/// The program `program` of a Python virtual environment at `venv` with `requirement`
+/// installed from PyPI, made when missing (one install at a time per test process: tests
+/// asking at the same time wait for it). A venv whose install was cut short has no marker
+/// and is made anew. `Err` says why there is none.
+pub(crate) fn python_venv(
+    venv: &Path,
+    requirement: &str,
+    program: &str,
+) -> Result<PathBuf, String> {
+    static INSTALL: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let executable = venv.join("bin").join(program);
+    let marker = venv.join(".nerve-complete");
+    if marker.exists() && executable.exists() {
+        return Ok(executable);
+    }
+    eprintln!("installing {requirement} into {} (once)", venv.display());
+    if venv.exists() {
+        std::fs::remove_dir_all(venv)
+            .map_err(|e| format!("cannot clear {}: {e}", venv.display()))?;
+    }
+    let run = |command: &mut Command| -> Result<(), String> {
+        let output = command
+            .output()
+            .map_err(|e| format!("cannot run {command:?}: {e}"))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{command:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+            ))
+        }
+    };
+    run(Command::new("python3").args(["-m", "venv"]).arg(venv))?;
+    run(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        requirement,
+    ]))?;
+    std::fs::write(&marker, requirement).map_err(|e| e.to_string())?;
+    Ok(executable)
+}
+
+/// `~/.cache/nerve/<name>`: where the tests keep what they install.
+pub(crate) fn nerve_cache(name: &str) -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/nerve").join(name)
+}

@@ -106,6 +106,9 @@ pub(crate) enum Command {
     /// Talk to the agent: each message continues the same execution (one log, one sandbox,
     /// one context). Ctrl-C stops the agent's turn, Ctrl-D or /exit ends; /help for more.
     Chat(ChatArgs),
+    /// Serve the Agent Client Protocol (v1) on stdin/stdout for an editor (Zed, JetBrains,
+    /// Neovim): each editor session is one execution (see docs/acp.md). Logs go to stderr.
+    Acp(AcpArgs),
     /// Remove sandbox containers whose owning `nerve` process is provably dead, and the
     /// sandbox homes of executions that ended for good (completed, cancelled) or went
     /// unused for a week.
@@ -399,6 +402,40 @@ pub(crate) struct RunArgs {
     /// Print only the final answer.
     #[arg(long, short = 'q')]
     pub(crate) quiet: bool,
+}
+
+/// `nerve acp`: the settings of every session the editor opens.
+#[derive(Debug, Args)]
+pub(crate) struct AcpArgs {
+    /// `script:PATH`, `openai` or `anthropic` (default: `openai`; a loaded session: the
+    /// provider it started with).
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) provider: Option<String>,
+    /// The model to ask (default: the provider's).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) model: Option<String>,
+    /// How the agent works on each prompt: act and observe, plan then execute, or both
+    /// (see docs/loops.md).
+    #[arg(
+        long = "loop",
+        value_name = "LOOP",
+        value_enum,
+        default_value = "react"
+    )]
+    pub(crate) loop_type: LoopArg,
+    /// The most turns (model calls) the agent takes for one prompt.
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_turns: u32,
+    /// Override the model's context capacity in tokens.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) context_window: Option<u64>,
+    /// The sandbox image (default: nerve-sandbox:latest, built locally when missing).
+    #[arg(long, value_name = "IMAGE")]
+    pub(crate) image: Option<String>,
+    /// Without a usable sandbox executor: refuse to start (the default), or run each tool
+    /// call through its own `docker exec`.
+    #[arg(long, value_name = "MODE")]
+    pub(crate) sandbox_fallback: Option<SandboxFallbackArg>,
 }
 
 /// `nerve chat`: what the session starts with.

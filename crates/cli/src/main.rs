@@ -5,6 +5,7 @@
 //! other termination or a failed `verify`, 2 for usage and configuration errors (one line
 //! on stderr, nothing written to the log), 130 when aborted by a second Ctrl-C.
 
+mod acp;
 mod approve;
 mod args;
 mod chat;
@@ -104,7 +105,7 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let db = cli.db_path()?;
     let continues = match &cli.command {
-        Command::Chat(_) => true,
+        Command::Chat(_) | Command::Acp(_) => true,
         Command::Run(args) => args.continue_id.is_some(),
         Command::Replay { .. }
         | Command::List { .. }
@@ -125,7 +126,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     };
     if nerve_runtime::log::is_postgres(&db) && continues {
         return Err(Failure::usage(
-            "chat and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
+            "chat, acp and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
         ));
     }
     let mut command = cli.command;
@@ -152,6 +153,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             }
         }
         Command::List { .. }
+        | Command::Acp(_)
         | Command::Reap { .. }
         | Command::Import { .. }
         | Command::Submit(_)
@@ -161,6 +163,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
         Command::Chat(args) => chat::chat(args, &db, cli.config.as_deref()).await,
+        Command::Acp(args) => acp::serve(args, db, cli.config.as_deref()).await,
         Command::Replay { id, json } => inspect::replay(&db, &id, json).await,
         Command::List { json, status } => inspect::list(&db, json, status).await,
         Command::Show { id, json, html } => inspect::show(&db, &id, json, html.as_deref()).await,

@@ -71,6 +71,18 @@ pub struct ChatRequest {
     pub image: Option<String>,
 }
 
+/// An MCP server a front end brings for one execution beside the configured ones (an
+/// editor's `mcpServers` in ACP's `session/new`): a stdio server, run in the sandbox like a
+/// configured server with the default trust, its environment given by value and passed
+/// through the credential filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientMcpServer {
+    pub name: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
 /// What the engine does once the sandbox is up, for a run that is not a conversation.
 #[derive(Debug)]
 pub enum Start {
@@ -93,6 +105,8 @@ pub struct Launch<'a> {
     pub log: Option<Arc<dyn crate::log::Log>>,
     /// Whether the engine's spans may carry message content (through the redactor).
     pub capture_content: bool,
+    /// MCP servers the front end adds to the configured ones for this execution.
+    pub client_mcp: Vec<ClientMcpServer>,
     /// The proxy's rules, with their secrets read.
     pub(crate) proxy: ProxyConfig,
     /// The provider keys and the proxy's secrets: the log, the spans and every front end
@@ -137,6 +151,7 @@ impl<'a> Launch<'a> {
             execution_id,
             log: None,
             capture_content: false,
+            client_mcp: Vec::new(),
             proxy: proxy.config,
             redactor,
         })

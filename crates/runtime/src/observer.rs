@@ -7,8 +7,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use nerve_brain::approval::{Approval, Approver};
-use nerve_brain::{Delta, DeltaObserver};
+/// What an observer hears and answers, re-exported on purpose: a front end (the editor
+/// agent) implements [`Observer`] without depending on brain.
+pub use nerve_brain::Delta;
+use nerve_brain::DeltaObserver;
+pub use nerve_brain::approval::Approval;
+use nerve_brain::approval::Approver;
 use nerve_core::event::CallPurpose;
 use nerve_core::{Enqueued, Event, EventSink, ExecutionId, SinkError, Snapshot, ToolCall};
 

@@ -182,7 +182,12 @@ impl Launch<'_> {
         ));
         // MCP servers start before the engine, so their tools are in the first turn and
         // where each runs is recorded with the run's configuration.
-        let specs = self.config.mcp.specs(&redactor);
+        let mut specs = self.config.mcp.specs(&redactor);
+        specs.extend(
+            self.client_mcp
+                .iter()
+                .map(|server| client_spec(server, &redactor)),
+        );
         let mcp = if specs.is_empty() {
             None
         } else {
@@ -360,6 +365,31 @@ impl Session {
 async fn remove(sandbox: &Sandbox) {
     if let Err(error) = sandbox.remove().await {
         tracing::warn!(%error, "could not remove the sandbox; the reaper will at the next start");
+    }
+}
+
+/// A front end's MCP server as the sandbox runs it: in the sandbox, its variables through the
+/// credential filter.
+fn client_spec(
+    server: &crate::launch::ClientMcpServer,
+    redactor: &Redactor,
+) -> nerve_hands::mcp::McpServerSpec {
+    let (kept, dropped) = nerve_core::filter_sandbox_env(server.env.iter().cloned(), redactor);
+    if !dropped.is_empty() {
+        tracing::warn!(server = %server.name, ?dropped, "variables kept from a client's MCP server by the credential filter");
+    }
+    nerve_hands::mcp::McpServerSpec {
+        config: nerve_hands::mcp::McpServerConfig {
+            name: server.name.clone(),
+            command: Some(server.command.clone()),
+            args: server.args.clone(),
+            url: None,
+            env: Vec::new(),
+            tools: nerve_hands::mcp::ToolFilter::default(),
+            timeout_secs: None,
+            trust: nerve_hands::mcp::Trust::Sandbox,
+        },
+        env: kept.into_iter().collect(),
     }
 }
 
