@@ -15,6 +15,7 @@ mod demo;
 mod faults;
 mod fleet;
 mod inspect;
+mod instructions;
 mod interrupt;
 mod json;
 mod killpoints;

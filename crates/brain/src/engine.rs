@@ -186,6 +186,7 @@ impl AgentEngine {
             // A resumed run that had switched goes on with text.
             ToolProtocol::Auto => crate::text_tools::used(&messages),
         };
+        let instructions = crate::instructions::Tracker::resumed(&messages);
         Run {
             execution_id,
             config: self.config.clone(),
@@ -218,6 +219,7 @@ impl AgentEngine {
             tool_protocol,
             tools_as_text,
             text_repairs: Vec::new(),
+            instructions,
         }
     }
 
@@ -267,7 +269,7 @@ impl AgentEngine {
         .await)
     }
 
-    fn start(&self, run: &mut Run, task: &Task) -> Result<(), Stop> {
+    async fn start(&self, run: &mut Run, task: &Task) -> Result<(), Stop> {
         let mut recorded = self.config.recorded_config.clone();
         if let Some(map) = recorded.as_object_mut() {
             map.insert(
@@ -301,7 +303,17 @@ impl AgentEngine {
             .config
             .prompt_profile
             .unwrap_or_else(|| PromptProfile::for_model(self.provider.model()));
-        run.push_message(Message::system(profile.system_prompt()));
+        let mut system = profile.system_prompt().to_owned();
+        let instructions = start_instructions(&self.config, &*run.hands.tools).await;
+        if !instructions.is_empty() {
+            system.push_str(&crate::instructions::system_section(&instructions));
+            run.journal
+                .record(Event::InstructionsLoaded(nerve_core::event::InstructionsLoaded {
+                    turn: 0,
+                    files: instructions.into_iter().map(|l| l.file).collect(),
+                }));
+        }
+        run.push_message(Message::system(system));
         run.push_message(Message::user(task.description.clone()).pinned());
         run.window.refresh_indicator(&mut run.journal);
         run.transition(TaskStatus::InProgress)
@@ -434,6 +446,28 @@ enum Begin<'a> {
     FollowUp(&'a ResumeState, &'a FollowUp),
 }
 
+/// The project instructions a fresh execution starts with: the user's file, then the
+/// workspace root's.
+async fn start_instructions(
+    config: &EngineConfig,
+    tools: &dyn nerve_core::ToolExecutor,
+) -> Vec<crate::instructions::Loaded> {
+    let mut loaded = Vec::new();
+    if let Some(user) = &config.instructions.user {
+        loaded.push(crate::instructions::bounded(
+            nerve_core::event::InstructionsSource::User,
+            &user.path,
+            &user.text,
+        ));
+    }
+    if config.instructions.workspace
+        && let Some(root) = crate::instructions::root(tools).await
+    {
+        loaded.push(root);
+    }
+    loaded
+}
+
 /// One execution from its first event to its finish: where an execution begins and ends,
 /// inside its `invoke_agent` span (the root of its trace).
 async fn execute(run: Run, begin: Begin<'_>) -> ExecutionResult {
@@ -458,7 +492,7 @@ async fn execute(run: Run, begin: Begin<'_>) -> ExecutionResult {
 
 async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
     let outcome = match begin {
-        Begin::Fresh { engine, task } => match engine.start(&mut run, task) {
+        Begin::Fresh { engine, task } => match engine.start(&mut run, task).await {
             // Durable before the first model call, however long that takes: the run is
             // listed. The workspace as the run found it is the base of turn 1's changes.
             Ok(()) => match start_snapshot(&mut run).await {

@@ -18,6 +18,7 @@ pub mod context;
 pub mod engine;
 pub mod epistemic;
 pub mod http;
+pub mod instructions;
 mod journal;
 mod json_text;
 pub mod models;

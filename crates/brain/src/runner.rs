@@ -105,6 +105,8 @@ pub(crate) struct Run {
     /// The calls of the last answer read from text that had to be repaired, and what was
     /// repaired: their `tool_call_started` events say so.
     pub(crate) text_repairs: Vec<(ToolCallId, String)>,
+    /// The directories looked in for project instructions, and the files given.
+    pub(crate) instructions: crate::instructions::Tracker,
 }
 
 impl Run {

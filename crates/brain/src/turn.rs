@@ -67,7 +67,20 @@ async fn through_gate(
     }
     let (action, rule) = run.config.policy.evaluate(call);
     match action {
-        PolicyAction::Allow => execute_tool(run, turn, call).await,
+        PolicyAction::Allow => {
+            if run.config.policy.records_allows() {
+                record_decision(
+                    run,
+                    turn,
+                    call,
+                    ApprovalDecision::Approved,
+                    Decider::Policy,
+                    &rule,
+                    None,
+                );
+            }
+            execute_tool(run, turn, call).await
+        }
         PolicyAction::Deny => {
             record_decision(
                 run,
@@ -209,7 +222,21 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
                 .execute(call)
                 .await
                 .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
-            (output.content, output.is_error)
+            let mut content = output.content;
+            if run.config.instructions.workspace
+                && let Some(loaded) = run
+                    .instructions
+                    .nested(&*run.hands.tools, call)
+                    .await
+            {
+                content.push_str(&crate::instructions::nested_note(&loaded));
+                run.journal
+                    .record(Event::InstructionsLoaded(nerve_core::event::InstructionsLoaded {
+                        turn,
+                        files: vec![loaded.file],
+                    }));
+            }
+            (content, output.is_error)
         }
     };
     let result = ToolResult {

@@ -314,6 +314,26 @@ impl From<SandboxFallbackArg> for nerve_runtime::config::SandboxFallback {
     }
 }
 
+/// `--approval`: the settings' `approval` from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ApprovalArg {
+    ReadOnly,
+    Ask,
+    Auto,
+    Never,
+}
+
+impl From<ApprovalArg> for nerve_brain::approval::ApprovalMode {
+    fn from(arg: ApprovalArg) -> Self {
+        match arg {
+            ApprovalArg::ReadOnly => Self::ReadOnly,
+            ApprovalArg::Ask => Self::Ask,
+            ApprovalArg::Auto => Self::Auto,
+            ApprovalArg::Never => Self::Never,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum LoopArg {
     React,
@@ -398,7 +418,15 @@ pub(crate) struct RunArgs {
     pub(crate) jsonl: bool,
     /// Print only the final answer.
     #[arg(long, short = 'q')]
-    pub(crate) quiet: bool,
+    pub(crate) quiet: bool,    /// Give the model no project instructions: neither the workspace's `AGENTS.md` (or
+    /// `CLAUDE.md`) files nor the user's `$XDG_CONFIG_HOME/nerve/AGENTS.md`.
+    #[arg(long)]
+    pub(crate) no_project_instructions: bool,
+    /// How much the agent may do without asking: read-only (reading only), ask (anything
+    /// else asks; an unattended run parks), auto (everything unless a rule says otherwise,
+    /// the default), never (nobody is asked). Overrides the settings' `approval`.
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub(crate) approval: Option<ApprovalArg>,
 }
 
 /// `nerve chat`: what the session starts with.
@@ -426,6 +454,15 @@ pub(crate) struct ChatArgs {
     /// The sandbox image (default: nerve-sandbox:latest, built locally when missing).
     #[arg(long, value_name = "IMAGE")]
     pub(crate) image: Option<String>,
+    /// Give the model no project instructions: neither the workspace's `AGENTS.md` (or
+    /// `CLAUDE.md`) files nor the user's `$XDG_CONFIG_HOME/nerve/AGENTS.md`.
+    #[arg(long)]
+    pub(crate) no_project_instructions: bool,
+    /// How much the agent may do without asking: read-only (reading only), ask (anything
+    /// else asks; an unattended run parks), auto (everything unless a rule says otherwise,
+    /// the default), never (nobody is asked). Overrides the settings' `approval`.
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub(crate) approval: Option<ApprovalArg>,
 }
 
 #[cfg(test)]

@@ -448,6 +448,17 @@ impl Display {
                 Style::Note,
                 format!("· tool calls now read from text ({})", switched.reason),
             )),
+            Event::InstructionsLoaded(loaded) => {
+                for file in &loaded.files {
+                    lines.push((
+                        Style::Note,
+                        format!(
+                            "· project instructions: {}",
+                            nerve_runtime::views::transcript::instructions_file(file)
+                        ),
+                    ));
+                }
+            }
             Event::WorkspaceRewound(rewound) => lines.push((
                 Style::Note,
                 format!(

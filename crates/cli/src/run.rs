@@ -22,7 +22,9 @@ pub(crate) async fn run(
     db: &Path,
     config_path: Option<&Path>,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback.map(Into::into));
+    let config = Config::load(config_path)?
+        .with_fallback(args.sandbox_fallback.map(Into::into))
+        .with_approval(args.approval.map(Into::into));
     let mode = Mode::detect(args.json || args.jsonl, args.quiet);
     if let Some(id) = &args.continue_id {
         // The task is the next message of execution ID, which runs again in a fresh
@@ -66,6 +68,7 @@ pub(crate) fn request(args: &RunArgs) -> Result<RunRequest, Failure> {
         budget_tokens: args.budget_tokens,
         context_window: args.context_window,
         image: args.image.clone(),
+        project_instructions: !args.no_project_instructions,
     })
 }
 

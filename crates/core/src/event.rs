@@ -412,6 +412,41 @@ pub struct ToolProtocolSwitched {
     pub reason: String,
 }
 
+/// Where a file of project instructions came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstructionsSource {
+    /// The user's own file (`$XDG_CONFIG_HOME/nerve/AGENTS.md`), read on the host.
+    User,
+    /// A file in the workspace (`AGENTS.md`, else `CLAUDE.md`), read through the sandbox.
+    Workspace,
+}
+
+/// One file of project instructions the model was given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstructionsFile {
+    pub source: InstructionsSource,
+    /// The file's path: relative to the workspace root for a workspace file, the host path
+    /// for the user's.
+    pub path: String,
+    /// SHA-256 (hex) of the text the model was given (after the size bound).
+    pub sha256: String,
+    /// Bytes of the text the model was given.
+    pub bytes: u64,
+    /// The file was longer than the bound and was cut.
+    pub truncated: bool,
+}
+
+/// Project instructions entered the conversation: at the start (the user's file and the
+/// workspace root's, in the system message that follows), or in `turn` when the agent first
+/// worked under a directory with a file of its own (appended to that call's result).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstructionsLoaded {
+    /// 0 at the start.
+    pub turn: u32,
+    pub files: Vec<InstructionsFile>,
+}
+
 /// Every event an execution can record, tagged by `kind`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -436,6 +471,7 @@ pub enum Event {
     WorkspaceSnapshot(WorkspaceSnapshot),
     WorkspaceRewound(WorkspaceRewound),
     ToolProtocolSwitched(ToolProtocolSwitched),
+    InstructionsLoaded(InstructionsLoaded),
 }
 
 /// The `kind` tag of an [`Event`], as stored in the log's `kind` column.
@@ -461,11 +497,12 @@ pub enum EventKind {
     WorkspaceSnapshot,
     WorkspaceRewound,
     ToolProtocolSwitched,
+    InstructionsLoaded,
 }
 
 impl EventKind {
     /// Every kind, in the order `docs/events.md` documents them.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 21] = [
         Self::Started,
         Self::ContextCreated,
         Self::MessageAppended,
@@ -486,6 +523,7 @@ impl EventKind {
         Self::WorkspaceSnapshot,
         Self::WorkspaceRewound,
         Self::ToolProtocolSwitched,
+        Self::InstructionsLoaded,
     ];
 
     /// The payload version this build writes for this kind.
@@ -510,7 +548,8 @@ impl EventKind {
             | Self::Resumed
             | Self::WorkspaceSnapshot
             | Self::WorkspaceRewound
-            | Self::ToolProtocolSwitched => EVENT_VERSION,
+            | Self::ToolProtocolSwitched
+            | Self::InstructionsLoaded => EVENT_VERSION,
         }
     }
 
@@ -541,6 +580,7 @@ impl EventKind {
             Self::WorkspaceSnapshot => "workspace_snapshot",
             Self::WorkspaceRewound => "workspace_rewound",
             Self::ToolProtocolSwitched => "tool_protocol_switched",
+            Self::InstructionsLoaded => "instructions_loaded",
         }
     }
 }
@@ -568,6 +608,7 @@ impl Event {
             Self::WorkspaceSnapshot(_) => EventKind::WorkspaceSnapshot,
             Self::WorkspaceRewound(_) => EventKind::WorkspaceRewound,
             Self::ToolProtocolSwitched(_) => EventKind::ToolProtocolSwitched,
+            Self::InstructionsLoaded(_) => EventKind::InstructionsLoaded,
         }
     }
 }

@@ -260,6 +260,15 @@ pub trait ToolExecutor: Send + Sync {
         let _ = call;
         true
     }
+
+    /// Reads a workspace text file as the sandbox sees it (confined to the workspace like
+    /// `read_file`: no symlink followed out of it), for the engine's own use (project
+    /// instructions), not as the agent's tool call: no event, no kill point. `None` when
+    /// there is no such readable text file. The default has no files.
+    async fn read_text(&self, path: &str) -> Option<String> {
+        let _ = path;
+        None
+    }
 }
 
 /// The workspace's snapshot store failed (a full disk, an unreadable file, a store removed).

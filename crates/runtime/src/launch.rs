@@ -42,6 +42,9 @@ pub struct RunRequest {
     pub budget_tokens: Option<u64>,
     pub context_window: Option<u64>,
     pub image: Option<String>,
+    /// Give the model the project's instructions (`AGENTS.md`) and the user's
+    /// (`--no-project-instructions` says no).
+    pub project_instructions: bool,
 }
 
 /// A person's next message to an execution that ended (`run --continue ID`).
@@ -69,6 +72,8 @@ pub struct ChatRequest {
     pub max_turns: u32,
     pub context_window: Option<u64>,
     pub image: Option<String>,
+    /// As [`RunRequest::project_instructions`], for a new conversation.
+    pub project_instructions: bool,
 }
 
 /// What the engine does once the sandbox is up, for a run that is not a conversation.
@@ -197,7 +202,10 @@ pub async fn fresh<'a>(
             "context_window": request.context_window,
             "complexity": request.complexity,
             "image": request.image,
+            "project_instructions": request.project_instructions,
+            "approval": config.approval.map(nerve_brain::approval::ApprovalMode::as_str),
         }),
+        instructions: crate::instructions::config(request.project_instructions)?,
         ..config.engine_config()?
     };
     let task = Task {
@@ -355,7 +363,10 @@ pub async fn conversation<'a>(
             "context_window": request.context_window,
             "image": request.image,
             "chat": true,
+            "project_instructions": request.project_instructions,
+            "approval": config.approval.map(nerve_brain::approval::ApprovalMode::as_str),
         }),
+        instructions: crate::instructions::config(request.project_instructions)?,
         ..config.engine_config()?
     };
     Launch::new(
@@ -436,6 +447,15 @@ pub fn recorded_engine_config(
             .and_then(serde_json::Value::as_f64)
             .and_then(MicroUsd::from_usd),
         context_window: number("context_window"),
+        // A directory's instructions go on being given unless the start said no (the
+        // user's file and the root's are in the conversation already).
+        instructions: nerve_brain::instructions::InstructionsConfig {
+            workspace: recorded
+                .get("project_instructions")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(true),
+            user: None,
+        },
         recorded_config: recorded.clone(),
         ..config.engine_config()?
     })

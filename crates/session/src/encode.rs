@@ -307,7 +307,8 @@ pub(crate) fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
         | Event::Checkpoint(_)
         | Event::WorkspaceSnapshot(_)
         | Event::WorkspaceRewound(_)
-        | Event::ToolProtocolSwitched(_) => IndexUpdate::Nothing,
+        | Event::ToolProtocolSwitched(_)
+        | Event::InstructionsLoaded(_) => IndexUpdate::Nothing,
     }
 }
 

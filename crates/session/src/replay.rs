@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use nerve_core::event::{
     ApprovalDecided, ApprovalRequested, CallPurpose, Compaction, ContextCreated, Finish,
     MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry, Stagnation, Started,
-    TaskTransition, ToolCallFinished, ToolCallStarted, ToolProtocolSwitched, TurnCompleted,
+    InstructionsLoaded, TaskTransition, ToolCallFinished, ToolCallStarted, ToolProtocolSwitched, TurnCompleted,
     WorkspaceRewound, WorkspaceSnapshot,
 };
 use nerve_core::{
@@ -194,6 +194,8 @@ pub struct Replay {
     /// The last switch of the tool protocol (`tool_protocol = "auto"` moving to calls
     /// written as text), if any.
     pub tool_protocol: Option<ToolProtocolSwitched>,
+    /// The project instructions the model was given, in the order they were loaded.
+    pub instructions: Vec<InstructionsLoaded>,
     pub proxy: ProxyTally,
     pub checkpoints: Vec<CheckpointMark>,
     /// Every resume of this execution; its length is the number of attempts so far.
@@ -303,6 +305,7 @@ impl Replayer {
                 compactions: Vec::new(),
                 stagnation: Vec::new(),
                 tool_protocol: None,
+                instructions: Vec::new(),
                 proxy: ProxyTally::default(),
                 checkpoints: Vec::new(),
                 resumes: Vec::new(),
@@ -482,6 +485,7 @@ impl Replayer {
                 out.workspace.current = Some(rewound.tree);
             }
             Event::ToolProtocolSwitched(switched) => out.tool_protocol = Some(switched),
+            Event::InstructionsLoaded(loaded) => out.instructions.push(loaded),
         }
     }
 
@@ -630,6 +634,9 @@ fn decode(kind: EventKind, version: u32, payload: &str) -> Option<Event> {
         EventKind::WorkspaceRewound => read::<WorkspaceRewound>(payload, Event::WorkspaceRewound),
         EventKind::ToolProtocolSwitched => {
             read::<ToolProtocolSwitched>(payload, Event::ToolProtocolSwitched)
+        }
+        EventKind::InstructionsLoaded => {
+            read::<InstructionsLoaded>(payload, Event::InstructionsLoaded)
         }
     }
 }

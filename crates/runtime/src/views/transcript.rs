@@ -144,6 +144,11 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
                 "  (tool calls now read from text: {})",
                 switched.reason
             )),
+            Event::InstructionsLoaded(loaded) => {
+                for file in &loaded.files {
+                    lines.push(format!("  (project instructions: {})", instructions_file(file)));
+                }
+            }
             Event::WorkspaceRewound(rewound) => lines.push(format!(
                 "  (workspace rewound to turn {}: {} path(s))",
                 rewound.turn,
@@ -229,6 +234,22 @@ fn call_line(call: Option<&ToolCall>, name: &str) -> String {
         Some(call) => format!("  > {}", key_argument(call)),
         None => format!("  > {name}"),
     }
+}
+
+/// One file of project instructions in a line: its path, size and the start of its hash
+/// (the whole hash is in the log's `instructions_loaded`).
+pub fn instructions_file(file: &nerve_core::event::InstructionsFile) -> String {
+    let source = match file.source {
+        nerve_core::event::InstructionsSource::User => "user",
+        nerve_core::event::InstructionsSource::Workspace => "workspace",
+    };
+    format!(
+        "{} ({source}, {} bytes{}, sha256 {})",
+        file.path,
+        file.bytes,
+        if file.truncated { ", cut at the bound" } else { "" },
+        file.sha256.get(..12).unwrap_or(&file.sha256)
+    )
 }
 
 /// A tool call as one line: its name and the argument that says what it does.
