@@ -29,6 +29,7 @@ mod real;
 mod reaper;
 mod resume;
 mod rewind;
+mod rules;
 mod sandbox;
 mod sandbox_env;
 mod sandbox_python;
