@@ -186,7 +186,7 @@ pub async fn fresh<'a>(
             })
         })
         .transpose()?;
-    let engine_config = EngineConfig {
+    let mut engine_config = EngineConfig {
         loop_type: request.loop_type,
         complexity: request.complexity,
         max_turns: request.max_turns,
@@ -202,12 +202,15 @@ pub async fn fresh<'a>(
             "context_window": request.context_window,
             "complexity": request.complexity,
             "image": request.image,
-            "project_instructions": request.project_instructions,
-            "approval": config.approval.map(nerve_brain::approval::ApprovalMode::as_str),
         }),
         instructions: crate::instructions::config(request.project_instructions)?,
         ..config.engine_config()?
     };
+    record_habits(
+        &mut engine_config.recorded_config,
+        request.project_instructions,
+        config,
+    );
     let task = Task {
         id: TaskId::new(),
         description: request.task.clone(),
@@ -355,7 +358,7 @@ pub async fn conversation<'a>(
         &config.provider_settings(request.context_window)?,
     )
     .await?;
-    let engine_config = EngineConfig {
+    let mut engine_config = EngineConfig {
         max_turns: request.max_turns,
         context_window: request.context_window,
         recorded_config: serde_json::json!({
@@ -363,12 +366,15 @@ pub async fn conversation<'a>(
             "context_window": request.context_window,
             "image": request.image,
             "chat": true,
-            "project_instructions": request.project_instructions,
-            "approval": config.approval.map(nerve_brain::approval::ApprovalMode::as_str),
         }),
         instructions: crate::instructions::config(request.project_instructions)?,
         ..config.engine_config()?
     };
+    record_habits(
+        &mut engine_config.recorded_config,
+        request.project_instructions,
+        config,
+    );
     Launch::new(
         db,
         config,
@@ -378,6 +384,20 @@ pub async fn conversation<'a>(
         request.image.clone(),
         ExecutionId::new(),
     )
+}
+
+/// Records in the start event what differs from the defaults: project instructions turned
+/// off (a resume goes on without them), and the approval mode given.
+fn record_habits(recorded: &mut serde_json::Value, project_instructions: bool, config: &Config) {
+    let Some(map) = recorded.as_object_mut() else {
+        return;
+    };
+    if !project_instructions {
+        map.insert("project_instructions".into(), serde_json::json!(false));
+    }
+    if let Some(mode) = config.approval {
+        map.insert("approval".into(), serde_json::json!(mode.as_str()));
+    }
 }
 
 /// The workspace `resumable` works on, which `given` (when the front end was given one)
