@@ -22,6 +22,23 @@ fn the_documented_example_parses() {
         engine.policy.evaluate(&push).0,
         nerve_brain::approval::PolicyAction::Ask
     );
+    assert_eq!(
+        config.approval,
+        Some(nerve_brain::approval::ApprovalMode::Ask)
+    );
+    for (command, expected) in [
+        ("git status", nerve_brain::approval::PolicyAction::Allow),
+        ("rm -rf x", nerve_brain::approval::PolicyAction::Deny),
+        ("git status; rm -rf /", nerve_brain::approval::PolicyAction::Deny),
+        ("ls", nerve_brain::approval::PolicyAction::Ask),
+    ] {
+        let call = nerve_core::ToolCall {
+            id: "c".into(),
+            name: "shell".into(),
+            arguments: serde_json::json!({ "command": command }),
+        };
+        assert_eq!(engine.policy.evaluate(&call).0, expected, "{command}");
+    }
     assert!(
         config
             .model_table()
