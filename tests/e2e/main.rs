@@ -16,6 +16,7 @@ mod faults;
 mod fleet;
 mod inspect;
 mod instructions;
+mod invocation;
 mod interrupt;
 mod json;
 mod killpoints;

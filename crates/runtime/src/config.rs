@@ -35,6 +35,11 @@ pub struct Config {
     /// MCP servers whose tools the model gets (docs/mcp.md).
     #[serde(default)]
     pub mcp: McpSection,
+    /// The provider a new execution uses when no `--provider` is given (`openai`,
+    /// `anthropic`, `script:FILE`); `openai` when neither says.
+    pub provider: Option<String>,
+    /// The model a new execution asks when no `--model` is given.
+    pub model: Option<String>,
     /// How much the agent may do without a person: `read-only`, `ask`, `auto`, `never`.
     pub approval: Option<nerve_brain::approval::ApprovalMode>,
     /// `[[rules]]`: allow, ask or deny by tool, and for `shell` by command (first match wins).

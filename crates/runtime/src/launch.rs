@@ -353,8 +353,12 @@ pub async fn conversation<'a>(
 ) -> Result<Launch<'a>, RuntimeError> {
     let workspace = validate_workspace(workspace)?;
     let provider = crate::provider::build(
-        request.provider.as_deref().unwrap_or(DEFAULT_PROVIDER),
-        request.model.as_deref(),
+        request
+            .provider
+            .as_deref()
+            .or(config.provider.as_deref())
+            .unwrap_or(DEFAULT_PROVIDER),
+        request.model.as_deref().or(config.model.as_deref()),
         &config.provider_settings(request.context_window)?,
     )
     .await?;
