@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use nerve_core::event::HookPoint;
 use nerve_core::event::{ContextCreated, Finish, Resumed, Started};
 use nerve_core::{
     CredentialKeyError, Event, EventSink, ExecutionId, LoopType, Message, MicroUsd, TaskId,
@@ -128,6 +129,8 @@ pub struct AgentEngine {
     pub deltas: Arc<dyn crate::stream::DeltaObserver>,
     /// Snapshots of the workspace at turn boundaries; `None`: none are taken.
     pub workspace: Option<Arc<dyn nerve_core::WorkspaceSnapshots>>,
+    /// The user's hooks (run on the host by the runtime); `None`: none.
+    pub hooks: Option<Arc<dyn nerve_core::Hooks>>,
     pub config: EngineConfig,
 }
 
@@ -157,6 +160,7 @@ impl AgentEngine {
             archive: Arc::new(MemoryArchive::default()),
             deltas: Arc::new(crate::stream::IgnoreDeltas),
             workspace: None,
+            hooks: None,
             config,
         }
     }
@@ -220,6 +224,7 @@ impl AgentEngine {
             tools_as_text,
             text_repairs: Vec::new(),
             instructions,
+            hooks: self.hooks.clone(),
         }
     }
 
@@ -314,6 +319,15 @@ impl AgentEngine {
                 }));
         }
         run.push_message(Message::system(system));
+        crate::hooks::at(run, HookPoint::SessionStart, 0, None, serde_json::json!({})).await;
+        let prompt = serde_json::json!({ "prompt": task.description });
+        if let Some(why) = crate::hooks::at(run, HookPoint::UserPromptSubmit, 0, None, prompt).await
+        {
+            return Err(Stop::new(
+                TerminationReason::Error,
+                format!("a user_prompt_submit hook blocked the task: {why}"),
+            ));
+        }
         run.push_message(Message::user(task.description.clone()).pinned());
         run.window.refresh_indicator(&mut run.journal);
         run.transition(TaskStatus::InProgress)
@@ -513,12 +527,27 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
             Err(stop) => stop,
         },
         Begin::FollowUp(state, follow_up) => {
-            match follow_up_start(&mut run, state, follow_up).await {
-                Ok(()) => drive(&mut run).await,
-                Err(stop) => stop,
+            let prompt = serde_json::json!({ "prompt": follow_up.message });
+            let turns = run.progress.turn_count();
+            match crate::hooks::at(&mut run, HookPoint::UserPromptSubmit, turns, None, prompt)
+                .await
+            {
+                Some(why) => Stop::new(
+                    TerminationReason::Error,
+                    format!("a user_prompt_submit hook blocked the message: {why}"),
+                ),
+                None => match follow_up_start(&mut run, state, follow_up).await {
+                    Ok(()) => drive(&mut run).await,
+                    Err(stop) => stop,
+                },
             }
         }
     };
+    let turns = run.progress.turn_count();
+    if !outcome.log_failed {
+        let ending = serde_json::json!({ "termination_reason": outcome.reason });
+        crate::hooks::at(&mut run, HookPoint::Stop, turns, None, ending).await;
+    }
     finish(run, outcome).await
 }
 

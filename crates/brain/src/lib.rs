@@ -17,6 +17,7 @@ pub mod config;
 pub mod context;
 pub mod engine;
 pub mod epistemic;
+mod hooks;
 pub mod http;
 pub mod instructions;
 mod journal;

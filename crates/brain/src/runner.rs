@@ -107,6 +107,8 @@ pub(crate) struct Run {
     pub(crate) text_repairs: Vec<(ToolCallId, String)>,
     /// The directories looked in for project instructions, and the files given.
     pub(crate) instructions: crate::instructions::Tracker,
+    /// The user's hooks, when any are configured.
+    pub(crate) hooks: Option<Arc<dyn nerve_core::Hooks>>,
 }
 
 impl Run {

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use nerve_core::event::{
-    ApprovalDecided, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider,
+    ApprovalDecided, HookPoint, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider,
     ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use nerve_core::{
@@ -194,6 +194,19 @@ async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolR
 }
 
 async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
+    let context = context_tool(&run.config, call);
+    if context.is_none()
+        && let Some(why) = crate::hooks::at(
+            run,
+            HookPoint::PreToolUse,
+            turn,
+            Some(call),
+            serde_json::json!({}),
+        )
+        .await
+    {
+        return deny(run, turn, call, &format!("blocked by a pre_tool_use hook: {why}"));
+    }
     let repaired = run.take_text_repair(&call.id);
     run.journal.record(Event::ToolCallStarted(ToolCallStarted {
         turn,
@@ -202,7 +215,6 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
     }));
     run.journal.flush().await?;
     let started = Instant::now();
-    let context = context_tool(&run.config, call);
     let (content, is_error) = match context {
         Some(tool) => {
             run_context_tool(
@@ -246,6 +258,12 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
         is_error,
     };
     let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    if context.is_none() {
+        let outcome = serde_json::json!({
+            "result": {"content": result.content, "is_error": result.is_error},
+        });
+        crate::hooks::at(run, HookPoint::PostToolUse, turn, Some(call), outcome).await;
+    }
     // An oversized output goes to the archive at once; the conversation keeps a preview.
     // What recall returns stays whole: it was archived already.
     let turns = run.progress.turn_count();

@@ -140,7 +140,8 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             | Event::WorkspaceSnapshot(_)
             | Event::WorkspaceRewound(_)
             | Event::ToolProtocolSwitched(_)
-            | Event::InstructionsLoaded(_) => {}
+            | Event::InstructionsLoaded(_)
+            | Event::HookRan(_) => {}
         }
     }
 

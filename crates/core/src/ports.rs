@@ -271,6 +271,33 @@ pub trait ToolExecutor: Send + Sync {
     }
 }
 
+/// Runs the user's hooks at a point of the execution (on the host, the runtime's). Each
+/// configured hook that applies runs in order with `input` as JSON on its stdin; what each
+/// run did is returned for the log. A hook that blocks stops the ones after it.
+#[async_trait]
+pub trait Hooks: Send + Sync {
+    /// Whether any hook is configured at `point` (nothing is built for a point without).
+    fn any(&self, point: crate::event::HookPoint) -> bool;
+
+    async fn run(
+        &self,
+        point: crate::event::HookPoint,
+        tool: Option<&str>,
+        input: &serde_json::Value,
+    ) -> Vec<HookOutcome>;
+}
+
+/// One hook's run, as the engine records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookOutcome {
+    pub command: Vec<String>,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub verdict: crate::event::HookVerdict,
+    pub stderr: String,
+    pub duration_ms: u64,
+}
+
 /// The workspace's snapshot store failed (a full disk, an unreadable file, a store removed).
 /// Not fatal for the execution: the run goes on without that snapshot, and the next
 /// boundary tries again; `nerve diff` then shows the turns together.

@@ -11,7 +11,7 @@ use crate::event::{
     StagnationAction, Started, TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use crate::event::{
-    ChangeKind, InstructionsFile, InstructionsLoaded, InstructionsSource, ToolProtocolSwitched, ToolTransport, WorkspaceChange, WorkspaceRewound,
+    ChangeKind, HookPoint, HookRan, HookVerdict, InstructionsFile, InstructionsLoaded, InstructionsSource, ToolProtocolSwitched, ToolTransport, WorkspaceChange, WorkspaceRewound,
     WorkspaceSnapshot,
 };
 use crate::{
@@ -285,6 +285,18 @@ fn events() {
                 bytes: 4,
                 truncated: false,
             }],
+        }),
+        Event::HookRan(HookRan {
+            point: HookPoint::PreToolUse,
+            turn: 1,
+            call_id: Some("call_1".into()),
+            tool: Some("shell".into()),
+            command: vec!["./check.sh".into()],
+            exit_code: Some(2),
+            timed_out: false,
+            verdict: HookVerdict::Block,
+            stderr: "no rm here".into(),
+            duration_ms: 12,
         }),
     ];
     let mut kinds: Vec<&str> = events.iter().map(|e| e.kind().as_str()).collect();

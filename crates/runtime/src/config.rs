@@ -45,6 +45,9 @@ pub struct Config {
     /// `[[rules]]`: allow, ask or deny by tool, and for `shell` by command (first match wins).
     #[serde(default)]
     pub rules: Vec<nerve_brain::approval::CommandRule>,
+    /// `[[hooks.<point>]]`: commands run on the host at the execution's fixed points.
+    #[serde(default)]
+    pub hooks: crate::hooks::HooksSection,
 }
 
 /// `[mcp]`: the `[[mcp.servers]]` list.
@@ -502,6 +505,7 @@ impl Config {
         config.engine_config().map_err(invalid)?;
         config.model_table().map_err(invalid)?;
         config.mcp.validate().map_err(invalid)?;
+        config.hooks.validate().map_err(invalid)?;
         let mut probe = nerve_hands::SandboxConfig::new("", "", nerve_core::ExecutionId::new());
         config.sandbox.apply_limits(&mut probe).map_err(invalid)?;
         Ok(config)

@@ -308,7 +308,8 @@ pub(crate) fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
         | Event::WorkspaceSnapshot(_)
         | Event::WorkspaceRewound(_)
         | Event::ToolProtocolSwitched(_)
-        | Event::InstructionsLoaded(_) => IndexUpdate::Nothing,
+        | Event::InstructionsLoaded(_)
+        | Event::HookRan(_) => IndexUpdate::Nothing,
     }
 }
 

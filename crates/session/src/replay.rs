@@ -196,6 +196,8 @@ pub struct Replay {
     pub tool_protocol: Option<ToolProtocolSwitched>,
     /// The project instructions the model was given, in the order they were loaded.
     pub instructions: Vec<InstructionsLoaded>,
+    /// Every run of a user's hook.
+    pub hooks: Vec<nerve_core::event::HookRan>,
     pub proxy: ProxyTally,
     pub checkpoints: Vec<CheckpointMark>,
     /// Every resume of this execution; its length is the number of attempts so far.
@@ -306,6 +308,7 @@ impl Replayer {
                 stagnation: Vec::new(),
                 tool_protocol: None,
                 instructions: Vec::new(),
+                hooks: Vec::new(),
                 proxy: ProxyTally::default(),
                 checkpoints: Vec::new(),
                 resumes: Vec::new(),
@@ -486,6 +489,7 @@ impl Replayer {
             }
             Event::ToolProtocolSwitched(switched) => out.tool_protocol = Some(switched),
             Event::InstructionsLoaded(loaded) => out.instructions.push(loaded),
+            Event::HookRan(ran) => out.hooks.push(ran),
         }
     }
 
@@ -638,6 +642,7 @@ fn decode(kind: EventKind, version: u32, payload: &str) -> Option<Event> {
         EventKind::InstructionsLoaded => {
             read::<InstructionsLoaded>(payload, Event::InstructionsLoaded)
         }
+        EventKind::HookRan => read::<nerve_core::event::HookRan>(payload, Event::HookRan),
     }
 }
 

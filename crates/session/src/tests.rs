@@ -714,7 +714,8 @@ fn expected_gaps(prefix: &[Event]) -> Vec<GapKind> {
             | Event::WorkspaceSnapshot(_)
             | Event::WorkspaceRewound(_)
             | Event::ToolProtocolSwitched(_)
-            | Event::InstructionsLoaded(_) => {}
+            | Event::InstructionsLoaded(_)
+            | Event::HookRan(_) => {}
         }
     }
     let mut gaps = vec![GapKind::ToolCallInDoubt; open.len()];

@@ -144,6 +144,7 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
                 "  (tool calls now read from text: {})",
                 switched.reason
             )),
+            Event::HookRan(ran) => lines.push(format!("  ({})", hook_line(&ran))),
             Event::InstructionsLoaded(loaded) => {
                 for file in &loaded.files {
                     lines.push(format!("  (project instructions: {})", instructions_file(file)));
@@ -250,6 +251,31 @@ pub fn instructions_file(file: &nerve_core::event::InstructionsFile) -> String {
         if file.truncated { ", cut at the bound" } else { "" },
         file.sha256.get(..12).unwrap_or(&file.sha256)
     )
+}
+
+/// A hook's run in a line: where, what, and how it ended.
+pub fn hook_line(ran: &nerve_core::event::HookRan) -> String {
+    let ending = match (ran.exit_code, ran.timed_out) {
+        (_, true) => "killed at its timeout".to_owned(),
+        (Some(code), false) => format!("exit {code}"),
+        (None, false) => "did not run".to_owned(),
+    };
+    let verdict = match ran.verdict {
+        nerve_core::event::HookVerdict::Allow => "",
+        nerve_core::event::HookVerdict::Block => ", blocked",
+        nerve_core::event::HookVerdict::Warn => ", warning",
+    };
+    let stderr = ran.stderr.lines().next().unwrap_or_default();
+    let stderr = if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(": {stderr}")
+    };
+    clip_line(&format!(
+        "hook {} {}: {ending}{verdict}{stderr}",
+        ran.point.as_str(),
+        ran.command.join(" ")
+    ))
 }
 
 /// A tool call as one line: its name and the argument that says what it does.
