@@ -14,6 +14,7 @@ mod crash;
 mod demo;
 mod faults;
 mod fleet;
+mod hooks;
 mod inspect;
 mod instructions;
 mod invocation;
