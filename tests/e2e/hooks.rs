@@ -44,7 +44,8 @@ fn run(dir: &Path, config: &str, calls: &[Value]) -> (std::path::PathBuf, String
     );
     let summary = last_json(&output);
     assert_eq!(
-        summary["termination_reason"], "completed",
+        summary["termination_reason"],
+        "completed",
         "{summary}\n{}",
         stderr(&output)
     );
@@ -65,7 +66,12 @@ fn results(events: &[Value]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e["kind"] == "tool_call_finished")
-        .map(|e| e["payload"]["result"]["content"].as_str().unwrap().to_owned())
+        .map(|e| {
+            e["payload"]["result"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect()
 }
 
@@ -143,11 +149,18 @@ command = ["sh", "-c", "echo odd >&2; exit 3"]
     );
     let runs = hook_runs(&events);
     let points: Vec<&str> = runs.iter().map(|r| r["point"].as_str().unwrap()).collect();
-    assert_eq!(points, ["session_start", "post_tool_use", "stop"], "{runs:?}");
+    assert_eq!(
+        points,
+        ["session_start", "post_tool_use", "stop"],
+        "{runs:?}"
+    );
     // The hanging hook: killed at 1 s, a warning, and the run went on.
     assert_eq!(runs[0]["timed_out"], true);
     assert_eq!(runs[0]["verdict"], "warn");
-    assert!(runs[0]["duration_ms"].as_u64().unwrap() < 30_000, "{runs:?}");
+    assert!(
+        runs[0]["duration_ms"].as_u64().unwrap() < 30_000,
+        "{runs:?}"
+    );
     // Another exit code: a warning with its stderr.
     assert_eq!(runs[2]["exit_code"], 3);
     assert_eq!(runs[2]["verdict"], "warn");
@@ -195,5 +208,8 @@ fn a_hook_without_a_command_is_a_one_line_config_error() {
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     let err = stderr(&output);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("hooks.stop: `command` names no program"), "{err}");
+    assert!(
+        err.contains("hooks.stop: `command` names no program"),
+        "{err}"
+    );
 }

@@ -155,7 +155,10 @@ fn root_nested_and_user_instructions_reach_the_model_and_the_log() {
         .filter(|e| e["kind"] == "message_appended")
         .map(|e| e["payload"].to_string())
         .collect();
-    assert!(appended[0].contains("Always answer in French."), "{appended:?}");
+    assert!(
+        appended[0].contains("Always answer in French."),
+        "{appended:?}"
+    );
     assert!(appended[0].contains("short answers"), "{appended:?}");
     assert!(
         appended.iter().any(|m| m.contains("indent with tabs")),

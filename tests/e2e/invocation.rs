@@ -83,7 +83,10 @@ fn run_takes_a_positional_prompt_on_the_current_directory_and_a_task_on_stdin() 
         b"the task from a pipe\n",
     );
     assert!(piped.status.success(), "{}", stderr(&piped));
-    let id = last_json(&piped)["execution_id"].as_str().unwrap().to_owned();
+    let id = last_json(&piped)["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert_eq!(started(&db, &id)["task"], "the task from a pipe\n");
 
     let none = nerve_in(&here, &db, &["run", "--provider", &provider], b"");
@@ -103,7 +106,12 @@ fn continue_without_an_id_picks_the_latest_execution_of_the_workspace_and_last_t
     let provider = cassette(dir.path(), "Answered.");
     let mut ids = Vec::new();
     for ws in [&first, &second] {
-        let run = nerve_in(ws, &db, &["run", "a task", "--provider", &provider, "--json"], b"");
+        let run = nerve_in(
+            ws,
+            &db,
+            &["run", "a task", "--provider", &provider, "--json"],
+            b"",
+        );
         assert!(run.status.success(), "{}", stderr(&run));
         ids.push(last_json(&run)["execution_id"].as_str().unwrap().to_owned());
     }
@@ -112,17 +120,22 @@ fn continue_without_an_id_picks_the_latest_execution_of_the_workspace_and_last_t
     let more = nerve_in(
         &first,
         &db,
-        &["run", "-c", "and one more thing", "--provider", &provider, "--json"],
+        &[
+            "run",
+            "-c",
+            "and one more thing",
+            "--provider",
+            &provider,
+            "--json",
+        ],
         b"",
     );
     assert!(more.status.success(), "{}", stderr(&more));
     assert_eq!(last_json(&more)["execution_id"], ids[0].as_str());
     let events = events_json(&db, &ids[0]);
     assert!(
-        events
-            .iter()
-            .any(|e| e["kind"] == "message_appended"
-                && e["payload"].to_string().contains("and one more thing")),
+        events.iter().any(|e| e["kind"] == "message_appended"
+            && e["payload"].to_string().contains("and one more thing")),
         "{events:?}"
     );
     // --resume without an id, from --workspace: the same choice.
@@ -155,7 +168,12 @@ fn continue_without_an_id_picks_the_latest_execution_of_the_workspace_and_last_t
     }
     // A directory no execution worked on says so in one line.
     let elsewhere = workspace(dir.path(), "elsewhere");
-    let nothing = nerve_in(&elsewhere, &db, &["run", "-c", "x y", "--provider", &provider], b"");
+    let nothing = nerve_in(
+        &elsewhere,
+        &db,
+        &["run", "-c", "x y", "--provider", &provider],
+        b"",
+    );
     assert_eq!(nothing.status.code(), Some(2), "{}", stderr(&nothing));
     assert!(
         stderr(&nothing).contains("no execution works on"),
@@ -182,7 +200,13 @@ fn nerve_alone_opens_a_chat_in_the_current_directory() {
         &["--config", config.to_str().unwrap()],
         b"hello\n/exit\n",
     );
-    assert_eq!(chat.status.code(), Some(0), "{}\n{}", stdout(&chat), stderr(&chat));
+    assert_eq!(
+        chat.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&chat),
+        stderr(&chat)
+    );
     assert!(stdout(&chat).contains("Bonjour."), "{}", stdout(&chat));
     let list = nerve(&db, &["list", "--json"]);
     let listed = last_json(&list);

@@ -56,7 +56,12 @@ fn results(events: &[Value]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e["kind"] == "tool_call_finished")
-        .map(|e| e["payload"]["result"]["content"].as_str().unwrap().to_owned())
+        .map(|e| {
+            e["payload"]["result"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect()
 }
 
@@ -97,7 +102,12 @@ fn command_rules_allow_deny_and_never_allow_a_compound_command() {
     );
     let summary = last_json(&run);
     // The compound command asks (ask mode), and an unattended run parks on it.
-    assert_eq!(summary["termination_reason"], "parked", "{summary}\n{}", stderr(&run));
+    assert_eq!(
+        summary["termination_reason"],
+        "parked",
+        "{summary}\n{}",
+        stderr(&run)
+    );
     let id = summary["execution_id"].as_str().unwrap();
     let events = events_json(&db, id);
     assert_eq!(
@@ -126,12 +136,18 @@ fn command_rules_allow_deny_and_never_allow_a_compound_command() {
         .filter(|e| e["kind"] == "approval_requested")
         .collect();
     assert_eq!(asked.len(), 1, "{events:?}");
-    assert_eq!(asked[0]["payload"]["call"]["arguments"]["command"], "git status; touch y");
+    assert_eq!(
+        asked[0]["payload"]["call"]["arguments"]["command"],
+        "git status; touch y"
+    );
     assert_eq!(
         asked[0]["payload"]["rule"],
         "ask mode: shell is not a reading tool"
     );
-    assert_eq!(std::fs::read_to_string(workspace.join("x")).unwrap(), "keep me");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("x")).unwrap(),
+        "keep me"
+    );
     assert!(!workspace.join("y").exists());
 }
 
@@ -170,7 +186,12 @@ fn read_only_refuses_writes_and_records_every_decision() {
         ],
     );
     let summary = last_json(&run);
-    assert_eq!(summary["termination_reason"], "completed", "{summary}\n{}", stderr(&run));
+    assert_eq!(
+        summary["termination_reason"],
+        "completed",
+        "{summary}\n{}",
+        stderr(&run)
+    );
     let id = summary["execution_id"].as_str().unwrap();
     let events = events_json(&db, id);
     assert_eq!(

@@ -52,7 +52,9 @@ pub struct PolicyError {
 
 /// How much the agent may do without a person (`--approval`, `approval = "..."`), from the
 /// strictest to the loosest (the order compares them).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum ApprovalMode {
     /// The agent reads: `read_file`, `list_dir` and `grep` run; `write_file` and `edit_file`
@@ -308,7 +310,11 @@ impl ToolPolicy {
 
 /// Rule `index` of `[[rules]]`, checked and compiled.
 fn command_rule(index: usize, rule: &CommandRule) -> Result<Rule, PolicyError> {
-    let mut describe = format!("rules[{index}]: {} {}", action_name(rule.decision), rule.tool);
+    let mut describe = format!(
+        "rules[{index}]: {} {}",
+        action_name(rule.decision),
+        rule.tool
+    );
     let error = |describe: &str, message: String| PolicyError {
         rule: describe.to_owned(),
         message,
@@ -440,7 +446,9 @@ impl ShellCommand {
             Matcher::Any | Matcher::Pattern(_) => true,
         };
         match action {
-            PolicyAction::Allow => !self.compound && self.segments.len() == 1 && one(&self.segments[0]),
+            PolicyAction::Allow => {
+                !self.compound && self.segments.len() == 1 && one(&self.segments[0])
+            }
             PolicyAction::Ask | PolicyAction::Deny => self.segments.iter().any(one),
         }
     }
@@ -586,7 +594,10 @@ mod tests {
         .unwrap();
         assert!(policy.records_allows());
         let allowed = shell(&policy, "git status --short");
-        assert_eq!(allowed, (Allow, "rules[0]: allow shell `git status`".into()));
+        assert_eq!(
+            allowed,
+            (Allow, "rules[0]: allow shell `git status`".into())
+        );
         assert_eq!(shell(&policy, "git  'status'").0, Allow);
         // Not whole words, and not the whole command: the mode decides, or the deny rule.
         assert_eq!(shell(&policy, "git statusx").0, Ask);
@@ -606,7 +617,10 @@ mod tests {
         // Reading runs in ask mode; writing asks.
         assert_eq!(decide(&policy, "read_file", json!({"path": "a"})).0, Allow);
         let write = decide(&policy, "write_file", json!({"path": "a", "content": ""}));
-        assert_eq!(write, (Ask, "ask mode: write_file is not a reading tool".into()));
+        assert_eq!(
+            write,
+            (Ask, "ask mode: write_file is not a reading tool".into())
+        );
     }
 
     #[test]
@@ -623,7 +637,11 @@ mod tests {
         })
         .unwrap();
         assert_eq!(shell(&policy, "make test").0, Allow);
-        assert_eq!(shell(&policy, "make deploy").0, Allow, "the glob came first");
+        assert_eq!(
+            shell(&policy, "make deploy").0,
+            Allow,
+            "the glob came first"
+        );
         let tied = ToolPolicy::build(PolicySettings {
             rules: vec![
                 rule("shell", Some("make deploy"), Allow),
@@ -660,9 +678,22 @@ mod tests {
         assert_eq!(decide(&read_only, "grep", json!({"pattern": "x"})).0, Allow);
         assert_eq!(shell(&read_only, "git status").0, Allow);
         assert_eq!(shell(&read_only, "touch x").0, Deny);
-        let write = decide(&read_only, "write_file", json!({"path": "a", "content": ""}));
-        assert_eq!(write, (Deny, "read-only mode: write_file writes to the workspace".into()));
-        let never = with(ApprovalMode::Never, vec![rule("shell", Some("rm *"), Deny), rule("shell", None, Ask)]);
+        let write = decide(
+            &read_only,
+            "write_file",
+            json!({"path": "a", "content": ""}),
+        );
+        assert_eq!(
+            write,
+            (
+                Deny,
+                "read-only mode: write_file writes to the workspace".into()
+            )
+        );
+        let never = with(
+            ApprovalMode::Never,
+            vec![rule("shell", Some("rm *"), Deny), rule("shell", None, Ask)],
+        );
         assert_eq!(shell(&never, "ls").0, Allow);
         assert_eq!(shell(&never, "rm x").0, Deny);
         let auto = with(ApprovalMode::Auto, Vec::new());

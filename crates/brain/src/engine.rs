@@ -312,11 +312,12 @@ impl AgentEngine {
         let instructions = start_instructions(&self.config, &*run.hands.tools).await;
         if !instructions.is_empty() {
             system.push_str(&crate::instructions::system_section(&instructions));
-            run.journal
-                .record(Event::InstructionsLoaded(nerve_core::event::InstructionsLoaded {
+            run.journal.record(Event::InstructionsLoaded(
+                nerve_core::event::InstructionsLoaded {
                     turn: 0,
                     files: instructions.into_iter().map(|l| l.file).collect(),
-                }));
+                },
+            ));
         }
         run.push_message(Message::system(system));
         crate::hooks::at(run, HookPoint::SessionStart, 0, None, serde_json::json!({})).await;
@@ -529,8 +530,7 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
         Begin::FollowUp(state, follow_up) => {
             let prompt = serde_json::json!({ "prompt": follow_up.message });
             let turns = run.progress.turn_count();
-            match crate::hooks::at(&mut run, HookPoint::UserPromptSubmit, turns, None, prompt)
-                .await
+            match crate::hooks::at(&mut run, HookPoint::UserPromptSubmit, turns, None, prompt).await
             {
                 Some(why) => Stop::new(
                     TerminationReason::Error,

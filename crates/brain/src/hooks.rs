@@ -37,7 +37,11 @@ pub(crate) async fn at(
     for outcome in outcomes {
         if outcome.verdict == HookVerdict::Block && blocked.is_none() {
             blocked = Some(if outcome.stderr.trim().is_empty() {
-                format!("blocked by the {} hook `{}`", point.as_str(), outcome.command.join(" "))
+                format!(
+                    "blocked by the {} hook `{}`",
+                    point.as_str(),
+                    outcome.command.join(" ")
+                )
             } else {
                 outcome.stderr.trim_end().to_owned()
             });

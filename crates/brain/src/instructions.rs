@@ -57,11 +57,7 @@ pub(crate) fn bounded(source: InstructionsSource, path: &str, text: &str) -> Loa
         file: InstructionsFile {
             source,
             path: path.to_owned(),
-            sha256: digest
-                .as_ref()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect(),
+            sha256: digest.as_ref().iter().map(|b| format!("{b:02x}")).collect(),
             bytes: kept.len() as u64,
             truncated: kept.len() < text.len(),
         },
@@ -93,11 +89,7 @@ pub(crate) fn system_section(loaded: &[Loaded]) -> String {
 
 /// What follows a call's result when the call brought in a directory's file.
 pub(crate) fn nested_note(loaded: &Loaded) -> String {
-    let dir = loaded
-        .file
-        .path
-        .rsplit_once('/')
-        .map_or("", |(dir, _)| dir);
+    let dir = loaded.file.path.rsplit_once('/').map_or("", |(dir, _)| dir);
     format!(
         "\n\n{NESTED_MARK}{}, for the files under {dir}/; they take precedence over the root's \
          there:]\n{}",
@@ -131,9 +123,7 @@ impl Tracker {
                     if let Some((path, _)) = rest.split_once(", for the files under ")
                         && let Some((dir, _)) = path.rsplit_once('/')
                     {
-                        tracker
-                            .probed
-                            .insert(dir.to_owned(), Some(path.to_owned()));
+                        tracker.probed.insert(dir.to_owned(), Some(path.to_owned()));
                     }
                 }
             }
@@ -239,7 +229,10 @@ mod tests {
     use serde_json::json;
 
     /// A workspace of files, read as the sandbox would.
-    struct Files(Vec<(&'static str, &'static str)>, std::sync::Mutex<Vec<String>>);
+    struct Files(
+        Vec<(&'static str, &'static str)>,
+        std::sync::Mutex<Vec<String>>,
+    );
 
     #[async_trait]
     impl ToolExecutor for Files {
@@ -274,8 +267,16 @@ mod tests {
 
     #[test]
     fn the_directories_a_call_works_under() {
-        check_dirs("read_file", json!({"path": "a/b/c.rs"}), Some(&["a/b", "a"]));
-        check_dirs("write_file", json!({"path": "/workspace/a/x"}), Some(&["a"]));
+        check_dirs(
+            "read_file",
+            json!({"path": "a/b/c.rs"}),
+            Some(&["a/b", "a"]),
+        );
+        check_dirs(
+            "write_file",
+            json!({"path": "/workspace/a/x"}),
+            Some(&["a"]),
+        );
         check_dirs("edit_file", json!({"path": "./a/../b/x"}), Some(&["b"]));
         check_dirs("list_dir", json!({"path": "a/b"}), Some(&["a/b", "a"]));
         check_dirs("read_file", json!({"path": "top.rs"}), Some(&[]));
@@ -283,7 +284,11 @@ mod tests {
         check_dirs("read_file", json!({"path": "/etc/passwd"}), None);
         check_dirs("read_file", json!({"path": "/workspaces/x/y"}), None);
         check_dirs("shell", json!({"command": "ls"}), None);
-        check_dirs("shell", json!({"command": "ls", "workdir": "x"}), Some(&["x"]));
+        check_dirs(
+            "shell",
+            json!({"command": "ls", "workdir": "x"}),
+            Some(&["x"]),
+        );
         check_dirs("http_request", json!({"url": "a/b"}), None);
     }
 
@@ -319,12 +324,7 @@ mod tests {
         let reads = files.1.lock().unwrap().clone();
         assert_eq!(
             reads,
-            [
-                "AGENTS.md",
-                "a/b/AGENTS.md",
-                "a/b/CLAUDE.md",
-                "a/AGENTS.md"
-            ]
+            ["AGENTS.md", "a/b/AGENTS.md", "a/b/CLAUDE.md", "a/AGENTS.md"]
         );
         // A resumed conversation that holds both notes gives neither again.
         let result = nerve_core::ToolResult {

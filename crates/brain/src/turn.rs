@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use nerve_core::event::{
-    ApprovalDecided, HookPoint, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider,
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider, HookPoint,
     ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use nerve_core::{
@@ -205,7 +205,12 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
         )
         .await
     {
-        return deny(run, turn, call, &format!("blocked by a pre_tool_use hook: {why}"));
+        return deny(
+            run,
+            turn,
+            call,
+            &format!("blocked by a pre_tool_use hook: {why}"),
+        );
     }
     let repaired = run.take_text_repair(&call.id);
     run.journal.record(Event::ToolCallStarted(ToolCallStarted {
@@ -236,17 +241,15 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
                 .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
             let mut content = output.content;
             if run.config.instructions.workspace
-                && let Some(loaded) = run
-                    .instructions
-                    .nested(&*run.hands.tools, call)
-                    .await
+                && let Some(loaded) = run.instructions.nested(&*run.hands.tools, call).await
             {
                 content.push_str(&crate::instructions::nested_note(&loaded));
-                run.journal
-                    .record(Event::InstructionsLoaded(nerve_core::event::InstructionsLoaded {
+                run.journal.record(Event::InstructionsLoaded(
+                    nerve_core::event::InstructionsLoaded {
                         turn,
                         files: vec![loaded.file],
-                    }));
+                    },
+                ));
             }
             (content, output.is_error)
         }

@@ -439,7 +439,8 @@ pub(crate) struct RunArgs {
     pub(crate) jsonl: bool,
     /// Print only the final answer.
     #[arg(long, short = 'q')]
-    pub(crate) quiet: bool,    /// Give the model no project instructions: neither the workspace's `AGENTS.md` (or
+    pub(crate) quiet: bool,
+    /// Give the model no project instructions: neither the workspace's `AGENTS.md` (or
     /// `CLAUDE.md`) files nor the user's `$XDG_CONFIG_HOME/nerve/AGENTS.md`.
     #[arg(long)]
     pub(crate) no_project_instructions: bool,

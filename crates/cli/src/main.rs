@@ -106,14 +106,16 @@ fn main() -> ExitCode {
 }
 
 /// The most recent execution on `workspace` (the current directory when `None`).
-async fn latest_on(db: &std::path::Path, workspace: Option<&std::path::Path>) -> Result<String, Failure> {
+async fn latest_on(
+    db: &std::path::Path,
+    workspace: Option<&std::path::Path>,
+) -> Result<String, Failure> {
     let here;
     let workspace = match workspace {
         Some(dir) => dir,
         None => {
-            here = std::env::current_dir().map_err(|e| {
-                Failure::usage(format!("cannot read the current directory: {e}"))
-            })?;
+            here = std::env::current_dir()
+                .map_err(|e| Failure::usage(format!("cannot read the current directory: {e}")))?;
             here.as_path()
         }
     };

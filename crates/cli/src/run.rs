@@ -48,10 +48,7 @@ pub(crate) async fn run(
 
 /// The runtime's request for `args`, its workspace and task checked (in that order).
 pub(crate) fn request(args: &RunArgs, config: &Config) -> Result<RunRequest, Failure> {
-    let workspace = args
-        .workspace
-        .as_deref()
-        .unwrap_or_else(|| Path::new("."));
+    let workspace = args.workspace.as_deref().unwrap_or_else(|| Path::new("."));
     let workspace = nerve_runtime::launch::validate_workspace(workspace)?;
     Ok(RunRequest {
         workspace,

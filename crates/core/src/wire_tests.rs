@@ -11,7 +11,8 @@ use crate::event::{
     StagnationAction, Started, TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use crate::event::{
-    ChangeKind, HookPoint, HookRan, HookVerdict, InstructionsFile, InstructionsLoaded, InstructionsSource, ToolProtocolSwitched, ToolTransport, WorkspaceChange, WorkspaceRewound,
+    ChangeKind, HookPoint, HookRan, HookVerdict, InstructionsFile, InstructionsLoaded,
+    InstructionsSource, ToolProtocolSwitched, ToolTransport, WorkspaceChange, WorkspaceRewound,
     WorkspaceSnapshot,
 };
 use crate::{

@@ -29,7 +29,10 @@ fn the_documented_example_parses() {
     for (command, expected) in [
         ("git status", nerve_brain::approval::PolicyAction::Allow),
         ("rm -rf x", nerve_brain::approval::PolicyAction::Deny),
-        ("git status; rm -rf /", nerve_brain::approval::PolicyAction::Deny),
+        (
+            "git status; rm -rf /",
+            nerve_brain::approval::PolicyAction::Deny,
+        ),
         ("ls", nerve_brain::approval::PolicyAction::Ask),
     ] {
         let call = nerve_core::ToolCall {

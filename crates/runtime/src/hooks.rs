@@ -158,7 +158,8 @@ impl Hooks for HostHooks {
 /// Runs one hook to its end or its timeout.
 async fn run_one(hook: &HookConfig, workspace: &std::path::Path, input: &[u8]) -> HookOutcome {
     let started = Instant::now();
-    let elapsed = |started: Instant| u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let elapsed =
+        |started: Instant| u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let timeout = Duration::from_secs(hook.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS));
     let mut command = tokio::process::Command::new(&hook.command[0]);
     command

@@ -394,10 +394,7 @@ pub async fn latest(db: &Path, workspace: Option<&Path>) -> Result<ExecutionId, 
         let Some(wanted) = &wanted else {
             return Ok(execution);
         };
-        let events = reader
-            .events(execution)
-            .await
-            .map_err(RuntimeError::log)?;
+        let events = reader.events(execution).await.map_err(RuntimeError::log)?;
         let started = events
             .iter()
             .find(|e| e.kind == "started")

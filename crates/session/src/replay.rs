@@ -16,9 +16,9 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use nerve_core::event::{
     ApprovalDecided, ApprovalRequested, CallPurpose, Compaction, ContextCreated, Finish,
-    MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry, Stagnation, Started,
-    InstructionsLoaded, TaskTransition, ToolCallFinished, ToolCallStarted, ToolProtocolSwitched, TurnCompleted,
-    WorkspaceRewound, WorkspaceSnapshot,
+    InstructionsLoaded, MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry,
+    Stagnation, Started, TaskTransition, ToolCallFinished, ToolCallStarted, ToolProtocolSwitched,
+    TurnCompleted, WorkspaceRewound, WorkspaceSnapshot,
 };
 use nerve_core::{
     BlockId, Event, EventKind, Message, MessagePart, MessageRole, MicroUsd, TaskStatus,

@@ -147,7 +147,10 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
             Event::HookRan(ran) => lines.push(format!("  ({})", hook_line(&ran))),
             Event::InstructionsLoaded(loaded) => {
                 for file in &loaded.files {
-                    lines.push(format!("  (project instructions: {})", instructions_file(file)));
+                    lines.push(format!(
+                        "  (project instructions: {})",
+                        instructions_file(file)
+                    ));
                 }
             }
             Event::WorkspaceRewound(rewound) => lines.push(format!(
@@ -248,7 +251,11 @@ pub fn instructions_file(file: &nerve_core::event::InstructionsFile) -> String {
         "{} ({source}, {} bytes{}, sha256 {})",
         file.path,
         file.bytes,
-        if file.truncated { ", cut at the bound" } else { "" },
+        if file.truncated {
+            ", cut at the bound"
+        } else {
+            ""
+        },
         file.sha256.get(..12).unwrap_or(&file.sha256)
     )
 }
