@@ -136,7 +136,7 @@ const WRITING: [&str; 2] = ["write_file", "edit_file"];
 
 /// The first matching rule decides, unless a stricter rule of the same specificity matches
 /// too (deny beats ask beats allow); without a match, the mode (or `[policy] default`) does.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ToolPolicy {
     rules: Vec<Rule>,
     default: Option<PolicyAction>,
@@ -145,16 +145,6 @@ pub struct ToolPolicy {
     record_allows: bool,
 }
 
-impl Default for ToolPolicy {
-    fn default() -> Self {
-        Self {
-            rules: Vec::new(),
-            default: None,
-            mode: None,
-            record_allows: false,
-        }
-    }
-}
 
 /// A decision's strictness: deny beats ask beats allow.
 const fn strictness(action: PolicyAction) -> u8 {
