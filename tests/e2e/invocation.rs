@@ -158,6 +158,23 @@ fn continue_without_an_id_picks_the_latest_execution_of_the_workspace_and_last_t
     assert!(again.status.success(), "{}", stderr(&again));
     assert_eq!(last_json(&again)["execution_id"], ids[1].as_str());
 
+    // chat -c in `first` reopens first's execution: no new execution.
+    let chat = nerve_in(
+        &first,
+        &db,
+        &["chat", "-c", "--provider", &provider],
+        b"more please\n/exit\n",
+    );
+    assert_eq!(chat.status.code(), Some(0), "{}", stderr(&chat));
+    let listed = last_json(&nerve(&db, &["list", "--json"]));
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+    assert!(
+        events_json(&db, &ids[0])
+            .iter()
+            .any(|e| e["payload"].to_string().contains("more please")),
+        "chat -c did not reopen the workspace's execution"
+    );
+
     // `last` is the newest execution, wherever an id is taken.
     let show = nerve(&db, &["show", "last", "--json"]);
     assert!(show.status.success(), "{}", stderr(&show));

@@ -145,7 +145,6 @@ pub struct ToolPolicy {
     record_allows: bool,
 }
 
-
 /// A decision's strictness: deny beats ask beats allow.
 const fn strictness(action: PolicyAction) -> u8 {
     match action {
