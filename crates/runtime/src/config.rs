@@ -40,6 +40,9 @@ pub struct Config {
     pub provider: Option<String>,
     /// The model a new execution asks when no `--model` is given.
     pub model: Option<String>,
+    /// The model's context window in tokens when no `--context-window` is given (else the
+    /// model table's).
+    pub context_window: Option<u64>,
     /// How much the agent may do without a person: `read-only`, `ask`, `auto`, `never`.
     pub approval: Option<nerve_brain::approval::ApprovalMode>,
     /// `[[rules]]`: allow, ask or deny by tool, and for `shell` by command (first match wins).

@@ -85,3 +85,22 @@ fn the_mcp_recipes_parse_and_validate() {
             .unwrap_or_else(|e| panic!("{e:?}\n{block}"));
     }
 }
+
+#[test]
+fn the_top_level_keys_parse_and_a_bad_mode_is_named() {
+    let config: Config = toml::from_str(
+        "provider = \"anthropic\"\nmodel = \"m\"\ncontext_window = 1000\napproval = \"never\"\n",
+    )
+    .unwrap();
+    assert_eq!(config.provider.as_deref(), Some("anthropic"));
+    assert_eq!(config.model.as_deref(), Some("m"));
+    assert_eq!(config.context_window, Some(1000));
+    assert_eq!(
+        config.approval,
+        Some(nerve_brain::approval::ApprovalMode::Never)
+    );
+    let err = toml::from_str::<Config>("approval = \"sometimes\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("read-only"), "{err}");
+}

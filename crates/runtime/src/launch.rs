@@ -172,10 +172,11 @@ pub async fn fresh<'a>(
     execution_id: ExecutionId,
 ) -> Result<(Launch<'a>, Start), RuntimeError> {
     let workspace = validate_workspace(&request.workspace)?;
+    let context_window = request.context_window.or(config.context_window);
     let provider = crate::provider::build(
         &request.provider,
         request.model.as_deref(),
-        &config.provider_settings(request.context_window)?,
+        &config.provider_settings(context_window)?,
     )
     .await?;
     let budget_cost = request
@@ -193,13 +194,13 @@ pub async fn fresh<'a>(
         timeout: request.timeout_secs.map(Duration::from_secs),
         budget_tokens: request.budget_tokens,
         budget_cost,
-        context_window: request.context_window,
+        context_window: context_window,
         recorded_config: serde_json::json!({
             "max_turns": request.max_turns,
             "timeout_secs": request.timeout_secs,
             "budget_tokens": request.budget_tokens,
             "budget_usd": request.budget_usd,
-            "context_window": request.context_window,
+            "context_window": context_window,
             "complexity": request.complexity,
             "image": request.image,
         }),
@@ -352,6 +353,7 @@ pub async fn conversation<'a>(
     config: &'a Config,
 ) -> Result<Launch<'a>, RuntimeError> {
     let workspace = validate_workspace(workspace)?;
+    let context_window = request.context_window.or(config.context_window);
     let provider = crate::provider::build(
         request
             .provider
@@ -359,15 +361,15 @@ pub async fn conversation<'a>(
             .or(config.provider.as_deref())
             .unwrap_or(DEFAULT_PROVIDER),
         request.model.as_deref().or(config.model.as_deref()),
-        &config.provider_settings(request.context_window)?,
+        &config.provider_settings(context_window)?,
     )
     .await?;
     let mut engine_config = EngineConfig {
         max_turns: request.max_turns,
-        context_window: request.context_window,
+        context_window: context_window,
         recorded_config: serde_json::json!({
             "max_turns": request.max_turns,
-            "context_window": request.context_window,
+            "context_window": context_window,
             "image": request.image,
             "chat": true,
         }),
