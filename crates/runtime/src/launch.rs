@@ -194,7 +194,7 @@ pub async fn fresh<'a>(
         timeout: request.timeout_secs.map(Duration::from_secs),
         budget_tokens: request.budget_tokens,
         budget_cost,
-        context_window: context_window,
+        context_window,
         recorded_config: serde_json::json!({
             "max_turns": request.max_turns,
             "timeout_secs": request.timeout_secs,
@@ -366,7 +366,7 @@ pub async fn conversation<'a>(
     .await?;
     let mut engine_config = EngineConfig {
         max_turns: request.max_turns,
-        context_window: context_window,
+        context_window,
         recorded_config: serde_json::json!({
             "max_turns": request.max_turns,
             "context_window": context_window,
