@@ -311,7 +311,7 @@ fn every_flag_and_argument_of_every_command_has_help_text() {
     let run = help(&["run"]);
     assert!(
         run.contains(
-            "Usage: nerve run [OPTIONS] --workspace <DIR> <--task <TEXT>|--task-file <FILE>>\n       nerve run [OPTIONS] --continue <ID> <--task <TEXT>|--task-file <FILE>>"
+            "Usage: nerve run [OPTIONS] [--workspace <DIR>] <PROMPT|--task <TEXT>|--task-file <FILE>>\n       nerve run [OPTIONS] (-c|--continue [ID]|--resume [ID]) <PROMPT|--task <TEXT>|--task-file <FILE>>"
         ),
         "{run}"
     );

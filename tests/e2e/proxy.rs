@@ -30,8 +30,8 @@ const LIVENESS: Duration = Duration::from_secs(300);
 
 /// A plain HTTP/1.1 server on 127.0.0.1 on its own thread. Each request is recorded raw and
 /// answered by `answer(head, body)` with `Connection: close`.
-struct Server {
-    port: u16,
+pub(crate) struct Server {
+    pub(crate) port: u16,
     requests: Arc<Mutex<Vec<String>>>,
 }
 
@@ -59,7 +59,7 @@ impl Server {
         Self::start(|head, body| ("200 OK".to_owned(), format!("you sent:\n{head}\n\n{body}")))
     }
 
-    fn requests(&self) -> Vec<String> {
+    pub(crate) fn requests(&self) -> Vec<String> {
         self.requests.lock().unwrap().clone()
     }
 }
@@ -281,7 +281,7 @@ fn the_canary_stays_on_the_host_and_the_proxy_is_the_only_way_out() {
 
 /// An OpenAI-compatible model on 127.0.0.1 that answers with `turns` in order and keeps
 /// every request it gets.
-fn fake_model(turns: Vec<Value>) -> Server {
+pub(crate) fn fake_model(turns: Vec<Value>) -> Server {
     let next = Mutex::new(turns.into_iter());
     Server::start(move |_head, _body| {
         let message = next
@@ -307,7 +307,7 @@ fn fake_model(turns: Vec<Value>) -> Server {
     })
 }
 
-fn tool_call(id: &str, name: &str, arguments: Value) -> Value {
+pub(crate) fn tool_call(id: &str, name: &str, arguments: Value) -> Value {
     json!({"content": null, "tool_calls": [{
         "id": id, "type": "function",
         "function": {"name": name, "arguments": arguments.to_string()},

@@ -433,6 +433,7 @@ impl Agent {
             max_turns: self.settings.max_turns,
             context_window: self.settings.context_window,
             image: self.settings.image.clone(),
+            project_instructions: self.settings.project_instructions,
         }
     }
 

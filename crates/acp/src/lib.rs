@@ -41,6 +41,8 @@ pub struct Settings {
     pub image: Option<String>,
     /// Whether the engine's spans may carry message content (through the redactor).
     pub capture_content: bool,
+    /// Whether AGENTS.md (or CLAUDE.md) and the user's instructions reach the model.
+    pub project_instructions: bool,
 }
 
 /// Serves the protocol on stdin and stdout until the client closes stdin (or the

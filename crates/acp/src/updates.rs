@@ -120,7 +120,9 @@ impl Updates {
             | Event::Resumed(_)
             | Event::WorkspaceSnapshot(_)
             | Event::WorkspaceRewound(_)
-            | Event::ToolProtocolSwitched(_) => Vec::new(),
+            | Event::ToolProtocolSwitched(_)
+            | Event::InstructionsLoaded(_)
+            | Event::HookRan(_) => Vec::new(),
         }
     }
 

@@ -79,6 +79,8 @@ pub struct EngineConfig {
     pub recorded_config: serde_json::Value,
     /// What the tracing spans carry (content only when opted in, always redacted).
     pub trace: TraceConfig,
+    /// Which project instructions (`AGENTS.md`, the user's file) the model is given.
+    pub instructions: crate::instructions::InstructionsConfig,
 }
 
 impl Default for EngineConfig {
@@ -109,6 +111,7 @@ impl Default for EngineConfig {
             prompt_profile: None,
             recorded_config: serde_json::Value::Null,
             trace: TraceConfig::default(),
+            instructions: crate::instructions::InstructionsConfig::default(),
         }
     }
 }

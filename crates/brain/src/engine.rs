@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use nerve_core::event::HookPoint;
 use nerve_core::event::{ContextCreated, Finish, Resumed, Started};
 use nerve_core::{
     CredentialKeyError, Event, EventSink, ExecutionId, LoopType, Message, MicroUsd, TaskId,
@@ -128,6 +129,8 @@ pub struct AgentEngine {
     pub deltas: Arc<dyn crate::stream::DeltaObserver>,
     /// Snapshots of the workspace at turn boundaries; `None`: none are taken.
     pub workspace: Option<Arc<dyn nerve_core::WorkspaceSnapshots>>,
+    /// The user's hooks (run on the host by the runtime); `None`: none.
+    pub hooks: Option<Arc<dyn nerve_core::Hooks>>,
     pub config: EngineConfig,
 }
 
@@ -157,6 +160,7 @@ impl AgentEngine {
             archive: Arc::new(MemoryArchive::default()),
             deltas: Arc::new(crate::stream::IgnoreDeltas),
             workspace: None,
+            hooks: None,
             config,
         }
     }
@@ -186,6 +190,7 @@ impl AgentEngine {
             // A resumed run that had switched goes on with text.
             ToolProtocol::Auto => crate::text_tools::used(&messages),
         };
+        let instructions = crate::instructions::Tracker::resumed(&messages);
         Run {
             execution_id,
             config: self.config.clone(),
@@ -218,6 +223,8 @@ impl AgentEngine {
             tool_protocol,
             tools_as_text,
             text_repairs: Vec::new(),
+            instructions,
+            hooks: self.hooks.clone(),
         }
     }
 
@@ -267,7 +274,7 @@ impl AgentEngine {
         .await)
     }
 
-    fn start(&self, run: &mut Run, task: &Task) -> Result<(), Stop> {
+    async fn start(&self, run: &mut Run, task: &Task) -> Result<(), Stop> {
         let mut recorded = self.config.recorded_config.clone();
         if let Some(map) = recorded.as_object_mut() {
             map.insert(
@@ -301,7 +308,27 @@ impl AgentEngine {
             .config
             .prompt_profile
             .unwrap_or_else(|| PromptProfile::for_model(self.provider.model()));
-        run.push_message(Message::system(profile.system_prompt()));
+        let mut system = profile.system_prompt().to_owned();
+        let instructions = start_instructions(&self.config, &*run.hands.tools).await;
+        if !instructions.is_empty() {
+            system.push_str(&crate::instructions::system_section(&instructions));
+            run.journal.record(Event::InstructionsLoaded(
+                nerve_core::event::InstructionsLoaded {
+                    turn: 0,
+                    files: instructions.into_iter().map(|l| l.file).collect(),
+                },
+            ));
+        }
+        run.push_message(Message::system(system));
+        crate::hooks::at(run, HookPoint::SessionStart, 0, None, serde_json::json!({})).await;
+        let prompt = serde_json::json!({ "prompt": task.description });
+        if let Some(why) = crate::hooks::at(run, HookPoint::UserPromptSubmit, 0, None, prompt).await
+        {
+            return Err(Stop::new(
+                TerminationReason::Error,
+                format!("a user_prompt_submit hook blocked the task: {why}"),
+            ));
+        }
         run.push_message(Message::user(task.description.clone()).pinned());
         run.window.refresh_indicator(&mut run.journal);
         run.transition(TaskStatus::InProgress)
@@ -434,6 +461,28 @@ enum Begin<'a> {
     FollowUp(&'a ResumeState, &'a FollowUp),
 }
 
+/// The project instructions a fresh execution starts with: the user's file, then the
+/// workspace root's.
+async fn start_instructions(
+    config: &EngineConfig,
+    tools: &dyn nerve_core::ToolExecutor,
+) -> Vec<crate::instructions::Loaded> {
+    let mut loaded = Vec::new();
+    if let Some(user) = &config.instructions.user {
+        loaded.push(crate::instructions::bounded(
+            nerve_core::event::InstructionsSource::User,
+            &user.path,
+            &user.text,
+        ));
+    }
+    if config.instructions.workspace
+        && let Some(root) = crate::instructions::root(tools).await
+    {
+        loaded.push(root);
+    }
+    loaded
+}
+
 /// One execution from its first event to its finish: where an execution begins and ends,
 /// inside its `invoke_agent` span (the root of its trace).
 async fn execute(run: Run, begin: Begin<'_>) -> ExecutionResult {
@@ -458,7 +507,7 @@ async fn execute(run: Run, begin: Begin<'_>) -> ExecutionResult {
 
 async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
     let outcome = match begin {
-        Begin::Fresh { engine, task } => match engine.start(&mut run, task) {
+        Begin::Fresh { engine, task } => match engine.start(&mut run, task).await {
             // Durable before the first model call, however long that takes: the run is
             // listed. The workspace as the run found it is the base of turn 1's changes.
             Ok(()) => match start_snapshot(&mut run).await {
@@ -479,12 +528,26 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
             Err(stop) => stop,
         },
         Begin::FollowUp(state, follow_up) => {
-            match follow_up_start(&mut run, state, follow_up).await {
-                Ok(()) => drive(&mut run).await,
-                Err(stop) => stop,
+            let prompt = serde_json::json!({ "prompt": follow_up.message });
+            let turns = run.progress.turn_count();
+            match crate::hooks::at(&mut run, HookPoint::UserPromptSubmit, turns, None, prompt).await
+            {
+                Some(why) => Stop::new(
+                    TerminationReason::Error,
+                    format!("a user_prompt_submit hook blocked the message: {why}"),
+                ),
+                None => match follow_up_start(&mut run, state, follow_up).await {
+                    Ok(()) => drive(&mut run).await,
+                    Err(stop) => stop,
+                },
             }
         }
     };
+    let turns = run.progress.turn_count();
+    if !outcome.log_failed {
+        let ending = serde_json::json!({ "termination_reason": outcome.reason });
+        crate::hooks::at(&mut run, HookPoint::Stop, turns, None, ending).await;
+    }
     finish(run, outcome).await
 }
 

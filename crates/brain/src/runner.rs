@@ -105,6 +105,10 @@ pub(crate) struct Run {
     /// The calls of the last answer read from text that had to be repaired, and what was
     /// repaired: their `tool_call_started` events say so.
     pub(crate) text_repairs: Vec<(ToolCallId, String)>,
+    /// The directories looked in for project instructions, and the files given.
+    pub(crate) instructions: crate::instructions::Tracker,
+    /// The user's hooks, when any are configured.
+    pub(crate) hooks: Option<Arc<dyn nerve_core::Hooks>>,
 }
 
 impl Run {

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use nerve_core::event::{
-    ApprovalDecided, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider,
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider, HookPoint,
     ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use nerve_core::{
@@ -67,7 +67,20 @@ async fn through_gate(
     }
     let (action, rule) = run.config.policy.evaluate(call);
     match action {
-        PolicyAction::Allow => execute_tool(run, turn, call).await,
+        PolicyAction::Allow => {
+            if run.config.policy.records_allows() {
+                record_decision(
+                    run,
+                    turn,
+                    call,
+                    ApprovalDecision::Approved,
+                    Decider::Policy,
+                    &rule,
+                    None,
+                );
+            }
+            execute_tool(run, turn, call).await
+        }
         PolicyAction::Deny => {
             record_decision(
                 run,
@@ -181,6 +194,24 @@ async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolR
 }
 
 async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
+    let context = context_tool(&run.config, call);
+    if context.is_none()
+        && let Some(why) = crate::hooks::at(
+            run,
+            HookPoint::PreToolUse,
+            turn,
+            Some(call),
+            serde_json::json!({}),
+        )
+        .await
+    {
+        return deny(
+            run,
+            turn,
+            call,
+            &format!("blocked by a pre_tool_use hook: {why}"),
+        );
+    }
     let repaired = run.take_text_repair(&call.id);
     run.journal.record(Event::ToolCallStarted(ToolCallStarted {
         turn,
@@ -189,7 +220,6 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
     }));
     run.journal.flush().await?;
     let started = Instant::now();
-    let context = context_tool(&run.config, call);
     let (content, is_error) = match context {
         Some(tool) => {
             run_context_tool(
@@ -209,7 +239,19 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
                 .execute(call)
                 .await
                 .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
-            (output.content, output.is_error)
+            let mut content = output.content;
+            if run.config.instructions.workspace
+                && let Some(loaded) = run.instructions.nested(&*run.hands.tools, call).await
+            {
+                content.push_str(&crate::instructions::nested_note(&loaded));
+                run.journal.record(Event::InstructionsLoaded(
+                    nerve_core::event::InstructionsLoaded {
+                        turn,
+                        files: vec![loaded.file],
+                    },
+                ));
+            }
+            (content, output.is_error)
         }
     };
     let result = ToolResult {
@@ -219,6 +261,12 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
         is_error,
     };
     let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    if context.is_none() {
+        let outcome = serde_json::json!({
+            "result": {"content": result.content, "is_error": result.is_error},
+        });
+        crate::hooks::at(run, HookPoint::PostToolUse, turn, Some(call), outcome).await;
+    }
     // An oversized output goes to the archive at once; the conversation keeps a preview.
     // What recall returns stays whole: it was archived already.
     let turns = run.progress.turn_count();

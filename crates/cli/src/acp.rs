@@ -23,6 +23,7 @@ pub(crate) async fn serve(
         context_window: args.context_window,
         image: args.image,
         capture_content: crate::telemetry::capture_content()?,
+        project_instructions: !args.no_project_instructions,
     };
     nerve_acp::serve(db, config, settings).await?;
     Ok(0)

@@ -20,8 +20,9 @@ pub(crate) struct Cli {
     /// A TOML configuration file.
     #[arg(long, global = true, env = "NERVE_CONFIG", value_name = "PATH")]
     pub(crate) config: Option<PathBuf>,
+    /// Without a command: `nerve chat` in the current directory.
     #[command(subcommand)]
-    pub(crate) command: Command,
+    pub(crate) command: Option<Command>,
 }
 
 impl Cli {
@@ -37,7 +38,7 @@ impl Cli {
 pub(crate) enum Command {
     /// Run a task on a workspace in a fresh sandbox.
     #[command(
-        override_usage = "nerve run [OPTIONS] --workspace <DIR> <--task <TEXT>|--task-file <FILE>>\n       nerve run [OPTIONS] --continue <ID> <--task <TEXT>|--task-file <FILE>>"
+        override_usage = "nerve run [OPTIONS] [--workspace <DIR>] <PROMPT|--task <TEXT>|--task-file <FILE>>\n       nerve run [OPTIONS] (-c|--continue [ID]|--resume [ID]) <PROMPT|--task <TEXT>|--task-file <FILE>>"
     )]
     Run(RunArgs),
     /// Reconstruct an execution from the log: completeness and gaps.
@@ -317,6 +318,26 @@ impl From<SandboxFallbackArg> for nerve_runtime::config::SandboxFallback {
     }
 }
 
+/// `--approval`: the settings' `approval` from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ApprovalArg {
+    ReadOnly,
+    Ask,
+    Auto,
+    Never,
+}
+
+impl From<ApprovalArg> for nerve_brain::approval::ApprovalMode {
+    fn from(arg: ApprovalArg) -> Self {
+        match arg {
+            ApprovalArg::ReadOnly => Self::ReadOnly,
+            ApprovalArg::Ask => Self::Ask,
+            ApprovalArg::Auto => Self::Auto,
+            ApprovalArg::Never => Self::Never,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum LoopArg {
     React,
@@ -335,26 +356,46 @@ pub(crate) enum ComplexityArg {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("task_source").required(true).args(["task", "task_file"])))]
+#[command(group(clap::ArgGroup::new("task_source").args(["prompt", "task", "task_file"])))]
 pub(crate) struct RunArgs {
-    /// The directory the agent works on, mounted at /workspace in the sandbox (with
-    /// --continue: the execution's own, which this may only repeat).
-    #[arg(long, value_name = "DIR", required_unless_present = "continue_id")]
+    /// The task (with --continue: the next message); as --task.
+    #[arg(value_name = "PROMPT")]
+    pub(crate) prompt: Option<String>,
+    /// The directory the agent works on, mounted at /workspace in the sandbox (default: the
+    /// current directory; with --continue: the execution's own, which this may only repeat).
+    #[arg(long, value_name = "DIR")]
     pub(crate) workspace: Option<PathBuf>,
     /// The task, as text (with --continue: the next message).
     #[arg(long, value_name = "TEXT")]
     pub(crate) task: Option<String>,
-    /// The task, read from a file.
+    /// The task, read from a file (`-`: standard input).
     #[arg(long, value_name = "FILE")]
     pub(crate) task_file: Option<PathBuf>,
     /// `script:PATH`, `openai` or `anthropic` (default: `openai`; continuing an execution,
     /// the provider it started with).
     #[arg(long, value_name = "SPEC")]
     pub(crate) provider: Option<String>,
-    /// Continue execution ID (a unique prefix will do) with the task as the next message:
-    /// the same log, conversation and spend, in a fresh sandbox on its workspace.
-    #[arg(long = "continue", value_name = "ID")]
+    /// Continue execution ID (a unique prefix, or `last`) with the task as the next
+    /// message: the same log, conversation and spend, in a fresh sandbox on its workspace.
+    /// Without an ID: the most recent execution on the workspace (--workspace, else the
+    /// current directory).
+    #[arg(
+        long = "continue",
+        short = 'c',
+        value_name = "ID",
+        num_args = 0..=1,
+        default_missing_value = ""
+    )]
     pub(crate) continue_id: Option<String>,
+    /// As --continue (Claude Code's name).
+    #[arg(
+        long = "resume",
+        value_name = "ID",
+        num_args = 0..=1,
+        default_missing_value = "",
+        conflicts_with = "continue_id"
+    )]
+    pub(crate) resume_id: Option<String>,
     /// The model to ask (default: the provider's; required with a custom base URL; a
     /// `script:` provider ignores it).
     #[arg(long, value_name = "NAME")]
@@ -402,6 +443,35 @@ pub(crate) struct RunArgs {
     /// Print only the final answer.
     #[arg(long, short = 'q')]
     pub(crate) quiet: bool,
+    /// Give the model no project instructions: neither the workspace's `AGENTS.md` (or
+    /// `CLAUDE.md`) files nor the user's `$XDG_CONFIG_HOME/nerve/AGENTS.md`.
+    #[arg(long)]
+    pub(crate) no_project_instructions: bool,
+    /// How much the agent may do without asking: read-only (reading only), ask (anything
+    /// else asks; an unattended run parks), auto (everything unless a rule says otherwise,
+    /// the default), never (nobody is asked). Overrides the settings' `approval`.
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub(crate) approval: Option<ApprovalArg>,
+}
+
+impl RunArgs {
+    /// `--resume` is `--continue`; and a value after either that cannot be an id (not
+    /// `last`, not hex digits and dashes) is the prompt, when no other task was given:
+    /// `nerve run -c "fix the test"` continues the workspace's latest execution with it.
+    pub(crate) fn settle_continue(&mut self) {
+        if self.continue_id.is_none() {
+            self.continue_id = self.resume_id.take();
+        }
+        let no_task = self.prompt.is_none() && self.task.is_none() && self.task_file.is_none();
+        if let Some(value) = &self.continue_id
+            && no_task
+            && !value.is_empty()
+            && !value.eq_ignore_ascii_case("last")
+            && !value.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        {
+            self.prompt = self.continue_id.replace(String::new());
+        }
+    }
 }
 
 /// `nerve acp`: the settings of every session the editor opens.
@@ -436,13 +506,30 @@ pub(crate) struct AcpArgs {
     /// call through its own `docker exec`.
     #[arg(long, value_name = "MODE")]
     pub(crate) sandbox_fallback: Option<SandboxFallbackArg>,
+    /// Give the model no project instructions: neither the workspace's `AGENTS.md` (or
+    /// `CLAUDE.md`) files nor the user's `$XDG_CONFIG_HOME/nerve/AGENTS.md`.
+    #[arg(long)]
+    pub(crate) no_project_instructions: bool,
 }
 
 /// `nerve chat`: what the session starts with.
 #[derive(Debug, Args)]
 pub(crate) struct ChatArgs {
-    /// Reopen this execution (a unique prefix will do) instead of starting a new one.
+    /// Reopen this execution (a unique prefix, or `last`) instead of starting a new one.
     pub(crate) id: Option<String>,
+    /// Reopen the most recent execution on the workspace (--workspace, else the current
+    /// directory).
+    #[arg(long = "continue", short = 'c', conflicts_with = "id")]
+    pub(crate) continue_last: bool,
+    /// Reopen execution ID (as the positional ID); without one, as --continue.
+    #[arg(
+        long = "resume",
+        value_name = "ID",
+        num_args = 0..=1,
+        default_missing_value = "",
+        conflicts_with_all = ["id", "continue_last"]
+    )]
+    pub(crate) resume_id: Option<String>,
     /// The directory the agent works on (default: the current directory; a reopened
     /// execution keeps its own).
     #[arg(long, value_name = "DIR")]
@@ -463,6 +550,15 @@ pub(crate) struct ChatArgs {
     /// The sandbox image (default: nerve-sandbox:latest, built locally when missing).
     #[arg(long, value_name = "IMAGE")]
     pub(crate) image: Option<String>,
+    /// Give the model no project instructions: neither the workspace's `AGENTS.md` (or
+    /// `CLAUDE.md`) files nor the user's `$XDG_CONFIG_HOME/nerve/AGENTS.md`.
+    #[arg(long)]
+    pub(crate) no_project_instructions: bool,
+    /// How much the agent may do without asking: read-only (reading only), ask (anything
+    /// else asks; an unattended run parks), auto (everything unless a rule says otherwise,
+    /// the default), never (nobody is asked). Overrides the settings' `approval`.
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub(crate) approval: Option<ApprovalArg>,
 }
 
 #[cfg(test)]

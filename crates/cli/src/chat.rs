@@ -49,7 +49,7 @@ pub(crate) async fn chat(
     db: &Path,
     config_path: Option<&Path>,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?;
+    let config = Config::load(config_path)?.with_approval(args.approval.map(Into::into));
     let mode = Mode::detect(false, false);
     let request = ChatRequest {
         workspace: args.workspace.clone(),
@@ -58,6 +58,7 @@ pub(crate) async fn chat(
         max_turns: args.max_turns,
         context_window: args.context_window,
         image: args.image.clone(),
+        project_instructions: !args.no_project_instructions,
     };
     let (mut launch, reopened) = match &args.id {
         Some(id) => {

@@ -139,7 +139,9 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             | Event::Resumed(_)
             | Event::WorkspaceSnapshot(_)
             | Event::WorkspaceRewound(_)
-            | Event::ToolProtocolSwitched(_) => {}
+            | Event::ToolProtocolSwitched(_)
+            | Event::InstructionsLoaded(_)
+            | Event::HookRan(_) => {}
         }
     }
 

@@ -15,12 +15,17 @@ use nerve_runtime::log::{Reader, reader};
 /// How many candidates an ambiguous prefix names.
 const CANDIDATES: usize = 5;
 
-/// A whole execution id for `id`, which may be a unique prefix of one (as in git). A whole
+/// A whole execution id for `id`, which may be a unique prefix of one (as in git), or `last`
+/// (the newest execution). A whole
 /// id is taken as it is, without opening the log; a prefix that matches none or several is
 /// a usage error naming the candidates.
 pub(crate) async fn resolve(db: &Path, id: &str) -> Result<String, Failure> {
     if id.parse::<ExecutionId>().is_ok() {
         return Ok(id.trim().to_owned());
+    }
+    if id.trim().eq_ignore_ascii_case("last") {
+        // The newest execution in the log.
+        return Ok(nerve_runtime::resume::latest(db, None).await?.to_string());
     }
     let prefix = id.trim();
     if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {

@@ -75,7 +75,11 @@ fn main() -> ExitCode {
     if let Some((bytes, sha256)) = CARRIED_EXECUTOR {
         nerve_runtime::carry_executor(nerve_runtime::CarriedExecutor { bytes, sha256 });
     }
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if cli.command.is_none() {
+        // `nerve` alone (global options allowed) is `nerve chat` in the current directory.
+        cli = Cli::parse_from(std::env::args_os().chain([std::ffi::OsString::from("chat")]));
+    }
     let telemetry = match telemetry::init() {
         Ok(telemetry) => telemetry,
         Err(failure) => return report(&failure),
@@ -102,11 +106,33 @@ fn main() -> ExitCode {
     }
 }
 
+/// The most recent execution on `workspace` (the current directory when `None`).
+async fn latest_on(
+    db: &std::path::Path,
+    workspace: Option<&std::path::Path>,
+) -> Result<String, Failure> {
+    let here;
+    let workspace = match workspace {
+        Some(dir) => dir,
+        None => {
+            here = std::env::current_dir()
+                .map_err(|e| Failure::usage(format!("cannot read the current directory: {e}")))?;
+            here.as_path()
+        }
+    };
+    Ok(nerve_runtime::resume::latest(db, Some(workspace))
+        .await?
+        .to_string())
+}
+
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let db = cli.db_path()?;
-    let continues = match &cli.command {
+    let Some(mut command) = cli.command else {
+        return Err(Failure::usage("no command given: see `nerve --help`"));
+    };
+    let continues = match &command {
         Command::Chat(_) | Command::Acp(_) => true,
-        Command::Run(args) => args.continue_id.is_some(),
+        Command::Run(args) => args.continue_id.is_some() || args.resume_id.is_some(),
         Command::Replay { .. }
         | Command::List { .. }
         | Command::Show { .. }
@@ -129,8 +155,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             "chat, acp and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
         ));
     }
-    let mut command = cli.command;
-    // Every id a person types may be a unique prefix.
+    // Every id a person types may be a unique prefix, or `last`.
     match &mut command {
         Command::Replay { id, .. }
         | Command::Show { id, .. }
@@ -143,11 +168,22 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Rewind { id, .. }
         | Command::Export { id } => *id = inspect::resolve(&db, id).await?,
         Command::Run(args) => {
+            args.settle_continue();
             if let Some(id) = &mut args.continue_id {
-                *id = inspect::resolve(&db, id).await?;
+                *id = if id.is_empty() {
+                    latest_on(&db, args.workspace.as_deref()).await?
+                } else {
+                    inspect::resolve(&db, id).await?
+                };
             }
         }
         Command::Chat(args) => {
+            let resume = args.resume_id.take();
+            if args.continue_last || resume.as_deref() == Some("") {
+                args.id = Some(latest_on(&db, args.workspace.as_deref()).await?);
+            } else if resume.is_some() {
+                args.id = resume;
+            }
             if let Some(id) = &mut args.id {
                 *id = inspect::resolve(&db, id).await?;
             }

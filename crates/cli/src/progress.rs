@@ -448,6 +448,23 @@ impl Display {
                 Style::Note,
                 format!("· tool calls now read from text ({})", switched.reason),
             )),
+            Event::HookRan(ran) if ran.verdict != nerve_core::event::HookVerdict::Allow => lines
+                .push((
+                    Style::Note,
+                    format!("· {}", nerve_runtime::views::transcript::hook_line(ran)),
+                )),
+            Event::HookRan(_) => {}
+            Event::InstructionsLoaded(loaded) => {
+                for file in &loaded.files {
+                    lines.push((
+                        Style::Note,
+                        format!(
+                            "· project instructions: {}",
+                            nerve_runtime::views::transcript::instructions_file(file)
+                        ),
+                    ));
+                }
+            }
             Event::WorkspaceRewound(rewound) => lines.push((
                 Style::Note,
                 format!(

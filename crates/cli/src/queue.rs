@@ -54,10 +54,16 @@ fn spec(args: &SubmitArgs) -> Result<Spec, Failure> {
             }
         },
     };
-    if let Some(id) = &run.continue_id {
+    if let Some(id) = run.continue_id.as_ref().or(run.resume_id.as_ref()) {
         return Err(Failure::usage(format!(
             "submit queues a new execution: continue {id} with `nerve run --continue {id}`"
         )));
+    }
+    // A worker's settings decide these for what it runs; a flag here would be lost.
+    if run.approval.is_some() || run.no_project_instructions {
+        return Err(Failure::usage(
+            "submit does not carry --approval or --no-project-instructions: set `approval` in the worker's settings",
+        ));
     }
     let spec = run.provider.as_deref().unwrap_or("openai");
     let provider = match spec.strip_prefix("script:") {

@@ -22,7 +22,9 @@ pub(crate) async fn run(
     db: &Path,
     config_path: Option<&Path>,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback.map(Into::into));
+    let config = Config::load(config_path)?
+        .with_fallback(args.sandbox_fallback.map(Into::into))
+        .with_approval(args.approval.map(Into::into));
     let mode = Mode::detect(args.json || args.jsonl, args.quiet);
     if let Some(id) = &args.continue_id {
         // The task is the next message of execution ID, which runs again in a fresh
@@ -38,17 +40,15 @@ pub(crate) async fn run(
         let (launch, start) = nerve_runtime::launch::continued(request, db, &config, id).await?;
         return go(launch, start, mode, args.jsonl).await;
     }
-    let request = request(&args)?;
+    let request = request(&args, &config)?;
     let (launch, start) =
         nerve_runtime::launch::fresh(&request, db, &config, ExecutionId::new()).await?;
     go(launch, start, mode, args.jsonl).await
 }
 
 /// The runtime's request for `args`, its workspace and task checked (in that order).
-pub(crate) fn request(args: &RunArgs) -> Result<RunRequest, Failure> {
-    let Some(workspace) = &args.workspace else {
-        return Err(Failure::usage("give the workspace with --workspace DIR"));
-    };
+pub(crate) fn request(args: &RunArgs, config: &Config) -> Result<RunRequest, Failure> {
+    let workspace = args.workspace.as_deref().unwrap_or_else(|| Path::new("."));
     let workspace = nerve_runtime::launch::validate_workspace(workspace)?;
     Ok(RunRequest {
         workspace,
@@ -56,8 +56,9 @@ pub(crate) fn request(args: &RunArgs) -> Result<RunRequest, Failure> {
         provider: args
             .provider
             .clone()
+            .or_else(|| config.provider.clone())
             .unwrap_or_else(|| DEFAULT_PROVIDER.to_owned()),
-        model: args.model.clone(),
+        model: args.model.clone().or_else(|| config.model.clone()),
         loop_type: loop_type(args.loop_type),
         complexity: args.complexity.map(complexity),
         max_turns: args.max_turns,
@@ -66,6 +67,7 @@ pub(crate) fn request(args: &RunArgs) -> Result<RunRequest, Failure> {
         budget_tokens: args.budget_tokens,
         context_window: args.context_window,
         image: args.image.clone(),
+        project_instructions: !args.no_project_instructions,
     })
 }
 
@@ -205,8 +207,18 @@ async fn watch_interrupts(cancel: CancellationToken, display: Arc<Display>) {
 }
 
 pub(crate) fn read_task(args: &RunArgs) -> Result<String, Failure> {
-    let text = match (&args.task, &args.task_file) {
+    let text = match (args.task.as_ref().or(args.prompt.as_ref()), &args.task_file) {
         (Some(text), _) => text.clone(),
+        (None, Some(file)) if file.as_os_str() == "-" => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|e| {
+                Failure::usage(format!(
+                    "task file - (standard input): {}",
+                    nerve_runtime::launch::describe_io(&e)
+                ))
+            })?;
+            text
+        }
         (None, Some(file)) => std::fs::read_to_string(file).map_err(|e| {
             Failure::usage(format!(
                 "task file {}: {}",
@@ -216,7 +228,7 @@ pub(crate) fn read_task(args: &RunArgs) -> Result<String, Failure> {
         })?,
         (None, None) => {
             return Err(Failure::usage(
-                "give the task with --task TEXT or --task-file FILE",
+                "give the task: nerve run \"PROMPT\", --task TEXT or --task-file FILE",
             ));
         }
     };

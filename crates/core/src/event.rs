@@ -412,6 +412,105 @@ pub struct ToolProtocolSwitched {
     pub reason: String,
 }
 
+/// Where a file of project instructions came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstructionsSource {
+    /// The user's own file (`$XDG_CONFIG_HOME/nerve/AGENTS.md`), read on the host.
+    User,
+    /// A file in the workspace (`AGENTS.md`, else `CLAUDE.md`), read through the sandbox.
+    Workspace,
+}
+
+/// One file of project instructions the model was given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstructionsFile {
+    pub source: InstructionsSource,
+    /// The file's path: relative to the workspace root for a workspace file, the host path
+    /// for the user's.
+    pub path: String,
+    /// SHA-256 (hex) of the text the model was given (after the size bound).
+    pub sha256: String,
+    /// Bytes of the text the model was given.
+    pub bytes: u64,
+    /// The file was longer than the bound and was cut.
+    pub truncated: bool,
+}
+
+/// Project instructions entered the conversation: at the start (the user's file and the
+/// workspace root's, in the system message that follows), or in `turn` when the agent first
+/// worked under a directory with a file of its own (appended to that call's result).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstructionsLoaded {
+    /// 0 at the start.
+    pub turn: u32,
+    pub files: Vec<InstructionsFile>,
+}
+
+/// Where a user's hook runs (`[[hooks.<point>]]` in the settings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookPoint {
+    /// A new execution starts (before the first model call).
+    SessionStart,
+    /// A person's message (the task, a follow-up) is about to reach the model.
+    UserPromptSubmit,
+    /// A tool call is about to run (after the approval gate).
+    PreToolUse,
+    /// A tool call returned.
+    PostToolUse,
+    /// The agent's turn ended (the execution finishes or waits for the next message).
+    Stop,
+}
+
+impl HookPoint {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::SessionStart => "session_start",
+            Self::UserPromptSubmit => "user_prompt_submit",
+            Self::PreToolUse => "pre_tool_use",
+            Self::PostToolUse => "post_tool_use",
+            Self::Stop => "stop",
+        }
+    }
+}
+
+/// What a hook's run decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookVerdict {
+    /// Exit 0: go on.
+    Allow,
+    /// Exit 2 at `pre_tool_use` or `user_prompt_submit`: the call or the message is refused,
+    /// the hook's stderr shown to the model.
+    Block,
+    /// Any other ending (another code, a signal, the timeout, a command that cannot start):
+    /// a warning, and the execution goes on.
+    Warn,
+}
+
+/// One run of a user's hook, on the host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookRan {
+    pub point: HookPoint,
+    /// The turn it ran in (0 before the first).
+    pub turn: u32,
+    /// The tool call's id and tool, at the tool points.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<ToolCallId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The hook's argv as configured.
+    pub command: Vec<String>,
+    /// Its exit code; `None` when it was killed (the timeout) or could not start.
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub verdict: HookVerdict,
+    /// Its stderr, clipped (what the model sees of a block).
+    pub stderr: String,
+    pub duration_ms: u64,
+}
+
 /// Every event an execution can record, tagged by `kind`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -436,6 +535,8 @@ pub enum Event {
     WorkspaceSnapshot(WorkspaceSnapshot),
     WorkspaceRewound(WorkspaceRewound),
     ToolProtocolSwitched(ToolProtocolSwitched),
+    InstructionsLoaded(InstructionsLoaded),
+    HookRan(HookRan),
 }
 
 /// The `kind` tag of an [`Event`], as stored in the log's `kind` column.
@@ -461,11 +562,13 @@ pub enum EventKind {
     WorkspaceSnapshot,
     WorkspaceRewound,
     ToolProtocolSwitched,
+    InstructionsLoaded,
+    HookRan,
 }
 
 impl EventKind {
     /// Every kind, in the order `docs/events.md` documents them.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 22] = [
         Self::Started,
         Self::ContextCreated,
         Self::MessageAppended,
@@ -486,6 +589,8 @@ impl EventKind {
         Self::WorkspaceSnapshot,
         Self::WorkspaceRewound,
         Self::ToolProtocolSwitched,
+        Self::InstructionsLoaded,
+        Self::HookRan,
     ];
 
     /// The payload version this build writes for this kind.
@@ -510,7 +615,9 @@ impl EventKind {
             | Self::Resumed
             | Self::WorkspaceSnapshot
             | Self::WorkspaceRewound
-            | Self::ToolProtocolSwitched => EVENT_VERSION,
+            | Self::ToolProtocolSwitched
+            | Self::InstructionsLoaded
+            | Self::HookRan => EVENT_VERSION,
         }
     }
 
@@ -541,6 +648,8 @@ impl EventKind {
             Self::WorkspaceSnapshot => "workspace_snapshot",
             Self::WorkspaceRewound => "workspace_rewound",
             Self::ToolProtocolSwitched => "tool_protocol_switched",
+            Self::InstructionsLoaded => "instructions_loaded",
+            Self::HookRan => "hook_ran",
         }
     }
 }
@@ -568,6 +677,8 @@ impl Event {
             Self::WorkspaceSnapshot(_) => EventKind::WorkspaceSnapshot,
             Self::WorkspaceRewound(_) => EventKind::WorkspaceRewound,
             Self::ToolProtocolSwitched(_) => EventKind::ToolProtocolSwitched,
+            Self::InstructionsLoaded(_) => EventKind::InstructionsLoaded,
+            Self::HookRan(_) => EventKind::HookRan,
         }
     }
 }

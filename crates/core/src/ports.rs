@@ -260,6 +260,42 @@ pub trait ToolExecutor: Send + Sync {
         let _ = call;
         true
     }
+
+    /// Reads a workspace text file as the sandbox sees it (confined to the workspace like
+    /// `read_file`: no symlink followed out of it), for the engine's own use (project
+    /// instructions), not as the agent's tool call: no event, no kill point. `None` when
+    /// there is no such readable text file. The default has no files.
+    async fn read_text(&self, path: &str) -> Option<String> {
+        let _ = path;
+        None
+    }
+}
+
+/// Runs the user's hooks at a point of the execution (on the host, the runtime's). Each
+/// configured hook that applies runs in order with `input` as JSON on its stdin; what each
+/// run did is returned for the log. A hook that blocks stops the ones after it.
+#[async_trait]
+pub trait Hooks: Send + Sync {
+    /// Whether any hook is configured at `point` (nothing is built for a point without).
+    fn any(&self, point: crate::event::HookPoint) -> bool;
+
+    async fn run(
+        &self,
+        point: crate::event::HookPoint,
+        tool: Option<&str>,
+        input: &serde_json::Value,
+    ) -> Vec<HookOutcome>;
+}
+
+/// One hook's run, as the engine records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookOutcome {
+    pub command: Vec<String>,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub verdict: crate::event::HookVerdict,
+    pub stderr: String,
+    pub duration_ms: u64,
 }
 
 /// The workspace's snapshot store failed (a full disk, an unreadable file, a store removed).

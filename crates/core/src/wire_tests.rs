@@ -11,7 +11,8 @@ use crate::event::{
     StagnationAction, Started, TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use crate::event::{
-    ChangeKind, ToolProtocolSwitched, ToolTransport, WorkspaceChange, WorkspaceRewound,
+    ChangeKind, HookPoint, HookRan, HookVerdict, InstructionsFile, InstructionsLoaded,
+    InstructionsSource, ToolProtocolSwitched, ToolTransport, WorkspaceChange, WorkspaceRewound,
     WorkspaceSnapshot,
 };
 use crate::{
@@ -275,6 +276,28 @@ fn events() {
             from: ToolTransport::Native,
             to: ToolTransport::Text,
             reason: "the answer wrote a call of `read_file` as text and made no native call".into(),
+        }),
+        Event::InstructionsLoaded(InstructionsLoaded {
+            turn: 2,
+            files: vec![InstructionsFile {
+                source: InstructionsSource::Workspace,
+                path: "crates/web/AGENTS.md".into(),
+                sha256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".into(),
+                bytes: 4,
+                truncated: false,
+            }],
+        }),
+        Event::HookRan(HookRan {
+            point: HookPoint::PreToolUse,
+            turn: 1,
+            call_id: Some("call_1".into()),
+            tool: Some("shell".into()),
+            command: vec!["./check.sh".into()],
+            exit_code: Some(2),
+            timed_out: false,
+            verdict: HookVerdict::Block,
+            stderr: "no rm here".into(),
+            duration_ms: 12,
         }),
     ];
     let mut kinds: Vec<&str> = events.iter().map(|e| e.kind().as_str()).collect();

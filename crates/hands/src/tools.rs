@@ -585,6 +585,18 @@ impl ToolExecutor for SandboxTools {
         crate::kill_points::after_call();
         output
     }
+
+    async fn read_text(&self, path: &str) -> Option<String> {
+        let request = ReadFileRequest {
+            path: path.to_owned(),
+            offset: None,
+            limit: None,
+        };
+        match self.sandbox.read_file(request).await {
+            Ok(Ok(output)) => Some(output.content),
+            Ok(Err(_)) | Err(_) => None,
+        }
+    }
 }
 
 impl SandboxTools {

@@ -35,6 +35,22 @@ pub struct Config {
     /// MCP servers whose tools the model gets (docs/mcp.md).
     #[serde(default)]
     pub mcp: McpSection,
+    /// The provider a new execution uses when no `--provider` is given (`openai`,
+    /// `anthropic`, `script:FILE`); `openai` when neither says.
+    pub provider: Option<String>,
+    /// The model a new execution asks when no `--model` is given.
+    pub model: Option<String>,
+    /// The model's context window in tokens when no `--context-window` is given (else the
+    /// model table's).
+    pub context_window: Option<u64>,
+    /// How much the agent may do without a person: `read-only`, `ask`, `auto`, `never`.
+    pub approval: Option<nerve_brain::approval::ApprovalMode>,
+    /// `[[rules]]`: allow, ask or deny by tool, and for `shell` by command (first match wins).
+    #[serde(default)]
+    pub rules: Vec<nerve_brain::approval::CommandRule>,
+    /// `[[hooks.<point>]]`: commands run on the host at the execution's fixed points.
+    #[serde(default)]
+    pub hooks: crate::hooks::HooksSection,
 }
 
 /// `[mcp]`: the `[[mcp.servers]]` list.
@@ -373,13 +389,14 @@ impl Config {
     pub fn engine_config(&self) -> Result<nerve_brain::EngineConfig, RuntimeError> {
         let defaults = nerve_brain::EngineConfig::default();
         let guards = &self.guardrails;
-        let policy = nerve_brain::approval::ToolPolicy::new(
-            self.policy.rules.clone(),
-            self.policy
-                .default
-                .unwrap_or(nerve_brain::approval::PolicyAction::Allow),
-        )
-        .map_err(RuntimeError::config)?;
+        let policy =
+            nerve_brain::approval::ToolPolicy::build(nerve_brain::approval::PolicySettings {
+                rules: self.rules.clone(),
+                patterns: self.policy.rules.clone(),
+                default: self.policy.default,
+                mode: self.approval,
+            })
+            .map_err(RuntimeError::config)?;
         Ok(nerve_brain::EngineConfig {
             max_tokens_recoveries: guards
                 .max_tokens_recoveries
@@ -455,6 +472,14 @@ impl Config {
         self
     }
 
+    /// The configuration with `--approval`'s mode laid over the file's.
+    pub fn with_approval(mut self, flag: Option<nerve_brain::approval::ApprovalMode>) -> Self {
+        if flag.is_some() {
+            self.approval = flag;
+        }
+        self
+    }
+
     /// Reads `path`, or the defaults when no file was named.
     pub fn load(path: Option<&Path>) -> Result<Self, RuntimeError> {
         let Some(path) = path else {
@@ -483,10 +508,21 @@ impl Config {
         config.engine_config().map_err(invalid)?;
         config.model_table().map_err(invalid)?;
         config.mcp.validate().map_err(invalid)?;
+        config.hooks.validate().map_err(invalid)?;
         let mut probe = nerve_hands::SandboxConfig::new("", "", nerve_core::ExecutionId::new());
         config.sandbox.apply_limits(&mut probe).map_err(invalid)?;
         Ok(config)
     }
+}
+
+/// Nerve's directory in the user's configuration directory: `$XDG_CONFIG_HOME/nerve`, else
+/// `~/.config/nerve`; `None` when neither can be named.
+pub fn user_config_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))
+        .map(|dir| dir.join("nerve"))
 }
 
 /// `[proxy]`: the auth proxy's limits and its allowlist, `[[proxy.rules]]`. Without rules

@@ -22,6 +22,26 @@ fn the_documented_example_parses() {
         engine.policy.evaluate(&push).0,
         nerve_brain::approval::PolicyAction::Ask
     );
+    assert_eq!(
+        config.approval,
+        Some(nerve_brain::approval::ApprovalMode::Ask)
+    );
+    for (command, expected) in [
+        ("git status", nerve_brain::approval::PolicyAction::Allow),
+        ("rm -rf x", nerve_brain::approval::PolicyAction::Deny),
+        (
+            "git status; rm -rf /",
+            nerve_brain::approval::PolicyAction::Deny,
+        ),
+        ("ls", nerve_brain::approval::PolicyAction::Ask),
+    ] {
+        let call = nerve_core::ToolCall {
+            id: "c".into(),
+            name: "shell".into(),
+            arguments: serde_json::json!({ "command": command }),
+        };
+        assert_eq!(engine.policy.evaluate(&call).0, expected, "{command}");
+    }
     assert!(
         config
             .model_table()
@@ -64,4 +84,23 @@ fn the_mcp_recipes_parse_and_validate() {
             .build(&|_| Some("stand-in-secret".to_owned()))
             .unwrap_or_else(|e| panic!("{e:?}\n{block}"));
     }
+}
+
+#[test]
+fn the_top_level_keys_parse_and_a_bad_mode_is_named() {
+    let config: Config = toml::from_str(
+        "provider = \"anthropic\"\nmodel = \"m\"\ncontext_window = 1000\napproval = \"never\"\n",
+    )
+    .unwrap();
+    assert_eq!(config.provider.as_deref(), Some("anthropic"));
+    assert_eq!(config.model.as_deref(), Some("m"));
+    assert_eq!(config.context_window, Some(1000));
+    assert_eq!(
+        config.approval,
+        Some(nerve_brain::approval::ApprovalMode::Never)
+    );
+    let err = toml::from_str::<Config>("approval = \"sometimes\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("read-only"), "{err}");
 }

@@ -42,6 +42,9 @@ pub struct RunRequest {
     pub budget_tokens: Option<u64>,
     pub context_window: Option<u64>,
     pub image: Option<String>,
+    /// Give the model the project's instructions (`AGENTS.md`) and the user's
+    /// (`--no-project-instructions` says no).
+    pub project_instructions: bool,
 }
 
 /// A person's next message to an execution that ended (`run --continue ID`).
@@ -69,6 +72,8 @@ pub struct ChatRequest {
     pub max_turns: u32,
     pub context_window: Option<u64>,
     pub image: Option<String>,
+    /// As [`RunRequest::project_instructions`], for a new conversation.
+    pub project_instructions: bool,
 }
 
 /// An MCP server a front end brings for one execution beside the configured ones (an
@@ -182,10 +187,11 @@ pub async fn fresh<'a>(
     execution_id: ExecutionId,
 ) -> Result<(Launch<'a>, Start), RuntimeError> {
     let workspace = validate_workspace(&request.workspace)?;
+    let context_window = request.context_window.or(config.context_window);
     let provider = crate::provider::build(
         &request.provider,
         request.model.as_deref(),
-        &config.provider_settings(request.context_window)?,
+        &config.provider_settings(context_window)?,
     )
     .await?;
     let budget_cost = request
@@ -196,25 +202,31 @@ pub async fn fresh<'a>(
             })
         })
         .transpose()?;
-    let engine_config = EngineConfig {
+    let mut engine_config = EngineConfig {
         loop_type: request.loop_type,
         complexity: request.complexity,
         max_turns: request.max_turns,
         timeout: request.timeout_secs.map(Duration::from_secs),
         budget_tokens: request.budget_tokens,
         budget_cost,
-        context_window: request.context_window,
+        context_window,
         recorded_config: serde_json::json!({
             "max_turns": request.max_turns,
             "timeout_secs": request.timeout_secs,
             "budget_tokens": request.budget_tokens,
             "budget_usd": request.budget_usd,
-            "context_window": request.context_window,
+            "context_window": context_window,
             "complexity": request.complexity,
             "image": request.image,
         }),
+        instructions: crate::instructions::config(request.project_instructions)?,
         ..config.engine_config()?
     };
+    record_habits(
+        &mut engine_config.recorded_config,
+        request.project_instructions,
+        config,
+    );
     let task = Task {
         id: TaskId::new(),
         description: request.task.clone(),
@@ -356,23 +368,34 @@ pub async fn conversation<'a>(
     config: &'a Config,
 ) -> Result<Launch<'a>, RuntimeError> {
     let workspace = validate_workspace(workspace)?;
+    let context_window = request.context_window.or(config.context_window);
     let provider = crate::provider::build(
-        request.provider.as_deref().unwrap_or(DEFAULT_PROVIDER),
-        request.model.as_deref(),
-        &config.provider_settings(request.context_window)?,
+        request
+            .provider
+            .as_deref()
+            .or(config.provider.as_deref())
+            .unwrap_or(DEFAULT_PROVIDER),
+        request.model.as_deref().or(config.model.as_deref()),
+        &config.provider_settings(context_window)?,
     )
     .await?;
-    let engine_config = EngineConfig {
+    let mut engine_config = EngineConfig {
         max_turns: request.max_turns,
-        context_window: request.context_window,
+        context_window,
         recorded_config: serde_json::json!({
             "max_turns": request.max_turns,
-            "context_window": request.context_window,
+            "context_window": context_window,
             "image": request.image,
             "chat": true,
         }),
+        instructions: crate::instructions::config(request.project_instructions)?,
         ..config.engine_config()?
     };
+    record_habits(
+        &mut engine_config.recorded_config,
+        request.project_instructions,
+        config,
+    );
     Launch::new(
         db,
         config,
@@ -382,6 +405,20 @@ pub async fn conversation<'a>(
         request.image.clone(),
         ExecutionId::new(),
     )
+}
+
+/// Records in the start event what differs from the defaults: project instructions turned
+/// off (a resume goes on without them), and the approval mode given.
+fn record_habits(recorded: &mut serde_json::Value, project_instructions: bool, config: &Config) {
+    let Some(map) = recorded.as_object_mut() else {
+        return;
+    };
+    if !project_instructions {
+        map.insert("project_instructions".into(), serde_json::json!(false));
+    }
+    if let Some(mode) = config.approval {
+        map.insert("approval".into(), serde_json::json!(mode.as_str()));
+    }
 }
 
 /// The workspace `resumable` works on, which `given` (when the front end was given one)
@@ -451,6 +488,15 @@ pub fn recorded_engine_config(
             .and_then(serde_json::Value::as_f64)
             .and_then(MicroUsd::from_usd),
         context_window: number("context_window"),
+        // A directory's instructions go on being given unless the start said no (the
+        // user's file and the root's are in the conversation already).
+        instructions: nerve_brain::instructions::InstructionsConfig {
+            workspace: recorded
+                .get("project_instructions")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(true),
+            user: None,
+        },
         recorded_config: recorded.clone(),
         ..config.engine_config()?
     })

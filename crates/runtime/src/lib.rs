@@ -21,6 +21,8 @@ pub mod config;
 #[cfg(test)]
 mod config_doc_test;
 mod environment;
+pub mod hooks;
+pub mod instructions;
 pub mod launch;
 pub mod log;
 pub mod mcp;

@@ -85,6 +85,7 @@ impl Spec {
             budget_tokens: self.budget_tokens,
             context_window: self.context_window,
             image: self.image.clone(),
+            project_instructions: true,
         })
     }
 }

@@ -375,3 +375,39 @@ pub async fn approve(
     }
     Ok((execution, Approved::ToResume))
 }
+
+/// The most recent execution in the log (`last` where an id is taken), or with `workspace`
+/// the most recent that works on it (`run --continue` and `chat --continue` without an id).
+/// Executions are looked at newest first, and each one's start is read only until one
+/// matches.
+pub async fn latest(db: &Path, workspace: Option<&Path>) -> Result<ExecutionId, RuntimeError> {
+    let reader = crate::log::reader(db).await?;
+    let executions = reader.executions().await.map_err(RuntimeError::log)?;
+    let wanted = workspace
+        .map(crate::launch::validate_workspace)
+        .transpose()?;
+    // Ends: one pass over a finite list.
+    for summary in &executions {
+        let Ok(execution) = summary.execution_id.parse::<ExecutionId>() else {
+            continue;
+        };
+        let Some(wanted) = &wanted else {
+            return Ok(execution);
+        };
+        let events = reader.events(execution).await.map_err(RuntimeError::log)?;
+        let started = events
+            .iter()
+            .find(|e| e.kind == "started")
+            .and_then(|e| serde_json::from_str::<Started>(&e.payload).ok());
+        if started.is_some_and(|s| Path::new(&s.workspace) == wanted.as_path()) {
+            return Ok(execution);
+        }
+    }
+    Err(RuntimeError::usage(match &wanted {
+        Some(dir) => format!(
+            "no execution works on {} yet: start one with `nerve run` or `nerve chat`",
+            dir.display()
+        ),
+        None => "the log holds no execution yet".to_owned(),
+    }))
+}

@@ -225,6 +225,13 @@ impl Launch<'_> {
         let ears = Arc::new(Ears(observer));
         engine.deltas = Arc::clone(&ears) as Arc<dyn nerve_brain::DeltaObserver>;
         engine.approver = Arc::clone(&ears) as Arc<dyn nerve_brain::approval::Approver>;
+        if !self.config.hooks.is_empty() {
+            engine.hooks = Some(Arc::new(crate::hooks::HostHooks {
+                hooks: self.config.hooks.clone(),
+                execution_id: self.execution_id,
+                workspace: self.workspace.clone(),
+            }));
+        }
         // Snapshots of the workspace at turn boundaries (docs/checkpoints.md); without a
         // store the run goes on, and `nerve diff` has nothing for it.
         match crate::snapshots::snapshots_for(self.db, self.execution_id, &self.workspace).await {

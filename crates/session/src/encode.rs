@@ -307,7 +307,9 @@ pub(crate) fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
         | Event::Checkpoint(_)
         | Event::WorkspaceSnapshot(_)
         | Event::WorkspaceRewound(_)
-        | Event::ToolProtocolSwitched(_) => IndexUpdate::Nothing,
+        | Event::ToolProtocolSwitched(_)
+        | Event::InstructionsLoaded(_)
+        | Event::HookRan(_) => IndexUpdate::Nothing,
     }
 }
 

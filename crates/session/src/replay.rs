@@ -16,9 +16,9 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use nerve_core::event::{
     ApprovalDecided, ApprovalRequested, CallPurpose, Compaction, ContextCreated, Finish,
-    MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry, Stagnation, Started,
-    TaskTransition, ToolCallFinished, ToolCallStarted, ToolProtocolSwitched, TurnCompleted,
-    WorkspaceRewound, WorkspaceSnapshot,
+    InstructionsLoaded, MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry,
+    Stagnation, Started, TaskTransition, ToolCallFinished, ToolCallStarted, ToolProtocolSwitched,
+    TurnCompleted, WorkspaceRewound, WorkspaceSnapshot,
 };
 use nerve_core::{
     BlockId, Event, EventKind, Message, MessagePart, MessageRole, MicroUsd, TaskStatus,
@@ -194,6 +194,10 @@ pub struct Replay {
     /// The last switch of the tool protocol (`tool_protocol = "auto"` moving to calls
     /// written as text), if any.
     pub tool_protocol: Option<ToolProtocolSwitched>,
+    /// The project instructions the model was given, in the order they were loaded.
+    pub instructions: Vec<InstructionsLoaded>,
+    /// Every run of a user's hook.
+    pub hooks: Vec<nerve_core::event::HookRan>,
     pub proxy: ProxyTally,
     pub checkpoints: Vec<CheckpointMark>,
     /// Every resume of this execution; its length is the number of attempts so far.
@@ -303,6 +307,8 @@ impl Replayer {
                 compactions: Vec::new(),
                 stagnation: Vec::new(),
                 tool_protocol: None,
+                instructions: Vec::new(),
+                hooks: Vec::new(),
                 proxy: ProxyTally::default(),
                 checkpoints: Vec::new(),
                 resumes: Vec::new(),
@@ -482,6 +488,8 @@ impl Replayer {
                 out.workspace.current = Some(rewound.tree);
             }
             Event::ToolProtocolSwitched(switched) => out.tool_protocol = Some(switched),
+            Event::InstructionsLoaded(loaded) => out.instructions.push(loaded),
+            Event::HookRan(ran) => out.hooks.push(ran),
         }
     }
 
@@ -631,6 +639,10 @@ fn decode(kind: EventKind, version: u32, payload: &str) -> Option<Event> {
         EventKind::ToolProtocolSwitched => {
             read::<ToolProtocolSwitched>(payload, Event::ToolProtocolSwitched)
         }
+        EventKind::InstructionsLoaded => {
+            read::<InstructionsLoaded>(payload, Event::InstructionsLoaded)
+        }
+        EventKind::HookRan => read::<nerve_core::event::HookRan>(payload, Event::HookRan),
     }
 }
 

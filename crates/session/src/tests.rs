@@ -713,7 +713,9 @@ fn expected_gaps(prefix: &[Event]) -> Vec<GapKind> {
             | Event::Resumed(_)
             | Event::WorkspaceSnapshot(_)
             | Event::WorkspaceRewound(_)
-            | Event::ToolProtocolSwitched(_) => {}
+            | Event::ToolProtocolSwitched(_)
+            | Event::InstructionsLoaded(_)
+            | Event::HookRan(_) => {}
         }
     }
     let mut gaps = vec![GapKind::ToolCallInDoubt; open.len()];

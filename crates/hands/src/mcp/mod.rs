@@ -316,6 +316,10 @@ impl ToolExecutor for McpTools {
     fn may_change_workspace(&self, call: &ToolCall) -> bool {
         self.route(&call.name).is_some() || self.inner.may_change_workspace(call)
     }
+
+    async fn read_text(&self, path: &str) -> Option<String> {
+        self.inner.read_text(path).await
+    }
 }
 
 /// One tool as offered: its exposed name, the server's name for it, its definition.

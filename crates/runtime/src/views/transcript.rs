@@ -144,6 +144,15 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
                 "  (tool calls now read from text: {})",
                 switched.reason
             )),
+            Event::HookRan(ran) => lines.push(format!("  ({})", hook_line(&ran))),
+            Event::InstructionsLoaded(loaded) => {
+                for file in &loaded.files {
+                    lines.push(format!(
+                        "  (project instructions: {})",
+                        instructions_file(file)
+                    ));
+                }
+            }
             Event::WorkspaceRewound(rewound) => lines.push(format!(
                 "  (workspace rewound to turn {}: {} path(s))",
                 rewound.turn,
@@ -229,6 +238,51 @@ fn call_line(call: Option<&ToolCall>, name: &str) -> String {
         Some(call) => format!("  > {}", key_argument(call)),
         None => format!("  > {name}"),
     }
+}
+
+/// One file of project instructions in a line: its path, size and the start of its hash
+/// (the whole hash is in the log's `instructions_loaded`).
+pub fn instructions_file(file: &nerve_core::event::InstructionsFile) -> String {
+    let source = match file.source {
+        nerve_core::event::InstructionsSource::User => "user",
+        nerve_core::event::InstructionsSource::Workspace => "workspace",
+    };
+    format!(
+        "{} ({source}, {} bytes{}, sha256 {})",
+        file.path,
+        file.bytes,
+        if file.truncated {
+            ", cut at the bound"
+        } else {
+            ""
+        },
+        file.sha256.get(..12).unwrap_or(&file.sha256)
+    )
+}
+
+/// A hook's run in a line: where, what, and how it ended.
+pub fn hook_line(ran: &nerve_core::event::HookRan) -> String {
+    let ending = match (ran.exit_code, ran.timed_out) {
+        (_, true) => "killed at its timeout".to_owned(),
+        (Some(code), false) => format!("exit {code}"),
+        (None, false) => "did not run".to_owned(),
+    };
+    let verdict = match ran.verdict {
+        nerve_core::event::HookVerdict::Allow => "",
+        nerve_core::event::HookVerdict::Block => ", blocked",
+        nerve_core::event::HookVerdict::Warn => ", warning",
+    };
+    let stderr = ran.stderr.lines().next().unwrap_or_default();
+    let stderr = if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(": {stderr}")
+    };
+    clip_line(&format!(
+        "hook {} {}: {ending}{verdict}{stderr}",
+        ran.point.as_str(),
+        ran.command.join(" ")
+    ))
 }
 
 /// A tool call as one line: its name and the argument that says what it does.
