@@ -316,7 +316,8 @@ impl ModelCaller {
     }
 
     /// One attempt: the provider asked once, within the wall-clock deadline, its answer
-    /// streamed to the observer. `Err` only when the deadline passed; the provider's own
+    /// streamed to the observer. `Err` only when the deadline passed or the run was
+    /// cancelled; the provider's own
     /// failure is the inner result. Each attempt is one `chat` span, a deadline cut-off
     /// included (an error span).
     async fn attempt(
@@ -339,21 +340,31 @@ impl ModelCaller {
             request.messages,
         );
         let call = self.stream(provider, request).instrument(span.clone());
-        let (result, timing) = match self.deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline.into(), call).await {
-                Ok(result) => result,
-                Err(_) => {
-                    let why = "wall-clock timeout reached during a model call";
-                    telemetry::record_chat_error(
-                        &span,
-                        &self.trace,
-                        crate::provider::kind::TIMEOUT,
-                        why,
-                    );
-                    return Err(Stop::new(TerminationReason::TimedOut, why));
-                }
-            },
-            None => call.await,
+        let deadline = async {
+            match self.deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        // A stop cuts the answer short too (stop means stop): nothing of it is recorded, so
+        // a resumed run asks again (a scripted run replays the same line).
+        let (result, timing) = tokio::select! {
+            result = call => result,
+            () = deadline => {
+                let why = "wall-clock timeout reached during a model call";
+                telemetry::record_chat_error(
+                    &span,
+                    &self.trace,
+                    crate::provider::kind::TIMEOUT,
+                    why,
+                );
+                return Err(Stop::new(TerminationReason::TimedOut, why));
+            }
+            () = self.cancel.cancelled() => {
+                let why = "the execution was stopped during a model call";
+                telemetry::record_chat_error(&span, &self.trace, "cancelled", why);
+                return Err(Stop::shutdown());
+            }
         };
         let usage = result.as_ref().map(|r| r.usage).unwrap_or_default();
         telemetry::record_chat_result(

@@ -669,6 +669,7 @@ mod tests {
                         is_error: true,
                     },
                     duration_ms: 3,
+                    interrupted: false,
                 }),
                 Event::TurnCompleted(TurnCompleted {
                     turn: 1,

@@ -185,12 +185,27 @@ async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Re
     )
 }
 
-/// First Ctrl-C: stop at the next turn boundary. Second: abort at once.
+/// First Ctrl-C or SIGTERM (what `timeout`, systemd, Docker and Kubernetes send): stop
+/// now: no new tool call starts, a running command is interrupted, a model call in flight
+/// is abandoned, and the run ends `shutdown` with its summary. A second one aborts at once
+/// (exit 130 after SIGINT, 143 after SIGTERM).
 async fn watch_interrupts(cancel: CancellationToken, display: Arc<Display>) {
-    if tokio::signal::ctrl_c().await.is_err() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
         return;
-    }
-    let note = "nerve: stopping at the next turn boundary (Ctrl-C again to abort)";
+    };
+    // Which signal came: the exit code of an abort says it.
+    let mut next = async || {
+        tokio::select! {
+            _ = int.recv() => 130,
+            _ = term.recv() => 143,
+        }
+    };
+    next().await;
+    let note = "nerve: stopping: no new tool call starts and a running command is interrupted (Ctrl-C again to abort)";
     if display.mode() == Mode::Live {
         // Above the status line, not through it.
         display.lines(&[(Style::Note, format!("· {note}"))]);
@@ -198,10 +213,9 @@ async fn watch_interrupts(cancel: CancellationToken, display: Arc<Display>) {
         output::error_line(note);
     }
     cancel.cancel();
-    if tokio::signal::ctrl_c().await.is_ok() {
-        output::error_line("nerve: aborted");
-        std::process::exit(130);
-    }
+    let code = next().await;
+    output::error_line("nerve: aborted");
+    std::process::exit(code);
 }
 
 pub(crate) fn read_task(args: &RunArgs) -> Result<String, Failure> {

@@ -32,10 +32,10 @@ mod spawn;
 pub use args::{Invocation, ROOT_ENV, USAGE, parse_args};
 pub use confine::{CONTAINER_ROOT, Workspace};
 pub use error::Error;
-pub use exec::{kill_remaining_children, reap_children};
+pub use exec::{INTERRUPT_GRACE, kill_remaining_children, reap_children};
 pub use protocol::{
     Decoded, DirEntry, EditFileOutput, EditFileRequest, EntryKind, ExecOutput, ExecRequest,
-    GrepOutput, GrepRequest, ListDirOutput, ListDirRequest, Op, Pong, ReadFileOutput,
+    GrepOutput, GrepRequest, InterruptOutput, ListDirOutput, ListDirRequest, Op, Pong, ReadFileOutput,
     ReadFileRequest, Reply, Request, Response, SignalOutput, SignalRequest, SpawnOutput,
     SpawnRequest, StreamHello, VERSION, WriteFileOutput, WriteFileRequest, decode_response,
 };

@@ -1,7 +1,11 @@
 //! The request loop: read a line, handle it, write one response line, in order, forever.
 //!
 //! Requests are handled one at a time (the host serialises them), so a slow command delays the
-//! next request rather than racing it; the host bounds that with `timeout_ms`. No line can stop
+//! next request rather than racing it; the host bounds that with `timeout_ms`. While a command
+//! runs, the request channel is watched (not read): a line arriving on it interrupts the
+//! command (SIGINT, then SIGKILL after [`crate::exec::INTERRUPT_GRACE`]), which is how the
+//! host stops a command when its user asks to stop; the line is then read and answered as
+//! usual. No line can stop
 //! the loop: malformed input gets an error response with whatever id could be salvaged. Only
 //! end of input or a failed write (the host went away) ends it.
 //!
@@ -10,6 +14,7 @@
 //! without the engine between the two ends.
 
 use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -127,7 +132,18 @@ impl Executor {
 
     /// Serves requests from `input` until it ends. Returns the error of a failed read or write;
     /// a broken pipe on `output` means the host has gone.
-    pub fn serve(&self, mut input: impl BufRead, mut output: impl Write) -> io::Result<()> {
+    pub fn serve(&self, input: impl BufRead, output: impl Write) -> io::Result<()> {
+        self.serve_watching(input, output, None)
+    }
+
+    /// Serves like [`Executor::serve`]; `channel` is the descriptor `input` reads from,
+    /// watched while a command runs so that a request arriving meanwhile interrupts it.
+    pub fn serve_watching(
+        &self,
+        mut input: impl BufRead,
+        mut output: impl Write,
+        channel: Option<BorrowedFd<'_>>,
+    ) -> io::Result<()> {
         let cap = self.config.limits.max_request_bytes;
         // Ends: one request per pass until the input ends (the host closed it or died);
         // each request is bounded by its own limits (timeouts, sizes).
@@ -147,7 +163,7 @@ impl Executor {
             } else if line.kept.trim_ascii().is_empty() {
                 continue;
             } else {
-                self.handle_line(&line.kept)
+                self.handle_line_watching(&line.kept, channel)
             };
             let mut text = response.to_line();
             text.push('\n');
@@ -161,13 +177,17 @@ impl Executor {
     /// no command the executor starts holds the host's end of the channel.
     pub fn serve_socket(&self, path: &Path) -> io::Result<()> {
         let stream = connect_control(path)?;
-        self.serve(BufReader::new(&stream), &stream)
+        self.serve_watching(BufReader::new(&stream), &stream, Some(stream.as_fd()))
     }
 
     /// Handles one request line (without or with its newline).
     pub fn handle_line(&self, line: &[u8]) -> Response {
+        self.handle_line_watching(line, None)
+    }
+
+    fn handle_line_watching(&self, line: &[u8], channel: Option<BorrowedFd<'_>>) -> Response {
         match serde_json::from_slice::<Request>(line) {
-            Ok(request) => self.handle(&request),
+            Ok(request) => self.handle_watching(&request, channel),
             Err(e) => {
                 // Salvage the id if the line is JSON with a numeric id, so the host can match
                 // the error to its request.
@@ -184,12 +204,16 @@ impl Executor {
 
     /// Handles one parsed request.
     pub fn handle(&self, request: &Request) -> Response {
+        self.handle_watching(request, None)
+    }
+
+    fn handle_watching(&self, request: &Request, channel: Option<BorrowedFd<'_>>) -> Response {
         if self.config.reap_orphans {
             exec::reap_children();
         }
         let (workspace, limits) = (&self.workspace, &self.config.limits);
         let result = match &request.op {
-            Op::Exec(r) => self.exec(r).map(Reply::Exec),
+            Op::Exec(r) => self.exec(r, channel).map(Reply::Exec),
             Op::ReadFile(r) => files::read_file(workspace, limits, r).map(Reply::ReadFile),
             Op::WriteFile(r) => files::write_file(workspace, limits, r).map(Reply::WriteFile),
             Op::EditFile(r) => files::edit_file(workspace, limits, r).map(Reply::EditFile),
@@ -200,6 +224,8 @@ impl Executor {
             })),
             Op::Spawn(r) => spawn::spawn(workspace, r).map(Reply::Spawned),
             Op::Signal(r) => spawn::signal(r).map(Reply::Signalled),
+            // What it would have interrupted already answered (see the module's comment).
+            Op::Interrupt => Ok(Reply::Interrupted(crate::protocol::InterruptOutput {})),
         };
         Response {
             id: Some(request.id),
@@ -207,7 +233,11 @@ impl Executor {
         }
     }
 
-    fn exec(&self, request: &ExecRequest) -> Result<ExecOutput, Error> {
+    fn exec(
+        &self,
+        request: &ExecRequest,
+        channel: Option<BorrowedFd<'_>>,
+    ) -> Result<ExecOutput, Error> {
         let cwd = self
             .workspace
             .workdir(request.workdir.as_deref().unwrap_or(""))?;
@@ -216,6 +246,7 @@ impl Executor {
             &cwd,
             &self.config.shell,
             self.config.limits.max_output_bytes,
+            channel,
         )
     }
 }

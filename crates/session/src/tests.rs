@@ -95,6 +95,7 @@ fn tool_finished(n: u32, id: &str) -> Event {
             is_error: false,
         },
         duration_ms: 1,
+        interrupted: false,
     })
 }
 

@@ -79,7 +79,8 @@ fn main() -> ExitCode {
                 if let Ok(watched) = stream.try_clone() {
                     die_with_host(watched);
                 }
-                executor.serve(io::BufReader::new(&stream), &stream)
+                let channel = std::os::fd::AsFd::as_fd(&stream);
+                executor.serve_watching(io::BufReader::new(&stream), &stream, Some(channel))
             }
             Err(e) => Err(e),
         },
@@ -87,7 +88,9 @@ fn main() -> ExitCode {
             if let Ok(stdin) = std::os::fd::AsFd::as_fd(&io::stdin()).try_clone_to_owned() {
                 die_with_host(stdin);
             }
-            executor.serve(io::stdin().lock(), io::stdout().lock())
+            let stdin = io::stdin();
+            let channel = std::os::fd::AsFd::as_fd(&stdin);
+            executor.serve_watching(stdin.lock(), io::stdout().lock(), Some(channel))
         }
     };
     nerve_executor::kill_remaining_children();
