@@ -37,6 +37,9 @@ use crate::stop::Stop;
 use crate::stream::{DeltaObserver, ModelStream, StreamChunk};
 use crate::telemetry::{self, TraceConfig};
 
+/// The outcome of a model call abandoned because the run was stopped.
+pub(crate) const CANCELLED: &str = "cancelled";
+
 /// A model call that failed: a stop, or a context overflow the caller may compact for.
 #[derive(Debug)]
 pub(crate) enum CallError {
@@ -249,7 +252,25 @@ impl ModelCaller {
                 tools,
                 purpose,
             };
-            let (result, timing) = self.attempt(&*provider, request, turn, attempt).await?;
+            let (result, timing) = match self.attempt(&*provider, request, turn, attempt).await {
+                Ok(answered) => answered,
+                Err(stop) => {
+                    if stop.reason == TerminationReason::Shutdown {
+                        // The call was made and abandoned: recorded, so that a resumed
+                        // scripted run takes the next line, as this process did (it does
+                        // not begin a turn: replay.rs).
+                        journal.record(Event::ModelCalled(ModelCalled {
+                            turn,
+                            purpose,
+                            outcome: CANCELLED.to_owned(),
+                            usage: TokenUsage::default(),
+                            time_to_first_token_ms: None,
+                            tokens_per_second: None,
+                        }));
+                    }
+                    return Err(stop.into());
+                }
+            };
             let (outcome, usage) = match &result {
                 Ok(response) => ("ok", response.usage),
                 Err(error) => (error.kind(), TokenUsage::default()),
@@ -362,7 +383,7 @@ impl ModelCaller {
             }
             () = self.cancel.cancelled() => {
                 let why = "the execution was stopped during a model call";
-                telemetry::record_chat_error(&span, &self.trace, "cancelled", why);
+                telemetry::record_chat_error(&span, &self.trace, CANCELLED, why);
                 return Err(Stop::shutdown());
             }
         };

@@ -144,7 +144,9 @@ async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Re
     ));
     let screen = Screen {
         display: Arc::clone(&display),
-        jsonl: jsonl.then(|| Arc::new(nerve_runtime::views::jsonl::Jsonl::new(redactor))),
+        jsonl: jsonl.then(|| {
+            Arc::new(nerve_runtime::views::jsonl::Jsonl::new(Arc::clone(&redactor)))
+        }),
         approver: None,
     };
     let session = launch.open(Arc::new(screen)).await?;
@@ -175,7 +177,7 @@ async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Re
     watcher.abort();
     session.close(result.as_ref().ok()).await;
     let result = result?;
-    report(&result, &display, db, jsonl);
+    report(&result, &display, db, jsonl, &redactor);
     Ok(
         if result.termination_reason == nerve_core::TerminationReason::Completed {
             0
@@ -240,11 +242,18 @@ pub(crate) fn read_task(args: &RunArgs) -> Result<String, Failure> {
     Ok(text)
 }
 
-fn report(result: &ExecutionResult, display: &Display, db: &Path, jsonl: bool) {
+fn report(
+    result: &ExecutionResult,
+    display: &Display,
+    db: &Path,
+    jsonl: bool,
+    redactor: &nerve_core::Redactor,
+) {
     let ctx = &result.context;
     let mode = display.mode();
     if mode == Mode::Silent {
         let summary = serde_json::json!({
+            "answer": final_answer(result).map(|answer| redactor.redact(&answer).into_owned()),
             "execution_id": ctx.execution_id.to_string(),
             "termination_reason": result.termination_reason,
             "task_status": ctx.task_status,
@@ -270,6 +279,22 @@ fn report(result: &ExecutionResult, display: &Display, db: &Path, jsonl: bool) {
         return;
     }
     display.lines(&ending(result, db));
+}
+
+/// The final answer of a completed execution: its last assistant message's text; `None`
+/// for any other ending, or an empty answer.
+fn final_answer(result: &ExecutionResult) -> Option<String> {
+    if result.termination_reason != nerve_core::TerminationReason::Completed {
+        return None;
+    }
+    result
+        .context
+        .messages
+        .iter()
+        .rev()
+        .find(|message| message.role == nerve_core::MessageRole::Assistant)
+        .map(nerve_core::Message::text_content)
+        .filter(|text| !text.trim().is_empty())
 }
 
 /// The end of the transcript: how the execution ended, its totals, the error of a failed
