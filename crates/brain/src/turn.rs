@@ -22,8 +22,9 @@ use nerve_core::event::{
 };
 use nerve_core::{
     Event, FinishReason, Message, MessagePart, MessageRole, TerminationReason, TokenUsage,
-    ToolCall, ToolCallId, ToolError, ToolOutput, ToolResult, TurnRecord,
+    ToolCall, ToolCallId, ToolError, ToolExecutor, ToolOutput, ToolResult, TurnRecord,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::approval::{Approval, PolicyAction};
@@ -231,7 +232,7 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
             .await?
         }
         None => {
-            let (output, stopped) = run_tool(run, call).await;
+            let (output, stopped) = run_tool(&*run.hands.tools, &run.cancel, call).await;
             interrupted = stopped;
             let output = output.map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
             (output.content, output.is_error)
@@ -278,16 +279,18 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
 /// Runs a workspace tool until it ends or the run is cancelled; then the tool is told to
 /// interrupt what it runs, and its answer is waited for at most [`INTERRUPTED_CALL_LIMIT`].
 /// The flag says whether the call was interrupted.
-async fn run_tool(run: &Run, call: &ToolCall) -> (Result<ToolOutput, ToolError>, bool) {
-    let cancel = run.cancel.clone();
-    let mut execution = run
-        .hands
-        .tools
-        .execute_until(call, Box::pin(cancel.clone().cancelled_owned()));
+/// (It takes the run's parts, not the run: a `&Run` held across an await would make the
+/// run's future not `Send`, since the journal is not `Sync`.)
+async fn run_tool(
+    tools: &dyn ToolExecutor,
+    cancel: &CancellationToken,
+    call: &ToolCall,
+) -> (Result<ToolOutput, ToolError>, bool) {
+    let mut execution = tools.execute_until(call, Box::pin(cancel.clone().cancelled_owned()));
     tokio::select! {
-        // A call that ended as the stop came was not interrupted.
-        biased;
-        output = &mut execution => (output, false),
+        // A call that ended as the stop came counts as interrupted: its tool may have been
+        // told to stop (the flag errs that way rather than hide an interrupted call).
+        output = &mut execution => (output, cancel.is_cancelled()),
         () = cancel.cancelled() => {
             match tokio::time::timeout(INTERRUPTED_CALL_LIMIT, execution).await {
                 Ok(output) => (output, true),

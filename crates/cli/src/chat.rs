@@ -103,6 +103,7 @@ pub(crate) async fn chat(
         terminal,
         current,
         db,
+        config: config_path,
     };
     let code = chat.converse(reopened).await;
     // A conversation never ends for good: the sandbox home stays for the next one.
@@ -118,6 +119,8 @@ struct Chat<'a> {
     /// The token of the agent's turn in progress, for Ctrl-C and the approval question.
     current: Arc<Mutex<Option<CancellationToken>>>,
     db: &'a Path,
+    /// The `--config` it runs with, for the next steps it suggests.
+    config: Option<&'a Path>,
 }
 
 impl Chat<'_> {
@@ -129,6 +132,7 @@ impl Chat<'_> {
             terminal,
             current,
             db,
+            config,
         } = self;
         let execution_id = session.execution_id();
         // The handler is installed here, before the first prompt, not when the task first
@@ -311,7 +315,7 @@ impl Chat<'_> {
         display.pause();
         if started {
             let mut lines = vec![(Style::Text, String::new())];
-            lines.extend(crate::progress::next_steps(execution_id, db));
+            lines.extend(crate::progress::next_steps(execution_id, db, *config, None));
             display.lines(&lines);
         }
         Ok(0)

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use nerve_brain::Delta;
 use nerve_core::event::{ApprovalDecision, CallPurpose, ProxyVerdict, StagnationAction};
-use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, TokenUsage};
+use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, TerminationReason, TokenUsage};
 
 use crate::output;
 use nerve_runtime::views::transcript::{key_argument, outcome_lines, text_of};
@@ -557,12 +557,21 @@ fn terminal_width() -> usize {
 }
 
 /// Where the log is and three commands to try next (the end of `run` and of `chat`).
-pub(crate) fn next_steps(id: ExecutionId, db: &std::path::Path) -> Vec<Line> {
-    let db_flag = if nerve_runtime::log::default_db().is_ok_and(|default| default == db) {
+pub(crate) fn next_steps(
+    id: ExecutionId,
+    db: &std::path::Path,
+    config: Option<&std::path::Path>,
+    ended: Option<TerminationReason>,
+) -> Vec<Line> {
+    let mut flags = if nerve_runtime::log::default_db().is_ok_and(|default| default == db) {
         String::new()
     } else {
         format!("--db {} ", db.display())
     };
+    // The settings the execution ran with: resume and approve need them again.
+    if let Some(config) = config {
+        flags.push_str(&format!("--config {} ", config.display()));
+    }
     let mut lines = vec![
         (
             Style::Dim,
@@ -570,14 +579,33 @@ pub(crate) fn next_steps(id: ExecutionId, db: &std::path::Path) -> Vec<Line> {
         ),
         (Style::Dim, "next:".to_owned()),
     ];
-    for (command, what) in [
+    let mut steps = vec![
         ("show", "the transcript"),
         ("replay", "completeness and gaps"),
-        ("chat", "talk to the agent about it"),
-    ] {
+    ];
+    match ended {
+        Some(TerminationReason::Parked) => {
+            steps.push(("approve", "decide the call that waits (--deny to refuse)"));
+            steps.push(("resume", "then continue it"));
+        }
+        Some(
+            TerminationReason::Shutdown | TerminationReason::TimedOut | TerminationReason::Error,
+        ) => {
+            steps.push(("resume", "continue it where it stopped"));
+        }
+        Some(
+            TerminationReason::Completed
+            | TerminationReason::MaxTurns
+            | TerminationReason::BudgetExhausted
+            | TerminationReason::Stagnation,
+        )
+        | None => steps.push(("chat", "talk to the agent about it")),
+    }
+    let width = steps.iter().map(|(command, _)| command.len()).max().unwrap_or(0);
+    for (command, what) in steps {
         lines.push((
             Style::Dim,
-            format!("  nerve {db_flag}{command:<6} {id}   {what}"),
+            format!("  nerve {flags}{command:<width$} {id}   {what}"),
         ));
     }
     lines

@@ -36,12 +36,12 @@ pub(crate) async fn run(
             image: args.image.clone(),
         };
         let (launch, start) = nerve_runtime::launch::continued(request, db, &config, id).await?;
-        return go(launch, start, mode, args.jsonl).await;
+        return go(launch, start, mode, args.jsonl, config_path).await;
     }
     let request = request(&args)?;
     let (launch, start) =
         nerve_runtime::launch::fresh(&request, db, &config, ExecutionId::new()).await?;
-    go(launch, start, mode, args.jsonl).await
+    go(launch, start, mode, args.jsonl, config_path).await
 }
 
 /// The runtime's request for `args`, its workspace and task checked (in that order).
@@ -106,6 +106,7 @@ pub(crate) async fn resume(
         start,
         Mode::detect(output != Output::Text, false),
         output == Output::Jsonl,
+        config_path,
     )
     .await
 }
@@ -133,7 +134,14 @@ impl Output {
 
 /// Launches, shows the execution as `mode` says (`jsonl`: as JSON lines), reports its
 /// ending on stdout and returns the exit code.
-async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Result<u8, Failure> {
+/// `config_path` is the `--config` given, repeated in the next steps suggested.
+async fn go(
+    mut launch: Launch<'_>,
+    start: Start,
+    mode: Mode,
+    jsonl: bool,
+    config_path: Option<&Path>,
+) -> Result<u8, Failure> {
     launch.capture_content = crate::telemetry::capture_content()?;
     let db = launch.db;
     let redactor = Arc::clone(launch.redactor());
@@ -177,7 +185,7 @@ async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Re
     watcher.abort();
     session.close(result.as_ref().ok()).await;
     let result = result?;
-    report(&result, &display, db, jsonl, &redactor);
+    report(&result, &display, (db, config_path), jsonl, &redactor);
     Ok(
         if result.termination_reason == nerve_core::TerminationReason::Completed {
             0
@@ -245,7 +253,7 @@ pub(crate) fn read_task(args: &RunArgs) -> Result<String, Failure> {
 fn report(
     result: &ExecutionResult,
     display: &Display,
-    db: &Path,
+    (db, config): (&Path, Option<&Path>),
     jsonl: bool,
     redactor: &nerve_core::Redactor,
 ) {
@@ -278,7 +286,7 @@ fn report(
         }
         return;
     }
-    display.lines(&ending(result, db));
+    display.lines(&ending(result, db, config));
 }
 
 /// The final answer of a completed execution: its last assistant message's text; `None`
@@ -299,7 +307,7 @@ fn final_answer(result: &ExecutionResult) -> Option<String> {
 
 /// The end of the transcript: how the execution ended, its totals, the error of a failed
 /// run, where the log is and what to try next.
-pub(crate) fn ending(result: &ExecutionResult, db: &Path) -> Vec<Line> {
+pub(crate) fn ending(result: &ExecutionResult, db: &Path, config: Option<&Path>) -> Vec<Line> {
     let ctx = &result.context;
     let id = ctx.execution_id;
     let mut lines = vec![(Style::Text, String::new())];
@@ -323,6 +331,11 @@ pub(crate) fn ending(result: &ExecutionResult, db: &Path) -> Vec<Line> {
             ctx.task_status
         ),
     ));
-    lines.extend(crate::progress::next_steps(id, db));
+    lines.extend(crate::progress::next_steps(
+        id,
+        db,
+        config,
+        Some(result.termination_reason),
+    ));
     lines
 }

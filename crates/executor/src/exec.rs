@@ -142,6 +142,8 @@ pub(crate) fn exec(
     let mut phase = Phase::Running;
     let mut timed_out = false;
     let mut interrupted = false;
+    // Whether the request channel is still watched (not after it hung up).
+    let mut watching = true;
     let mut status: Option<ExitStatus> = None;
 
     // Ends: deadline-driven phases: Running until the command exits or its timeout (then
@@ -210,8 +212,8 @@ pub(crate) fn exec(
                 }
             }
             let watched = fds.len();
-            if let (Some(channel), Phase::Running) = (&interrupt, phase) {
-                fds.push(PollFd::new(channel, PollFlags::IN));
+            if let (Some(channel), Phase::Running, true) = (&interrupt, phase, watching) {
+                fds.push(PollFd::new(channel, PollFlags::IN | PollFlags::RDHUP));
             }
             if let (
                 Some(pidfd),
@@ -226,9 +228,17 @@ pub(crate) fn exec(
                 for (fd, &index) in fds.iter().zip(&owners) {
                     ready[index] = !fd.revents().is_empty();
                 }
-                interrupt_now = matches!(phase, Phase::Running)
-                    && interrupt.is_some()
-                    && fds.get(watched).is_some_and(|fd| !fd.revents().is_empty());
+                if matches!(phase, Phase::Running) && interrupt.is_some() && watching {
+                    let seen = fds.get(watched).map_or(PollFlags::empty(), PollFd::revents);
+                    // A hang-up is not an interrupt: the host is gone (the binary's watcher
+                    // kills everything), or it closed its side after its last request.
+                    let hangup = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+                    if seen.intersects(hangup) {
+                        watching = false;
+                    } else {
+                        interrupt_now = seen.contains(PollFlags::IN);
+                    }
+                }
             }
         }
         if interrupt_now {

@@ -439,7 +439,7 @@ mod tests {
             ),
             &[
                 r#"{"id":null,"ok":false,"error":"malformed request: expected ident at line 1 column 2"}"#,
-                r#"{"id":5,"ok":false,"error":"malformed request: unknown variant `launch`, expected one of `exec`, `read_file`, `write_file`, `edit_file`, `list_dir`, `grep`, `ping`, `spawn`, `signal` at line 1 column 22"}"#,
+                r#"{"id":5,"ok":false,"error":"malformed request: unknown variant `launch`, expected one of `exec`, `read_file`, `write_file`, `edit_file`, `list_dir`, `grep`, `ping`, `spawn`, `signal`, `interrupt` at line 1 column 22"}"#,
                 r#"{"id":6,"ok":false,"error":"malformed request: missing field `command` at line 1 column 20"}"#,
                 r#"{"id":null,"ok":false,"error":"malformed request: invalid type: string \"seven\", expected u64 at line 1 column 13"}"#,
                 r#"{"id":null,"ok":false,"error":"malformed request: expected value at line 1 column 1"}"#,

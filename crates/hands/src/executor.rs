@@ -545,6 +545,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_interrupt_follows_the_call_and_its_answer_is_still_read() {
+        use tokio::io::AsyncBufReadExt;
+        let (mut connection, mut fake) = over_a_socket("");
+        let (interrupt, interrupted) = tokio::sync::oneshot::channel::<()>();
+        let fake_task = tokio::spawn(async move {
+            let mut call = String::new();
+            fake.read_line(&mut call).await.unwrap();
+            interrupt.send(()).unwrap();
+            let mut stop = String::new();
+            fake.read_line(&mut stop).await.unwrap();
+            fake.write_all(b"{\"id\":1,\"ok\":true,\"version\":\"stopped\"}\n")
+                .await
+                .unwrap();
+            fake.flush().await.unwrap();
+            (call, stop)
+        });
+        let signal: Interrupt<'_> = Box::pin(async move {
+            let _ = interrupted.await;
+        });
+        let answer = connection
+            .call_until::<Pong>(Op::Ping, START_LIMIT, Some(signal))
+            .await;
+        assert_eq!(answer.unwrap().unwrap().version, "stopped");
+        let (call, stop) = fake_task.await.unwrap();
+        assert_eq!(call, "{\"id\":1,\"op\":\"ping\"}\n");
+        assert_eq!(stop, "{\"id\":2,\"op\":\"interrupt\"}\n");
+        assert!(!connection.is_poisoned());
+    }
+
+    #[tokio::test]
     async fn a_closed_socket_is_explained_by_the_executors_stderr() {
         let (mut connection, fake) = over_a_socket("nerve-executor: boom\n");
         drop(fake);
