@@ -647,8 +647,8 @@ fn a_crashed_run_continues_with_a_message_after_its_resume() {
 
 /// A slow answer that would start a 10 s command, the same command answered at once, and
 /// the answer a resumed run gets.
-const STOP_CASSETTE: &str = r#"{"text": "Thinking.", "delay_ms": 4000, "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 10 && touch first.txt"}}]}
-{"text": "Sleeping.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 10 && touch second.txt"}}]}
+const STOP_CASSETTE: &str = r#"{"text": "Thinking.", "delay_ms": 4000, "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 10 && echo slept > first.txt"}}]}
+{"text": "Sleeping.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 10 && echo slept > second.txt"}}]}
 {"text": "Resumed answer."}
 "#;
 
@@ -677,7 +677,11 @@ fn ctrl_c_in_chat_starts_no_tool_call_and_interrupts_the_running_command() {
     let wait_until = |what: &str, done: &dyn Fn() -> bool| {
         let start = Instant::now();
         while !done() {
-            assert!(start.elapsed() < PATIENCE, "gave up waiting for {what}");
+            assert!(
+                start.elapsed() < PATIENCE,
+                "gave up waiting for {what}:\n{}",
+                term.screen()
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     };

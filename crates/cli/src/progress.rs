@@ -315,6 +315,8 @@ impl Display {
                     MessageRole::System | MessageRole::Tool => {}
                 }
             }
+            // Abandoned by a stop: no turn happened, and the stop was said already.
+            Event::ModelCalled(called) if called.outcome == "cancelled" => {}
             Event::ModelCalled(called) => {
                 if called.purpose == CallPurpose::Agent {
                     status.turn = status.turn.max(called.turn);

@@ -55,7 +55,9 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
                     // leaves no empty heading.
                     heading = Some(format!("turn {turn}"));
                 }
-                if called.outcome != "ok" {
+                if called.outcome == "cancelled" {
+                    lines.push("  (model call abandoned: the execution was stopped)".to_owned());
+                } else if called.outcome != "ok" {
                     lines.push(format!("  (model call failed: {})", called.outcome));
                 }
             }
