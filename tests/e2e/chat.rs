@@ -250,7 +250,7 @@ fn continue_with(
     (more, text)
 }
 
-fn the_only_execution(db: &Path) -> String {
+pub(crate) fn the_only_execution(db: &Path) -> String {
     let list = nerve(db, &["list", "--json"]);
     let list: serde_json::Value = serde_json::from_str(stdout(&list).trim()).unwrap();
     let list = list.as_array().unwrap();

@@ -128,8 +128,8 @@ async fn through_gate(
                         return Err(Stop::new(
                             TerminationReason::Parked,
                             format!(
-                                "tool call {} ({}) waits for approval: nerve approve <id>",
-                                call.id, call.name
+                                "tool call {} ({}) waits for approval: nerve approve {}",
+                                call.id, call.name, run.execution_id
                             ),
                         ));
                     };

@@ -210,7 +210,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             let output = run::Output::from_flags(json, jsonl);
             run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), output).await
         }
-        Command::Approve { id, deny, reason } => approve::approve(&db, &id, deny, reason).await,
+        Command::Approve { id, deny, reason } => {
+            approve::approve(&db, cli.config.as_deref(), &id, deny, reason).await
+        }
         Command::Diff { id, turn } => rewind::diff(&db, &id, turn).await,
         Command::Rewind { id, turn, force } => rewind::rewind(&db, &id, turn, force).await,
         Command::Reap { all, id } => reap::reap(&db, all, id.as_deref()).await,
