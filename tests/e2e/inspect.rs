@@ -157,7 +157,8 @@ fn failed_run(dir: &Path, db: &Path) -> String {
     last_json(&run)["execution_id"].as_str().unwrap().to_owned()
 }
 
-/// `show`'s transcript with the id and the start time redacted.
+/// `show`'s transcript with the id, the start time, the workspace and the duration
+/// redacted.
 fn transcript(db: &Path, id: &str) -> String {
     let show = nerve(db, &["show", &id[..13]]);
     assert_eq!(show.status.code(), Some(0), "{}", stderr(&show));
@@ -165,9 +166,14 @@ fn transcript(db: &Path, id: &str) -> String {
         .lines()
         .map(|line| {
             let line = line.replace(id, "[id]");
-            match line.strip_prefix("started ") {
-                Some(_) => "started    [ts]".to_owned(),
-                None => line,
+            if line.starts_with("started ") {
+                "started    [ts]".to_owned()
+            } else if line.starts_with("workspace ") {
+                "workspace  [dir]".to_owned()
+            } else if line.starts_with("took ") {
+                "took       [duration]".to_owned()
+            } else {
+                line
             }
         })
         .collect::<Vec<_>>()
@@ -184,7 +190,9 @@ fn show_tells_the_story_of_a_run_and_events_full_hides_nothing() {
 
     let demo = demo_run(dir.path(), &db);
     let story = transcript(&db, &demo);
-    assert!(story.contains("> shell sh test.sh"), "{story}");
+    assert!(story.contains("→ shell sh test.sh"), "{story}");
+    assert!(story.contains("\ntook       [duration]\n"), "{story}");
+    assert!(story.contains("totals     5 turns, 7,015 input"), "{story}");
     assert!(
         story.contains("answer\n  The test passes: greet.sh now prints \"Hello, Nerve!\"."),
         "{story}"
@@ -707,6 +715,10 @@ fn a_log_nobody_may_write_is_inspected_and_verified() {
             out.contains(&A[..8]) || out.contains("hash chain intact"),
             "{args:?}: {out}"
         );
+        if args == ["list"] {
+            // The column holds how it ended (or its queue state), not a time.
+            assert!(out.lines().next().unwrap().contains("  STATUS  "), "{out}");
+        }
     }
     assert!(!logs.join("nerve.db-wal").exists(), "nothing was written beside it");
     std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o755)).unwrap();

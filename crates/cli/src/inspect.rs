@@ -167,7 +167,7 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
         let now = time::OffsetDateTime::now_utc();
         output::line(&format!(
             "{:<36}  {:<12}  {:<16}  {:>6}  TASK",
-            "ID", "STARTED", "ENDED", "EVENTS"
+            "ID", "STARTED", "STATUS", "EVENTS"
         ));
         for e in executions {
             let started = time::OffsetDateTime::parse(

@@ -17,6 +17,7 @@ use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, TerminationReason, T
 
 use crate::output;
 use nerve_runtime::views::transcript::{key_argument, outcome_lines, text_of};
+pub(crate) use nerve_runtime::views::transcript::thousands;
 
 /// How the transcript is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -613,18 +614,6 @@ pub(crate) fn next_steps(
     lines
 }
 
-/// `1234567` as `1,234,567`.
-pub(crate) fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 pub(crate) fn first_line(text: &str) -> String {
     let line = text.lines().next().unwrap_or_default();

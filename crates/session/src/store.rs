@@ -156,7 +156,17 @@ impl ExecutionSummary {
                 self.output_tokens = self.output_tokens.saturating_add(usage.output_tokens);
                 self.cost_micro_usd = self.cost_micro_usd.saturating_add(cost.0);
             }
-            IndexUpdate::Status(status) => self.task_status = Some((*status).to_owned()),
+            IndexUpdate::Status(status) => {
+                // After a finish, a transition is a person's follow-up (`nerve chat`, `run
+                // --continue`): a new attempt whose ending is not known yet, as replay says
+                // (replay.rs, `reopen_after_finish`). At the end of an attempt the
+                // transition comes before its finish.
+                if self.termination_reason.is_some() {
+                    self.termination_reason = None;
+                    self.error = None;
+                }
+                self.task_status = Some((*status).to_owned());
+            }
             IndexUpdate::Finish {
                 reason,
                 status,
