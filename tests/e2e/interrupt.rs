@@ -134,7 +134,7 @@ fn two_ctrl_c_abort_at_once_with_a_log_that_replays_and_resumes() {
         dir.path(),
         &[
             write("a.txt", "one\n"),
-            // It ignores SIGINT, so the first Ctrl-C leaves it a second (until SIGKILL) in
+            // It ignores SIGINT, so the first Ctrl-C leaves it two seconds (until SIGKILL) in
             // which the second one comes.
             json!({"tool_calls": [{"name": "shell", "arguments": {"command": "trap '' INT; sleep 5"}}]}),
             write("b.txt", "two\n"),

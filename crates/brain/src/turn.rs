@@ -35,7 +35,7 @@ use crate::telemetry;
 use crate::text_tools;
 
 /// After an interrupt, how long the engine still waits for the running call's answer (the
-/// sandbox's command gets SIGKILL one second after SIGINT; a tool that cannot be
+/// sandbox's command gets SIGKILL two seconds after SIGINT; a tool that cannot be
 /// interrupted is abandoned when this passes).
 const INTERRUPTED_CALL_LIMIT: Duration = Duration::from_secs(5);
 

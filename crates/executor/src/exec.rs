@@ -50,7 +50,7 @@ const TICK: Duration = Duration::from_millis(2);
 
 /// How long an interrupted command has between SIGINT and SIGKILL: time to clean up, short
 /// enough that a person who asked to stop sees it stop.
-pub const INTERRUPT_GRACE: Duration = Duration::from_secs(1);
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 
 /// Timeouts beyond a week are treated as a week, which keeps `Instant` arithmetic in range.
 const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -101,16 +101,26 @@ enum Phase {
     },
 }
 
-/// Runs `request`. `interrupt` is the host's request channel: a line arriving on it while
-/// the command runs interrupts the command (it is not read here; the request loop reads it
-/// next).
+/// The host's request channel, watched while a command runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Watch<'a> {
+    /// A line arriving on it interrupts the command (it is not read here; the request loop
+    /// reads it next).
+    pub(crate) channel: BorrowedFd<'a>,
+    /// A request line is already waiting in the request loop's buffer: interrupt at once.
+    pub(crate) pending: bool,
+}
+
+/// Runs `request`, interrupted by a request on the `watch`ed channel.
 pub(crate) fn exec(
     request: &ExecRequest,
     cwd: &Path,
     shell: &Path,
     max_output: u64,
-    interrupt: Option<BorrowedFd<'_>>,
+    watch: Option<Watch<'_>>,
 ) -> Result<ExecOutput, Error> {
+    let interrupt = watch.map(|w| w.channel);
+    let mut pending = watch.is_some_and(|w| w.pending);
     if request.timeout_ms == 0 {
         return Err(Error::Invalid("timeout_ms must be positive".to_owned()));
     }
@@ -201,7 +211,8 @@ pub(crate) fn exec(
         };
 
         let mut ready = [false; 2];
-        let mut interrupt_now = false;
+        // A request that came with this one interrupts at the first pass.
+        let mut interrupt_now = std::mem::take(&mut pending) && matches!(phase, Phase::Running);
         {
             let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(4);
             let mut owners = Vec::with_capacity(2);
@@ -235,8 +246,8 @@ pub(crate) fn exec(
                     let hangup = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
                     if seen.intersects(hangup) {
                         watching = false;
-                    } else {
-                        interrupt_now = seen.contains(PollFlags::IN);
+                    } else if seen.contains(PollFlags::IN) {
+                        interrupt_now = true;
                     }
                 }
             }
@@ -463,8 +474,11 @@ mod tests {
             max_output_bytes: 100,
             env: BTreeMap::new(),
         };
-        let channel = std::os::fd::AsFd::as_fd(&executor);
-        let got = exec(&request, Path::new("/"), Path::new("/bin/sh"), 100, Some(channel)).unwrap();
+        let watch = Watch {
+            channel: std::os::fd::AsFd::as_fd(&executor),
+            pending: false,
+        };
+        let got = exec(&request, Path::new("/"), Path::new("/bin/sh"), 100, Some(watch)).unwrap();
         drop(writer.join().unwrap());
         got
     }

@@ -13,7 +13,7 @@
 //! ([`Config::control_socket`]), on one unix stream connected to the host: the same lines,
 //! without the engine between the two ends.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::confine::{CONTAINER_ROOT, Workspace};
 use crate::error::Error;
 use crate::protocol::{ExecOutput, ExecRequest, Op, Pong, Reply, Request, Response, VERSION};
+use crate::exec::Watch;
 use crate::{exec, files, grep, spawn};
 
 /// Size and count caps. Every one bounds either the executor's memory or a response's size.
@@ -133,16 +134,34 @@ impl Executor {
     /// Serves requests from `input` until it ends. Returns the error of a failed read or write;
     /// a broken pipe on `output` means the host has gone.
     pub fn serve(&self, input: impl BufRead, output: impl Write) -> io::Result<()> {
-        self.serve_watching(input, output, None)
+        self.serve_with(input, output, |_| None)
     }
 
     /// Serves like [`Executor::serve`]; `channel` is the descriptor `input` reads from,
-    /// watched while a command runs so that a request arriving meanwhile interrupts it.
-    pub fn serve_watching(
+    /// watched while a command runs so that a request arriving meanwhile interrupts it. A
+    /// request already in `input`'s buffer when a command starts (the host wrote two lines
+    /// at once) interrupts it at once.
+    pub fn serve_watching<'c, R: Read>(
         &self,
-        mut input: impl BufRead,
+        input: BufReader<R>,
+        output: impl Write,
+        channel: BorrowedFd<'c>,
+    ) -> io::Result<()> {
+        self.serve_with(input, output, move |input: &BufReader<R>| {
+            Some(Watch {
+                channel,
+                pending: !input.buffer().is_empty(),
+            })
+        })
+    }
+
+    /// The request loop; `watch` says, after each line read, how a command it starts is
+    /// watched for an interrupt.
+    fn serve_with<'c, I: BufRead>(
+        &self,
+        mut input: I,
         mut output: impl Write,
-        channel: Option<BorrowedFd<'_>>,
+        watch: impl Fn(&I) -> Option<Watch<'c>>,
     ) -> io::Result<()> {
         let cap = self.config.limits.max_request_bytes;
         // Ends: one request per pass until the input ends (the host closed it or died);
@@ -163,7 +182,7 @@ impl Executor {
             } else if line.kept.trim_ascii().is_empty() {
                 continue;
             } else {
-                self.handle_line_watching(&line.kept, channel)
+                self.handle_line_watching(&line.kept, watch(&input))
             };
             let mut text = response.to_line();
             text.push('\n');
@@ -177,7 +196,7 @@ impl Executor {
     /// no command the executor starts holds the host's end of the channel.
     pub fn serve_socket(&self, path: &Path) -> io::Result<()> {
         let stream = connect_control(path)?;
-        self.serve_watching(BufReader::new(&stream), &stream, Some(stream.as_fd()))
+        self.serve_watching(BufReader::new(&stream), &stream, stream.as_fd())
     }
 
     /// Handles one request line (without or with its newline).
@@ -185,9 +204,9 @@ impl Executor {
         self.handle_line_watching(line, None)
     }
 
-    fn handle_line_watching(&self, line: &[u8], channel: Option<BorrowedFd<'_>>) -> Response {
+    fn handle_line_watching(&self, line: &[u8], watch: Option<Watch<'_>>) -> Response {
         match serde_json::from_slice::<Request>(line) {
-            Ok(request) => self.handle_watching(&request, channel),
+            Ok(request) => self.handle_watching(&request, watch),
             Err(e) => {
                 // Salvage the id if the line is JSON with a numeric id, so the host can match
                 // the error to its request.
@@ -207,13 +226,13 @@ impl Executor {
         self.handle_watching(request, None)
     }
 
-    fn handle_watching(&self, request: &Request, channel: Option<BorrowedFd<'_>>) -> Response {
+    fn handle_watching(&self, request: &Request, watch: Option<Watch<'_>>) -> Response {
         if self.config.reap_orphans {
             exec::reap_children();
         }
         let (workspace, limits) = (&self.workspace, &self.config.limits);
         let result = match &request.op {
-            Op::Exec(r) => self.exec(r, channel).map(Reply::Exec),
+            Op::Exec(r) => self.exec(r, watch).map(Reply::Exec),
             Op::ReadFile(r) => files::read_file(workspace, limits, r).map(Reply::ReadFile),
             Op::WriteFile(r) => files::write_file(workspace, limits, r).map(Reply::WriteFile),
             Op::EditFile(r) => files::edit_file(workspace, limits, r).map(Reply::EditFile),
@@ -236,7 +255,7 @@ impl Executor {
     fn exec(
         &self,
         request: &ExecRequest,
-        channel: Option<BorrowedFd<'_>>,
+        watch: Option<Watch<'_>>,
     ) -> Result<ExecOutput, Error> {
         let cwd = self
             .workspace
@@ -246,7 +265,7 @@ impl Executor {
             &cwd,
             &self.config.shell,
             self.config.limits.max_output_bytes,
-            channel,
+            watch,
         )
     }
 }
@@ -404,6 +423,41 @@ mod tests {
         assert!(listing.stdout.contains("pipe:"), "{}", listing.stdout);
         assert!(!listing.stdout.contains("socket:"), "{}", listing.stdout);
         assert_eq!(lines.len(), 2);
+    }
+
+    #[test]
+    fn a_request_written_with_an_exec_interrupts_it_at_once() {
+        use std::io::Read;
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            reap_orphans: false,
+            ..Config::new(tmp.path())
+        };
+        let executor = Executor::new(config).unwrap();
+        let (mut host, ours) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            executor.serve_watching(BufReader::new(&ours), &ours, ours.as_fd())
+        });
+        // Both lines in one write: the loop's buffer holds the interrupt when the exec starts.
+        host.write_all(
+            concat!(
+                r#"{"id":1,"op":"exec","command":"sleep 30","timeout_ms":60000,"max_output_bytes":100}"#,
+                "\n",
+                r#"{"id":2,"op":"interrupt"}"#,
+                "\n",
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        host.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answers = String::new();
+        host.read_to_string(&mut answers).unwrap();
+        server.join().unwrap().unwrap();
+        let lines: Vec<&str> = answers.lines().collect();
+        let exec: ExecOutput = crate::decode_response(lines[0]).unwrap().result.unwrap();
+        assert!(exec.interrupted, "{exec:?}");
+        assert!(exec.duration_ms < 5_000, "{exec:?}");
+        assert_eq!(lines[1], r#"{"id":2,"ok":true}"#);
     }
 
     #[test]

@@ -80,7 +80,7 @@ fn main() -> ExitCode {
                     die_with_host(watched);
                 }
                 let channel = std::os::fd::AsFd::as_fd(&stream);
-                executor.serve_watching(io::BufReader::new(&stream), &stream, Some(channel))
+                executor.serve_watching(io::BufReader::new(&stream), &stream, channel)
             }
             Err(e) => Err(e),
         },
@@ -88,9 +88,16 @@ fn main() -> ExitCode {
             if let Ok(stdin) = std::os::fd::AsFd::as_fd(&io::stdin()).try_clone_to_owned() {
                 die_with_host(stdin);
             }
-            let stdin = io::stdin();
-            let channel = std::os::fd::AsFd::as_fd(&stdin);
-            executor.serve_watching(stdin.lock(), io::stdout().lock(), Some(channel))
+            // Read through a buffer of our own, not stdin's, so that the request loop can
+            // tell whether a request is already waiting in it (server.rs).
+            match std::os::fd::AsFd::as_fd(&io::stdin()).try_clone_to_owned() {
+                Ok(stdin) => {
+                    let stdin = std::fs::File::from(stdin);
+                    let channel = std::os::fd::AsFd::as_fd(&stdin);
+                    executor.serve_watching(io::BufReader::new(&stdin), io::stdout().lock(), channel)
+                }
+                Err(_) => executor.serve(io::stdin().lock(), io::stdout().lock()),
+            }
         }
     };
     nerve_executor::kill_remaining_children();
