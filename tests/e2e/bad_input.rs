@@ -262,10 +262,21 @@ fn a_cassette_without_answers_or_with_a_bad_line_is_refused() {
         let provider = format!("script:{}", cassette.display());
         let output = check(
             &db,
-            &["run", "--workspace", workspace, "--task", "x", "--provider", &provider],
+            &[
+                "run",
+                "--workspace",
+                workspace,
+                "--task",
+                "x",
+                "--provider",
+                &provider,
+            ],
             expected,
         );
-        assert_eq!(stderr(&output).matches("line ").count(), usize::from(text.contains("oops")));
+        assert_eq!(
+            stderr(&output).matches("line ").count(),
+            usize::from(text.contains("oops"))
+        );
     }
     assert!(!db.exists(), "a refused command must not create the log");
 }
@@ -282,9 +293,17 @@ fn usage_errors_from_the_parser_are_one_line() {
         "the following required arguments were not provided: <ID> (see `nerve show --help`)",
     );
     assert!(!stderr(&output).contains("--db"), "{}", stderr(&output));
-    check(&db, &["list", "--status", "nope"], "invalid value 'nope' for '--status <STATUS>'");
+    check(
+        &db,
+        &["list", "--status", "nope"],
+        "invalid value 'nope' for '--status <STATUS>'",
+    );
     check(&db, &["frobnicate"], "unrecognized subcommand 'frobnicate'");
-    check(&db, &["replay", "--jsno", "x"], "unexpected argument '--jsno'");
+    check(
+        &db,
+        &["replay", "--jsno", "x"],
+        "unexpected argument '--jsno'",
+    );
     // Help and version are not errors: whole, on stdout, exit 0.
     let help = nerve(&db, &["show", "--help"]);
     assert_eq!(help.status.code(), Some(0));

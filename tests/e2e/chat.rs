@@ -689,14 +689,18 @@ fn ctrl_c_in_chat_starts_no_tool_call_and_interrupts_the_running_command() {
     // Ctrl-C while the model takes 4 s to answer: the answer is abandoned.
     term.say("think slowly");
     wait_until("the user's message in the log", &|| {
-        read_log(&s.db).iter().any(|e| {
-            e.kind == "message_appended" && e.payload["message"]["role"] == "user"
-        })
+        read_log(&s.db)
+            .iter()
+            .any(|e| e.kind == "message_appended" && e.payload["message"]["role"] == "user")
     });
     term.keys("C-c");
     term.wait_for("stopped: the agent's turn was interrupted");
     wait_until("the first message's finish", &|| count("finish") >= 1);
-    assert_eq!(count("tool_call_started"), 0, "no tool call after the Ctrl-C");
+    assert_eq!(
+        count("tool_call_started"),
+        0,
+        "no tool call after the Ctrl-C"
+    );
 
     // Ctrl-C while the command runs: it dies at once.
     term.say("now sleep");

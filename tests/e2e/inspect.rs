@@ -675,7 +675,8 @@ fn a_log_nobody_may_write_is_inspected_and_verified() {
     log_with(&db, &[A]);
     // Closed cleanly, as an archived log is: no WAL files beside it.
     let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
     drop(conn);
     assert!(!logs.join("nerve.db-wal").exists());
     std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o444)).unwrap();
@@ -709,7 +710,12 @@ fn a_log_nobody_may_write_is_inspected_and_verified() {
             .env_remove("NERVE_CONFIG")
             .output()
             .unwrap();
-        assert_eq!(output.status.code(), Some(0), "{args:?}: {}", stderr(&output));
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            stderr(&output)
+        );
         let out = stdout(&output);
         assert!(
             out.contains(&A[..8]) || out.contains("hash chain intact"),
@@ -720,6 +726,9 @@ fn a_log_nobody_may_write_is_inspected_and_verified() {
             assert!(out.lines().next().unwrap().contains("  STATUS  "), "{out}");
         }
     }
-    assert!(!logs.join("nerve.db-wal").exists(), "nothing was written beside it");
+    assert!(
+        !logs.join("nerve.db-wal").exists(),
+        "nothing was written beside it"
+    );
     std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o755)).unwrap();
 }

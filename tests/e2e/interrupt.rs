@@ -233,9 +233,16 @@ fn sigterm_interrupts_the_running_command_and_the_run_resumes() {
         "the command took {stopped:?} to stop"
     );
     let finished = log.iter().find(|e| e.kind == "tool_call_finished").unwrap();
-    assert_eq!(finished.payload["interrupted"], true, "{:?}", finished.payload);
+    assert_eq!(
+        finished.payload["interrupted"], true,
+        "{:?}",
+        finished.payload
+    );
     let content = finished.payload["result"]["content"].as_str().unwrap();
-    assert!(content.contains("[interrupted: the user stopped the execution"), "{content}");
+    assert!(
+        content.contains("[interrupted: the user stopped the execution"),
+        "{content}"
+    );
     let result = last_json(&output);
     assert_eq!(result["termination_reason"], "shutdown", "{result}");
     assert_eq!(result["total_turns"], 1, "{result}");

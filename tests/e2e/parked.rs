@@ -47,7 +47,10 @@ fn an_ask_rule_parks_the_run_and_approve_then_resume_completes_it() {
     assert_eq!(parked["termination_reason"], "parked", "{parked}");
     let id = parked["execution_id"].as_str().unwrap().to_owned();
     let error = parked["error"].as_str().unwrap();
-    assert!(error.ends_with(&format!("waits for approval: nerve approve {id}")), "{error}");
+    assert!(
+        error.ends_with(&format!("waits for approval: nerve approve {id}")),
+        "{error}"
+    );
     let greeting = std::fs::read_to_string(workspace.join("greet.sh")).unwrap();
     assert!(
         greeting.contains("Hello, World!"),
@@ -65,7 +68,14 @@ fn an_ask_rule_parks_the_run_and_approve_then_resume_completes_it() {
 
     let approve = nerve(
         &db,
-        &["--config", config, "approve", &id, "--reason", "the fix is right"],
+        &[
+            "--config",
+            config,
+            "approve",
+            &id,
+            "--reason",
+            "the fix is right",
+        ],
     );
     assert!(approve.status.success(), "{}", stderr(&approve));
     assert!(

@@ -976,9 +976,12 @@ mod tests {
         assert_eq!(started, 1, "the second call never starts");
         let finished: Vec<_> = events
             .iter()
-            .filter_map(|e| match e {
-                Event::ToolCallFinished(finished) => Some(finished),
-                _ => None,
+            .filter_map(|e| {
+                if let Event::ToolCallFinished(finished) = e {
+                    Some(finished)
+                } else {
+                    None
+                }
             })
             .collect();
         assert_eq!(finished.len(), 2);
@@ -1023,9 +1026,12 @@ mod tests {
         let called: Vec<_> = sink
             .events()
             .into_iter()
-            .filter_map(|e| match e {
-                Event::ModelCalled(called) => Some(called.outcome),
-                _ => None,
+            .filter_map(|e| {
+                if let Event::ModelCalled(called) = e {
+                    Some(called.outcome)
+                } else {
+                    None
+                }
             })
             .collect();
         assert_eq!(called, ["cancelled"]);

@@ -225,14 +225,16 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
 /// environment as if they were required (`--db` when NERVE_DB is set).
 fn usage_error(error: &clap::Error) -> ExitCode {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    match error.kind() {
+    // (clap's ErrorKind is non-exhaustive: the kinds printed whole are named, the rest are
+    // refusals.)
+    if matches!(
+        error.kind(),
         ErrorKind::DisplayHelp
-        | ErrorKind::DisplayVersion
-        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            let _ = error.print();
-            return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
-        }
-        _ => {}
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = error.print();
+        return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
     }
     let text = error.render().to_string();
     let what = text
@@ -257,9 +259,7 @@ fn usage_error(error: &clap::Error) -> ExitCode {
     } else {
         command
     };
-    report(&Failure::usage(format!(
-        "{what} (see `{command} --help`)"
-    )))
+    report(&Failure::usage(format!("{what} (see `{command} --help`)")))
 }
 
 fn report(failure: &Failure) -> ExitCode {

@@ -16,8 +16,8 @@ use nerve_core::event::{ApprovalDecision, CallPurpose, ProxyVerdict, StagnationA
 use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, TerminationReason, TokenUsage};
 
 use crate::output;
-use nerve_runtime::views::transcript::{key_argument, outcome_lines, text_of};
 pub(crate) use nerve_runtime::views::transcript::thousands;
+use nerve_runtime::views::transcript::{key_argument, outcome_lines, text_of};
 
 /// How the transcript is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -604,7 +604,11 @@ pub(crate) fn next_steps(
         )
         | None => steps.push(("chat", "talk to the agent about it")),
     }
-    let width = steps.iter().map(|(command, _)| command.len()).max().unwrap_or(0);
+    let width = steps
+        .iter()
+        .map(|(command, _)| command.len())
+        .max()
+        .unwrap_or(0);
     for (command, what) in steps {
         lines.push((
             Style::Dim,
@@ -613,7 +617,6 @@ pub(crate) fn next_steps(
     }
     lines
 }
-
 
 pub(crate) fn first_line(text: &str) -> String {
     let line = text.lines().next().unwrap_or_default();

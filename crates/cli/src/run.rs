@@ -153,7 +153,9 @@ async fn go(
     let screen = Screen {
         display: Arc::clone(&display),
         jsonl: jsonl.then(|| {
-            Arc::new(nerve_runtime::views::jsonl::Jsonl::new(Arc::clone(&redactor)))
+            Arc::new(nerve_runtime::views::jsonl::Jsonl::new(Arc::clone(
+                &redactor,
+            )))
         }),
         approver: None,
     };

@@ -23,8 +23,8 @@ pub use execution::{Complexity, ExecutionStatus, LoopType, TerminationReason};
 pub use id::{BlockId, ExecutionId, TaskId, ToolCallId};
 pub use message::{Message, MessagePart, MessageRole, ToolCall, ToolResult};
 pub use ports::{
-    ArchivedBlock, ContextArchive, Enqueued, EventSink, Interrupt, PendingCommit, RecallHit, SinkError,
-    Snapshot, ToolDefinition, ToolError, ToolExecutor, ToolOutput, WorkspaceError,
+    ArchivedBlock, ContextArchive, Enqueued, EventSink, Interrupt, PendingCommit, RecallHit,
+    SinkError, Snapshot, ToolDefinition, ToolError, ToolExecutor, ToolOutput, WorkspaceError,
     WorkspaceSnapshots,
 };
 pub use redact::{Redactor, StreamRedaction};

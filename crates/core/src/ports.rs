@@ -211,8 +211,7 @@ fn type_of(schema: &serde_json::Value) -> String {
 }
 
 /// A future that resolves when the caller wants a running tool call interrupted.
-pub type Interrupt<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+pub type Interrupt<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
 /// What a tool call produced, for the model. `is_error` covers everything the model
 /// should see and react to: bad arguments, a path outside the workspace, a non-zero exit.

@@ -243,7 +243,8 @@ pub(crate) fn exec(
                     let seen = fds.get(watched).map_or(PollFlags::empty(), PollFd::revents);
                     // A hang-up is not an interrupt: the host is gone (the binary's watcher
                     // kills everything), or it closed its side after its last request.
-                    let hangup = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+                    let hangup =
+                        PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
                     if seen.intersects(hangup) {
                         watching = false;
                     } else if seen.contains(PollFlags::IN) {
@@ -374,7 +375,14 @@ mod tests {
             max_output_bytes,
             env: BTreeMap::from([("GREETING".into(), "hi".into())]),
         };
-        exec(&request, Path::new("/"), Path::new("/bin/sh"), u64::MAX, None).unwrap()
+        exec(
+            &request,
+            Path::new("/"),
+            Path::new("/bin/sh"),
+            u64::MAX,
+            None,
+        )
+        .unwrap()
     }
 
     /// Runs `command` and compares everything but the duration.
@@ -449,7 +457,14 @@ mod tests {
             timeout_ms: 10,
             ..request
         };
-        let error = exec(&request, Path::new("/"), Path::new("/nonexistent/sh"), 10, None).unwrap_err();
+        let error = exec(
+            &request,
+            Path::new("/"),
+            Path::new("/nonexistent/sh"),
+            10,
+            None,
+        )
+        .unwrap_err();
         assert!(
             error
                 .to_string()
@@ -478,7 +493,14 @@ mod tests {
             channel: std::os::fd::AsFd::as_fd(&executor),
             pending: false,
         };
-        let got = exec(&request, Path::new("/"), Path::new("/bin/sh"), 100, Some(watch)).unwrap();
+        let got = exec(
+            &request,
+            Path::new("/"),
+            Path::new("/bin/sh"),
+            100,
+            Some(watch),
+        )
+        .unwrap();
         drop(writer.join().unwrap());
         got
     }
@@ -487,12 +509,20 @@ mod tests {
     fn an_interrupt_sends_sigint_then_sigkill_after_the_grace() {
         let got = interrupted("echo started; exec sleep 30", Duration::from_millis(200));
         assert_eq!(
-            (got.interrupted, got.timed_out, got.signal, got.stdout.as_str()),
+            (
+                got.interrupted,
+                got.timed_out,
+                got.signal,
+                got.stdout.as_str()
+            ),
             (true, false, Some(2), "started\n")
         );
         assert!(got.duration_ms < 5_000, "{}", got.duration_ms);
         // A command that ignores SIGINT gets SIGKILL after the grace.
-        let got = interrupted("trap '' INT; echo started; sleep 30", Duration::from_millis(200));
+        let got = interrupted(
+            "trap '' INT; echo started; sleep 30",
+            Duration::from_millis(200),
+        );
         assert_eq!(
             (got.interrupted, got.signal, got.stdout.as_str()),
             (true, Some(9), "started\n")

@@ -35,9 +35,10 @@ pub use error::Error;
 pub use exec::{INTERRUPT_GRACE, kill_remaining_children, reap_children};
 pub use protocol::{
     Decoded, DirEntry, EditFileOutput, EditFileRequest, EntryKind, ExecOutput, ExecRequest,
-    GrepOutput, GrepRequest, InterruptOutput, ListDirOutput, ListDirRequest, Op, Pong, ReadFileOutput,
-    ReadFileRequest, Reply, Request, Response, SignalOutput, SignalRequest, SpawnOutput,
-    SpawnRequest, StreamHello, VERSION, WriteFileOutput, WriteFileRequest, decode_response,
+    GrepOutput, GrepRequest, InterruptOutput, ListDirOutput, ListDirRequest, Op, Pong,
+    ReadFileOutput, ReadFileRequest, Reply, Request, Response, SignalOutput, SignalRequest,
+    SpawnOutput, SpawnRequest, StreamHello, VERSION, WriteFileOutput, WriteFileRequest,
+    decode_response,
 };
 pub use relay::{DEFAULT_RELAY_LISTEN, Relay, RelayConfig, spawn_relay};
 pub use server::{Config, Executor, Limits, connect_control, wait_for_hangup};

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 
 use crate::confine::{CONTAINER_ROOT, Workspace};
 use crate::error::Error;
-use crate::protocol::{ExecOutput, ExecRequest, Op, Pong, Reply, Request, Response, VERSION};
 use crate::exec::Watch;
+use crate::protocol::{ExecOutput, ExecRequest, Op, Pong, Reply, Request, Response, VERSION};
 use crate::{exec, files, grep, spawn};
 
 /// Size and count caps. Every one bounds either the executor's memory or a response's size.
@@ -252,11 +252,7 @@ impl Executor {
         }
     }
 
-    fn exec(
-        &self,
-        request: &ExecRequest,
-        watch: Option<Watch<'_>>,
-    ) -> Result<ExecOutput, Error> {
+    fn exec(&self, request: &ExecRequest, watch: Option<Watch<'_>>) -> Result<ExecOutput, Error> {
         let cwd = self
             .workspace
             .workdir(request.workdir.as_deref().unwrap_or(""))?;

@@ -45,11 +45,11 @@ use crate::control::{
     CONTAINER_CONTROL_DIR, CONTROL_DIR_PREFIX, ControlDir, hand_over, numeric_user,
 };
 use crate::executor::{Connection, Pending, Transport};
-use nerve_core::Interrupt;
 use crate::locate::{CONTAINER_EXECUTOR_PATH, unusable_reason};
 use crate::owner::{Liveness, Owner, label_liveness};
 use crate::percall;
 use crate::proxy::{CONTAINER_PROXY_DIR, ProxyMount, RELAY_LISTEN};
+use nerve_core::Interrupt;
 
 /// Label on every container Nerve creates; the reaper looks for it.
 pub(crate) const LABEL_MANAGED: &str = "org.nerve.managed";

@@ -94,7 +94,11 @@ fn main() -> ExitCode {
                 Ok(stdin) => {
                     let stdin = std::fs::File::from(stdin);
                     let channel = std::os::fd::AsFd::as_fd(&stdin);
-                    executor.serve_watching(io::BufReader::new(&stdin), io::stdout().lock(), channel)
+                    executor.serve_watching(
+                        io::BufReader::new(&stdin),
+                        io::stdout().lock(),
+                        channel,
+                    )
                 }
                 Err(_) => executor.serve(io::stdin().lock(), io::stdout().lock()),
             }

@@ -212,8 +212,7 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
 /// a time cannot be read.
 fn took(events: &[StoredEvent]) -> Option<String> {
     let at = |event: &StoredEvent| {
-        time::OffsetDateTime::parse(&event.ts, &time::format_description::well_known::Rfc3339)
-            .ok()
+        time::OffsetDateTime::parse(&event.ts, &time::format_description::well_known::Rfc3339).ok()
     };
     let span = at(events.last()?)? - at(events.first()?)?;
     let millis = span.whole_milliseconds().max(0);
