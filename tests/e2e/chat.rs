@@ -558,10 +558,19 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
         &db,
         &[&id, "--provider", &provider],
         &dir.path().join("state"),
-        b"Anything else?\n/cost\n/compact\nGo on.\n/plan\nPlan this.\n/exit\n",
+        b"/help\nAnything else?\n/cost\n/compact\nGo on.\n/plan\nPlan this.\n/exit\n",
     );
     assert_eq!(chat.status.code(), Some(0), "{}", stderr(&chat));
     let text = stdout(&chat);
+    // /help names the keys too.
+    assert!(
+        text.contains("keys:\n  Enter      send the message"),
+        "/help: {text}"
+    );
+    assert!(
+        text.contains("  Ctrl-C     while the agent works: stop its turn now"),
+        "{text}"
+    );
     assert!(text.contains("Chatted."), "{text}");
     assert!(text.contains("8 turns · "), "/cost: {text}");
     // /compact: the next message runs on a compacted context; /plan: planned first.

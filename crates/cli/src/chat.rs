@@ -40,7 +40,12 @@ const HELP: &[&str] = &[
     "  /diff      what the agent changed in the workspace (/diff last: the last turn that changed it; /diff N: turn N)",
     "  /undo      put the workspace back as it was before the last change (/undo force: over your own edits too)",
     "  /exit      end the session (or Ctrl-D)",
-    "Ctrl-C stops the agent's turn and returns here.",
+    "keys:",
+    "  Enter      send the message",
+    "  Up, Down   earlier messages (kept between sessions); Ctrl-R searches them",
+    "  Ctrl-A, Ctrl-E   start, end of the line; Ctrl-W deletes a word; Ctrl-L clears the screen",
+    "  Ctrl-C     while the agent works: stop its turn now (twice: abort); at the prompt: clear the line",
+    "  Ctrl-D     end the session",
 ];
 
 /// `nerve chat [--workspace DIR] [ID]`.
