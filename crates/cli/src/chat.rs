@@ -426,8 +426,9 @@ fn styled(style: Style, lines: impl Iterator<Item = String>) -> Vec<Line> {
     lines.map(|line| (style, line)).collect()
 }
 
-/// Ctrl-C while the agent works stops its turn at the next boundary (a model call in
-/// flight is abandoned); a second one while it stops aborts, as in `run`. At the prompt
+/// Ctrl-C while the agent works stops its turn now (a model call in flight is abandoned,
+/// no tool call starts, a running command is interrupted: docs/cli.md, "Stopping"); a
+/// second one while it stops aborts, as in `run`. At the prompt
 /// the line editor owns the terminal and Ctrl-C only clears the line.
 async fn stop_turns(
     mut sigint: tokio::signal::unix::Signal,
