@@ -231,7 +231,83 @@ fn a_corrupt_config_is_refused_by_every_command_that_reads_it() {
         ],
         "cannot read config /no/such/nerve.toml",
     );
+    // Every command checks the configuration it is given, also one that does not use it.
+    for args in [
+        &["--config", "/no/such/nerve.toml", "list"][..],
+        &["--config", "/no/such/nerve.toml", "show", id],
+        &["--config", "/no/such/nerve.toml", "verify", id],
+    ] {
+        check(&db, args, "cannot read config /no/such/nerve.toml");
+    }
     assert!(!db.exists(), "a refused command must not create the log");
+}
+
+/// A cassette with no answer, or a line that is not one, is refused before the run: one
+/// line, exit 2, the cassette's line number only.
+#[test]
+fn a_cassette_without_answers_or_with_a_bad_line_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let workspace = dir.path().to_str().unwrap();
+    for (text, expected) in [
+        ("", "the cassette has no lines"),
+        ("# nothing\n\n", "the cassette has no lines"),
+        (
+            "{\"text\": \"fine\"}\n{\"text\": oops}\n",
+            "line 2: not a valid cassette line: expected value (column 10)",
+        ),
+    ] {
+        let cassette = dir.path().join("cassette.jsonl");
+        std::fs::write(&cassette, text).unwrap();
+        let provider = format!("script:{}", cassette.display());
+        let output = check(
+            &db,
+            &[
+                "run",
+                "--workspace",
+                workspace,
+                "--task",
+                "x",
+                "--provider",
+                &provider,
+            ],
+            expected,
+        );
+        assert_eq!(
+            stderr(&output).matches("line ").count(),
+            usize::from(text.contains("oops"))
+        );
+    }
+    assert!(!db.exists(), "a refused command must not create the log");
+}
+
+/// The argument parser's refusals are one line and exit 2, like every usage error, and do
+/// not claim that an option given through the environment is required.
+#[test]
+fn usage_errors_from_the_parser_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let output = check(
+        &db,
+        &["show"],
+        "the following required arguments were not provided: <ID> (see `nerve show --help`)",
+    );
+    assert!(!stderr(&output).contains("--db"), "{}", stderr(&output));
+    check(
+        &db,
+        &["list", "--status", "nope"],
+        "invalid value 'nope' for '--status <STATUS>'",
+    );
+    check(&db, &["frobnicate"], "unrecognized subcommand 'frobnicate'");
+    check(
+        &db,
+        &["replay", "--jsno", "x"],
+        "unexpected argument '--jsno'",
+    );
+    // Help and version are not errors: whole, on stdout, exit 0.
+    let help = nerve(&db, &["show", "--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(crate::support::stdout(&help).contains("Usage: nerve show"));
 }
 
 #[test]

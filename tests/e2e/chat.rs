@@ -250,7 +250,7 @@ fn continue_with(
     (more, text)
 }
 
-fn the_only_execution(db: &Path) -> String {
+pub(crate) fn the_only_execution(db: &Path) -> String {
     let list = nerve(db, &["list", "--json"]);
     let list: serde_json::Value = serde_json::from_str(stdout(&list).trim()).unwrap();
     let list = list.as_array().unwrap();
@@ -558,10 +558,19 @@ fn quiet_prints_the_answer_and_continue_and_chat_work_headless_in_pipes() {
         &db,
         &[&id, "--provider", &provider],
         &dir.path().join("state"),
-        b"Anything else?\n/cost\n/compact\nGo on.\n/plan\nPlan this.\n/exit\n",
+        b"/help\nAnything else?\n/cost\n/compact\nGo on.\n/plan\nPlan this.\n/exit\n",
     );
     assert_eq!(chat.status.code(), Some(0), "{}", stderr(&chat));
     let text = stdout(&chat);
+    // /help names the keys too.
+    assert!(
+        text.contains("keys:\n  Enter      send the message"),
+        "/help: {text}"
+    );
+    assert!(
+        text.contains("  Ctrl-C     while the agent works: stop its turn now"),
+        "{text}"
+    );
     assert!(text.contains("Chatted."), "{text}");
     assert!(text.contains("8 turns · "), "/cost: {text}");
     // /compact: the next message runs on a compacted context; /plan: planned first.
@@ -643,4 +652,102 @@ fn a_crashed_run_continues_with_a_message_after_its_resume() {
     assert_eq!(replayed["complete"], true, "{replayed}");
     assert_eq!(replayed["gaps"], serde_json::json!([]), "{replayed}");
     assert_eq!(replayed["termination_reason"], "completed", "{replayed}");
+}
+
+/// A slow answer that would start a 10 s command, the same command answered at once, and
+/// the answer a resumed run gets.
+const STOP_CASSETTE: &str = r#"{"text": "Thinking.", "delay_ms": 4000, "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 10 && echo slept > first.txt"}}]}
+{"text": "Sleeping.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 10 && echo slept > second.txt"}}]}
+{"text": "Resumed answer."}
+"#;
+
+/// Stop means stop: Ctrl-C while the model answers starts no tool call afterwards; Ctrl-C
+/// while a command runs kills it within 2 s and records the call as interrupted; each
+/// message ends `shutdown`, and `resume` completes the execution.
+#[test]
+fn ctrl_c_in_chat_starts_no_tool_call_and_interrupts_the_running_command() {
+    use crate::support::read_log;
+    if !docker_available() {
+        return;
+    }
+    let s = setup(STOP_CASSETTE);
+    let term = chat_in_tmux(
+        &s,
+        &[
+            "--workspace",
+            s.workspace.to_str().unwrap(),
+            "--provider",
+            &s.provider,
+        ],
+    );
+    term.wait_for("type a message");
+    let count = |kind: &str| read_log(&s.db).iter().filter(|e| e.kind == kind).count();
+    // Ends: PATIENCE bounds every wait.
+    let wait_until = |what: &str, done: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < PATIENCE,
+                "gave up waiting for {what}:\n{}",
+                term.screen()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    // Ctrl-C while the model takes 4 s to answer: the answer is abandoned.
+    term.say("think slowly");
+    wait_until("the user's message in the log", &|| {
+        read_log(&s.db)
+            .iter()
+            .any(|e| e.kind == "message_appended" && e.payload["message"]["role"] == "user")
+    });
+    term.keys("C-c");
+    term.wait_for("stopped: the agent's turn was interrupted");
+    wait_until("the first message's finish", &|| count("finish") >= 1);
+    assert_eq!(
+        count("tool_call_started"),
+        0,
+        "no tool call after the Ctrl-C"
+    );
+
+    // Ctrl-C while the command runs: it dies at once.
+    term.say("now sleep");
+    wait_until("the sleep to start", &|| count("tool_call_started") >= 1);
+    let sent = Instant::now();
+    term.keys("C-c");
+    wait_until("the sleep's end", &|| count("tool_call_finished") >= 1);
+    let stopped = sent.elapsed();
+    assert!(
+        stopped < Duration::from_secs(2),
+        "the command took {stopped:?} to stop"
+    );
+    term.wait_for_count("stopped: the agent's turn was interrupted", 2);
+    term.say("/exit");
+    term.wait_for("nerve exited");
+    drop(term);
+    assert!(!s.workspace.join("first.txt").exists());
+    assert!(!s.workspace.join("second.txt").exists());
+
+    let id = the_only_execution(&s.db);
+    let events = events_json(&s.db, &id);
+    let finished = events
+        .iter()
+        .find(|e| e["kind"] == "tool_call_finished")
+        .unwrap();
+    assert_eq!(finished["payload"]["interrupted"], true, "{finished}");
+    let shutdowns = events
+        .iter()
+        .filter(|e| e["kind"] == "finish" && e["payload"]["termination_reason"] == "shutdown")
+        .count();
+    assert_eq!(shutdowns, 2, "each stopped message ends shutdown");
+    let replayed = replay_json(&s.db, &id);
+    assert_eq!(replayed["gaps"], serde_json::json!([]), "{replayed}");
+
+    let resume = nerve(&s.db, &["resume", &id, "--json"]);
+    assert_eq!(resume.status.code(), Some(0), "{}", stderr(&resume));
+    let result: serde_json::Value =
+        serde_json::from_str(stdout(&resume).lines().last().unwrap()).unwrap();
+    assert_eq!(result["termination_reason"], "completed", "{result}");
+    assert_eq!(result["answer"], "Resumed answer.", "{result}");
 }

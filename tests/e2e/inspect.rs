@@ -157,7 +157,8 @@ fn failed_run(dir: &Path, db: &Path) -> String {
     last_json(&run)["execution_id"].as_str().unwrap().to_owned()
 }
 
-/// `show`'s transcript with the id and the start time redacted.
+/// `show`'s transcript with the id, the start time, the workspace and the duration
+/// redacted.
 fn transcript(db: &Path, id: &str) -> String {
     let show = nerve(db, &["show", &id[..13]]);
     assert_eq!(show.status.code(), Some(0), "{}", stderr(&show));
@@ -165,9 +166,14 @@ fn transcript(db: &Path, id: &str) -> String {
         .lines()
         .map(|line| {
             let line = line.replace(id, "[id]");
-            match line.strip_prefix("started ") {
-                Some(_) => "started    [ts]".to_owned(),
-                None => line,
+            if line.starts_with("started ") {
+                "started    [ts]".to_owned()
+            } else if line.starts_with("workspace ") {
+                "workspace  [dir]".to_owned()
+            } else if line.starts_with("took ") {
+                "took       [duration]".to_owned()
+            } else {
+                line
             }
         })
         .collect::<Vec<_>>()
@@ -184,7 +190,9 @@ fn show_tells_the_story_of_a_run_and_events_full_hides_nothing() {
 
     let demo = demo_run(dir.path(), &db);
     let story = transcript(&db, &demo);
-    assert!(story.contains("> shell sh test.sh"), "{story}");
+    assert!(story.contains("→ shell sh test.sh"), "{story}");
+    assert!(story.contains("\ntook       [duration]\n"), "{story}");
+    assert!(story.contains("totals     5 turns, 7,015 input"), "{story}");
     assert!(
         story.contains("answer\n  The test passes: greet.sh now prints \"Hello, Nerve!\"."),
         "{story}"
@@ -540,6 +548,8 @@ fn the_html_page_is_self_contained_and_counts_what_the_log_holds() {
         stdout(&show).contains("answer"),
         "the transcript is still printed"
     );
+    let said = format!("wrote the page of execution {id} to {}", page.display());
+    assert!(stderr(&show).contains(&said), "{}", stderr(&show));
 
     // What the log holds.
     let events = last_json(&nerve(&db, &["events", &id, "--json"]));
@@ -650,4 +660,75 @@ fn the_transcript_shows_no_secret_the_log_redacts() {
     ] {
         assert!(!text.contains(&TOKEN[..12]), "{what}: {text}");
     }
+}
+
+/// An audit log must be verifiable read-only: `list`, `show`, `events`, `replay` and
+/// `verify` read a log its reader cannot write, in a directory where it cannot create the
+/// WAL's files either (as uid 4242 when the test runs as root, who could write anyway).
+#[test]
+fn a_log_nobody_may_write_is_inspected_and_verified() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let db = logs.join("nerve.db");
+    log_with(&db, &[A]);
+    // Closed cleanly, as an archived log is: no WAL files beside it.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    drop(conn);
+    assert!(!logs.join("nerve.db-wal").exists());
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o444)).unwrap();
+    std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o555)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    };
+    for args in [
+        &["list"][..],
+        &["list", "--json"],
+        &["show", A],
+        &["events", A, "--json"],
+        &["replay", A, "--json"],
+        &["verify", A],
+    ] {
+        let mut command = if root {
+            let mut command = std::process::Command::new("setpriv");
+            command.args(["--reuid", "4242", "--regid", "4242", "--clear-groups"]);
+            command.arg(nerve_bin());
+            command
+        } else {
+            std::process::Command::new(nerve_bin())
+        };
+        let output = command
+            .arg("--db")
+            .arg(&db)
+            .args(args)
+            .env("HOME", dir.path())
+            .env_remove("NERVE_CONFIG")
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        let out = stdout(&output);
+        assert!(
+            out.contains(&A[..8]) || out.contains("hash chain intact"),
+            "{args:?}: {out}"
+        );
+        if args == ["list"] {
+            // The column holds how it ended (or its queue state), not a time.
+            assert!(out.lines().next().unwrap().contains("  STATUS  "), "{out}");
+        }
+    }
+    assert!(
+        !logs.join("nerve.db-wal").exists(),
+        "nothing was written beside it"
+    );
+    std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o755)).unwrap();
 }

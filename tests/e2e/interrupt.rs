@@ -1,6 +1,7 @@
-//! Ctrl-C: one SIGINT stops the run at the next turn boundary (`shutdown`, exit 1,
-//! resumable); a second one aborts at once (exit 130) and leaves a log that replays with the
-//! gaps of a crash and can be resumed.
+//! Ctrl-C and SIGTERM: the first one stops the run now (no new tool call starts, a running
+//! command is interrupted, a model call in flight is abandoned; `shutdown`, exit 1, the
+//! summary printed, resumable); a second one aborts at once (exit 130) and leaves a log that
+//! replays with the gaps of a crash and can be resumed.
 
 use std::path::Path;
 
@@ -44,7 +45,7 @@ fn run<'a>(workspace: &'a Path, provider: &'a str) -> [&'a str; 7] {
 }
 
 #[test]
-fn one_ctrl_c_stops_at_the_turn_boundary_and_the_run_resumes() {
+fn one_ctrl_c_abandons_the_model_call_in_flight_and_the_run_resumes() {
     if !docker_available() {
         return;
     }
@@ -63,7 +64,8 @@ fn one_ctrl_c_stops_at_the_turn_boundary_and_the_run_resumes() {
     let mut args = run(&workspace, &provider).to_vec();
     args.push("--json");
     let mut running = spawn_nerve(&db, &args);
-    // Ctrl-C while the model thinks about turn 2: turn 2 still completes, turn 3 never starts.
+    // Ctrl-C while the model thinks about turn 2: its answer is abandoned, nothing of turn 2
+    // is recorded, and no tool call starts.
     wait_for_event(&db, &mut running, "the end of turn 1", |e| {
         is_turn_event(e, "turn_completed", 1)
     });
@@ -71,13 +73,14 @@ fn one_ctrl_c_stops_at_the_turn_boundary_and_the_run_resumes() {
     let output = running.wait();
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     assert!(
-        stderr(&output).contains("stopping at the next turn boundary"),
+        stderr(&output).contains("nerve: stopping: no new tool call starts"),
         "{}",
         stderr(&output)
     );
     let result = last_json(&output);
     assert_eq!(result["termination_reason"], "shutdown", "{result}");
-    assert_eq!(result["total_turns"], 2, "{result}");
+    assert_eq!(result["total_turns"], 1, "{result}");
+    assert_eq!(result["answer"], Value::Null, "{result}");
     // Suspended when a checkpoint was taken to resume from, else interrupted.
     assert!(
         result["task_status"] == "suspended" || result["task_status"] == "interrupted",
@@ -87,22 +90,37 @@ fn one_ctrl_c_stops_at_the_turn_boundary_and_the_run_resumes() {
     let replay = replay_json(&db, &id);
     assert_eq!(replay["termination_reason"], "shutdown", "{replay}");
     assert_eq!(replay["gaps"], json!([]), "{replay}");
+    assert!(!workspace.join("b.txt").exists());
     assert!(!workspace.join("c.txt").exists());
+    let started = read_log(&db)
+        .iter()
+        .filter(|e| e.kind == "tool_call_started")
+        .count();
+    assert_eq!(started, 1, "no tool call started after the Ctrl-C");
 
     let resume = nerve(&db, &["resume", &id, "--json"]);
     assert_eq!(resume.status.code(), Some(0), "{}", stderr(&resume));
     let result = last_json(&resume);
     assert_eq!(result["termination_reason"], "completed", "{result}");
-    assert_eq!(result["total_turns"], 4, "{result}");
-    for (file, content) in [("a.txt", "one\n"), ("b.txt", "two\n"), ("c.txt", "three\n")] {
+    // The abandoned answer's line was used (as a model asked again answers anew): the
+    // resumed run goes on with the next one.
+    assert_eq!(result["total_turns"], 3, "{result}");
+    assert_eq!(result["answer"], "done", "{result}");
+    for (file, content) in [("a.txt", "one\n"), ("c.txt", "three\n")] {
         assert_eq!(
             std::fs::read_to_string(workspace.join(file)).unwrap(),
             content
         );
     }
+    assert!(!workspace.join("b.txt").exists());
     let events = crate::support::events_json(&db, &id);
     check_sequence(&events);
-    assert_eq!(completed_turns(&events), [1, 2, 3, 4]);
+    assert_eq!(completed_turns(&events), [1, 2, 3]);
+    let abandoned = events
+        .iter()
+        .filter(|e| e["kind"] == "model_called" && e["payload"]["outcome"] == "cancelled")
+        .count();
+    assert_eq!(abandoned, 1, "the abandoned model call is recorded");
     verify(&db, &id);
 }
 
@@ -116,7 +134,9 @@ fn two_ctrl_c_abort_at_once_with_a_log_that_replays_and_resumes() {
         dir.path(),
         &[
             write("a.txt", "one\n"),
-            json!({"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 5"}}]}),
+            // It ignores SIGINT, so the first Ctrl-C leaves it two seconds (until SIGKILL) in
+            // which the second one comes.
+            json!({"tool_calls": [{"name": "shell", "arguments": {"command": "trap '' INT; sleep 5"}}]}),
             write("b.txt", "two\n"),
             json!({"text": "done"}),
         ],
@@ -130,7 +150,7 @@ fn two_ctrl_c_abort_at_once_with_a_log_that_replays_and_resumes() {
     // The second Ctrl-C only once the first was seen: two signals in quick succession may
     // reach the process as one.
     running.wait_for_stderr("the first Ctrl-C to be seen", |err| {
-        err.contains("stopping at the next turn boundary")
+        err.contains("nerve: stopping: no new tool call starts")
     });
     running.signal("INT");
     let output = running.wait();
@@ -176,4 +196,66 @@ fn two_ctrl_c_abort_at_once_with_a_log_that_replays_and_resumes() {
     );
     let left = containers_of(&id);
     assert!(left.is_empty(), "containers of {id} left behind: {left:?}");
+}
+
+/// SIGTERM (what `timeout`, systemd, Docker and Kubernetes send) mid-command: the command
+/// is interrupted at once (SIGINT in the sandbox), the call recorded as interrupted, the
+/// run ends `shutdown` with its summary, and `resume` completes it, the model told.
+#[test]
+fn sigterm_interrupts_the_running_command_and_the_run_resumes() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (workspace, db, provider) = setup(
+        dir.path(),
+        &[
+            json!({"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 10 && touch slept.txt"}}]}),
+            json!({"text": "done"}),
+        ],
+    );
+    let mut args = run(&workspace, &provider).to_vec();
+    args.push("--json");
+    let mut running = spawn_nerve(&db, &args);
+    wait_for_event(&db, &mut running, "the start of the sleep", |e| {
+        is_turn_event(e, "tool_call_started", 1)
+    });
+    let sent = std::time::Instant::now();
+    running.signal("TERM");
+    let log = wait_for_event(&db, &mut running, "the sleep's end", |e| {
+        e.kind == "tool_call_finished"
+    });
+    let stopped = sent.elapsed();
+    let output = running.wait();
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stopped < std::time::Duration::from_secs(2),
+        "the command took {stopped:?} to stop"
+    );
+    let finished = log.iter().find(|e| e.kind == "tool_call_finished").unwrap();
+    assert_eq!(
+        finished.payload["interrupted"], true,
+        "{:?}",
+        finished.payload
+    );
+    let content = finished.payload["result"]["content"].as_str().unwrap();
+    assert!(
+        content.contains("[interrupted: the user stopped the execution"),
+        "{content}"
+    );
+    let result = last_json(&output);
+    assert_eq!(result["termination_reason"], "shutdown", "{result}");
+    assert_eq!(result["total_turns"], 1, "{result}");
+    assert!(!workspace.join("slept.txt").exists());
+    let id = result["execution_id"].as_str().unwrap().to_owned();
+    let replay = replay_json(&db, &id);
+    assert_eq!(replay["termination_reason"], "shutdown", "{replay}");
+    assert_eq!(replay["gaps"], json!([]), "{replay}");
+
+    let resume = nerve(&db, &["resume", &id, "--json"]);
+    assert_eq!(resume.status.code(), Some(0), "{}", stderr(&resume));
+    let result = last_json(&resume);
+    assert_eq!(result["termination_reason"], "completed", "{result}");
+    assert_eq!(result["answer"], "done", "{result}");
+    verify(&db, &id);
 }

@@ -279,6 +279,18 @@ fn ten_turns_are_diffed_per_turn_and_rewound_to_turn_three() {
         "{}",
         stdout(&forced)
     );
+    // Each changed path is printed once: under the counts, not in them too.
+    let printed = stdout(&forced);
+    let listed: Vec<&str> = printed.lines().skip(1).collect();
+    assert!(!listed.is_empty(), "{printed}");
+    for line in &listed {
+        let path = line.split_whitespace().last().unwrap();
+        assert_eq!(
+            printed.matches(path).count(),
+            1,
+            "{path} twice in:\n{printed}"
+        );
+    }
     assert_eq!(covered(&ws), reference_tree);
     assert_eq!(
         std::fs::metadata(ws.join("build/big.bin")).unwrap().len(),
@@ -578,8 +590,14 @@ fn chat_shows_the_diff_and_undoes_one_change_at_a_time() {
         "{text}"
     );
     // Each /undo takes one change back; then there is nothing left to undo.
-    assert!(text.contains("to turn 1: 1 deleted: b.txt"), "{text}");
-    assert!(text.contains("to turn 0: 1 deleted: a.txt"), "{text}");
+    assert!(
+        text.contains("to turn 1: 1 deleted\n  deleted  b.txt\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("to turn 0: 1 deleted\n  deleted  a.txt\n"),
+        "{text}"
+    );
     assert!(text.contains("nothing to undo"), "{text}");
     assert!(text.contains("Noted."), "{text}");
     assert_eq!(

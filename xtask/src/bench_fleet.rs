@@ -546,6 +546,7 @@ async fn commit_latency(url: &str) -> Result<Commits> {
                             is_error: false,
                         },
                         duration_ms: 1,
+                        interrupted: false,
                     }),
                     Event::TurnCompleted(TurnCompleted {
                         turn,

@@ -385,6 +385,7 @@ mod tests {
                 is_error: false,
             },
             duration_ms: 1,
+            interrupted: false,
         }));
         let finished = json(&finished);
         assert_eq!(finished[0]["sessionUpdate"], "tool_call_update");

@@ -37,6 +37,9 @@ use crate::stop::Stop;
 use crate::stream::{DeltaObserver, ModelStream, StreamChunk};
 use crate::telemetry::{self, TraceConfig};
 
+/// The outcome of a model call abandoned because the run was stopped.
+pub(crate) const CANCELLED: &str = "cancelled";
+
 /// A model call that failed: a stop, or a context overflow the caller may compact for.
 #[derive(Debug)]
 pub(crate) enum CallError {
@@ -249,7 +252,25 @@ impl ModelCaller {
                 tools,
                 purpose,
             };
-            let (result, timing) = self.attempt(&*provider, request, turn, attempt).await?;
+            let (result, timing) = match self.attempt(&*provider, request, turn, attempt).await {
+                Ok(answered) => answered,
+                Err(stop) => {
+                    if stop.reason == TerminationReason::Shutdown {
+                        // The call was made and abandoned: recorded, so that a resumed
+                        // scripted run takes the next line, as this process did (it does
+                        // not begin a turn: replay.rs).
+                        journal.record(Event::ModelCalled(ModelCalled {
+                            turn,
+                            purpose,
+                            outcome: CANCELLED.to_owned(),
+                            usage: TokenUsage::default(),
+                            time_to_first_token_ms: None,
+                            tokens_per_second: None,
+                        }));
+                    }
+                    return Err(stop.into());
+                }
+            };
             let (outcome, usage) = match &result {
                 Ok(response) => ("ok", response.usage),
                 Err(error) => (error.kind(), TokenUsage::default()),
@@ -316,7 +337,8 @@ impl ModelCaller {
     }
 
     /// One attempt: the provider asked once, within the wall-clock deadline, its answer
-    /// streamed to the observer. `Err` only when the deadline passed; the provider's own
+    /// streamed to the observer. `Err` only when the deadline passed or the run was
+    /// cancelled; the provider's own
     /// failure is the inner result. Each attempt is one `chat` span, a deadline cut-off
     /// included (an error span).
     async fn attempt(
@@ -339,21 +361,31 @@ impl ModelCaller {
             request.messages,
         );
         let call = self.stream(provider, request).instrument(span.clone());
-        let (result, timing) = match self.deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline.into(), call).await {
-                Ok(result) => result,
-                Err(_) => {
-                    let why = "wall-clock timeout reached during a model call";
-                    telemetry::record_chat_error(
-                        &span,
-                        &self.trace,
-                        crate::provider::kind::TIMEOUT,
-                        why,
-                    );
-                    return Err(Stop::new(TerminationReason::TimedOut, why));
-                }
-            },
-            None => call.await,
+        let deadline = async {
+            match self.deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        // A stop cuts the answer short too (stop means stop): nothing of it is recorded, so
+        // a resumed run asks again (a scripted run replays the same line).
+        let (result, timing) = tokio::select! {
+            result = call => result,
+            () = deadline => {
+                let why = "wall-clock timeout reached during a model call";
+                telemetry::record_chat_error(
+                    &span,
+                    &self.trace,
+                    crate::provider::kind::TIMEOUT,
+                    why,
+                );
+                return Err(Stop::new(TerminationReason::TimedOut, why));
+            }
+            () = self.cancel.cancelled() => {
+                let why = "the execution was stopped during a model call";
+                telemetry::record_chat_error(&span, &self.trace, CANCELLED, why);
+                return Err(Stop::shutdown());
+            }
         };
         let usage = result.as_ref().map(|r| r.usage).unwrap_or_default();
         telemetry::record_chat_result(

@@ -974,6 +974,132 @@ mod tests {
         assert_eq!(result.context.turn_count(), 0);
     }
 
+    /// A tool whose first call stops the run (as a person's Ctrl-C would) and then waits
+    /// for its interrupt; it counts the calls it was asked to run.
+    #[derive(Default)]
+    struct StoppingTool {
+        cancel: CancellationToken,
+        calls: std::sync::atomic::AtomicU32,
+    }
+
+    #[async_trait::async_trait]
+    impl nerve_core::ToolExecutor for StoppingTool {
+        fn definitions(&self) -> Vec<nerve_core::ToolDefinition> {
+            Vec::new()
+        }
+
+        async fn execute(
+            &self,
+            _call: &nerve_core::ToolCall,
+        ) -> Result<nerve_core::ToolOutput, nerve_core::ToolError> {
+            unreachable!("the engine runs tools through execute_until")
+        }
+
+        async fn execute_until(
+            &self,
+            _call: &nerve_core::ToolCall,
+            interrupt: nerve_core::Interrupt<'_>,
+        ) -> Result<nerve_core::ToolOutput, nerve_core::ToolError> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.cancel.cancel();
+            interrupt.await;
+            Ok(nerve_core::ToolOutput::error("[interrupted]"))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stop_interrupts_the_running_call_and_starts_no_other() {
+        let cassette = r#"{"tool_calls":[{"name":"shell","arguments":{"command":"sleep 10"}},{"name":"shell","arguments":{"command":"echo next"}}]}
+{"text":"never asked"}"#;
+        let sink = Arc::new(MemorySink::default());
+        let tools = Arc::new(StoppingTool::default());
+        let cancel = tools.cancel.clone();
+        let engine = AgentEngine::new(
+            Arc::new(ScriptedProvider::parse("test", cassette).unwrap()),
+            Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
+            Arc::clone(&sink) as Arc<dyn EventSink>,
+            EngineConfig::default(),
+        );
+        let task = Task {
+            id: TaskId::new(),
+            description: "do it".into(),
+            metadata: serde_json::Value::Null,
+            status: TaskStatus::Created,
+            workspace: "/w".into(),
+        };
+        let result = engine.run(ExecutionId::new(), task, cancel).await.unwrap();
+        assert_eq!(result.termination_reason, TerminationReason::Shutdown);
+        assert_eq!(result.context.turn_count(), 1, "the stopped turn completes");
+        assert_eq!(tools.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let events = sink.events();
+        let started = events
+            .iter()
+            .filter(|e| matches!(e, Event::ToolCallStarted(_)))
+            .count();
+        assert_eq!(started, 1, "the second call never starts");
+        let finished: Vec<_> = events
+            .iter()
+            .filter_map(|e| {
+                if let Event::ToolCallFinished(finished) = e {
+                    Some(finished)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(finished.len(), 2);
+        assert!(finished[0].interrupted);
+        assert_eq!(finished[0].result.content, "[interrupted]");
+        assert!(!finished[1].interrupted);
+        assert!(
+            finished[1].result.content.contains("The call was not run"),
+            "{}",
+            finished[1].result.content
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stop_abandons_the_model_call_in_flight() {
+        let cassette = r#"{"delay_ms":60000,"text":"never"}"#;
+        let sink = Arc::new(MemorySink::default());
+        let engine = AgentEngine::new(
+            Arc::new(ScriptedProvider::parse("test", cassette).unwrap()),
+            Arc::new(EchoTools::default()),
+            Arc::clone(&sink) as Arc<dyn EventSink>,
+            EngineConfig::default(),
+        );
+        let task = Task {
+            id: TaskId::new(),
+            description: "do it".into(),
+            metadata: serde_json::Value::Null,
+            status: TaskStatus::Created,
+            workspace: "/w".into(),
+        };
+        let cancel = CancellationToken::new();
+        let stopper = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            stopper.cancel();
+        });
+        let started = std::time::Instant::now();
+        let result = engine.run(ExecutionId::new(), task, cancel).await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(30));
+        assert_eq!(result.termination_reason, TerminationReason::Shutdown);
+        assert_eq!(result.context.turn_count(), 0);
+        let called: Vec<_> = sink
+            .events()
+            .into_iter()
+            .filter_map(|e| {
+                if let Event::ModelCalled(called) = e {
+                    Some(called.outcome)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(called, ["cancelled"]);
+    }
+
     #[tokio::test]
     async fn credentials_in_task_metadata_are_refused_before_anything_is_recorded() {
         let metadata = serde_json::json!({"deploy": {"api_key": "x"}});

@@ -92,6 +92,20 @@ struct LineCall {
     arguments: serde_json::Value,
 }
 
+/// serde's message for a line that is not a cassette line, its position given as a column
+/// (the line is the cassette's, named by the error; serde's own "line 1" would be a second,
+/// different line number).
+fn not_a_line(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    let what = text
+        .rsplit_once(" at line ")
+        .map_or(text.as_str(), |(what, _)| what);
+    format!(
+        "not a valid cassette line: {what} (column {})",
+        error.column()
+    )
+}
+
 /// Replays a cassette. Each call takes the next unused line of its purpose.
 #[derive(Debug)]
 pub struct ScriptedProvider {
@@ -128,8 +142,7 @@ impl ScriptedProvider {
                 line: Some(number),
                 message,
             };
-            let line: Line = serde_json::from_str(trimmed)
-                .map_err(|e| fail(format!("not a valid cassette line: {e}")))?;
+            let line: Line = serde_json::from_str(trimmed).map_err(|e| fail(not_a_line(&e)))?;
             let purpose = match line.call.as_deref() {
                 None | Some("agent") => CallPurpose::Agent,
                 Some("plan") => CallPurpose::Plan,
@@ -176,6 +189,13 @@ impl ScriptedProvider {
                 },
             };
             entries.entry(purpose).or_default().push(entry);
+        }
+        if entries.is_empty() {
+            return Err(ScriptError {
+                path: path.to_owned(),
+                line: None,
+                message: "the cassette has no lines (only blank lines and # comments): give at least one answer".to_owned(),
+            });
         }
         Ok(Self {
             name: format!("script:{path}"),
@@ -343,7 +363,7 @@ mod tests {
     fn bad_lines_are_named() {
         check_err(
             "# comment\n\n{\"text\":\"a\"}\nnot json\n",
-            "cassette c.jsonl line 4: not a valid cassette line: expected ident at line 1 column 2",
+            "cassette c.jsonl line 4: not a valid cassette line: expected ident (column 2)",
         );
         check_err(
             "{\"finish\":\"done\"}",
@@ -359,7 +379,11 @@ mod tests {
         );
         check_err(
             "{\"txt\":\"a\"}",
-            "cassette c.jsonl line 1: not a valid cassette line: unknown field `txt`, expected one of `text`, `tool_calls`, `usage`, `finish`, `delay_ms`, `call`, `error`, `retry_after_ms` at line 1 column 6",
+            "cassette c.jsonl line 1: not a valid cassette line: unknown field `txt`, expected one of `text`, `tool_calls`, `usage`, `finish`, `delay_ms`, `call`, `error`, `retry_after_ms` (column 6)",
+        );
+        check_err(
+            "# only a comment\n\n",
+            "cassette c.jsonl: the cassette has no lines (only blank lines and # comments): give at least one answer",
         );
     }
 

@@ -9,8 +9,12 @@
 //!   go through the same code, the resumed one with the decision a person already made.
 //! - A tool runs only after its `tool_call_started` is durable; a refused or in-doubt call
 //!   still gets a result the model sees, recorded like any other.
+//! - Stop means stop: once the run's token is cancelled, no call of the turn starts (each
+//!   gets a "not run" result), and the running one is interrupted (`interrupted` in its
+//!   `tool_call_finished`); the turn then completes, and the next boundary ends the run
+//!   `shutdown`, so that a resumed run tells the model what happened.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nerve_core::event::{
     ApprovalDecided, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider, HookPoint,
@@ -18,8 +22,9 @@ use nerve_core::event::{
 };
 use nerve_core::{
     Event, FinishReason, Message, MessagePart, MessageRole, TerminationReason, TokenUsage,
-    ToolCall, ToolCallId, ToolResult, TurnRecord,
+    ToolCall, ToolCallId, ToolError, ToolExecutor, ToolOutput, ToolResult, TurnRecord,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::approval::{Approval, PolicyAction};
@@ -29,8 +34,14 @@ use crate::stop::Stop;
 use crate::telemetry;
 use crate::text_tools;
 
+/// After an interrupt, how long the engine still waits for the running call's answer (the
+/// sandbox's command gets SIGKILL two seconds after SIGINT; a tool that cannot be
+/// interrupted is abandoned when this passes).
+const INTERRUPTED_CALL_LIMIT: Duration = Duration::from_secs(5);
+
 /// Runs `calls` in order through the approval gate. Returns the results; parks (as `Err`)
-/// when a call waits for a human.
+/// when a call waits for a human. Once the run is cancelled, the calls not yet started are
+/// not run (each gets a result saying so).
 pub(crate) async fn run_calls(
     run: &mut Run,
     turn: u32,
@@ -38,9 +49,26 @@ pub(crate) async fn run_calls(
 ) -> Result<Vec<ToolResult>, Stop> {
     let mut results = Vec::with_capacity(calls.len());
     for call in calls {
-        results.push(through_gate(run, turn, call, None).await?);
+        let result = if run.cancel.is_cancelled() {
+            not_run(run, turn, call)
+        } else {
+            through_gate(run, turn, call, None).await?
+        };
+        results.push(result);
     }
     Ok(results)
+}
+
+/// A call the run was stopped before: the model is told it did not run.
+fn not_run(run: &mut Run, turn: u32, call: &ToolCall) -> ToolResult {
+    let result = ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: "[Nerve] The call was not run: the user stopped the execution before it started."
+            .into(),
+        is_error: true,
+    };
+    finish_tool(run, turn, result, 0)
 }
 
 /// One call through the approval gate. `decided` is a person's decision already in the
@@ -113,8 +141,8 @@ async fn through_gate(
                         return Err(Stop::new(
                             TerminationReason::Parked,
                             format!(
-                                "tool call {} ({}) waits for approval: nerve approve <id>",
-                                call.id, call.name
+                                "tool call {} ({}) waits for approval: nerve approve {}",
+                                call.id, call.name, run.execution_id
                             ),
                         ));
                     };
@@ -220,6 +248,7 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
     }));
     run.journal.flush().await?;
     let started = Instant::now();
+    let mut interrupted = false;
     let (content, is_error) = match context {
         Some(tool) => {
             run_context_tool(
@@ -233,12 +262,9 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
             .await?
         }
         None => {
-            let output = run
-                .hands
-                .tools
-                .execute(call)
-                .await
-                .map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
+            let (output, stopped) = run_tool(&*run.hands.tools, &run.cancel, call).await;
+            interrupted = stopped;
+            let output = output.map_err(|e| Stop::new(TerminationReason::Error, e.to_string()))?;
             let mut content = output.content;
             if run.config.instructions.workspace
                 && let Some(loaded) = run.instructions.nested(&*run.hands.tools, call).await
@@ -276,13 +302,14 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
         run.compactor().offload(turns + 1, &result).await?
     };
     let Some((preview, block)) = offloaded else {
-        return Ok(finish_tool(run, turn, result, millis));
+        return Ok(record_result(run, turn, result, millis, interrupted));
     };
     run.journal
         .record(Event::ToolCallFinished(ToolCallFinished {
             turn,
             result: result.clone(),
             duration_ms: millis,
+            interrupted,
         }));
     let before = run.window.fill() + run.window.counter().count_text(&result.content);
     let kept = ToolResult {
@@ -297,6 +324,36 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
     Ok(kept)
 }
 
+/// Runs a workspace tool until it ends or the run is cancelled; then the tool is told to
+/// interrupt what it runs, and its answer is waited for at most [`INTERRUPTED_CALL_LIMIT`].
+/// The flag says whether the call was interrupted.
+/// (It takes the run's parts, not the run: a `&Run` held across an await would make the
+/// run's future not `Send`, since the journal is not `Sync`.)
+async fn run_tool(
+    tools: &dyn ToolExecutor,
+    cancel: &CancellationToken,
+    call: &ToolCall,
+) -> (Result<ToolOutput, ToolError>, bool) {
+    let mut execution = tools.execute_until(call, Box::pin(cancel.clone().cancelled_owned()));
+    tokio::select! {
+        // A call that ended as the stop came counts as interrupted: its tool may have been
+        // told to stop (the flag errs that way rather than hide an interrupted call).
+        output = &mut execution => (output, cancel.is_cancelled()),
+        () = cancel.cancelled() => {
+            match tokio::time::timeout(INTERRUPTED_CALL_LIMIT, execution).await {
+                Ok(output) => (output, true),
+                Err(_) => (
+                    Ok(ToolOutput::error(format!(
+                        "[interrupted: the user stopped the execution, and the call did not stop within {}s; its effect is unknown]",
+                        INTERRUPTED_CALL_LIMIT.as_secs()
+                    ))),
+                    true,
+                ),
+            }
+        }
+    }
+}
+
 /// Records a call's outcome and feeds it back to the model.
 pub(crate) fn finish_tool(
     run: &mut Run,
@@ -304,11 +361,23 @@ pub(crate) fn finish_tool(
     result: ToolResult,
     duration_ms: u64,
 ) -> ToolResult {
+    record_result(run, turn, result, duration_ms, false)
+}
+
+/// [`finish_tool`] for a call that may have been interrupted.
+fn record_result(
+    run: &mut Run,
+    turn: u32,
+    result: ToolResult,
+    duration_ms: u64,
+    interrupted: bool,
+) -> ToolResult {
     run.journal
         .record(Event::ToolCallFinished(ToolCallFinished {
             turn,
             result: result.clone(),
             duration_ms,
+            interrupted,
         }));
     run.push_message(Message::tool_result(result.clone()));
     result

@@ -7,8 +7,10 @@ use nerve_runtime::resume::Approved;
 
 use crate::{Failure, output};
 
+/// `config` is the `--config` given, repeated in the `resume` suggested.
 pub(crate) async fn approve(
     db: &Path,
+    config: Option<&Path>,
     id: &str,
     deny: bool,
     reason: Option<String>,
@@ -28,7 +30,21 @@ pub(crate) async fn approve(
             output::line(&format!("queued again: a worker resumes {execution}"));
         }
         Approved::ToResume => {
-            output::line(&format!("continue it with: nerve resume {execution}"));
+            let db_flag = if nerve_runtime::log::default_db().is_ok_and(|default| default == db) {
+                String::new()
+            } else {
+                format!("--db {} ", db.display())
+            };
+            let line = match config {
+                Some(config) => format!(
+                    "continue it with: nerve {db_flag}--config {} resume {execution}",
+                    config.display()
+                ),
+                None => format!(
+                    "continue it with: nerve {db_flag}resume {execution} (with the --config it ran with, if any)"
+                ),
+            };
+            output::line(&line);
         }
     }
     Ok(0)

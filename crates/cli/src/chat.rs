@@ -40,7 +40,12 @@ const HELP: &[&str] = &[
     "  /diff      what the agent changed in the workspace (/diff last: the last turn that changed it; /diff N: turn N)",
     "  /undo      put the workspace back as it was before the last change (/undo force: over your own edits too)",
     "  /exit      end the session (or Ctrl-D)",
-    "Ctrl-C stops the agent's turn and returns here.",
+    "keys:",
+    "  Enter      send the message",
+    "  Up, Down   earlier messages (kept between sessions); Ctrl-R searches them",
+    "  Ctrl-A, Ctrl-E   start, end of the line; Ctrl-W deletes a word; Ctrl-L clears the screen",
+    "  Ctrl-C     while the agent works: stop its turn now (twice: abort); at the prompt: clear the line",
+    "  Ctrl-D     end the session",
 ];
 
 /// `nerve chat [--workspace DIR] [ID]`.
@@ -104,6 +109,7 @@ pub(crate) async fn chat(
         terminal,
         current,
         db,
+        config: config_path,
     };
     let code = chat.converse(reopened).await;
     // A conversation never ends for good: the sandbox home stays for the next one.
@@ -119,6 +125,8 @@ struct Chat<'a> {
     /// The token of the agent's turn in progress, for Ctrl-C and the approval question.
     current: Arc<Mutex<Option<CancellationToken>>>,
     db: &'a Path,
+    /// The `--config` it runs with, for the next steps it suggests.
+    config: Option<&'a Path>,
 }
 
 impl Chat<'_> {
@@ -130,6 +138,7 @@ impl Chat<'_> {
             terminal,
             current,
             db,
+            config,
         } = self;
         let execution_id = session.execution_id();
         // The handler is installed here, before the first prompt, not when the task first
@@ -312,7 +321,7 @@ impl Chat<'_> {
         display.pause();
         if started {
             let mut lines = vec![(Style::Text, String::new())];
-            lines.extend(crate::progress::next_steps(execution_id, db));
+            lines.extend(crate::progress::next_steps(execution_id, db, *config, None));
             display.lines(&lines);
         }
         Ok(0)
@@ -418,8 +427,9 @@ fn styled(style: Style, lines: impl Iterator<Item = String>) -> Vec<Line> {
     lines.map(|line| (style, line)).collect()
 }
 
-/// Ctrl-C while the agent works stops its turn at the next boundary (a model call in
-/// flight is abandoned); a second one while it stops aborts, as in `run`. At the prompt
+/// Ctrl-C while the agent works stops its turn now (a model call in flight is abandoned,
+/// no tool call starts, a running command is interrupted: docs/cli.md, "Stopping"); a
+/// second one while it stops aborts, as in `run`. At the prompt
 /// the line editor owns the terminal and Ctrl-C only clears the line.
 async fn stop_turns(
     mut sigint: tokio::signal::unix::Signal,

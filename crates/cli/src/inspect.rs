@@ -172,7 +172,7 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
         let now = time::OffsetDateTime::now_utc();
         output::line(&format!(
             "{:<36}  {:<12}  {:<16}  {:>6}  TASK",
-            "ID", "STARTED", "ENDED", "EVENTS"
+            "ID", "STARTED", "STATUS", "EVENTS"
         ));
         for e in executions {
             let started = time::OffsetDateTime::parse(
@@ -256,7 +256,8 @@ fn ago(seconds: i64) -> String {
 }
 
 /// `show --json` is `replay --json`; without it, the transcript for people. `--html`
-/// writes the page as well.
+/// writes the page as well, and says so on stderr (stdout keeps its contract: the
+/// transcript, or the JSON object as its last line).
 pub(crate) async fn show(
     db: &Path,
     id: &str,
@@ -266,8 +267,14 @@ pub(crate) async fn show(
     if let Some(file) = html {
         let (store, execution, events) = load(db, id).await?;
         let replayed = store.replay(execution).await.map_err(Failure::usage)?;
-        std::fs::write(file, crate::html::page(&events, &replayed))
+        let page = crate::html::page(&events, &replayed);
+        std::fs::write(file, &page)
             .map_err(|e| Failure::usage(format!("cannot write {}: {e}", file.display())))?;
+        output::error_line(&format!(
+            "wrote the page of execution {execution} to {} ({} bytes)",
+            file.display(),
+            crate::progress::thousands(u64::try_from(page.len()).unwrap_or(u64::MAX))
+        ));
     }
     if json {
         return replay(db, id, json).await;

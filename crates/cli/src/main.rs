@@ -75,10 +75,18 @@ fn main() -> ExitCode {
     if let Some((bytes, sha256)) = CARRIED_EXECUTOR {
         nerve_runtime::carry_executor(nerve_runtime::CarriedExecutor { bytes, sha256 });
     }
-    let mut cli = Cli::parse();
+    let mut cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
     if cli.command.is_none() {
         // `nerve` alone (global options allowed) is `nerve chat` in the current directory.
-        cli = Cli::parse_from(std::env::args_os().chain([std::ffi::OsString::from("chat")]));
+        cli = match Cli::try_parse_from(
+            std::env::args_os().chain([std::ffi::OsString::from("chat")]),
+        ) {
+            Ok(cli) => cli,
+            Err(error) => return usage_error(&error),
+        };
     }
     let telemetry = match telemetry::init() {
         Ok(telemetry) => telemetry,
@@ -126,6 +134,11 @@ async fn latest_on(
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
+    // A configuration named is checked by every command, not only those that use it: a
+    // script that gives a wrong path learns it from the exit code (2) at once.
+    if let Some(config) = cli.config.as_deref() {
+        nerve_runtime::config::Config::load(Some(config))?;
+    }
     let db = cli.db_path()?;
     let Some(mut command) = cli.command else {
         return Err(Failure::usage("no command given: see `nerve --help`"));
@@ -241,12 +254,56 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             let output = run::Output::from_flags(json, jsonl);
             run::resume(&db, cli.config.as_deref(), &id, provider.as_deref(), output).await
         }
-        Command::Approve { id, deny, reason } => approve::approve(&db, &id, deny, reason).await,
+        Command::Approve { id, deny, reason } => {
+            approve::approve(&db, cli.config.as_deref(), &id, deny, reason).await
+        }
         Command::Diff { id, turn } => rewind::diff(&db, &id, turn).await,
         Command::Rewind { id, turn, force } => rewind::rewind(&db, &id, turn, force).await,
         Command::Reap { all, id } => reap::reap(&db, all, id.as_deref()).await,
         Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
     }
+}
+
+/// Clap's refusals as one line on stderr and exit 2 (help and version are printed whole,
+/// on stdout, exit 0). Clap's usage line is left out: it names options given through the
+/// environment as if they were required (`--db` when NERVE_DB is set).
+fn usage_error(error: &clap::Error) -> ExitCode {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    // (clap's ErrorKind is non-exhaustive: the kinds printed whole are named, the rest are
+    // refusals.)
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = error.print();
+        return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
+    }
+    let text = error.render().to_string();
+    let what = text
+        .lines()
+        .take_while(|line| !line.starts_with("Usage:") && !line.starts_with("For more information"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let what = what.trim().trim_start_matches("error:").trim();
+    // The command path from clap's usage ("Usage: nerve show [OPTIONS] <ID>").
+    let command = match error.get(ContextKind::Usage) {
+        Some(ContextValue::StyledStr(usage)) => usage
+            .to_string()
+            .trim_start_matches("Usage:")
+            .split_whitespace()
+            .take_while(|word| !word.starts_with(['[', '<', '-']))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    };
+    let command = if command.is_empty() {
+        "nerve".to_owned()
+    } else {
+        command
+    };
+    report(&Failure::usage(format!("{what} (see `{command} --help`)")))
 }
 
 fn report(failure: &Failure) -> ExitCode {

@@ -13,9 +13,10 @@ use std::sync::Mutex;
 
 use nerve_brain::Delta;
 use nerve_core::event::{ApprovalDecision, CallPurpose, ProxyVerdict, StagnationAction};
-use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, TokenUsage};
+use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, TerminationReason, TokenUsage};
 
 use crate::output;
+pub(crate) use nerve_runtime::views::transcript::thousands;
 use nerve_runtime::views::transcript::{key_argument, outcome_lines, text_of};
 
 /// How the transcript is shown.
@@ -315,6 +316,8 @@ impl Display {
                     MessageRole::System | MessageRole::Tool => {}
                 }
             }
+            // Abandoned by a stop: no turn happened, and the stop was said already.
+            Event::ModelCalled(called) if called.outcome == "cancelled" => {}
             Event::ModelCalled(called) => {
                 if called.purpose == CallPurpose::Agent {
                     status.turn = status.turn.max(called.turn);
@@ -574,12 +577,21 @@ fn terminal_width() -> usize {
 }
 
 /// Where the log is and three commands to try next (the end of `run` and of `chat`).
-pub(crate) fn next_steps(id: ExecutionId, db: &std::path::Path) -> Vec<Line> {
-    let db_flag = if nerve_runtime::log::default_db().is_ok_and(|default| default == db) {
+pub(crate) fn next_steps(
+    id: ExecutionId,
+    db: &std::path::Path,
+    config: Option<&std::path::Path>,
+    ended: Option<TerminationReason>,
+) -> Vec<Line> {
+    let mut flags = if nerve_runtime::log::default_db().is_ok_and(|default| default == db) {
         String::new()
     } else {
         format!("--db {} ", db.display())
     };
+    // The settings the execution ran with: resume and approve need them again.
+    if let Some(config) = config {
+        flags.push_str(&format!("--config {} ", config.display()));
+    }
     let mut lines = vec![
         (
             Style::Dim,
@@ -587,30 +599,40 @@ pub(crate) fn next_steps(id: ExecutionId, db: &std::path::Path) -> Vec<Line> {
         ),
         (Style::Dim, "next:".to_owned()),
     ];
-    for (command, what) in [
+    let mut steps = vec![
         ("show", "the transcript"),
         ("replay", "completeness and gaps"),
-        ("chat", "talk to the agent about it"),
-    ] {
+    ];
+    match ended {
+        Some(TerminationReason::Parked) => {
+            steps.push(("approve", "decide the call that waits (--deny to refuse)"));
+            steps.push(("resume", "then continue it"));
+        }
+        Some(
+            TerminationReason::Shutdown | TerminationReason::TimedOut | TerminationReason::Error,
+        ) => {
+            steps.push(("resume", "continue it where it stopped"));
+        }
+        Some(
+            TerminationReason::Completed
+            | TerminationReason::MaxTurns
+            | TerminationReason::BudgetExhausted
+            | TerminationReason::Stagnation,
+        )
+        | None => steps.push(("chat", "talk to the agent about it")),
+    }
+    let width = steps
+        .iter()
+        .map(|(command, _)| command.len())
+        .max()
+        .unwrap_or(0);
+    for (command, what) in steps {
         lines.push((
             Style::Dim,
-            format!("  nerve {db_flag}{command:<6} {id}   {what}"),
+            format!("  nerve {flags}{command:<width$} {id}   {what}"),
         ));
     }
     lines
-}
-
-/// `1234567` as `1,234,567`.
-pub(crate) fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 pub(crate) fn first_line(text: &str) -> String {
@@ -686,6 +708,7 @@ mod tests {
                         is_error: true,
                     },
                     duration_ms: 3,
+                    interrupted: false,
                 }),
                 Event::TurnCompleted(TurnCompleted {
                     turn: 1,

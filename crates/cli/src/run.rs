@@ -38,12 +38,12 @@ pub(crate) async fn run(
             image: args.image.clone(),
         };
         let (launch, start) = nerve_runtime::launch::continued(request, db, &config, id).await?;
-        return go(launch, start, mode, args.jsonl).await;
+        return go(launch, start, mode, args.jsonl, config_path).await;
     }
     let request = request(&args, &config)?;
     let (launch, start) =
         nerve_runtime::launch::fresh(&request, db, &config, ExecutionId::new()).await?;
-    go(launch, start, mode, args.jsonl).await
+    go(launch, start, mode, args.jsonl, config_path).await
 }
 
 /// The runtime's request for `args`, its workspace and task checked (in that order).
@@ -108,6 +108,7 @@ pub(crate) async fn resume(
         start,
         Mode::detect(output != Output::Text, false),
         output == Output::Jsonl,
+        config_path,
     )
     .await
 }
@@ -135,7 +136,14 @@ impl Output {
 
 /// Launches, shows the execution as `mode` says (`jsonl`: as JSON lines), reports its
 /// ending on stdout and returns the exit code.
-async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Result<u8, Failure> {
+/// `config_path` is the `--config` given, repeated in the next steps suggested.
+async fn go(
+    mut launch: Launch<'_>,
+    start: Start,
+    mode: Mode,
+    jsonl: bool,
+    config_path: Option<&Path>,
+) -> Result<u8, Failure> {
     launch.capture_content = crate::telemetry::capture_content()?;
     let db = launch.db;
     let redactor = Arc::clone(launch.redactor());
@@ -146,7 +154,11 @@ async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Re
     ));
     let screen = Screen {
         display: Arc::clone(&display),
-        jsonl: jsonl.then(|| Arc::new(nerve_runtime::views::jsonl::Jsonl::new(redactor))),
+        jsonl: jsonl.then(|| {
+            Arc::new(nerve_runtime::views::jsonl::Jsonl::new(Arc::clone(
+                &redactor,
+            )))
+        }),
         approver: None,
     };
     let session = launch.open(Arc::new(screen)).await?;
@@ -177,7 +189,7 @@ async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Re
     watcher.abort();
     session.close(result.as_ref().ok()).await;
     let result = result?;
-    report(&result, &display, db, jsonl);
+    report(&result, &display, (db, config_path), jsonl, &redactor);
     Ok(
         if result.termination_reason == nerve_core::TerminationReason::Completed {
             0
@@ -187,12 +199,27 @@ async fn go(mut launch: Launch<'_>, start: Start, mode: Mode, jsonl: bool) -> Re
     )
 }
 
-/// First Ctrl-C: stop at the next turn boundary. Second: abort at once.
+/// First Ctrl-C or SIGTERM (what `timeout`, systemd, Docker and Kubernetes send): stop
+/// now: no new tool call starts, a running command is interrupted, a model call in flight
+/// is abandoned, and the run ends `shutdown` with its summary. A second one aborts at once
+/// (exit 130 after SIGINT, 143 after SIGTERM).
 async fn watch_interrupts(cancel: CancellationToken, display: Arc<Display>) {
-    if tokio::signal::ctrl_c().await.is_err() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
         return;
-    }
-    let note = "nerve: stopping at the next turn boundary (Ctrl-C again to abort)";
+    };
+    // Which signal came: the exit code of an abort says it.
+    let mut next = async || {
+        tokio::select! {
+            _ = int.recv() => 130,
+            _ = term.recv() => 143,
+        }
+    };
+    next().await;
+    let note = "nerve: stopping: no new tool call starts and a running command is interrupted (Ctrl-C again to abort)";
     if display.mode() == Mode::Live {
         // Above the status line, not through it.
         display.lines(&[(Style::Note, format!("· {note}"))]);
@@ -200,10 +227,9 @@ async fn watch_interrupts(cancel: CancellationToken, display: Arc<Display>) {
         output::error_line(note);
     }
     cancel.cancel();
-    if tokio::signal::ctrl_c().await.is_ok() {
-        output::error_line("nerve: aborted");
-        std::process::exit(130);
-    }
+    let code = next().await;
+    output::error_line("nerve: aborted");
+    std::process::exit(code);
 }
 
 pub(crate) fn read_task(args: &RunArgs) -> Result<String, Failure> {
@@ -238,11 +264,18 @@ pub(crate) fn read_task(args: &RunArgs) -> Result<String, Failure> {
     Ok(text)
 }
 
-fn report(result: &ExecutionResult, display: &Display, db: &Path, jsonl: bool) {
+fn report(
+    result: &ExecutionResult,
+    display: &Display,
+    (db, config): (&Path, Option<&Path>),
+    jsonl: bool,
+    redactor: &nerve_core::Redactor,
+) {
     let ctx = &result.context;
     let mode = display.mode();
     if mode == Mode::Silent {
         let summary = serde_json::json!({
+            "answer": final_answer(result).map(|answer| redactor.redact(&answer).into_owned()),
             "execution_id": ctx.execution_id.to_string(),
             "termination_reason": result.termination_reason,
             "task_status": ctx.task_status,
@@ -267,12 +300,28 @@ fn report(result: &ExecutionResult, display: &Display, db: &Path, jsonl: bool) {
         }
         return;
     }
-    display.lines(&ending(result, db));
+    display.lines(&ending(result, db, config));
+}
+
+/// The final answer of a completed execution: its last assistant message's text; `None`
+/// for any other ending, or an empty answer.
+fn final_answer(result: &ExecutionResult) -> Option<String> {
+    if result.termination_reason != nerve_core::TerminationReason::Completed {
+        return None;
+    }
+    result
+        .context
+        .messages
+        .iter()
+        .rev()
+        .find(|message| message.role == nerve_core::MessageRole::Assistant)
+        .map(nerve_core::Message::text_content)
+        .filter(|text| !text.trim().is_empty())
 }
 
 /// The end of the transcript: how the execution ended, its totals, the error of a failed
 /// run, where the log is and what to try next.
-pub(crate) fn ending(result: &ExecutionResult, db: &Path) -> Vec<Line> {
+pub(crate) fn ending(result: &ExecutionResult, db: &Path, config: Option<&Path>) -> Vec<Line> {
     let ctx = &result.context;
     let id = ctx.execution_id;
     let mut lines = vec![(Style::Text, String::new())];
@@ -296,6 +345,11 @@ pub(crate) fn ending(result: &ExecutionResult, db: &Path) -> Vec<Line> {
             ctx.task_status
         ),
     ));
-    lines.extend(crate::progress::next_steps(id, db));
+    lines.extend(crate::progress::next_steps(
+        id,
+        db,
+        config,
+        Some(result.termination_reason),
+    ));
     lines
 }

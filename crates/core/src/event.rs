@@ -75,6 +75,11 @@ pub struct ToolCallFinished {
     pub turn: u32,
     pub result: ToolResult,
     pub duration_ms: u64,
+    /// The execution was stopped (Ctrl-C, SIGTERM, `nerve cancel`, an editor's cancel)
+    /// while the call ran, and the call was interrupted: its result holds what it did until
+    /// then. Absent (false) otherwise, and in logs written before it existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 /// One model call answered (or failed); lets a resumed scripted run continue where it left off.

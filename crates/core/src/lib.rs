@@ -23,9 +23,9 @@ pub use execution::{Complexity, ExecutionStatus, LoopType, TerminationReason};
 pub use id::{BlockId, ExecutionId, TaskId, ToolCallId};
 pub use message::{Message, MessagePart, MessageRole, ToolCall, ToolResult};
 pub use ports::{
-    ArchivedBlock, ContextArchive, Enqueued, EventSink, HookOutcome, Hooks, PendingCommit,
-    RecallHit, SinkError, Snapshot, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
-    WorkspaceError, WorkspaceSnapshots,
+    ArchivedBlock, ContextArchive, Enqueued, EventSink, HookOutcome, Hooks, Interrupt,
+    PendingCommit, RecallHit, SinkError, Snapshot, ToolDefinition, ToolError, ToolExecutor,
+    ToolOutput, WorkspaceError, WorkspaceSnapshots,
 };
 pub use redact::{Redactor, StreamRedaction};
 pub use task::{MAX_RESUMES, TaskStatus, TransitionError, may_resume};

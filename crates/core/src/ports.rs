@@ -210,6 +210,9 @@ fn type_of(schema: &serde_json::Value) -> String {
     }
 }
 
+/// A future that resolves when the caller wants a running tool call interrupted.
+pub type Interrupt<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
 /// What a tool call produced, for the model. `is_error` covers everything the model
 /// should see and react to: bad arguments, a path outside the workspace, a non-zero exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -251,6 +254,20 @@ pub trait ToolExecutor: Send + Sync {
 
     /// Runs one call. Unknown tools and malformed arguments are `Ok` with `is_error`.
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError>;
+
+    /// Runs one call until it ends or `interrupt` resolves (the user asked to stop). A tool
+    /// that can stop what it runs stops it then (the sandbox's `shell`: SIGINT, then SIGKILL
+    /// after a grace period) and returns what it had. The default ignores `interrupt` and
+    /// runs the call to its end; the engine waits for it a bounded time after an interrupt
+    /// (docs/termination.md).
+    async fn execute_until(
+        &self,
+        call: &ToolCall,
+        interrupt: Interrupt<'_>,
+    ) -> Result<ToolOutput, ToolError> {
+        drop(interrupt);
+        self.execute(call).await
+    }
 
     /// Whether `call` can change the workspace. The engine takes no snapshot after a turn
     /// whose calls all say no (docs/checkpoints.md): only a tool that only reads (a file, a

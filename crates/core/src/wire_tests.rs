@@ -154,6 +154,7 @@ fn events() {
             turn: 1,
             result: result(),
             duration_ms: 7,
+            interrupted: false,
         }),
         Event::TurnCompleted(TurnCompleted {
             turn: 1,

@@ -7,7 +7,9 @@
 //! The life of a command:
 //! 1. `sh -c command` is spawned as the leader of a new process group, stdin `/dev/null`.
 //! 2. Output is streamed into [`HeadTail`] captures while we wait for the shell to exit or the
-//!    deadline to pass. On the deadline the whole group gets SIGKILL.
+//!    deadline to pass. On the deadline the whole group gets SIGKILL. When the host's request
+//!    channel becomes readable meanwhile (the host sent `interrupt`, or hung up), the group
+//!    gets SIGINT, and SIGKILL [`INTERRUPT_GRACE`] later if it is still there.
 //! 3. When the shell has exited it is observed with `WNOWAIT`, so it stays a zombie and its
 //!    pid, which is the group id, cannot be reused; the rest of the group (background jobs,
 //!    grandchildren) gets SIGKILL; only then is the shell reaped.
@@ -18,6 +20,7 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
+use std::os::fd::BorrowedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
@@ -44,6 +47,10 @@ const KILL_LIMIT: Duration = Duration::from_secs(5);
 /// The polling interval when no descriptor can announce the event we wait for: a group
 /// becoming empty, or the shell exiting when the kernel gave us no pidfd.
 const TICK: Duration = Duration::from_millis(2);
+
+/// How long an interrupted command has between SIGINT and SIGKILL: time to clean up, short
+/// enough that a person who asked to stop sees it stop.
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 
 /// Timeouts beyond a week are treated as a week, which keeps `Instant` arithmetic in range.
 const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -79,6 +86,11 @@ impl Stream {
 #[derive(Debug, Clone, Copy)]
 enum Phase {
     Running,
+    /// SIGINT was sent to the group because the host interrupted the command; SIGKILL
+    /// follows at `kill_at`.
+    Interrupted {
+        kill_at: Instant,
+    },
     /// SIGKILL was sent to the group at `at` because the deadline passed.
     Killed {
         at: Instant,
@@ -89,12 +101,26 @@ enum Phase {
     },
 }
 
+/// The host's request channel, watched while a command runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Watch<'a> {
+    /// A line arriving on it interrupts the command (it is not read here; the request loop
+    /// reads it next).
+    pub(crate) channel: BorrowedFd<'a>,
+    /// A request line is already waiting in the request loop's buffer: interrupt at once.
+    pub(crate) pending: bool,
+}
+
+/// Runs `request`, interrupted by a request on the `watch`ed channel.
 pub(crate) fn exec(
     request: &ExecRequest,
     cwd: &Path,
     shell: &Path,
     max_output: u64,
+    watch: Option<Watch<'_>>,
 ) -> Result<ExecOutput, Error> {
+    let interrupt = watch.map(|w| w.channel);
+    let mut pending = watch.is_some_and(|w| w.pending);
     if request.timeout_ms == 0 {
         return Err(Error::Invalid("timeout_ms must be positive".to_owned()));
     }
@@ -125,15 +151,21 @@ pub(crate) fn exec(
     let mut buffer = vec![0; 64 * 1024];
     let mut phase = Phase::Running;
     let mut timed_out = false;
+    let mut interrupted = false;
+    // Whether the request channel is still watched (not after it hung up).
+    let mut watching = true;
     let mut status: Option<ExitStatus> = None;
 
     // Ends: deadline-driven phases: Running until the command exits or its timeout (then
-    // Killed, the whole group sent SIGKILL), then Draining for at most DRAIN_LIMIT; the
-    // host's hang-up kills everything too (server.rs).
+    // Killed, the whole group sent SIGKILL) or an interrupt (then Interrupted for at most
+    // INTERRUPT_GRACE, then Killed), then Draining for at most DRAIN_LIMIT; the host's
+    // hang-up kills everything too (server.rs).
     loop {
         let now = Instant::now();
         let wake = match phase {
-            Phase::Running | Phase::Killed { .. } if has_exited(pid) => {
+            Phase::Running | Phase::Interrupted { .. } | Phase::Killed { .. }
+                if has_exited(pid) =>
+            {
                 kill_group(pid);
                 status = child.wait().ok();
                 reap_group(pid);
@@ -149,6 +181,14 @@ pub(crate) fn exec(
                 continue;
             }
             Phase::Running => tick_unless(pidfd.is_some(), deadline, now),
+            Phase::Interrupted { kill_at } if now >= kill_at.min(deadline) => {
+                kill_group(pid);
+                phase = Phase::Killed { at: now };
+                continue;
+            }
+            Phase::Interrupted { kill_at } => {
+                tick_unless(pidfd.is_some(), kill_at.min(deadline), now)
+            }
             Phase::Killed { at } if now >= at + KILL_LIMIT => break,
             Phase::Killed { at } => tick_unless(pidfd.is_some(), at + KILL_LIMIT, now),
             Phase::Draining { until } => {
@@ -171,8 +211,10 @@ pub(crate) fn exec(
         };
 
         let mut ready = [false; 2];
+        // A request that came with this one interrupts at the first pass.
+        let mut interrupt_now = std::mem::take(&mut pending) && matches!(phase, Phase::Running);
         {
-            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(3);
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(4);
             let mut owners = Vec::with_capacity(2);
             for (index, stream) in streams.iter().enumerate() {
                 if let Some(pipe) = &stream.pipe {
@@ -180,7 +222,15 @@ pub(crate) fn exec(
                     owners.push(index);
                 }
             }
-            if let (Some(pidfd), Phase::Running | Phase::Killed { .. }) = (&pidfd, phase) {
+            let watched = fds.len();
+            if let (Some(channel), Phase::Running, true) = (&interrupt, phase, watching) {
+                fds.push(PollFd::new(channel, PollFlags::IN | PollFlags::RDHUP));
+            }
+            if let (
+                Some(pidfd),
+                Phase::Running | Phase::Interrupted { .. } | Phase::Killed { .. },
+            ) = (&pidfd, phase)
+            {
                 fds.push(PollFd::new(pidfd, PollFlags::IN));
             }
             let timeout = timespec(wake.saturating_duration_since(now));
@@ -189,7 +239,27 @@ pub(crate) fn exec(
                 for (fd, &index) in fds.iter().zip(&owners) {
                     ready[index] = !fd.revents().is_empty();
                 }
+                if matches!(phase, Phase::Running) && interrupt.is_some() && watching {
+                    let seen = fds.get(watched).map_or(PollFlags::empty(), PollFd::revents);
+                    // A hang-up is not an interrupt: the host is gone (the binary's watcher
+                    // kills everything), or it closed its side after its last request.
+                    let hangup =
+                        PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+                    if seen.intersects(hangup) {
+                        watching = false;
+                    } else if seen.contains(PollFlags::IN) {
+                        interrupt_now = true;
+                    }
+                }
             }
+        }
+        if interrupt_now {
+            interrupted = true;
+            // ESRCH (nobody left) is the expected way for this to fail.
+            let _ = rustix::process::kill_process_group(pid, Signal::INT);
+            phase = Phase::Interrupted {
+                kill_at: Instant::now() + INTERRUPT_GRACE,
+            };
         }
         for (stream, ready) in streams.iter_mut().zip(ready) {
             if ready {
@@ -205,6 +275,7 @@ pub(crate) fn exec(
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
         timed_out,
+        interrupted,
         stdout,
         stderr,
         stdout_omitted_bytes,
@@ -304,7 +375,14 @@ mod tests {
             max_output_bytes,
             env: BTreeMap::from([("GREETING".into(), "hi".into())]),
         };
-        exec(&request, Path::new("/"), Path::new("/bin/sh"), u64::MAX).unwrap()
+        exec(
+            &request,
+            Path::new("/"),
+            Path::new("/bin/sh"),
+            u64::MAX,
+            None,
+        )
+        .unwrap()
     }
 
     /// Runs `command` and compares everything but the duration.
@@ -320,6 +398,7 @@ mod tests {
             exit_code,
             signal,
             timed_out: false,
+            interrupted: false,
             stdout: stdout.into(),
             stderr: stderr.into(),
             stdout_omitted_bytes,
@@ -369,7 +448,7 @@ mod tests {
             max_output_bytes: 10,
             env: BTreeMap::new(),
         };
-        let error = exec(&request, Path::new("/"), Path::new("/bin/sh"), 10).unwrap_err();
+        let error = exec(&request, Path::new("/"), Path::new("/bin/sh"), 10, None).unwrap_err();
         assert_eq!(
             error.to_string(),
             "invalid request: timeout_ms must be positive"
@@ -378,13 +457,79 @@ mod tests {
             timeout_ms: 10,
             ..request
         };
-        let error = exec(&request, Path::new("/"), Path::new("/nonexistent/sh"), 10).unwrap_err();
+        let error = exec(
+            &request,
+            Path::new("/"),
+            Path::new("/nonexistent/sh"),
+            10,
+            None,
+        )
+        .unwrap_err();
         assert!(
             error
                 .to_string()
                 .starts_with("cannot start /nonexistent/sh: "),
             "{error}"
         );
+    }
+
+    /// Runs `command` and writes a line to its request channel after `after`.
+    fn interrupted(command: &str, after: Duration) -> ExecOutput {
+        let (host, executor) = std::os::unix::net::UnixStream::pair().unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(after);
+            let mut host = host;
+            std::io::Write::write_all(&mut host, b"{\"id\":2,\"op\":\"interrupt\"}\n").unwrap();
+            host
+        });
+        let request = ExecRequest {
+            command: command.into(),
+            workdir: None,
+            timeout_ms: 60_000,
+            max_output_bytes: 100,
+            env: BTreeMap::new(),
+        };
+        let watch = Watch {
+            channel: std::os::fd::AsFd::as_fd(&executor),
+            pending: false,
+        };
+        let got = exec(
+            &request,
+            Path::new("/"),
+            Path::new("/bin/sh"),
+            100,
+            Some(watch),
+        )
+        .unwrap();
+        drop(writer.join().unwrap());
+        got
+    }
+
+    #[test]
+    fn an_interrupt_sends_sigint_then_sigkill_after_the_grace() {
+        let got = interrupted("echo started; exec sleep 30", Duration::from_millis(200));
+        assert_eq!(
+            (
+                got.interrupted,
+                got.timed_out,
+                got.signal,
+                got.stdout.as_str()
+            ),
+            (true, false, Some(2), "started\n")
+        );
+        assert!(got.duration_ms < 5_000, "{}", got.duration_ms);
+        // A command that ignores SIGINT gets SIGKILL after the grace.
+        let got = interrupted(
+            "trap '' INT; echo started; sleep 30",
+            Duration::from_millis(200),
+        );
+        assert_eq!(
+            (got.interrupted, got.signal, got.stdout.as_str()),
+            (true, Some(9), "started\n")
+        );
+        let grace = u64::try_from(INTERRUPT_GRACE.as_millis()).unwrap();
+        assert!(got.duration_ms >= 200 + grace, "{}", got.duration_ms);
+        assert!(got.duration_ms < 200 + grace + 5_000, "{}", got.duration_ms);
     }
 
     #[test]

@@ -35,13 +35,14 @@ pub use args::{Invocation, ROOT_ENV, USAGE, parse_args};
 pub use confine::{CONTAINER_ROOT, Workspace};
 pub use control::connect_control;
 pub use error::Error;
-pub use exec::{kill_remaining_children, reap_children};
+pub use exec::{INTERRUPT_GRACE, kill_remaining_children, reap_children};
 pub use limits::Limits;
 pub use protocol::{
     Decoded, DirEntry, EditFileOutput, EditFileRequest, EntryKind, ExecOutput, ExecRequest,
-    GrepOutput, GrepRequest, ListDirOutput, ListDirRequest, Op, Pong, ReadFileOutput,
-    ReadFileRequest, Reply, Request, Response, SignalOutput, SignalRequest, SpawnOutput,
-    SpawnRequest, StreamHello, VERSION, WriteFileOutput, WriteFileRequest, decode_response,
+    GrepOutput, GrepRequest, InterruptOutput, ListDirOutput, ListDirRequest, Op, Pong,
+    ReadFileOutput, ReadFileRequest, Reply, Request, Response, SignalOutput, SignalRequest,
+    SpawnOutput, SpawnRequest, StreamHello, VERSION, WriteFileOutput, WriteFileRequest,
+    decode_response,
 };
 pub use relay::{DEFAULT_RELAY_LISTEN, Relay, RelayConfig, spawn_relay};
 pub use server::{Config, Executor, wait_for_hangup};

@@ -50,6 +50,12 @@ pub enum Op {
     Spawn(SpawnRequest),
     /// Signal a spawned process's group; answered with [`SignalOutput`].
     Signal(SignalRequest),
+    /// Interrupt the command that is running, if any; answered with [`InterruptOutput`].
+    /// The executor does not wait for this line to be read: any request line that arrives
+    /// while an `exec` runs interrupts that command (its group gets SIGINT, and SIGKILL
+    /// after the grace period), which then answers with `interrupted: true`. The host sends
+    /// this op to say so explicitly; when read, nothing is left to interrupt.
+    Interrupt,
 }
 
 /// `spawn`: start `argv` in its own process group, in the workspace, with its stdin and
@@ -96,6 +102,10 @@ pub struct SpawnOutput {
     /// The process's pid inside the container, also its process group's id.
     pub pid: u32,
 }
+
+/// The answer to `interrupt`: it says nothing, the interrupted command's answer does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterruptOutput {}
 
 /// The answer to `signal`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,6 +201,10 @@ pub struct ExecOutput {
     pub signal: Option<i32>,
     /// The deadline passed and the process group was killed.
     pub timed_out: bool,
+    /// The host interrupted the command (a request arrived while it ran): its group got
+    /// SIGINT, then SIGKILL if it was still there after the grace period.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     /// Captured stdout, lossily decoded. When bytes were omitted, the head and the tail are
     /// joined by a line `[... N bytes omitted ...]`.
     pub stdout: String,
@@ -310,6 +324,8 @@ pub enum Reply {
     Spawned(SpawnOutput),
     /// From `signal`.
     Signalled(SignalOutput),
+    /// From `interrupt`.
+    Interrupted(InterruptOutput),
 }
 
 /// One response line as the executor writes it.
@@ -523,6 +539,7 @@ mod tests {
                 exit_code: Some(0),
                 signal: None,
                 timed_out: false,
+                interrupted: false,
                 stdout: "hi\n".into(),
                 stderr: String::new(),
                 stdout_omitted_bytes: 0,
@@ -537,6 +554,7 @@ mod tests {
                 exit_code: None,
                 signal: Some(9),
                 timed_out: true,
+                interrupted: false,
                 stdout: String::new(),
                 stderr: String::new(),
                 stdout_omitted_bytes: 0,

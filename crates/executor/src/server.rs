@@ -1,7 +1,11 @@
 //! The request loop: read a line, handle it, write one response line, in order, forever.
 //!
 //! Requests are handled one at a time (the host serialises them), so a slow command delays the
-//! next request rather than racing it; the host bounds that with `timeout_ms`. No line can stop
+//! next request rather than racing it; the host bounds that with `timeout_ms`. While a command
+//! runs, the request channel is watched (not read): a line arriving on it interrupts the
+//! command (SIGINT, then SIGKILL after [`crate::exec::INTERRUPT_GRACE`]), which is how the
+//! host stops a command when its user asks to stop; the line is then read and answered as
+//! usual. No line can stop
 //! the loop: malformed input gets an error response with whatever id could be salvaged. Only
 //! end of input or a failed write (the host went away) ends it.
 //!
@@ -9,12 +13,14 @@
 //! ([`Config::control_socket`]), on one unix stream connected to the host: the same lines,
 //! without the engine between the two ends.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 use crate::confine::{CONTAINER_ROOT, Workspace};
 use crate::control::connect_control;
 use crate::error::Error;
+use crate::exec::Watch;
 use crate::limits::Limits;
 use crate::protocol::{ExecOutput, ExecRequest, Op, Pong, Reply, Request, Response, VERSION};
 use crate::{exec, files, grep, spawn};
@@ -86,7 +92,36 @@ impl Executor {
 
     /// Serves requests from `input` until it ends. Returns the error of a failed read or write;
     /// a broken pipe on `output` means the host has gone.
-    pub fn serve(&self, mut input: impl BufRead, mut output: impl Write) -> io::Result<()> {
+    pub fn serve(&self, input: impl BufRead, output: impl Write) -> io::Result<()> {
+        self.serve_with(input, output, |_| None)
+    }
+
+    /// Serves like [`Executor::serve`]; `channel` is the descriptor `input` reads from,
+    /// watched while a command runs so that a request arriving meanwhile interrupts it. A
+    /// request already in `input`'s buffer when a command starts (the host wrote two lines
+    /// at once) interrupts it at once.
+    pub fn serve_watching<'c, R: Read>(
+        &self,
+        input: BufReader<R>,
+        output: impl Write,
+        channel: BorrowedFd<'c>,
+    ) -> io::Result<()> {
+        self.serve_with(input, output, move |input: &BufReader<R>| {
+            Some(Watch {
+                channel,
+                pending: !input.buffer().is_empty(),
+            })
+        })
+    }
+
+    /// The request loop; `watch` says, after each line read, how a command it starts is
+    /// watched for an interrupt.
+    fn serve_with<'c, I: BufRead>(
+        &self,
+        mut input: I,
+        mut output: impl Write,
+        watch: impl Fn(&I) -> Option<Watch<'c>>,
+    ) -> io::Result<()> {
         let cap = self.config.limits.max_request_bytes;
         // Ends: one request per pass until the input ends (the host closed it or died);
         // each request is bounded by its own limits (timeouts, sizes).
@@ -106,7 +141,7 @@ impl Executor {
             } else if line.kept.trim_ascii().is_empty() {
                 continue;
             } else {
-                self.handle_line(&line.kept)
+                self.handle_line_watching(&line.kept, watch(&input))
             };
             let mut text = response.to_line();
             text.push('\n');
@@ -120,13 +155,17 @@ impl Executor {
     /// no command the executor starts holds the host's end of the channel.
     pub fn serve_socket(&self, path: &Path) -> io::Result<()> {
         let stream = connect_control(path)?;
-        self.serve(BufReader::new(&stream), &stream)
+        self.serve_watching(BufReader::new(&stream), &stream, stream.as_fd())
     }
 
     /// Handles one request line (without or with its newline).
     pub fn handle_line(&self, line: &[u8]) -> Response {
+        self.handle_line_watching(line, None)
+    }
+
+    fn handle_line_watching(&self, line: &[u8], watch: Option<Watch<'_>>) -> Response {
         match serde_json::from_slice::<Request>(line) {
-            Ok(request) => self.handle(&request),
+            Ok(request) => self.handle_watching(&request, watch),
             Err(e) => {
                 // Salvage the id if the line is JSON with a numeric id, so the host can match
                 // the error to its request.
@@ -143,12 +182,16 @@ impl Executor {
 
     /// Handles one parsed request.
     pub fn handle(&self, request: &Request) -> Response {
+        self.handle_watching(request, None)
+    }
+
+    fn handle_watching(&self, request: &Request, watch: Option<Watch<'_>>) -> Response {
         if self.config.reap_orphans {
             exec::reap_children();
         }
         let (workspace, limits) = (&self.workspace, &self.config.limits);
         let result = match &request.op {
-            Op::Exec(r) => self.exec(r).map(Reply::Exec),
+            Op::Exec(r) => self.exec(r, watch).map(Reply::Exec),
             Op::ReadFile(r) => files::read_file(workspace, limits, r).map(Reply::ReadFile),
             Op::WriteFile(r) => files::write_file(workspace, limits, r).map(Reply::WriteFile),
             Op::EditFile(r) => files::edit_file(workspace, limits, r).map(Reply::EditFile),
@@ -159,6 +202,8 @@ impl Executor {
             })),
             Op::Spawn(r) => spawn::spawn(workspace, r).map(Reply::Spawned),
             Op::Signal(r) => spawn::signal(r).map(Reply::Signalled),
+            // What it would have interrupted already answered (see the module's comment).
+            Op::Interrupt => Ok(Reply::Interrupted(crate::protocol::InterruptOutput {})),
         };
         Response {
             id: Some(request.id),
@@ -166,7 +211,7 @@ impl Executor {
         }
     }
 
-    fn exec(&self, request: &ExecRequest) -> Result<ExecOutput, Error> {
+    fn exec(&self, request: &ExecRequest, watch: Option<Watch<'_>>) -> Result<ExecOutput, Error> {
         let cwd = self
             .workspace
             .workdir(request.workdir.as_deref().unwrap_or(""))?;
@@ -175,6 +220,7 @@ impl Executor {
             &cwd,
             &self.config.shell,
             self.config.limits.max_output_bytes,
+            watch,
         )
     }
 }
@@ -321,6 +367,41 @@ mod tests {
     }
 
     #[test]
+    fn a_request_written_with_an_exec_interrupts_it_at_once() {
+        use std::io::Read;
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            reap_orphans: false,
+            ..Config::new(tmp.path())
+        };
+        let executor = Executor::new(config).unwrap();
+        let (mut host, ours) = std::os::unix::net::UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            executor.serve_watching(BufReader::new(&ours), &ours, ours.as_fd())
+        });
+        // Both lines in one write: the loop's buffer holds the interrupt when the exec starts.
+        host.write_all(
+            concat!(
+                r#"{"id":1,"op":"exec","command":"sleep 30","timeout_ms":60000,"max_output_bytes":100}"#,
+                "\n",
+                r#"{"id":2,"op":"interrupt"}"#,
+                "\n",
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        host.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answers = String::new();
+        host.read_to_string(&mut answers).unwrap();
+        server.join().unwrap().unwrap();
+        let lines: Vec<&str> = answers.lines().collect();
+        let exec: ExecOutput = crate::decode_response(lines[0]).unwrap().result.unwrap();
+        assert!(exec.interrupted, "{exec:?}");
+        assert!(exec.duration_ms < 5_000, "{exec:?}");
+        assert_eq!(lines[1], r#"{"id":2,"ok":true}"#);
+    }
+
+    #[test]
     fn a_missing_control_socket_is_an_error_naming_it() {
         let tmp = tempfile::tempdir().unwrap();
         let executor = Executor::new(Config::new(tmp.path())).unwrap();
@@ -353,7 +434,7 @@ mod tests {
             ),
             &[
                 r#"{"id":null,"ok":false,"error":"malformed request: expected ident at line 1 column 2"}"#,
-                r#"{"id":5,"ok":false,"error":"malformed request: unknown variant `launch`, expected one of `exec`, `read_file`, `write_file`, `edit_file`, `list_dir`, `grep`, `ping`, `spawn`, `signal` at line 1 column 22"}"#,
+                r#"{"id":5,"ok":false,"error":"malformed request: unknown variant `launch`, expected one of `exec`, `read_file`, `write_file`, `edit_file`, `list_dir`, `grep`, `ping`, `spawn`, `signal`, `interrupt` at line 1 column 22"}"#,
                 r#"{"id":6,"ok":false,"error":"malformed request: missing field `command` at line 1 column 20"}"#,
                 r#"{"id":null,"ok":false,"error":"malformed request: invalid type: string \"seven\", expected u64 at line 1 column 13"}"#,
                 r#"{"id":null,"ok":false,"error":"malformed request: expected value at line 1 column 1"}"#,

@@ -29,6 +29,7 @@ use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::query_parameters::AttachContainerOptionsBuilder;
 use futures_util::{Stream, StreamExt};
+use nerve_core::Interrupt;
 use nerve_executor::{Op, Pong, Request, VERSION, decode_response};
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -299,37 +300,58 @@ impl Connection {
         op: Op,
         limit: Duration,
     ) -> Result<Result<T, String>, ConnectionError> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut line = serde_json::to_vec(&Request { id, op })
-            .map_err(|e| ConnectionError::Protocol(format!("cannot encode a request: {e}")))?;
-        line.push(b'\n');
-        match tokio::time::timeout(limit, self.exchange(id, &line)).await {
+        self.call_until(op, limit, None).await
+    }
+
+    /// Like [`Connection::call`]; when `interrupt` resolves before the answer, an `interrupt`
+    /// request follows the call's, which stops the command the executor runs (SIGINT, then
+    /// SIGKILL after its grace), and the answer, its output so far, is still waited for.
+    pub(crate) async fn call_until<T: DeserializeOwned>(
+        &mut self,
+        op: Op,
+        limit: Duration,
+        interrupt: Option<Interrupt<'_>>,
+    ) -> Result<Result<T, String>, ConnectionError> {
+        let id = self.take_id();
+        let line = request_line(id, op)?;
+        match tokio::time::timeout(limit, self.exchange(id, &line, interrupt)).await {
             Ok(result) => result,
             Err(_) => Err(ConnectionError::TimedOut(limit)),
         }
+    }
+
+    fn take_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
     }
 
     async fn exchange<T: DeserializeOwned>(
         &mut self,
         id: u64,
         line: &[u8],
+        mut interrupt: Option<Interrupt<'_>>,
     ) -> Result<Result<T, String>, ConnectionError> {
-        self.poisoned = true;
-        let written = async {
-            self.input.write_all(line).await?;
-            self.input.flush().await
-        }
-        .await;
-        if let Err(e) = written {
-            return Err(self.gone(&format!("cannot write to it: {e}")).await);
-        }
-        self.poisoned = false;
+        self.send(line).await?;
         // Ends: each pass reads one line (skipping answers to abandoned requests, whose ids
-        // are below `id`); the caller's `limit` (tokio::time::timeout in `request`) bounds
-        // the wait, and a closed output is an error.
+        // are below `id`) or sends the one interrupt (`interrupt` is None afterwards); the
+        // caller's `limit` (tokio::time::timeout in `request`) bounds the wait, and a closed
+        // output is an error.
         loop {
-            let text = self.read_line().await?;
+            let read = match interrupt.as_mut() {
+                // read_line keeps what it read in `pending`, so dropping it loses nothing.
+                Some(signal) => tokio::select! {
+                    text = self.read_line() => Some(text),
+                    () = signal.as_mut() => None,
+                },
+                None => Some(self.read_line().await),
+            };
+            let Some(text) = read else {
+                interrupt = None;
+                self.send_interrupt().await?;
+                continue;
+            };
+            let text = text?;
             let head: Head = serde_json::from_str(&text)
                 .map_err(|e| ConnectionError::Protocol(format!("{e} in {}", excerpt(&text))))?;
             match head.id {
@@ -347,6 +369,29 @@ impl Connection {
                 .map_err(|e| ConnectionError::Protocol(format!("{e} in {}", excerpt(&text))))?;
             return Ok(decoded.result);
         }
+    }
+
+    /// Writes an `interrupt` request; its answer comes after the interrupted call's and is
+    /// skipped by the next call, like any answer to an older id.
+    async fn send_interrupt(&mut self) -> Result<(), ConnectionError> {
+        let id = self.take_id();
+        let line = request_line(id, Op::Interrupt)?;
+        self.send(&line).await
+    }
+
+    /// Writes one request line; the connection is poisoned while the line is half written.
+    async fn send(&mut self, line: &[u8]) -> Result<(), ConnectionError> {
+        self.poisoned = true;
+        let written = async {
+            self.input.write_all(line).await?;
+            self.input.flush().await
+        }
+        .await;
+        if let Err(e) = written {
+            return Err(self.gone(&format!("cannot write to it: {e}")).await);
+        }
+        self.poisoned = false;
+        Ok(())
     }
 
     async fn read_line(&mut self) -> Result<String, ConnectionError> {
@@ -404,6 +449,14 @@ impl Connection {
     pub(crate) async fn close(mut self) {
         let _ = tokio::time::timeout(Duration::from_secs(2), self.input.shutdown()).await;
     }
+}
+
+/// One request as a line, with its newline.
+fn request_line(id: u64, op: Op) -> Result<Vec<u8>, ConnectionError> {
+    let mut line = serde_json::to_vec(&Request { id, op })
+        .map_err(|e| ConnectionError::Protocol(format!("cannot encode a request: {e}")))?;
+    line.push(b'\n');
+    Ok(line)
 }
 
 /// `what` went wrong, with the executor's last words if it had any.
@@ -489,6 +542,36 @@ mod tests {
         let pong = connection.call::<Pong>(Op::Ping, START_LIMIT).await;
         assert_eq!(pong.unwrap().unwrap().version, "current");
         drop(fake_task.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn an_interrupt_follows_the_call_and_its_answer_is_still_read() {
+        use tokio::io::AsyncBufReadExt;
+        let (mut connection, mut fake) = over_a_socket("");
+        let (interrupt, interrupted) = tokio::sync::oneshot::channel::<()>();
+        let fake_task = tokio::spawn(async move {
+            let mut call = String::new();
+            fake.read_line(&mut call).await.unwrap();
+            interrupt.send(()).unwrap();
+            let mut stop = String::new();
+            fake.read_line(&mut stop).await.unwrap();
+            fake.write_all(b"{\"id\":1,\"ok\":true,\"version\":\"stopped\"}\n")
+                .await
+                .unwrap();
+            fake.flush().await.unwrap();
+            (call, stop)
+        });
+        let signal: Interrupt<'_> = Box::pin(async move {
+            let _ = interrupted.await;
+        });
+        let answer = connection
+            .call_until::<Pong>(Op::Ping, START_LIMIT, Some(signal))
+            .await;
+        assert_eq!(answer.unwrap().unwrap().version, "stopped");
+        let (call, stop) = fake_task.await.unwrap();
+        assert_eq!(call, "{\"id\":1,\"op\":\"ping\"}\n");
+        assert_eq!(stop, "{\"id\":2,\"op\":\"interrupt\"}\n");
+        assert!(!connection.is_poisoned());
     }
 
     #[tokio::test]

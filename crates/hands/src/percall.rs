@@ -112,6 +112,7 @@ pub(crate) async fn exec(
         },
         signal: timed_out.then_some(9),
         timed_out,
+        interrupted: false,
         stdout,
         stderr,
         stdout_omitted_bytes,

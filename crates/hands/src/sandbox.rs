@@ -49,6 +49,7 @@ use crate::locate::{CONTAINER_EXECUTOR_PATH, unusable_reason};
 use crate::owner::{Liveness, Owner, label_liveness};
 use crate::percall;
 use crate::proxy::{CONTAINER_PROXY_DIR, ProxyMount, RELAY_LISTEN};
+use nerve_core::Interrupt;
 
 /// Label on every container Nerve creates; the reaper looks for it.
 pub(crate) const LABEL_MANAGED: &str = "org.nerve.managed";
@@ -534,8 +535,20 @@ impl Sandbox {
         &self,
         request: ExecRequest,
     ) -> Result<Result<ExecOutput, String>, HandsError> {
+        self.exec_until(request, None).await
+    }
+
+    /// Runs a command like [`Sandbox::exec`]; when `interrupt` resolves first, the command
+    /// is interrupted (SIGINT to its group, SIGKILL after the executor's grace) and its
+    /// answer says `interrupted`, with what it printed until then. Without the persistent
+    /// executor (the per-call fallback) the command is not interrupted.
+    pub async fn exec_until(
+        &self,
+        request: ExecRequest,
+        interrupt: Option<Interrupt<'_>>,
+    ) -> Result<Result<ExecOutput, String>, HandsError> {
         let limit = Duration::from_millis(request.timeout_ms).saturating_add(EXEC_GRACE);
-        self.call(Op::Exec(request), limit).await
+        self.call_until(Op::Exec(request), limit, interrupt).await
     }
 
     /// The limit a finished command ran into, as one line for the tool result: the file
@@ -763,6 +776,16 @@ impl Sandbox {
         op: Op,
         limit: Duration,
     ) -> Result<Result<T, String>, HandsError> {
+        self.call_until(op, limit, None).await
+    }
+
+    /// [`Sandbox::call`], with the interrupt of [`Connection::call_until`].
+    async fn call_until<T: DeserializeOwned>(
+        &self,
+        op: Op,
+        limit: Duration,
+        interrupt: Option<Interrupt<'_>>,
+    ) -> Result<Result<T, String>, HandsError> {
         let mut channel = self.channel.lock().await;
         // A cancelled call left half a request on the stream: start over.
         if let Some(connection) = channel
@@ -787,7 +810,7 @@ impl Sandbox {
             }
         }
         if let Some(connection) = channel.connection.as_mut() {
-            return match connection.call::<T>(op, limit).await {
+            return match connection.call_until::<T>(op, limit, interrupt).await {
                 Ok(result) => Ok(result),
                 Err(error) => {
                     // Dropping the connection closes the executor's input: once it is done
@@ -804,6 +827,7 @@ impl Sandbox {
                 .await?
                 .map(|output| serde_json::to_value(output).unwrap_or_default()),
             Op::Ping => Ok(serde_json::json!({ "version": nerve_executor::VERSION })),
+            Op::Interrupt => Ok(serde_json::json!({})),
             Op::Spawn(_) | Op::Signal(_) => Err(
                 "long-lived processes need the persistent executor, which this sandbox lost"
                     .to_owned(),

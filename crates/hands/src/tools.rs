@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use nerve_core::{ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput};
+use nerve_core::{Interrupt, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput};
 use nerve_executor::{
     EditFileOutput, EditFileRequest, EntryKind, ExecOutput, ExecRequest, GrepOutput, GrepRequest,
     ListDirOutput, ListDirRequest, ReadFileOutput, ReadFileRequest, WriteFileOutput,
@@ -166,7 +166,11 @@ impl SandboxTools {
         })
     }
 
-    async fn shell(&self, args: ShellArgs) -> Result<ToolOutput, ToolError> {
+    async fn shell(
+        &self,
+        args: ShellArgs,
+        interrupt: Option<Interrupt<'_>>,
+    ) -> Result<ToolOutput, ToolError> {
         if args.command.trim().is_empty() {
             return Ok(ToolOutput::error("shell: `command` is empty"));
         }
@@ -187,9 +191,9 @@ impl SandboxTools {
             max_output_bytes: MAX_OUTPUT_BYTES,
             env: Default::default(),
         };
-        let answer = self.sandbox.exec(request).await;
+        let answer = self.sandbox.exec_until(request, interrupt).await;
         let limit = match &answer {
-            Ok(Ok(output)) => self.sandbox.limit_reached(output).await,
+            Ok(Ok(output)) if !output.interrupted => self.sandbox.limit_reached(output).await,
             _ => None,
         };
         respond("shell", answer, |output| {
@@ -348,7 +352,12 @@ fn format_exec(output: &ExecOutput, timeout_secs: u64) -> ToolOutput {
     if !content.is_empty() && !content.ends_with('\n') {
         content.push('\n');
     }
-    let failed = if output.timed_out {
+    let failed = if output.interrupted {
+        content.push_str(
+            "[interrupted: the user stopped the execution; the command got SIGINT, then SIGKILL if it was still running]",
+        );
+        true
+    } else if output.timed_out {
         content.push_str(&format!(
             "[timed out after {timeout_secs}s; the command and everything it started were killed]"
         ));
@@ -580,7 +589,22 @@ impl ToolExecutor for SandboxTools {
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
         #[cfg(feature = "kill-points")]
         crate::kill_points::before_call();
-        let output = self.dispatch(call).await;
+        let output = self.dispatch(call, None).await;
+        #[cfg(feature = "kill-points")]
+        crate::kill_points::after_call();
+        output
+    }
+
+    /// `shell` stops its command when `interrupt` resolves; the other tools are quick and
+    /// run to their end.
+    async fn execute_until(
+        &self,
+        call: &ToolCall,
+        interrupt: Interrupt<'_>,
+    ) -> Result<ToolOutput, ToolError> {
+        #[cfg(feature = "kill-points")]
+        crate::kill_points::before_call();
+        let output = self.dispatch(call, Some(interrupt)).await;
         #[cfg(feature = "kill-points")]
         crate::kill_points::after_call();
         output
@@ -601,7 +625,11 @@ impl ToolExecutor for SandboxTools {
 
 impl SandboxTools {
     /// Runs `call` with the tool it names.
-    async fn dispatch(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
+    async fn dispatch(
+        &self,
+        call: &ToolCall,
+        interrupt: Option<Interrupt<'_>>,
+    ) -> Result<ToolOutput, ToolError> {
         macro_rules! dispatch {
             ($args:ty, $method:ident) => {
                 match parse::<$args>(call) {
@@ -611,7 +639,10 @@ impl SandboxTools {
             };
         }
         match call.name.as_str() {
-            "shell" => dispatch!(ShellArgs, shell),
+            "shell" => match parse::<ShellArgs>(call) {
+                Ok(args) => self.shell(args, interrupt).await,
+                Err(output) => Ok(output),
+            },
             "read_file" => dispatch!(ReadFileArgs, read_file),
             "write_file" => dispatch!(WriteFileArgs, write_file),
             "edit_file" => dispatch!(EditFileArgs, edit_file),
@@ -773,6 +804,7 @@ mod tests {
             exit_code: exit,
             signal: if exit.is_none() { Some(9) } else { None },
             timed_out,
+            interrupted: false,
             stdout: stdout.to_owned(),
             stderr: stderr.to_owned(),
             stdout_omitted_bytes: 0,

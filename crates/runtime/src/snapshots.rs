@@ -326,9 +326,10 @@ pub async fn rewind_to(
     )
     .await
     .map_err(RuntimeError::failed)?;
+    // The counts above, each path once below.
     let mut lines = vec![format!(
         "rewound the workspace of execution {execution} to turn {turn}: {}",
-        summary(&changes)
+        counts(&changes)
     )];
     lines.extend(
         changes
@@ -338,8 +339,8 @@ pub async fn rewind_to(
     Ok(lines)
 }
 
-/// `2 added, 1 modified (a, b, c)`: counts per kind and the first paths.
-fn summary(changes: &[WorkspaceChange]) -> String {
+/// `2 added, 1 modified`: counts per kind.
+fn counts(changes: &[WorkspaceChange]) -> String {
     let counts: Vec<String> = [ChangeKind::Added, ChangeKind::Modified, ChangeKind::Deleted]
         .into_iter()
         .filter_map(|kind| {
@@ -347,9 +348,15 @@ fn summary(changes: &[WorkspaceChange]) -> String {
             (n > 0).then(|| format!("{n} {}", kind.as_str()))
         })
         .collect();
+    counts.join(", ")
+}
+
+/// `2 added, 1 modified: a, b, c`: counts per kind and the first paths.
+fn summary(changes: &[WorkspaceChange]) -> String {
+    let counts = counts(changes);
     let mut paths: Vec<&str> = changes.iter().take(5).map(|c| c.path.as_str()).collect();
     if changes.len() > 5 {
         paths.push("...");
     }
-    format!("{}: {}", counts.join(", "), paths.join(", "))
+    format!("{counts}: {}", paths.join(", "))
 }

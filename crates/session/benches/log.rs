@@ -148,6 +148,7 @@ fn turn_events(turn: u32, index: u32) -> Vec<Event> {
             turn,
             result: result.clone(),
             duration_ms: 840,
+            interrupted: false,
         }),
         Event::MessageAppended(MessageAppended {
             index: index + 1,

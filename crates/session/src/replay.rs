@@ -367,7 +367,11 @@ impl Replayer {
                 }
             }
             Event::ModelCalled(called) => {
-                self.highest_begun = self.highest_begun.max(called.turn);
+                // A call abandoned because the run was stopped begins no turn: the stopped
+                // run left none half done.
+                if called.outcome != "cancelled" {
+                    self.highest_begun = self.highest_begun.max(called.turn);
+                }
                 let purpose = match called.purpose {
                     CallPurpose::Agent => "agent",
                     CallPurpose::Plan => "plan",

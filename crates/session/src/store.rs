@@ -129,7 +129,17 @@ impl ExecutionSummary {
                 self.output_tokens = self.output_tokens.saturating_add(usage.output_tokens);
                 self.cost_micro_usd = self.cost_micro_usd.saturating_add(cost.0);
             }
-            IndexUpdate::Status(status) => self.task_status = Some((*status).to_owned()),
+            IndexUpdate::Status(status) => {
+                // After a finish, a transition is a person's follow-up (`nerve chat`, `run
+                // --continue`): a new attempt whose ending is not known yet, as replay says
+                // (replay.rs, `reopen_after_finish`). At the end of an attempt the
+                // transition comes before its finish.
+                if self.termination_reason.is_some() {
+                    self.termination_reason = None;
+                    self.error = None;
+                }
+                self.task_status = Some((*status).to_owned());
+            }
             IndexUpdate::Finish {
                 reason,
                 status,
@@ -276,20 +286,39 @@ impl Store {
     /// Opens an existing log for reading only; never creates or migrates anything. A log
     /// written by an older Nerve is read as it is (no checkpoints, no archive, the
     /// executions index derived from the events).
+    ///
+    /// A log its reader cannot write (an audit copy, `chmod 444`, another user's) is read
+    /// too: SQLite needs to create the WAL's shared-memory file to read a WAL database, and
+    /// when it cannot (SQLITE_READONLY, SQLITE_CANTOPEN) the log is opened again as
+    /// immutable, which reads the file as it is, with no locks and no WAL. Nobody who can
+    /// write it is writing it then: a writer would have left the WAL files to read through.
     pub fn open_read_only(path: &Path) -> Result<Self, SessionError> {
         let shown = path.display().to_string();
         let err = |source| SessionError::Sqlite {
             path: shown.clone(),
             source,
         };
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(err)?;
-        let schema = user_version(&conn).map_err(err)?;
+        let open = |path: &Path, flags: OpenFlags| -> rusqlite::Result<(Connection, i64)> {
+            let conn = Connection::open_with_flags(path, flags | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+            conn.busy_timeout(std::time::Duration::from_secs(10))?;
+            let schema = user_version(&conn)?;
+            Ok((conn, schema))
+        };
+        let (conn, schema) = match open(path, OpenFlags::SQLITE_OPEN_READ_ONLY) {
+            Err(rusqlite::Error::SqliteFailure(failure, _))
+                if matches!(
+                    failure.code,
+                    rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen
+                ) && path.exists() =>
+            {
+                open(
+                    Path::new(&immutable_uri(path)),
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+                )
+                .map_err(err)?
+            }
+            other => other.map_err(err)?,
+        };
         let wal = WalRoom::new(&shown);
         Ok(Self {
             conn,
@@ -1507,4 +1536,18 @@ pub(crate) fn id_prefix(prefix: &str) -> Option<String> {
     let prefix = prefix.trim().to_ascii_lowercase();
     (!prefix.is_empty() && prefix.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
         .then_some(prefix)
+}
+
+/// `path` as an SQLite URI that opens it read-only and immutable (docs: "URI Filenames"):
+/// the characters a URI gives meaning to, and bytes beyond ASCII, are percent-encoded.
+fn immutable_uri(path: &Path) -> String {
+    let mut uri = String::from("file:");
+    for byte in path.as_os_str().as_encoded_bytes() {
+        match byte {
+            b'%' | b'?' | b'#' | 0x80.. => uri.push_str(&format!("%{byte:02X}")),
+            _ => uri.push(char::from(*byte)),
+        }
+    }
+    uri.push_str("?mode=ro&immutable=1");
+    uri
 }

@@ -95,6 +95,7 @@ fn tool_finished(n: u32, id: &str) -> Event {
             is_error: false,
         },
         duration_ms: 1,
+        interrupted: false,
     })
 }
 
@@ -1236,6 +1237,35 @@ fn the_archive_finds_blocks_by_their_words_and_only_for_their_execution() {
         "{again:?}"
     );
     assert_eq!(store.append(&id, &[context()], &redactor).unwrap(), [3]);
+}
+
+/// A follow-up that never finished (a chat aborted by a second Ctrl-C): the list and the
+/// replay agree that the execution has no ending yet.
+#[test]
+fn a_follow_up_after_a_finish_reopens_the_index_as_replay_does() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).unwrap();
+    let redactor = Redactor::new();
+    let id = ExecutionId::new();
+    store.append(&id, &full_log(), &redactor).unwrap();
+    assert_eq!(
+        store.execution(&id).unwrap().termination_reason.as_deref(),
+        Some("completed")
+    );
+    let follow_up = transition(TaskStatus::InReview, TaskStatus::InProgress);
+    store.append(&id, &[follow_up], &redactor).unwrap();
+    let replayed = store.replay(&id).unwrap();
+    assert_eq!(replayed.termination_reason, None);
+    assert_eq!(store.execution(&id).unwrap().termination_reason, None);
+    assert_eq!(store.executions().unwrap()[0].termination_reason, None);
+    // Its ending, when it comes, is the one listed.
+    store
+        .append(&id, &[finish(TerminationReason::Shutdown)], &redactor)
+        .unwrap();
+    assert_eq!(
+        store.execution(&id).unwrap().termination_reason.as_deref(),
+        Some("shutdown")
+    );
 }
 
 #[test]

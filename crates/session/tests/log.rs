@@ -85,6 +85,7 @@ fn turn_events(turn: u32) -> Vec<Event> {
                 is_error: false,
             },
             duration_ms: 3,
+            interrupted: false,
         }),
         Event::MessageAppended(MessageAppended {
             index: turn - 1,

@@ -79,7 +79,8 @@ fn main() -> ExitCode {
                 if let Ok(watched) = stream.try_clone() {
                     die_with_host(watched);
                 }
-                executor.serve(io::BufReader::new(&stream), &stream)
+                let channel = std::os::fd::AsFd::as_fd(&stream);
+                executor.serve_watching(io::BufReader::new(&stream), &stream, channel)
             }
             Err(e) => Err(e),
         },
@@ -87,7 +88,20 @@ fn main() -> ExitCode {
             if let Ok(stdin) = std::os::fd::AsFd::as_fd(&io::stdin()).try_clone_to_owned() {
                 die_with_host(stdin);
             }
-            executor.serve(io::stdin().lock(), io::stdout().lock())
+            // Read through a buffer of our own, not stdin's, so that the request loop can
+            // tell whether a request is already waiting in it (server.rs).
+            match std::os::fd::AsFd::as_fd(&io::stdin()).try_clone_to_owned() {
+                Ok(stdin) => {
+                    let stdin = std::fs::File::from(stdin);
+                    let channel = std::os::fd::AsFd::as_fd(&stdin);
+                    executor.serve_watching(
+                        io::BufReader::new(&stdin),
+                        io::stdout().lock(),
+                        channel,
+                    )
+                }
+                Err(_) => executor.serve(io::stdin().lock(), io::stdout().lock()),
+            }
         }
     };
     nerve_executor::kill_remaining_children();

@@ -22,6 +22,7 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
             started.model,
             snake(&started.loop_type)
         ));
+        out.push(format!("workspace  {}", started.workspace));
         // The degraded sandbox is said, never only logged.
         if let Ok(crate::ExecutorUse::PerCall { reason }) =
             serde_json::from_value(started.config["sandbox_executor"].clone())
@@ -55,7 +56,9 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
                     // leaves no empty heading.
                     heading = Some(format!("turn {turn}"));
                 }
-                if called.outcome != "ok" {
+                if called.outcome == "cancelled" {
+                    lines.push("  (model call abandoned: the execution was stopped)".to_owned());
+                } else if called.outcome != "ok" {
                     lines.push(format!("  (model call failed: {})", called.outcome));
                 }
             }
@@ -197,17 +200,51 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
             |r| r.to_string()
         )
     ));
+    if let Some(took) = took(events) {
+        out.push(format!("took       {took}"));
+    }
     if let Some(status) = replayed.task_status {
         out.push(format!("task       {status}"));
     }
     out.push(format!(
         "totals     {} turns, {} input + {} output tokens, {}, {} compaction(s)",
         replayed.total_turns,
-        replayed.usage.input_tokens,
-        replayed.usage.output_tokens,
+        thousands(replayed.usage.input_tokens),
+        thousands(replayed.usage.output_tokens),
         replayed.cost,
         replayed.compactions.len()
     ));
+    out
+}
+
+/// From the first event to the last, as `4.2 s`, `3 min 05 s` or `2 h 03 min`; `None` when
+/// a time cannot be read.
+fn took(events: &[StoredEvent]) -> Option<String> {
+    let at = |event: &StoredEvent| {
+        time::OffsetDateTime::parse(&event.ts, &time::format_description::well_known::Rfc3339).ok()
+    };
+    let span = at(events.last()?)? - at(events.first()?)?;
+    let millis = span.whole_milliseconds().max(0);
+    let seconds = millis / 1000;
+    Some(if seconds < 60 {
+        format!("{}.{} s", seconds, (millis % 1000) / 100)
+    } else if seconds < 3600 {
+        format!("{} min {:02} s", seconds / 60, seconds % 60)
+    } else {
+        format!("{} h {:02} min", seconds / 3600, (seconds % 3600) / 60)
+    })
+}
+
+/// `1234567` as `1,234,567`: every count a person reads.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
     out
 }
 
@@ -235,8 +272,8 @@ pub fn text_of(parts: &[MessagePart]) -> String {
 
 fn call_line(call: Option<&ToolCall>, name: &str) -> String {
     match call {
-        Some(call) => format!("  > {}", key_argument(call)),
-        None => format!("  > {name}"),
+        Some(call) => format!("  → {}", key_argument(call)),
+        None => format!("  → {name}"),
     }
 }
 
