@@ -186,3 +186,21 @@ fn relative(workspace: &Path, path: &Path) -> String {
         })
         .unwrap_or_else(|_| path.display().to_string())
 }
+
+/// `path` made absolute, when it is a directory.
+pub fn validate_workspace(path: &Path) -> Result<std::path::PathBuf, RuntimeError> {
+    let resolved = std::fs::canonicalize(path).map_err(|e| {
+        RuntimeError::usage(format!(
+            "workspace {}: {}",
+            path.display(),
+            crate::error::describe_io(&e)
+        ))
+    })?;
+    if !resolved.is_dir() {
+        return Err(RuntimeError::usage(format!(
+            "workspace {} is not a directory",
+            path.display()
+        )));
+    }
+    Ok(resolved)
+}

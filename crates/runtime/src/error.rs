@@ -184,6 +184,18 @@ impl From<nerve_session::SessionError> for RuntimeError {
     }
 }
 
+/// An I/O error as a few words for a one-line message.
+pub fn describe_io(error: &std::io::Error) -> String {
+    // An if-chain, not a match: io::ErrorKind is non-exhaustive.
+    if error.kind() == std::io::ErrorKind::NotFound {
+        "does not exist".to_owned()
+    } else if error.kind() == std::io::ErrorKind::PermissionDenied {
+        "permission denied".to_owned()
+    } else {
+        error.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

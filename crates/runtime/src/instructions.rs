@@ -40,7 +40,7 @@ fn read_bounded(path: PathBuf) -> Result<Option<UserInstructions>, RuntimeError>
             return Err(RuntimeError::config(format!(
                 "the user's instructions {}: {}",
                 path.display(),
-                crate::launch::describe_io(&e)
+                crate::error::describe_io(&e)
             )));
         }
     };
@@ -51,7 +51,7 @@ fn read_bounded(path: PathBuf) -> Result<Option<UserInstructions>, RuntimeError>
             RuntimeError::config(format!(
                 "the user's instructions {}: {}",
                 path.display(),
-                crate::launch::describe_io(&e)
+                crate::error::describe_io(&e)
             ))
         })?;
     let text = String::from_utf8_lossy(&bytes).into_owned();

@@ -16,6 +16,8 @@ use secrecy::SecretString;
 
 use crate::RuntimeError;
 use crate::config::Config;
+pub use crate::environment::validate_workspace;
+pub use crate::error::describe_io;
 use crate::resume::Resumable;
 
 /// Environment variables whose values are registered with the redactor when set.
@@ -509,32 +511,6 @@ pub fn recorded_image(started: &nerve_core::event::Started) -> Option<String> {
         .get("image")
         .and_then(serde_json::Value::as_str)
         .map(str::to_owned)
-}
-
-/// `path` made absolute, when it is a directory.
-pub fn validate_workspace(path: &Path) -> Result<PathBuf, RuntimeError> {
-    let resolved = std::fs::canonicalize(path).map_err(|e| {
-        RuntimeError::usage(format!("workspace {}: {}", path.display(), describe_io(&e)))
-    })?;
-    if !resolved.is_dir() {
-        return Err(RuntimeError::usage(format!(
-            "workspace {} is not a directory",
-            path.display()
-        )));
-    }
-    Ok(resolved)
-}
-
-/// An I/O error as a few words for a one-line message.
-pub fn describe_io(error: &std::io::Error) -> String {
-    // An if-chain, not a match: io::ErrorKind is non-exhaustive.
-    if error.kind() == std::io::ErrorKind::NotFound {
-        "does not exist".to_owned()
-    } else if error.kind() == std::io::ErrorKind::PermissionDenied {
-        "permission denied".to_owned()
-    } else {
-        error.to_string()
-    }
 }
 
 /// The redactor every execution with `config` uses (a worker opens its shared log with it).

@@ -384,7 +384,7 @@ pub async fn latest(db: &Path, workspace: Option<&Path>) -> Result<ExecutionId, 
     let reader = crate::log::reader(db).await?;
     let executions = reader.executions().await.map_err(RuntimeError::log)?;
     let wanted = workspace
-        .map(crate::launch::validate_workspace)
+        .map(crate::environment::validate_workspace)
         .transpose()?;
     // Ends: one pass over a finite list.
     for summary in &executions {
