@@ -157,7 +157,13 @@ fn build_dir() -> PathBuf {
 /// `to`: the checkout as a clone with the working tree's changes would have it.
 fn copy_checkout(to: &Path) -> Result<()> {
     let listed = Command::new("git")
-        .args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"])
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
         .current_dir(crate::project_root())
         .output()
         .context("cannot run git ls-files")?;
@@ -180,8 +186,7 @@ fn copy_checkout(to: &Path) -> Result<()> {
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        std::fs::copy(&from, &target)
-            .with_context(|| format!("cannot copy {}", from.display()))?;
+        std::fs::copy(&from, &target).with_context(|| format!("cannot copy {}", from.display()))?;
     }
     Ok(())
 }
