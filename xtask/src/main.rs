@@ -9,6 +9,9 @@
 //!   in-sandbox executor, copied to `<target dir>/sandbox/nerve-executor`
 //! - `image python`  make sure of the Debian image with Python (debootstrap, imported; tagged by
 //!   a hash of its inputs, cached under `~/.cache/nerve/debian/`) and print its tag
+//! - `install-check [release]`  `cargo install --path crates/cli` from a copy of the checkout,
+//!   the copy removed, then the installed `nerve` runs the demo with the executor it carries
+//!   (see `install_check.rs`; debug unless `release`)
 //! - `demo`          the README's first command: a scripted demo task in a real sandbox, then its replay
 //! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
 //!   `~/.cache/nerve/` when missing, and print where it is
@@ -25,6 +28,7 @@ mod bench_fleet;
 mod bench_fleet_engine;
 mod eval;
 mod fuzz;
+mod install_check;
 mod phoenix;
 mod qwen;
 mod real;
@@ -36,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | eval [--tasks GLOB] [--max-turns N] [--no-peer] [--no-nerve] [--check-tasks] | image [python] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
+const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | eval [--tasks GLOB] [--max-turns N] [--no-peer] [--no-nerve] [--check-tasks] | image [python] | install-check [release] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -60,6 +64,9 @@ fn main() -> Result<()> {
         }
         Some("image") => image(true).map(drop),
         Some("demo") => demo(),
+        Some("install-check") => {
+            install_check::install_check(args.get(1).map(String::as_str) == Some("release"))
+        }
         Some("bench") => bench(args.get(1).map(String::as_str)),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
         // One process of the fleet bench's engine part (started by `bench fleet` itself).
@@ -141,6 +148,10 @@ fn ci() -> Result<()> {
             .env(nerve_hands::EXECUTOR_ENV, &executor),
         watchdog::Limits::from_env()?,
     )?;
+    // An installed `nerve` carries its executor and needs nothing of the checkout: a debug
+    // `cargo install` into `<target dir>/install-check` (minutes the first time, then only
+    // what changed), and the demo run (install_check.rs).
+    install_check::install_check(false)?;
     // The providers against real servers (llama.cpp's two, LiteLLM): their one-time
     // set-up, cached under ~/.cache/nerve, took about 12 minutes from an empty cache on an
     // idle machine; the tests about 8.

@@ -1227,3 +1227,89 @@ async fn a_line_the_agent_asks_about_comes_back_from_the_archive() {
         .recall_chars;
     assert!(text.len() <= budget + 400, "{} > {budget}", text.len());
 }
+
+/// The archive, counting its searches.
+#[derive(Default)]
+struct CountingArchive {
+    inner: MemoryArchive,
+    searches: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl ContextArchive for CountingArchive {
+    async fn archive(
+        &self,
+        execution: ExecutionId,
+        block: nerve_core::ArchivedBlock,
+    ) -> Result<(), nerve_core::SinkError> {
+        self.inner.archive(execution, block).await
+    }
+
+    async fn fetch(
+        &self,
+        execution: ExecutionId,
+        id: BlockId,
+    ) -> Result<Option<nerve_core::ArchivedBlock>, nerve_core::SinkError> {
+        self.inner.fetch(execution, id).await
+    }
+
+    async fn search(
+        &self,
+        execution: ExecutionId,
+        query: &str,
+        limit: usize,
+    ) -> Result<Vec<nerve_core::RecallHit>, nerve_core::SinkError> {
+        self.searches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.search(execution, query, limit).await
+    }
+}
+
+/// Archive searches made by a run of `cassette` at an 8,000-token window.
+async fn recall_searches(cassette: &[String]) -> usize {
+    let archive = Arc::new(CountingArchive::default());
+    let mut engine = AgentEngine::new(
+        Arc::new(ScriptedProvider::parse("test", &cassette.join("\n")).unwrap()),
+        Arc::new(EchoTools::default()),
+        Arc::new(MemorySink::default()),
+        config(8_000),
+    );
+    engine.archive = Arc::clone(&archive) as Arc<dyn ContextArchive>;
+    let task = Task {
+        id: TaskId::new(),
+        description: "the task: keep the build green".into(),
+        metadata: serde_json::Value::Null,
+        status: TaskStatus::Created,
+        workspace: "/w".into(),
+    };
+    let result = engine
+        .run(ExecutionId::new(), task, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(result.termination_reason, TerminationReason::Completed);
+    archive.searches.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Relevance recall looks for the words just said only when the archive may hold them: a
+/// fresh run that archived nothing searches nothing (picking the words reads the whole
+/// context, which would cost more at every turn of a long run), and once an output is
+/// archived, every boundary after it that says a new word searches.
+#[tokio::test]
+async fn recall_searches_only_once_something_is_archived() {
+    // Each turn says a word the context does not show (and calls something new: no
+    // stagnation).
+    let turn = |n: u32| {
+        format!(
+            r#"{{"text":"looking for widget{n}q","tool_calls":[{{"name":"shell","arguments":{{"command":"ls part{n}"}}}}]}}"#
+        )
+    };
+    let done = r#"{"text":"done"}"#.to_owned();
+    let nothing_archived: Vec<String> = (0..10).map(turn).chain([done.clone()]).collect();
+    assert_eq!(recall_searches(&nothing_archived).await, 0);
+    let offloaded: Vec<String> = std::iter::once(big(400, "the port is 8443"))
+        .chain((0..10).map(turn))
+        .chain([done])
+        .collect();
+    let searches = recall_searches(&offloaded).await;
+    assert!(searches >= 10, "{searches} searches");
+}

@@ -594,9 +594,15 @@ impl Compactor<'_> {
     /// back too; deterministic for a given archive.
     async fn recall_relevant(&mut self, turn: u32) -> Result<(), Stop> {
         let max_chars = self.budget().recall_chars;
+        // With nothing archived no search can find a line: the words are not picked, which
+        // reads the whole context (a cost that would grow with every turn of a long run
+        // that never compacts).
+        if max_chars == 0 || self.window.compaction.archive_is_empty() {
+            return Ok(());
+        }
         let messages = self.window.messages();
         let start = relevance::new_messages(messages);
-        if max_chars == 0 || start >= messages.len() {
+        if start >= messages.len() {
             return Ok(());
         }
         let (said, rest) = relevance::said(messages, start);

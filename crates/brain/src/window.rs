@@ -41,6 +41,17 @@ pub(crate) struct CompactionState {
     pub(crate) requested: Option<CompactionStrategyRequest>,
     /// Compactions carried out by this run.
     pub(crate) count: u32,
+    /// The run began on a conversation an earlier run left (a resume, a follow-up): the
+    /// archive may hold blocks of this execution that this run did not write.
+    pub(crate) inherited: bool,
+}
+
+impl CompactionState {
+    /// Whether the archive holds nothing of this execution: a fresh run that has archived
+    /// nothing yet (every archive write counts in `archived_blocks`).
+    pub(crate) fn archive_is_empty(&self) -> bool {
+        !self.inherited && self.archived_blocks == 0
+    }
 }
 
 pub(crate) struct Window {
@@ -65,13 +76,17 @@ impl Window {
         capacity: Option<u64>,
     ) -> Self {
         let counts = messages.iter().map(|m| counter.count_message(m)).collect();
+        let compaction = CompactionState {
+            inherited: !messages.is_empty(),
+            ..CompactionState::default()
+        };
         Self {
             messages,
             counts,
             tool_tokens,
             counter,
             capacity: capacity.filter(|c| *c > 0),
-            compaction: CompactionState::default(),
+            compaction,
             protect_from: None,
         }
     }
