@@ -1,5 +1,5 @@
-//! `cargo xtask install-check` (also the last step of `cargo xtask ci` before the real
-//! servers): a `nerve` installed the way the README says carries its sandbox executor and
+//! `cargo xtask install-check` (by hand: not a step of `cargo xtask ci`, whose time it
+//! would nearly double on a fresh machine): a `nerve` installed the way the README says carries its sandbox executor and
 //! needs nothing of the checkout it was built from (issue 30).
 //!
 //! 1. The checkout's files (tracked and untracked, not ignored: what a fresh clone with the

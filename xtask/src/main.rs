@@ -148,10 +148,10 @@ fn ci() -> Result<()> {
             .env(nerve_hands::EXECUTOR_ENV, &executor),
         watchdog::Limits::from_env()?,
     )?;
-    // An installed `nerve` carries its executor and needs nothing of the checkout: a debug
-    // `cargo install` into `<target dir>/install-check` (minutes the first time, then only
-    // what changed), and the demo run (install_check.rs).
-    install_check::install_check(false)?;
+    // `cargo xtask install-check` (an installed `nerve` carries its executor) is not run
+    // here: its `cargo install` resolves the features of `nerve-cli` alone, so it rebuilds
+    // most dependencies, about 30 minutes on a fresh machine; it is run by hand and its
+    // figures are in docs/benchmarks.md.
     // The providers against real servers (llama.cpp's two, LiteLLM): their one-time
     // set-up, cached under ~/.cache/nerve, took about 12 minutes from an empty cache on an
     // idle machine; the tests about 8.
