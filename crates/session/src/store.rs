@@ -198,7 +198,7 @@ struct Head {
 /// readers in other processes proceed while the writer commits.
 #[derive(Debug)]
 pub struct Store {
-    conn: Connection,
+    pub(crate) conn: Connection,
     path: String,
     /// The database's schema version: a read-only store may look at an older database.
     schema: i64,
