@@ -7,6 +7,9 @@ use std::path::Path;
 use nerve_session::Store;
 pub use nerve_session::{TOKEN_PREFIX, TokenRecord};
 
+/// The log's database opened for its tokens ([`open`]).
+pub type TokenStore = Store;
+
 use crate::RuntimeError;
 
 /// What a token may do; each scope includes the ones before it.

@@ -1,0 +1,419 @@
+//! The routes of `/api/v1`: each checks the caller's token first, then does one thing
+//! through the runtime, and answers JSON that went through the redactor. Errors are
+//! `{"error": "one line"}` with the status that says whose fault it was.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use nerve_core::{ExecutionId, Redactor};
+use nerve_runtime::config::Config;
+use nerve_runtime::launch::{ContinueRequest, RunRequest};
+use nerve_runtime::log::{Reader, SessionError};
+use nerve_runtime::resume::Approved;
+use nerve_runtime::tokens::Scope;
+use nerve_runtime::{ErrorKind, RuntimeError};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::Settings;
+use crate::auth::authorize;
+use crate::runs::Runs;
+
+/// What every route shares.
+#[derive(Debug)]
+pub(crate) struct App {
+    pub(crate) db: &'static Path,
+    pub(crate) config: &'static Config,
+    pub(crate) settings: Settings,
+    /// The log's database, for the tokens (one connection: each use is one short statement).
+    pub(crate) tokens: Mutex<nerve_runtime::tokens::TokenStore>,
+    /// The configuration's secrets: every answer goes through it.
+    pub(crate) redactor: Arc<Redactor>,
+    pub(crate) runs: Runs,
+}
+
+/// A refused or failed request: its status and one line saying why.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl std::fmt::Display) -> Self {
+        Self {
+            status,
+            message: message.to_string(),
+        }
+    }
+}
+
+impl From<RuntimeError> for ApiError {
+    fn from(error: RuntimeError) -> Self {
+        let status = match error.kind() {
+            ErrorKind::Usage | ErrorKind::Engine => StatusCode::BAD_REQUEST,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
+            ErrorKind::Provider | ErrorKind::Sandbox | ErrorKind::Log => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ErrorKind::Config | ErrorKind::Failed => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self::new(status, error)
+    }
+}
+
+impl From<SessionError> for ApiError {
+    fn from(error: SessionError) -> Self {
+        match error {
+            SessionError::UnknownExecution(_) => Self::new(StatusCode::NOT_FOUND, error),
+            other => RuntimeError::from(other).into(),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    /// axum's status (413 over the body limit, 415 without a JSON content type, 400 or
+    /// 422 for a body that is not the route's object), with its text as one line.
+    fn from(rejection: JsonRejection) -> Self {
+        let text = rejection.body_text();
+        Self::new(rejection.status(), text.lines().next().unwrap_or_default())
+    }
+}
+
+type Answer = Result<(StatusCode, Value), ApiError>;
+
+impl App {
+    /// `value` (or the error) as a JSON response, through the redactor.
+    pub(crate) fn respond(&self, answer: Answer) -> Response {
+        let (status, value) = match answer {
+            Ok(answer) => answer,
+            Err(error) => (error.status, json!({ "error": error.message })),
+        };
+        let body = self.redactor.redact(&value.to_string()).into_owned();
+        let mut response = (status, body).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}
+
+/// The API's routes. No CORS layer: a browser on another origin gets no
+/// `Access-Control-Allow-Origin`, so it cannot read an answer nor send a JSON body.
+pub(crate) fn router(app: Arc<App>) -> Router {
+    let limit = app.settings.body_limit;
+    Router::new()
+        .route("/api/v1/executions", get(list).post(create))
+        .route("/api/v1/executions/{id}", get(show))
+        .route("/api/v1/executions/{id}/messages", post(message))
+        .route("/api/v1/executions/{id}/cancel", post(cancel))
+        .route("/api/v1/executions/{id}/approvals", post(approval))
+        .route("/api/v1/executions/{id}/events", get(crate::events::stream))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+async fn not_found(State(app): State<Arc<App>>) -> Response {
+    app.respond(Err(ApiError::new(StatusCode::NOT_FOUND, "no such route (see docs/api.md)")))
+}
+
+/// The execution `id` names (a whole id).
+pub(crate) fn execution_id(id: &str) -> Result<ExecutionId, ApiError> {
+    id.parse()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("execution id {id:?}: {e}")))
+}
+
+/// Runs `read` with the log's reader on a blocking thread: the SQLite reader holds a
+/// connection that is not `Sync`, so its futures cannot run on the async workers.
+pub(crate) async fn read<T, F, Fut>(db: &'static Path, read: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(Reader) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T, ApiError>>,
+{
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        handle.block_on(async move {
+            let reader = nerve_runtime::log::reader(db).await?;
+            read(reader).await
+        })
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("a log read failed: {e}")))?
+}
+
+async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let answer = async {
+        authorize(&app, &headers, Scope::Read)?;
+        let executions = read(app.db, |reader| async move {
+            Ok(reader.executions().await?)
+        })
+        .await?;
+        Ok((StatusCode::OK, json!({ "executions": executions })))
+    };
+    app.respond(answer.await)
+}
+
+async fn show(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    let answer = async {
+        authorize(&app, &headers, Scope::Read)?;
+        let execution = execution_id(&id)?;
+        let replayed = read(app.db, move |reader| async move {
+            let replayed = reader.replay(execution).await?;
+            Ok(nerve_runtime::views::json::replay_json(&replayed))
+        })
+        .await?;
+        Ok((StatusCode::OK, replayed))
+    };
+    app.respond(answer.await)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Create {
+    workspace: PathBuf,
+    task: String,
+    provider: Option<String>,
+}
+
+async fn create(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Result<Json<Create>, JsonRejection>,
+) -> Response {
+    let answer = async {
+        authorize(&app, &headers, Scope::Run)?;
+        let Json(body) = body?;
+        let workspace = nerve_runtime::launch::validate_workspace(&body.workspace)?;
+        let settings = &app.settings;
+        if !settings
+            .workspace_roots
+            .iter()
+            .any(|root| workspace.starts_with(root))
+        {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "workspace {} is not under a --workspace-root of this server (roots: {})",
+                    workspace.display(),
+                    roots(settings)
+                ),
+            ));
+        }
+        let run = &settings.run;
+        let provider = match body.provider {
+            None => run.provider.clone(),
+            Some(asked) if asked == run.provider || settings.allowed_providers.contains(&asked) => {
+                asked
+            }
+            Some(asked) => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "provider {asked:?} is not allowed by this server's settings (--provider, --allow-provider)"
+                    ),
+                ));
+            }
+        };
+        if body.task.trim().is_empty() {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "the task is empty"));
+        }
+        let request = RunRequest {
+            workspace,
+            task: body.task,
+            provider,
+            model: run.model.clone(),
+            loop_type: run.loop_type,
+            complexity: run.complexity,
+            max_turns: run.max_turns,
+            timeout_secs: run.timeout_secs,
+            budget_usd: run.budget_usd,
+            budget_tokens: run.budget_tokens,
+            context_window: run.context_window,
+            image: run.image.clone(),
+        };
+        let execution = ExecutionId::new();
+        let (launch, start) =
+            nerve_runtime::launch::fresh(&request, app.db, app.config, execution).await?;
+        app.runs.start(launch, start).await;
+        Ok((StatusCode::CREATED, json!({ "execution_id": execution })))
+    };
+    app.respond(answer.await)
+}
+
+fn roots(settings: &Settings) -> String {
+    if settings.workspace_roots.is_empty() {
+        return "none".to_owned();
+    }
+    settings
+        .workspace_roots
+        .iter()
+        .map(|root| root.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Message {
+    text: String,
+}
+
+async fn message(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+    body: Result<Json<Message>, JsonRejection>,
+) -> Response {
+    let answer = async {
+        authorize(&app, &headers, Scope::Run)?;
+        let execution = execution_id(&id)?;
+        let Json(body) = body?;
+        if body.text.trim().is_empty() {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "the message is empty"));
+        }
+        refuse_running(&app, execution)?;
+        let run = &app.settings.run;
+        let request = ContinueRequest {
+            message: body.text,
+            workspace: None,
+            provider: None,
+            loop_type: run.loop_type,
+            max_turns: run.max_turns,
+            image: run.image.clone(),
+        };
+        let (launch, start) = nerve_runtime::launch::continued(
+            request,
+            app.db,
+            app.config,
+            &execution.to_string(),
+        )
+        .await?;
+        if !app.runs.start(launch, start).await {
+            refuse_running(&app, execution)?;
+        }
+        Ok((StatusCode::ACCEPTED, json!({ "execution_id": execution })))
+    };
+    app.respond(answer.await)
+}
+
+/// 409 while `execution` runs in this server.
+fn refuse_running(app: &App, execution: ExecutionId) -> Result<(), ApiError> {
+    if app.runs.is_running(execution) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("execution {execution} is running: wait for its finish event"),
+        ));
+    }
+    Ok(())
+}
+
+async fn cancel(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    let answer = async {
+        authorize(&app, &headers, Scope::Run)?;
+        let execution = execution_id(&id)?;
+        if app.runs.cancel(execution) {
+            return Ok((
+                StatusCode::ACCEPTED,
+                json!({ "execution_id": execution, "cancel": "requested" }),
+            ));
+        }
+        if nerve_runtime::log::is_postgres(app.db) {
+            let (_, done) = nerve_runtime::queue::cancel(app.db, &execution.to_string()).await?;
+            let done = match done {
+                nerve_runtime::queue::Cancel::Queued => "cancelled",
+                nerve_runtime::queue::Cancel::Requested => "requested",
+            };
+            return Ok((
+                StatusCode::ACCEPTED,
+                json!({ "execution_id": execution, "cancel": done }),
+            ));
+        }
+        Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("execution {execution} is not running in this server"),
+        ))
+    };
+    app.respond(answer.await)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Decision {
+    call_id: String,
+    decision: Decided,
+    reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Decided {
+    Allow,
+    Deny,
+}
+
+async fn approval(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+    body: Result<Json<Decision>, JsonRejection>,
+) -> Response {
+    let answer = async {
+        let token = authorize(&app, &headers, Scope::Approve)?;
+        let execution = execution_id(&id)?;
+        let Json(body) = body?;
+        let deny = matches!(body.decision, Decided::Deny);
+        let reason = body
+            .reason
+            .unwrap_or_else(|| format!("decided through the HTTP API (token {token})"));
+        let (_, next) = nerve_runtime::resume::approve_call(
+            app.db,
+            &execution.to_string(),
+            &body.call_id,
+            deny,
+            Some(reason),
+        )
+        .await?;
+        // Decided in full: this server resumes it (a fleet's worker does, once requeued).
+        let resumed = match next {
+            Some(Approved::ToResume) => {
+                let resumable =
+                    nerve_runtime::resume::resumable(app.db, &execution.to_string()).await?;
+                let (launch, start) =
+                    nerve_runtime::launch::resumed(app.db, app.config, resumable, None, None)
+                        .await?;
+                app.runs.start(launch, start).await
+            }
+            Some(Approved::Requeued) | None => false,
+        };
+        Ok((
+            StatusCode::OK,
+            json!({
+                "execution_id": execution,
+                "call_id": body.call_id,
+                "decision": if deny { "deny" } else { "allow" },
+                "resumed": resumed,
+                "requeued": matches!(next, Some(Approved::Requeued)),
+            }),
+        ))
+    };
+    app.respond(answer.await)
+}
