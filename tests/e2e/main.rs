@@ -32,6 +32,7 @@ mod rewind;
 mod sandbox;
 mod sandbox_env;
 mod sandbox_python;
+mod serve;
 mod stream;
 mod support;
 mod traces;
