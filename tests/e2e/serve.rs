@@ -5,14 +5,13 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
 use crate::parked::ASK_BEFORE_SED;
 use crate::support::{
-    PATIENCE, Running, copy_example, docker_available, nerve, root, spawn_nerve_env, stderr,
-    stdout,
+    PATIENCE, Running, copy_example, docker_available, nerve, root, spawn_nerve_env, stderr, stdout,
 };
 
 /// A secret the server's environment registers with the redactor (as a provider key).
@@ -28,7 +27,9 @@ fn serve(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
     let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
     let mut process = spawn_nerve_env(db, &all, env);
-    process.wait_for_stderr("the server's address", |e| e.contains("listening on http://"));
+    process.wait_for_stderr("the server's address", |e| {
+        e.contains("listening on http://")
+    });
     let stderr = process.stderr_so_far();
     let addr = stderr
         .split("listening on http://")
@@ -178,11 +179,7 @@ fn every_route_refuses_without_a_token_with_a_weak_scope_or_once_revoked() {
     let run = token(&db, "runner", "run");
     let approve = token(&db, "approver", "approve");
     let roots = dir.path().to_str().unwrap();
-    let mut served = serve(
-        &db,
-        &["--workspace-root", roots, "--max-body", "1024"],
-        &[],
-    );
+    let mut served = serve(&db, &["--workspace-root", roots, "--max-body", "1024"], &[]);
     let addr = served.addr.clone();
     let id = "01a2213d-f2a1-76d4-9b21-7fda99b76c0c";
     let weaker = |scope: &str| match scope {
@@ -193,10 +190,30 @@ fn every_route_refuses_without_a_token_with_a_weak_scope_or_once_revoked() {
     let routes = [
         ("GET", "/api/v1/executions".to_owned(), "read", None),
         ("GET", format!("/api/v1/executions/{id}"), "read", None),
-        ("GET", format!("/api/v1/executions/{id}/events"), "read", None),
-        ("POST", "/api/v1/executions".to_owned(), "run", Some(r#"{"workspace":"/","task":"t"}"#)),
-        ("POST", format!("/api/v1/executions/{id}/messages"), "run", Some(r#"{"text":"t"}"#)),
-        ("POST", format!("/api/v1/executions/{id}/cancel"), "run", None),
+        (
+            "GET",
+            format!("/api/v1/executions/{id}/events"),
+            "read",
+            None,
+        ),
+        (
+            "POST",
+            "/api/v1/executions".to_owned(),
+            "run",
+            Some(r#"{"workspace":"/","task":"t"}"#),
+        ),
+        (
+            "POST",
+            format!("/api/v1/executions/{id}/messages"),
+            "run",
+            Some(r#"{"text":"t"}"#),
+        ),
+        (
+            "POST",
+            format!("/api/v1/executions/{id}/cancel"),
+            "run",
+            None,
+        ),
         (
             "POST",
             format!("/api/v1/executions/{id}/approvals"),
@@ -207,21 +224,32 @@ fn every_route_refuses_without_a_token_with_a_weak_scope_or_once_revoked() {
     for (method, path, scope, body) in &routes {
         let (status, answer) = request(&addr, method, path, None, *body);
         assert_eq!(status, 401, "{method} {path} without a token: {answer}");
-        assert!(json_of(&answer)["error"].as_str().unwrap().contains("Bearer"));
+        assert!(
+            json_of(&answer)["error"]
+                .as_str()
+                .unwrap()
+                .contains("Bearer")
+        );
         let (status, _) = request(&addr, method, path, Some("nerve_0000"), *body);
         assert_eq!(status, 401, "{method} {path} with an unknown token");
         if let Some(weak) = weaker(scope) {
             let (status, answer) = request(&addr, method, path, Some(weak), *body);
             assert_eq!(status, 403, "{method} {path} with a weaker scope: {answer}");
             assert!(
-                json_of(&answer)["error"].as_str().unwrap().contains(&format!("needs {scope}")),
+                json_of(&answer)["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!("needs {scope}")),
                 "{answer}"
             );
         }
     }
     // A strong enough token passes the check (and meets the route's own answer).
     let (status, answer) = request(&addr, "GET", "/api/v1/executions", Some(&approve), None);
-    assert_eq!((status, json_of(&answer)), (200, json!({ "executions": [] })));
+    assert_eq!(
+        (status, json_of(&answer)),
+        (200, json!({ "executions": [] }))
+    );
     let (status, answer) = request(
         &addr,
         "POST",
@@ -251,7 +279,10 @@ fn every_route_refuses_without_a_token_with_a_weak_scope_or_once_revoked() {
         .iter()
         .find(|t| t["name"] == "reader")
         .unwrap();
-    assert!(reader["revoked_at"].is_string() && reader["last_used_at"].is_string(), "{reader}");
+    assert!(
+        reader["revoked_at"].is_string() && reader["last_used_at"].is_string(),
+        "{reader}"
+    );
     assert!(!stdout(&nerve(&db, &["token", "list"])).contains(&read));
     served.process.assert_alive("the end of the test");
 }
@@ -262,12 +293,22 @@ fn serve_refuses_a_network_address_without_tls_and_bad_token_input() {
     let db = dir.path().join("nerve.db");
     let refused = nerve(&db, &["serve", "--listen", "0.0.0.0:0"]);
     assert_eq!(refused.status.code(), Some(2));
-    assert!(stderr(&refused).contains("without TLS"), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("without TLS"),
+        "{}",
+        stderr(&refused)
+    );
     assert_eq!(stderr(&refused).lines().count(), 1);
-    let bad = nerve(&db, &["token", "create", "--name", "two words", "--scope", "read"]);
+    let bad = nerve(
+        &db,
+        &["token", "create", "--name", "two words", "--scope", "read"],
+    );
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     token(&db, "once", "read");
-    let again = nerve(&db, &["token", "create", "--name", "once", "--scope", "read"]);
+    let again = nerve(
+        &db,
+        &["token", "create", "--name", "once", "--scope", "read"],
+    );
     assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
     let missing = nerve(&db, &["token", "revoke", "nobody"]);
     assert_eq!(missing.status.code(), Some(2), "{}", stderr(&missing));
@@ -320,7 +361,10 @@ fn an_execution_made_over_the_api_streams_resumes_exactly_once_and_leaks_no_secr
     .to_string();
     let (status, answer) = request(addr, "POST", "/api/v1/executions", Some(&run), Some(&body));
     assert_eq!(status, 201, "{answer}");
-    let id = json_of(&answer)["execution_id"].as_str().unwrap().to_owned();
+    let id = json_of(&answer)["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     // Interrupted after 9 events (mid-run: every answer takes 300 ms), resumed after the
     // last one seen.
@@ -333,7 +377,10 @@ fn an_execution_made_over_the_api_streams_resumes_exactly_once_and_leaks_no_secr
     assert_eq!(seqs, expected, "every event exactly once, in order");
     let (_, finish) = rest.last().unwrap();
     assert_eq!(finish["kind"], "finish");
-    assert_eq!(finish["payload"]["termination_reason"], "completed", "{finish}");
+    assert_eq!(
+        finish["payload"]["termination_reason"], "completed",
+        "{finish}"
+    );
     // A client that saw the finish event gets an empty stream that ends.
     let (after_end, _) = events(addr, &id, &run, Some(*seqs.last().unwrap()), None);
     assert!(after_end.is_empty());
@@ -346,7 +393,13 @@ fn an_execution_made_over_the_api_streams_resumes_exactly_once_and_leaks_no_secr
     let (status, list) = request(addr, "GET", "/api/v1/executions", Some(&run), None);
     assert_eq!(status, 200);
     assert_eq!(json_of(&list)["executions"][0]["execution_id"], id.as_str());
-    let (status, show) = request(addr, "GET", &format!("/api/v1/executions/{id}"), Some(&run), None);
+    let (status, show) = request(
+        addr,
+        "GET",
+        &format!("/api/v1/executions/{id}"),
+        Some(&run),
+        None,
+    );
     assert_eq!(status, 200);
     let shown = json_of(&show);
     let cli_show = json_of(&stdout(&nerve(&db, &["show", &id, "--json"])));
@@ -357,7 +410,10 @@ fn an_execution_made_over_the_api_streams_resumes_exactly_once_and_leaks_no_secr
     // task), and reached no answer.
     let everything = [first_raw, rest_raw, list, show].join("\n");
     assert!(everything.contains("[REDACTED"), "nothing was redacted");
-    assert!(!everything.contains(SECRET), "the secret reached a response");
+    assert!(
+        !everything.contains(SECRET),
+        "the secret reached a response"
+    );
     assert!(
         std::fs::read_to_string(workspace.join("greet.sh"))
             .unwrap()
@@ -397,21 +453,42 @@ fn a_parked_call_is_approved_over_the_api_and_runs() {
     let body = json!({ "workspace": workspace, "task": "fix greet.sh" }).to_string();
     let (status, answer) = request(addr, "POST", "/api/v1/executions", Some(&run), Some(&body));
     assert_eq!(status, 201, "{answer}");
-    let id = json_of(&answer)["execution_id"].as_str().unwrap().to_owned();
+    let id = json_of(&answer)["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let (parked, _) = events(addr, &id, &run, None, None);
     let (parked_at, finish) = parked.last().unwrap();
-    assert_eq!(finish["payload"]["termination_reason"], "parked", "{finish}");
+    assert_eq!(
+        finish["payload"]["termination_reason"], "parked",
+        "{finish}"
+    );
     let asked = parked
         .iter()
         .find(|(_, e)| e["kind"] == "approval_requested")
         .unwrap();
-    let call_id = asked.1["payload"]["call"]["id"].as_str().unwrap().to_owned();
+    let call_id = asked.1["payload"]["call"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     let approvals = format!("/api/v1/executions/{id}/approvals");
     let decide = |call: &str| json!({ "call_id": call, "decision": "allow" }).to_string();
-    let (status, _) = request(addr, "POST", &approvals, Some(&run), Some(&decide(&call_id)));
+    let (status, _) = request(
+        addr,
+        "POST",
+        &approvals,
+        Some(&run),
+        Some(&decide(&call_id)),
+    );
     assert_eq!(status, 403);
-    let (status, answer) = request(addr, "POST", &approvals, Some(&approve), Some(&decide("nope")));
+    let (status, answer) = request(
+        addr,
+        "POST",
+        &approvals,
+        Some(&approve),
+        Some(&decide("nope")),
+    );
     assert_eq!(status, 404, "{answer}");
     let (status, answer) = request(
         addr,
@@ -421,7 +498,13 @@ fn a_parked_call_is_approved_over_the_api_and_runs() {
         Some(r#"{"call_id":"x","decision":"maybe"}"#),
     );
     assert_eq!(status, 422, "{answer}");
-    let (status, answer) = request(addr, "POST", &approvals, Some(&approve), Some(&decide(&call_id)));
+    let (status, answer) = request(
+        addr,
+        "POST",
+        &approvals,
+        Some(&approve),
+        Some(&decide(&call_id)),
+    );
     assert_eq!(status, 200, "{answer}");
     assert_eq!(json_of(&answer)["resumed"], true, "{answer}");
 
@@ -430,13 +513,22 @@ fn a_parked_call_is_approved_over_the_api_and_runs() {
     assert_eq!(resumed.first().unwrap().0, parked_at + 1);
     assert!(resumed.iter().any(|(_, e)| e["kind"] == "approval_decided"));
     let (_, finish) = resumed.last().unwrap();
-    assert_eq!(finish["payload"]["termination_reason"], "completed", "{finish}");
+    assert_eq!(
+        finish["payload"]["termination_reason"], "completed",
+        "{finish}"
+    );
     assert!(
         std::fs::read_to_string(workspace.join("greet.sh"))
             .unwrap()
             .contains("Hello, Nerve!")
     );
     // A finished execution is not running: nothing to cancel here.
-    let (status, _) = request(addr, "POST", &format!("/api/v1/executions/{id}/cancel"), Some(&run), None);
+    let (status, _) = request(
+        addr,
+        "POST",
+        &format!("/api/v1/executions/{id}/cancel"),
+        Some(&run),
+        None,
+    );
     assert_eq!(status, 409);
 }

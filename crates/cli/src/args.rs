@@ -497,7 +497,12 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "NAME")]
     pub(crate) model: Option<String>,
     /// How the agent works (see docs/loops.md).
-    #[arg(long = "loop", value_name = "LOOP", value_enum, default_value = "react")]
+    #[arg(
+        long = "loop",
+        value_name = "LOOP",
+        value_enum,
+        default_value = "react"
+    )]
     pub(crate) loop_type: LoopArg,
     /// How hard the tasks are, which `--loop auto` uses to choose a loop.
     #[arg(long, value_name = "LEVEL", value_enum)]

@@ -33,9 +33,7 @@ pub(crate) async fn serve(
         body_limit: args.max_body,
         allowed_providers: args.allowed_providers,
         run: nerve_serve::RunDefaults {
-            provider: args
-                .provider
-                .unwrap_or_else(|| DEFAULT_PROVIDER.to_owned()),
+            provider: args.provider.unwrap_or_else(|| DEFAULT_PROVIDER.to_owned()),
             model: args.model,
             loop_type: crate::run::loop_type(args.loop_type),
             complexity: args.complexity.map(crate::run::complexity),

@@ -52,9 +52,7 @@ impl std::str::FromStr for Scope {
             .into_iter()
             .find(|scope| scope.name() == s)
             .ok_or_else(|| {
-                RuntimeError::usage(format!(
-                    "unknown scope {s:?}: read, run, approve or admin"
-                ))
+                RuntimeError::usage(format!("unknown scope {s:?}: read, run, approve or admin"))
             })
     }
 }

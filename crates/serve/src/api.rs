@@ -1,111 +1,25 @@
 //! The routes of `/api/v1`: each checks the caller's token first, then does one thing
-//! through the runtime, and answers JSON that went through the redactor. Errors are
-//! `{"error": "one line"}` with the status that says whose fault it was.
+//! through the runtime, and answers JSON that went through the redactor.
 
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use nerve_core::{ExecutionId, Redactor};
-use nerve_runtime::config::Config;
+use nerve_core::ExecutionId;
 use nerve_runtime::launch::{ContinueRequest, RunRequest};
-use nerve_runtime::log::{Reader, SessionError};
 use nerve_runtime::resume::Approved;
 use nerve_runtime::tokens::Scope;
-use nerve_runtime::{ErrorKind, RuntimeError};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::Settings;
+use crate::app::{ApiError, App, execution_id, read};
 use crate::auth::authorize;
-use crate::runs::Runs;
-
-/// What every route shares.
-#[derive(Debug)]
-pub(crate) struct App {
-    pub(crate) db: &'static Path,
-    pub(crate) config: &'static Config,
-    pub(crate) settings: Settings,
-    /// The log's database, for the tokens (one connection: each use is one short statement).
-    pub(crate) tokens: Mutex<nerve_runtime::tokens::TokenStore>,
-    /// The configuration's secrets: every answer goes through it.
-    pub(crate) redactor: Arc<Redactor>,
-    pub(crate) runs: Runs,
-}
-
-/// A refused or failed request: its status and one line saying why.
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-impl ApiError {
-    pub(crate) fn new(status: StatusCode, message: impl std::fmt::Display) -> Self {
-        Self {
-            status,
-            message: message.to_string(),
-        }
-    }
-}
-
-impl From<RuntimeError> for ApiError {
-    fn from(error: RuntimeError) -> Self {
-        let status = match error.kind() {
-            ErrorKind::Usage | ErrorKind::Engine => StatusCode::BAD_REQUEST,
-            ErrorKind::NotFound => StatusCode::NOT_FOUND,
-            ErrorKind::Conflict => StatusCode::CONFLICT,
-            ErrorKind::Provider | ErrorKind::Sandbox | ErrorKind::Log => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ErrorKind::Config | ErrorKind::Failed => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        Self::new(status, error)
-    }
-}
-
-impl From<SessionError> for ApiError {
-    fn from(error: SessionError) -> Self {
-        match error {
-            SessionError::UnknownExecution(_) => Self::new(StatusCode::NOT_FOUND, error),
-            other => RuntimeError::from(other).into(),
-        }
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    /// axum's status (413 over the body limit, 415 without a JSON content type, 400 or
-    /// 422 for a body that is not the route's object), with its text as one line.
-    fn from(rejection: JsonRejection) -> Self {
-        let text = rejection.body_text();
-        Self::new(rejection.status(), text.lines().next().unwrap_or_default())
-    }
-}
-
-type Answer = Result<(StatusCode, Value), ApiError>;
-
-impl App {
-    /// `value` (or the error) as a JSON response, through the redactor.
-    pub(crate) fn respond(&self, answer: Answer) -> Response {
-        let (status, value) = match answer {
-            Ok(answer) => answer,
-            Err(error) => (error.status, json!({ "error": error.message })),
-        };
-        let body = self.redactor.redact(&value.to_string()).into_owned();
-        let mut response = (status, body).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        response
-    }
-}
 
 /// The API's routes. No CORS layer: a browser on another origin gets no
 /// `Access-Control-Allow-Origin`, so it cannot read an answer nor send a JSON body.
@@ -124,40 +38,19 @@ pub(crate) fn router(app: Arc<App>) -> Router {
 }
 
 async fn not_found(State(app): State<Arc<App>>) -> Response {
-    app.respond(Err(ApiError::new(StatusCode::NOT_FOUND, "no such route (see docs/api.md)")))
-}
-
-/// The execution `id` names (a whole id).
-pub(crate) fn execution_id(id: &str) -> Result<ExecutionId, ApiError> {
-    id.parse()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("execution id {id:?}: {e}")))
-}
-
-/// Runs `read` with the log's reader on a blocking thread: the SQLite reader holds a
-/// connection that is not `Sync`, so its futures cannot run on the async workers.
-pub(crate) async fn read<T, F, Fut>(db: &'static Path, read: F) -> Result<T, ApiError>
-where
-    T: Send + 'static,
-    F: FnOnce(Reader) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<T, ApiError>>,
-{
-    let handle = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        handle.block_on(async move {
-            let reader = nerve_runtime::log::reader(db).await?;
-            read(reader).await
-        })
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("a log read failed: {e}")))?
+    app.respond(Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no such route (see docs/api.md)",
+    )))
 }
 
 async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let answer = async {
         authorize(&app, &headers, Scope::Read)?;
-        let executions = read(app.db, |reader| async move {
-            Ok(reader.executions().await?)
-        })
+        let executions = read(
+            app.db,
+            |reader| async move { Ok(reader.executions().await?) },
+        )
         .await?;
         Ok((StatusCode::OK, json!({ "executions": executions })))
     };
@@ -284,7 +177,10 @@ async fn message(
         let execution = execution_id(&id)?;
         let Json(body) = body?;
         if body.text.trim().is_empty() {
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, "the message is empty"));
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "the message is empty",
+            ));
         }
         refuse_running(&app, execution)?;
         let run = &app.settings.run;
@@ -296,13 +192,9 @@ async fn message(
             max_turns: run.max_turns,
             image: run.image.clone(),
         };
-        let (launch, start) = nerve_runtime::launch::continued(
-            request,
-            app.db,
-            app.config,
-            &execution.to_string(),
-        )
-        .await?;
+        let (launch, start) =
+            nerve_runtime::launch::continued(request, app.db, app.config, &execution.to_string())
+                .await?;
         if !app.runs.start(launch, start).await {
             refuse_running(&app, execution)?;
         }

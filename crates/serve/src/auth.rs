@@ -6,14 +6,16 @@
 use axum::http::{HeaderMap, StatusCode, header};
 use nerve_runtime::tokens::Scope;
 
-use crate::api::{ApiError, App};
+use crate::app::{ApiError, App};
 
 /// The token's name when the request's token is live and its scope at least `needed`.
 pub(crate) fn authorize(app: &App, headers: &HeaderMap, needed: Scope) -> Result<String, ApiError> {
     let unauthorized = |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, why);
     let token = headers
         .get(header::AUTHORIZATION)
-        .ok_or_else(|| unauthorized("this route needs an Authorization: Bearer token (`nerve token create`)"))?
+        .ok_or_else(|| {
+            unauthorized("this route needs an Authorization: Bearer token (`nerve token create`)")
+        })?
         .to_str()
         .ok()
         .and_then(|value| value.strip_prefix("Bearer "))

@@ -19,7 +19,7 @@ use nerve_runtime::log::SessionError;
 use nerve_runtime::tokens::Scope;
 use tokio::sync::mpsc;
 
-use crate::api::{ApiError, App, execution_id};
+use crate::app::{ApiError, App, execution_id};
 use crate::auth::authorize;
 
 /// How often the log is read for new events.
@@ -38,7 +38,7 @@ pub(crate) async fn stream(
         let after = last_event_id(&headers)?;
         // Known before the stream starts: a 404 is a status, not an empty stream.
         let known = app.runs.is_running(execution)
-            || crate::api::read(app.db, move |reader| async move {
+            || crate::app::read(app.db, move |reader| async move {
                 match reader.events_after(execution, 0).await {
                     Ok(events) => Ok(!events.is_empty()),
                     Err(SessionError::UnknownExecution(_)) => Ok(false),

@@ -4,7 +4,8 @@
 //! through the runtime's reader, and every answer goes out through the configuration's
 //! redactor. Routing, extraction, body limits and Server-Sent Events are axum's.
 //!
-//! - `api`: the routes of `/api/v1`, their JSON and their errors.
+//! - `api`: the routes of `/api/v1`.
+//! - `app`: what the routes share: the state, errors as JSON, the redacted answers.
 //! - `auth`: `Authorization: Bearer` tokens checked against the log's `api_tokens`.
 //! - `runs`: the executions this server runs, by id, for `cancel` and for a stream to wait
 //!   on an execution that has not written its first event yet.
@@ -14,6 +15,7 @@
 //! one another, no CORS, bounded bodies, loopback unless `--insecure-http`.
 
 mod api;
+mod app;
 mod auth;
 mod events;
 mod runs;
@@ -79,7 +81,7 @@ pub enum ServeError {
 #[derive(Debug)]
 pub struct Server {
     listener: tokio::net::TcpListener,
-    app: Arc<api::App>,
+    app: Arc<app::App>,
 }
 
 impl Server {
@@ -110,7 +112,7 @@ impl Server {
         // the log's path and the configuration for as long as they run.
         let db: &'static Path = Box::leak(db.into_boxed_path());
         let config: &'static Config = Box::leak(Box::new(config));
-        let app = Arc::new(api::App {
+        let app = Arc::new(app::App {
             db,
             config,
             settings: Settings {

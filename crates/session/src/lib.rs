@@ -31,8 +31,8 @@ pub use replay::{
     COMPLETE_AT, CheckpointMark, CompactionRecord, Gap, GapKind, PendingApproval, ProxyTally,
     Replay, ResumeMark, WorkspaceHistory, replay,
 };
-pub use tokens::{TOKEN_PREFIX, TokenRecord};
 pub use store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint};
+pub use tokens::{TOKEN_PREFIX, TokenRecord};
 pub use transfer::{
     EXPORT_FORMAT, EXPORT_VERSION, ExecutionLog, ImportError, LoggedEvent, parse_log, write_log,
 };

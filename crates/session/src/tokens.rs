@@ -27,7 +27,10 @@ pub struct TokenRecord {
 
 /// The stored form of `token`: its SHA-256, in hex.
 fn digest(token: &str) -> String {
-    hex::encode(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()))
+    hex::encode(ring::digest::digest(
+        &ring::digest::SHA256,
+        token.as_bytes(),
+    ))
 }
 
 impl Store {
@@ -42,9 +45,11 @@ impl Store {
     /// outside the caller); `None` when a token (live or revoked) has that name.
     pub fn create_token(&self, name: &str, scope: &str) -> Result<Option<String>, SessionError> {
         let mut bytes = [0u8; 32];
-        ring::rand::SystemRandom::new().fill(&mut bytes).map_err(|_| {
-            SessionError::Corrupt("the operating system gave no randomness for a token".into())
-        })?;
+        ring::rand::SystemRandom::new()
+            .fill(&mut bytes)
+            .map_err(|_| {
+                SessionError::Corrupt("the operating system gave no randomness for a token".into())
+            })?;
         let token = format!("{TOKEN_PREFIX}{}", hex::encode(bytes));
         let inserted = self
             .conn
