@@ -522,13 +522,75 @@ fn a_parked_call_is_approved_over_the_api_and_runs() {
             .unwrap()
             .contains("Hello, Nerve!")
     );
-    // A finished execution is not running: nothing to cancel here.
-    let (status, _) = request(
+    // A message to it is its next turn; the cassette has its answer.
+    let (status, answer) = request(
         addr,
         "POST",
-        &format!("/api/v1/executions/{id}/cancel"),
+        &format!("/api/v1/executions/{id}/messages"),
         Some(&run),
-        None,
+        Some(r#"{"text":"anything else?"}"#),
     );
-    assert_eq!(status, 409);
+    assert_eq!(status, 202, "{answer}");
+    let last = resumed.last().unwrap().0;
+    let (followed, _) = events(addr, &id, &run, Some(last), None);
+    let (_, finish) = followed.last().unwrap();
+    assert_eq!(
+        finish["payload"]["termination_reason"], "completed",
+        "{finish}"
+    );
+}
+
+#[test]
+fn a_running_execution_is_cancelled_over_the_api() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let workspace = copy_example("demo", dir.path());
+    let provider = format!("script:{}", slow_cassette(dir.path()).display());
+    let run = token(&db, "runner", "run");
+    let served = serve(
+        &db,
+        &[
+            "--workspace-root",
+            dir.path().to_str().unwrap(),
+            "--provider",
+            &provider,
+        ],
+        &[],
+    );
+    let addr = &served.addr;
+    let body = json!({ "workspace": workspace, "task": "fix greet.sh" }).to_string();
+    let (status, answer) = request(addr, "POST", "/api/v1/executions", Some(&run), Some(&body));
+    assert_eq!(status, 201, "{answer}");
+    let id = json_of(&answer)["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (first, _) = events(addr, &id, &run, None, Some(3));
+    let cancel = format!("/api/v1/executions/{id}/cancel");
+    let (status, answer) = request(addr, "POST", &cancel, Some(&run), None);
+    assert_eq!(status, 202, "{answer}");
+    let (rest, _) = events(addr, &id, &run, Some(first.last().unwrap().0), None);
+    let (_, finish) = rest.last().unwrap();
+    assert_eq!(
+        finish["payload"]["termination_reason"], "shutdown",
+        "{finish}"
+    );
+    // Not running here any more: nothing to cancel (once its sandbox is closed).
+    let deadline = Instant::now() + PATIENCE;
+    // Ends: at the 409, or at the deadline (a failure).
+    loop {
+        let (status, _) = request(addr, "POST", &cancel, Some(&run), None);
+        if status == 409 {
+            break;
+        }
+        assert_eq!(status, 202);
+        assert!(
+            Instant::now() < deadline,
+            "still running after its finish event"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }

@@ -182,7 +182,7 @@ async fn message(
                 "the message is empty",
             ));
         }
-        refuse_running(&app, execution)?;
+        refuse_running(&app, execution).await?;
         let run = &app.settings.run;
         let request = ContinueRequest {
             message: body.text,
@@ -196,16 +196,17 @@ async fn message(
             nerve_runtime::launch::continued(request, app.db, app.config, &execution.to_string())
                 .await?;
         if !app.runs.start(launch, start).await {
-            refuse_running(&app, execution)?;
+            refuse_running(&app, execution).await?;
         }
         Ok((StatusCode::ACCEPTED, json!({ "execution_id": execution })))
     };
     app.respond(answer.await)
 }
 
-/// 409 while `execution` runs in this server.
-fn refuse_running(app: &App, execution: ExecutionId) -> Result<(), ApiError> {
-    if app.runs.is_running(execution) {
+/// 409 while `execution` runs in this server (after waiting a little for one that is
+/// closing its sandbox after its finish event).
+async fn refuse_running(app: &App, execution: ExecutionId) -> Result<(), ApiError> {
+    if !app.runs.ended(execution, crate::runs::CLOSING).await {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("execution {execution} is running: wait for its finish event"),
@@ -273,6 +274,8 @@ async fn approval(
         let execution = execution_id(&id)?;
         let Json(body) = body?;
         let deny = matches!(body.decision, Decided::Deny);
+        // Parked a moment ago: its sandbox may still be closing.
+        refuse_running(&app, execution).await?;
         let reason = body
             .reason
             .unwrap_or_else(|| format!("decided through the HTTP API (token {token})"));

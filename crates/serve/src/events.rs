@@ -106,16 +106,19 @@ async fn follow(app: &App, execution: ExecutionId, mut after: u64, sender: &mpsc
             return;
         }
     };
-    // A client that resumes after the finish event has seen everything.
-    if after > 0
-        && let Ok(seen) = reader.events_after(execution, after - 1).await
-        && seen.len() == 1
-        && seen[0].kind == "finish"
-    {
-        return;
-    }
+    // A client that resumes after the finish event has seen everything, unless the
+    // execution runs on here (a message or an approval continued it).
+    let finished = after > 0
+        && reader
+            .events_after(execution, after - 1)
+            .await
+            .is_ok_and(|seen| {
+                seen.first()
+                    .is_some_and(|e| e.seq == after && e.kind == "finish")
+            });
     // Ends: at the finish event, when the client is gone (a send fails or the channel
-    // closed), or when the execution no longer runs here and wrote nothing more.
+    // closed), or when the execution does not run here and the client has seen its finish
+    // (or it has no event at all).
     loop {
         let running = app.runs.is_running(execution);
         let new = match reader.events_after(execution, after).await {
@@ -139,8 +142,9 @@ async fn follow(app: &App, execution: ExecutionId, mut after: u64, sender: &mpsc
                 return;
             }
         }
-        if new.is_empty() && !running && !app.runs.is_running(execution) && after == 0 {
-            // Never started here and no event: a launch that failed before its first.
+        // Not running here and nothing new: the client saw its finish already, or it never
+        // started (a launch that failed before its first event).
+        if new.is_empty() && !running && (finished || after == 0) {
             return;
         }
         tokio::select! {

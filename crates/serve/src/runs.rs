@@ -4,15 +4,28 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use nerve_core::ExecutionId;
 use nerve_runtime::launch::{Launch, Start};
 use nerve_runtime::observer::Unobserved;
 use tokio_util::sync::CancellationToken;
 
+/// How long a request waits for an execution that wrote its finish event to close its
+/// sandbox, before it is refused as still running.
+pub(crate) const CLOSING: Duration = Duration::from_secs(30);
+
+/// An execution running here: its cancellation, and a token cancelled once its task ended
+/// (the sandbox closed after the finish event).
+#[derive(Debug, Clone)]
+struct Running {
+    cancel: CancellationToken,
+    ended: CancellationToken,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Runs {
-    running: Arc<Mutex<HashMap<ExecutionId, CancellationToken>>>,
+    running: Arc<Mutex<HashMap<ExecutionId, Running>>>,
     tasks: tokio::sync::Mutex<tokio::task::JoinSet<()>>,
 }
 
@@ -22,8 +35,19 @@ impl Runs {
         self.lock().contains_key(&execution)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ExecutionId, CancellationToken>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ExecutionId, Running>> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits (up to `within`) for `execution` to stop running here: a request right after
+    /// the finish event finds its sandbox still closing. `false`: it still runs.
+    pub(crate) async fn ended(&self, execution: ExecutionId, within: Duration) -> bool {
+        let Some(ended) = self.lock().get(&execution).map(|r| r.ended.clone()) else {
+            return true;
+        };
+        tokio::time::timeout(within, ended.cancelled())
+            .await
+            .is_ok()
     }
 
     /// Runs `launch` from `start` in a task of its own; `false` when the execution runs
@@ -31,12 +55,19 @@ impl Runs {
     pub(crate) async fn start(&self, launch: Launch<'static>, start: Start) -> bool {
         let execution = launch.execution_id;
         let cancel = CancellationToken::new();
+        let ended = CancellationToken::new();
         {
             let mut running = self.lock();
             if running.contains_key(&execution) {
                 return false;
             }
-            running.insert(execution, cancel.clone());
+            running.insert(
+                execution,
+                Running {
+                    cancel: cancel.clone(),
+                    ended: ended.clone(),
+                },
+            );
         }
         let running = Arc::clone(&self.running);
         let mut tasks = self.tasks.lock().await;
@@ -53,6 +84,7 @@ impl Runs {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&execution);
+            ended.cancel();
         });
         true
     }
@@ -61,14 +93,14 @@ impl Runs {
     pub(crate) fn cancel(&self, execution: ExecutionId) -> bool {
         self.lock()
             .get(&execution)
-            .map(CancellationToken::cancel)
+            .map(|r| r.cancel.cancel())
             .is_some()
     }
 
     /// Cancels every execution and waits for each to stop.
     pub(crate) async fn stop_all(&self) {
-        for token in self.lock().values() {
-            token.cancel();
+        for running in self.lock().values() {
+            running.cancel.cancel();
         }
         let mut tasks = self.tasks.lock().await;
         // Ends: the set only shrinks here, and each task ends once its engine stops.
