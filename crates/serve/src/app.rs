@@ -128,3 +128,36 @@ where
         )
     })?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_errors_answer_with_the_status_of_whose_fault_it_was() {
+        let check = |error: RuntimeError, status: StatusCode| {
+            let message = error.to_string();
+            let answer = ApiError::from(error);
+            assert_eq!((answer.status, answer.message), (status, message));
+        };
+        check(
+            RuntimeError::usage("workspace x: does not exist"),
+            StatusCode::BAD_REQUEST,
+        );
+        check(
+            RuntimeError::NotFound("no execution".into()),
+            StatusCode::NOT_FOUND,
+        );
+        check(RuntimeError::conflict("not parked"), StatusCode::CONFLICT);
+        check(
+            RuntimeError::sandbox("no Docker"),
+            StatusCode::SERVICE_UNAVAILABLE,
+        );
+        check(
+            RuntimeError::failed("disk full"),
+            StatusCode::INTERNAL_SERVER_ERROR,
+        );
+        let unknown = ApiError::from(SessionError::UnknownExecution("e".into()));
+        assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    }
+}

@@ -153,3 +153,32 @@ async fn follow(app: &App, execution: ExecutionId, mut after: u64, sender: &mpsc
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn check(value: Option<&str>, expected: Result<u64, ()>) {
+        let mut headers = HeaderMap::new();
+        if let Some(value) = value {
+            headers.insert("last-event-id", HeaderValue::from_str(value).unwrap());
+        }
+        assert_eq!(
+            last_event_id(&headers).map_err(|_| ()),
+            expected,
+            "{value:?}"
+        );
+    }
+
+    #[test]
+    fn last_event_id_is_a_sequence_number() {
+        check(None, Ok(0));
+        check(Some("42"), Ok(42));
+        check(Some(" 7 "), Ok(7));
+        check(Some("-1"), Err(()));
+        check(Some("seven"), Err(()));
+        check(Some(""), Err(()));
+    }
+}
