@@ -57,18 +57,35 @@ fn request(
     token: Option<&str>,
     body: Option<&str>,
 ) -> (u16, String) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = Vec::new();
+    if let Some(auth) = &auth {
+        headers.push(("Authorization", auth.as_str()));
+    }
+    if method == "POST" {
+        headers.push(("Content-Type", "application/json"));
+    }
+    let (status, _, body) = raw_request(addr, method, path, &headers, body);
+    (status, body)
+}
+
+/// One request with these headers; the status, the response's head and its body.
+fn raw_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(token) = token {
-        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
     }
     let body = body.unwrap_or_default();
     if method == "POST" {
-        head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
     }
     head.push_str("\r\n");
     stream.write_all(head.as_bytes()).unwrap();
@@ -91,7 +108,7 @@ fn request(
     } else {
         body.to_owned()
     };
-    (status, body)
+    (status, head.to_owned(), body)
 }
 
 /// A chunked body's data.
@@ -408,7 +425,21 @@ fn an_execution_made_over_the_api_streams_resumes_exactly_once_and_leaks_no_secr
 
     // The secret was there to leak (in the model's text, the tool's output and the
     // task), and reached no answer.
-    let everything = [first_raw, rest_raw, list, show].join("\n");
+    // The web view's page of it: the transcript, escaped and redacted.
+    let cookie = format!("nerve_token={run}");
+    let (status, _, page) = raw_request(
+        addr,
+        "GET",
+        &format!("/executions/{id}"),
+        &[("Cookie", cookie.as_str())],
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("fix greet.sh") && page.contains("EventSource"),
+        "{page}"
+    );
+    let everything = [first_raw, rest_raw, list, show, page].join("\n");
     assert!(everything.contains("[REDACTED"), "nothing was redacted");
     assert!(
         !everything.contains(SECRET),
@@ -593,4 +624,86 @@ fn a_running_execution_is_cancelled_over_the_api() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+#[test]
+fn the_web_view_logs_in_with_a_token_in_a_strict_cookie_that_only_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let read = token(&db, "viewer", "read");
+    let admin = token(&db, "admin", "admin");
+    let served = serve(
+        &db,
+        &["--workspace-root", dir.path().to_str().unwrap()],
+        &[],
+    );
+    let addr = &served.addr;
+
+    let (status, _, page) = raw_request(addr, "GET", "/", &[], None);
+    assert_eq!(status, 200);
+    assert!(page.contains("name=\"token\""), "{page}");
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let (status, _, page) = raw_request(addr, "POST", "/login", &form, Some("token=nerve_00"));
+    assert_eq!(status, 401);
+    assert!(page.contains("unknown or revoked"), "{page}");
+
+    let (status, head, _) = raw_request(
+        addr,
+        "POST",
+        "/login",
+        &form,
+        Some(&format!("token={read}")),
+    );
+    assert_eq!(status, 303, "{head}");
+    let cookie_line = head
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap();
+    assert!(
+        cookie_line.contains("HttpOnly") && cookie_line.contains("SameSite=Strict"),
+        "{cookie_line}"
+    );
+    let cookie = format!("nerve_token={read}");
+    let with_cookie = [("Cookie", cookie.as_str())];
+    let (status, _, page) = raw_request(addr, "GET", "/", &with_cookie, None);
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("<h1>Executions</h1>") && !page.contains(&read),
+        "{page}"
+    );
+    // The cookie reads the API too, and never authorizes a change (no CSRF).
+    let (status, _, _) = raw_request(addr, "GET", "/api/v1/executions", &with_cookie, None);
+    assert_eq!(status, 200);
+    let mut post = with_cookie.to_vec();
+    post.push(("Content-Type", "application/json"));
+    let (status, _, _) = raw_request(
+        addr,
+        "POST",
+        "/api/v1/executions",
+        &post,
+        Some(r#"{"workspace":"/","task":"t"}"#),
+    );
+    assert_eq!(status, 401);
+    // An admin's cookie does not either.
+    let admin_cookie = format!("nerve_token={admin}");
+    let (status, _, _) = raw_request(
+        addr,
+        "POST",
+        "/api/v1/executions",
+        &[
+            ("Cookie", admin_cookie.as_str()),
+            ("Content-Type", "application/json"),
+        ],
+        Some(r#"{"workspace":"/","task":"t"}"#),
+    );
+    assert_eq!(status, 401);
+
+    // Logging out clears the cookie; a revoked token's cookie is back at the login form.
+    let (status, head, _) = raw_request(addr, "POST", "/logout", &with_cookie, Some(""));
+    assert_eq!(status, 303);
+    assert!(head.contains("Max-Age=0"), "{head}");
+    assert!(nerve(&db, &["token", "revoke", "viewer"]).status.success());
+    let (status, _, page) = raw_request(addr, "GET", "/", &with_cookie, None);
+    assert_eq!(status, 401);
+    assert!(page.contains("name=\"token\""), "{page}");
 }

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::Settings;
 use crate::app::{ApiError, App, execution_id, read};
-use crate::auth::authorize;
+use crate::auth::{authorize, authorize_read};
 
 /// The API's routes. No CORS layer: a browser on another origin gets no
 /// `Access-Control-Allow-Origin`, so it cannot read an answer nor send a JSON body.
@@ -32,6 +32,10 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/v1/executions/{id}/cancel", post(cancel))
         .route("/api/v1/executions/{id}/approvals", post(approval))
         .route("/api/v1/executions/{id}/events", get(crate::events::stream))
+        .route("/", get(crate::web::home))
+        .route("/executions/{id}", get(crate::web::execution))
+        .route("/login", post(crate::web::login))
+        .route("/logout", post(crate::web::logout))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
@@ -46,7 +50,7 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
 
 async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let answer = async {
-        authorize(&app, &headers, Scope::Read)?;
+        authorize_read(&app, &headers)?;
         let executions = read(
             app.db,
             |reader| async move { Ok(reader.executions().await?) },
@@ -63,7 +67,7 @@ async fn show(
     UrlPath(id): UrlPath<String>,
 ) -> Response {
     let answer = async {
-        authorize(&app, &headers, Scope::Read)?;
+        authorize_read(&app, &headers)?;
         let execution = execution_id(&id)?;
         let replayed = read(app.db, move |reader| async move {
             let replayed = reader.replay(execution).await?;

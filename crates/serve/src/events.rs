@@ -16,11 +16,10 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use nerve_core::ExecutionId;
 use nerve_runtime::log::SessionError;
-use nerve_runtime::tokens::Scope;
 use tokio::sync::mpsc;
 
 use crate::app::{ApiError, App, execution_id};
-use crate::auth::authorize;
+use crate::auth::authorize_read;
 
 /// How often the log is read for new events.
 const POLL: Duration = Duration::from_millis(200);
@@ -33,7 +32,7 @@ pub(crate) async fn stream(
     UrlPath(id): UrlPath<String>,
 ) -> Response {
     let opened = async {
-        authorize(&app, &headers, Scope::Read)?;
+        authorize_read(&app, &headers)?;
         let execution = execution_id(&id)?;
         let after = last_event_id(&headers)?;
         // Known before the stream starts: a 404 is a status, not an empty stream.

@@ -10,6 +10,7 @@
 //! - `runs`: the executions this server runs, by id, for `cancel` and for a stream to wait
 //!   on an execution that has not written its first event yet.
 //! - `events`: an execution's events as a resumable `text/event-stream`.
+//! - `web`: the web view: a token login, the executions, one execution's transcript.
 //!
 //! The security model is in docs/api.md: no route without a token, scopes that include
 //! one another, no CORS, bounded bodies, loopback unless `--insecure-http`.
@@ -19,6 +20,7 @@ mod app;
 mod auth;
 mod events;
 mod runs;
+mod web;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
