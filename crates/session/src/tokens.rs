@@ -8,7 +8,12 @@ use ring::rand::SecureRandom;
 use rusqlite::OptionalExtension;
 
 use crate::SessionError;
-use crate::store::{Store, now_rfc3339};
+use crate::store::{Store, now_rfc3339, rfc3339};
+
+/// How stale a token's recorded last use may get: a busy client's requests write it once
+/// a minute, not each time (every write is a durable commit on the log's database, which
+/// the executions' writer shares).
+const USE_RECORDED_EVERY: time::Duration = time::Duration::minutes(1);
 
 /// How every token begins: a reader of a leaked string (or a secret scanner) knows what it is.
 pub const TOKEN_PREFIX: &str = "nerve_";
@@ -98,14 +103,16 @@ impl Store {
         Ok(changed == 1)
     }
 
-    /// The live token that `token` is, with its use recorded; `None` for an unknown or
-    /// revoked one.
+    /// The live token that `token` is, with its use recorded (to the minute); `None` for
+    /// an unknown or revoked one.
     pub fn use_token(&self, token: &str) -> Result<Option<TokenRecord>, SessionError> {
-        self.conn
+        let hash = digest(token);
+        let found = self
+            .conn
             .query_row(
-                "UPDATE api_tokens SET last_used_at = ?2 WHERE hash = ?1 AND revoked_at IS NULL
-                 RETURNING name, scope, created_at, last_used_at, revoked_at",
-                rusqlite::params![digest(token), now_rfc3339()],
+                "SELECT name, scope, created_at, last_used_at, revoked_at FROM api_tokens
+                 WHERE hash = ?1 AND revoked_at IS NULL",
+                rusqlite::params![hash],
                 |row| {
                     Ok(TokenRecord {
                         name: row.get(0)?,
@@ -117,7 +124,27 @@ impl Store {
                 },
             )
             .optional()
-            .map_err(|e| self.token_error(e))
+            .map_err(|e| self.token_error(e))?;
+        let Some(mut record) = found else {
+            return Ok(None);
+        };
+        let now = time::OffsetDateTime::now_utc();
+        let stale = rfc3339(now - USE_RECORDED_EVERY);
+        if record
+            .last_used_at
+            .as_deref()
+            .is_none_or(|used| *used < *stale)
+        {
+            let used = rfc3339(now);
+            self.conn
+                .execute(
+                    "UPDATE api_tokens SET last_used_at = ?2 WHERE hash = ?1",
+                    rusqlite::params![hash, used],
+                )
+                .map_err(|e| self.token_error(e))?;
+            record.last_used_at = Some(used);
+        }
+        Ok(Some(record))
     }
 }
 
@@ -145,6 +172,10 @@ mod tests {
         let used = store.use_token(&token).unwrap().unwrap();
         assert_eq!((used.name.as_str(), used.scope.as_str()), ("ci", "read"));
         assert!(used.last_used_at.is_some());
+        // Within the minute, a use writes nothing.
+        let again = store.use_token(&token).unwrap().unwrap();
+        assert_eq!(again.last_used_at, used.last_used_at);
+        assert_eq!(store.tokens().unwrap()[0].last_used_at, used.last_used_at);
         assert_eq!(store.use_token("nerve_00").unwrap(), None);
 
         assert!(store.revoke_token("ci").unwrap());
