@@ -36,6 +36,7 @@ mod rules;
 mod sandbox;
 mod sandbox_env;
 mod sandbox_python;
+mod serve;
 mod stream;
 mod support;
 mod traces;

@@ -110,6 +110,14 @@ pub(crate) enum Command {
     /// Serve the Agent Client Protocol (v1) on stdin/stdout for an editor (Zed, JetBrains,
     /// Neovim): each editor session is one execution (see docs/acp.md). Logs go to stderr.
     Acp(AcpArgs),
+    /// Serve the HTTP API (`/api/v1`: executions, messages, approvals, live event streams)
+    /// to holders of a token from `nerve token create` (see docs/api.md).
+    Serve(ServeArgs),
+    /// API tokens for `nerve serve`: shown once at creation, stored hashed in the log.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
     /// Remove sandbox containers whose owning `nerve` process is provably dead, and the
     /// sandbox homes of executions that ended for good (completed, cancelled) or went
     /// unused for a week.
@@ -510,6 +518,91 @@ pub(crate) struct AcpArgs {
     /// `CLAUDE.md`) files nor the user's `$XDG_CONFIG_HOME/nerve/AGENTS.md`.
     #[arg(long)]
     pub(crate) no_project_instructions: bool,
+}
+
+/// `nerve token ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum TokenCommand {
+    /// Make a token and print it alone on stdout (the only time it is shown).
+    Create {
+        /// The token's name (letters, digits, '-', '_', '.'), for `list` and `revoke`.
+        #[arg(long, value_name = "NAME")]
+        name: String,
+        /// What it may do: read < run < approve < admin, each including the ones before.
+        #[arg(long, value_name = "SCOPE", value_parser = ["read", "run", "approve", "admin"])]
+        scope: String,
+    },
+    /// The tokens: name, scope, when created, last used and revoked (never the token).
+    List {
+        /// Print one JSON list instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by name: it stops working at once.
+    Revoke {
+        /// The token's name.
+        name: String,
+    },
+}
+
+/// `nerve serve`: where it listens, where executions may be created, and the run options
+/// of the executions it creates.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// The address to listen on (port 0: any free port; the address is printed on stderr).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8420")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// Executions may be created only in workspaces under this directory (repeatable).
+    #[arg(long = "workspace-root", value_name = "DIR")]
+    pub(crate) workspace_roots: Vec<PathBuf>,
+    /// Listen on a non-loopback address without TLS (behind a TLS-terminating proxy).
+    #[arg(long)]
+    pub(crate) insecure_http: bool,
+    /// The largest request body, in bytes (larger: 413).
+    #[arg(long, value_name = "BYTES", default_value_t = nerve_serve::DEFAULT_BODY_LIMIT)]
+    pub(crate) max_body: usize,
+    /// A provider a request may name besides --provider (repeatable).
+    #[arg(long = "allow-provider", value_name = "SPEC")]
+    pub(crate) allowed_providers: Vec<String>,
+    /// `script:PATH`, `openai` or `anthropic` (default: `openai`): the executions' provider.
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) provider: Option<String>,
+    /// The model to ask (default: the provider's).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) model: Option<String>,
+    /// How the agent works (see docs/loops.md).
+    #[arg(
+        long = "loop",
+        value_name = "LOOP",
+        value_enum,
+        default_value = "react"
+    )]
+    pub(crate) loop_type: LoopArg,
+    /// How hard the tasks are, which `--loop auto` uses to choose a loop.
+    #[arg(long, value_name = "LEVEL", value_enum)]
+    pub(crate) complexity: Option<ComplexityArg>,
+    /// The most turns (model calls) of an execution, or of one message.
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_turns: u32,
+    /// Wall-clock limit of an execution in seconds.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) timeout: Option<u64>,
+    /// Stop an execution with `budget_exhausted` once it has cost this many dollars.
+    #[arg(long, value_name = "USD")]
+    pub(crate) budget_usd: Option<f64>,
+    /// Stop an execution with `budget_exhausted` once it has used this many tokens.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) budget_tokens: Option<u64>,
+    /// Override the model's context capacity in tokens.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) context_window: Option<u64>,
+    /// The sandbox image (default: nerve-sandbox:latest, built locally when missing).
+    #[arg(long, value_name = "IMAGE")]
+    pub(crate) image: Option<String>,
+    /// Without a usable sandbox executor: refuse to start (the default), or run each tool
+    /// call through its own `docker exec`.
+    #[arg(long, value_name = "MODE")]
+    pub(crate) sandbox_fallback: Option<SandboxFallbackArg>,
 }
 
 /// `nerve chat`: what the session starts with.

@@ -5,7 +5,9 @@
 use std::path::Path;
 
 use nerve_core::ExecutionId;
-use nerve_runtime::log::{Replay, StoredEvent};
+use nerve_runtime::log::StoredEvent;
+pub(crate) use nerve_runtime::views::json::event_json;
+use nerve_runtime::views::json::{cached_share, replay_json};
 
 use crate::Failure;
 use crate::args::StatusArg;
@@ -65,42 +67,6 @@ async fn load(db: &Path, id: &str) -> Result<(Reader, ExecutionId, Vec<StoredEve
     let store = reader(db).await?;
     let events = store.events(execution).await.map_err(Failure::usage)?;
     Ok((store, execution, events))
-}
-
-pub(crate) fn replay_json(replayed: &Replay) -> serde_json::Value {
-    serde_json::json!({
-        "execution_id": replayed.execution_id,
-        "completeness": replayed.completeness(),
-        "complete": replayed.complete,
-        "total_turns": replayed.total_turns,
-        "termination_reason": replayed.termination_reason,
-        "task_status": replayed.task_status,
-        "task": replayed.started.as_ref().map(|s| s.task.clone()),
-        "messages": replayed.messages.len(),
-        "input_tokens": replayed.usage.input_tokens,
-        "output_tokens": replayed.usage.output_tokens,
-        "cache_read_tokens": replayed.usage.cache_read_tokens,
-        "cache_write_tokens": replayed.usage.cache_write_tokens,
-        "cached_input_share": cached_share(&replayed.usage),
-        "cost_usd": replayed.cost.as_usd(),
-        "error": replayed.error,
-        "gaps": replayed.gaps,
-        "malformed_events": replayed.malformed_events,
-        "duplicate_turns": replayed.duplicate_turns,
-        "events": replayed.events,
-    })
-}
-
-/// The share of input tokens served from the prompt cache, 0 to 1.
-fn cached_share(usage: &nerve_core::TokenUsage) -> f64 {
-    if usage.input_tokens == 0 {
-        return 0.0;
-    }
-    let read = usage.cache_read_tokens.min(usage.input_tokens);
-    // Token counts stay far below 2^52, where f64 is exact.
-    #[allow(clippy::cast_precision_loss)]
-    let share = read as f64 / usage.input_tokens as f64;
-    (share * 1000.0).round() / 1000.0
 }
 
 pub(crate) async fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
@@ -299,16 +265,6 @@ pub(crate) async fn events(db: &Path, id: &str, json: bool, full: bool) -> Resul
         }
     }
     Ok(0)
-}
-
-/// One event as `events --json` lists it: `{seq, ts, kind, payload}`.
-pub(crate) fn event_json(e: &StoredEvent) -> serde_json::Value {
-    serde_json::json!({
-        "seq": e.seq,
-        "ts": e.ts,
-        "kind": e.kind,
-        "payload": serde_json::from_str::<serde_json::Value>(&e.payload).unwrap_or(serde_json::Value::Null),
-    })
 }
 
 /// One event as a line of the timeline; its payload clipped unless `full`.

@@ -20,6 +20,7 @@ mod reap;
 mod rewind;
 mod run;
 mod screen;
+mod serve;
 mod telemetry;
 mod transfer;
 mod worker;
@@ -161,11 +162,13 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Approve { .. }
         | Command::Diff { .. }
         | Command::Rewind { .. }
-        | Command::Mcp { .. } => false,
+        | Command::Mcp { .. }
+        | Command::Token { .. } => false,
+        Command::Serve(_) => true,
     };
     if nerve_runtime::log::is_postgres(&db) && continues {
         return Err(Failure::usage(
-            "chat, acp and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
+            "chat, acp, serve and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
         ));
     }
     // Every id a person types may be a unique prefix, or `last`.
@@ -207,7 +210,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Import { .. }
         | Command::Submit(_)
         | Command::Worker { .. }
-        | Command::Mcp { .. } => {}
+        | Command::Mcp { .. }
+        | Command::Serve(_)
+        | Command::Token { .. } => {}
     }
     match command {
         Command::Run(args) => run::run(args, &db, cli.config.as_deref()).await,
@@ -261,6 +266,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Rewind { id, turn, force } => rewind::rewind(&db, &id, turn, force).await,
         Command::Reap { all, id } => reap::reap(&db, all, id.as_deref()).await,
         Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
+        Command::Serve(args) => serve::serve(args, db, cli.config.as_deref()).await,
+        Command::Token { command } => serve::token(command, &db),
     }
 }
 

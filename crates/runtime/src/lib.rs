@@ -33,6 +33,7 @@ pub mod reap;
 pub mod resume;
 pub mod session;
 pub mod snapshots;
+pub mod tokens;
 pub mod transfer;
 pub mod views;
 pub mod worker;

@@ -326,8 +326,36 @@ pub async fn approve(
     id: &str,
     deny: bool,
     reason: Option<String>,
-    mut decided: impl FnMut(&nerve_session::PendingApproval),
+    decided: impl FnMut(&nerve_session::PendingApproval),
 ) -> Result<(ExecutionId, Approved), RuntimeError> {
+    let (execution, approved) = decide(db, id, None, deny, reason, decided).await?;
+    // Every pending approval was decided: the execution goes on.
+    Ok((execution, approved.unwrap_or(Approved::ToResume)))
+}
+
+/// Decides the pending approval of call `call_id` of a parked execution (the HTTP API's
+/// `approvals` route). Returns what happened next once no approval is left pending
+/// (`None`: others still wait).
+pub async fn approve_call(
+    db: &Path,
+    id: &str,
+    call_id: &str,
+    deny: bool,
+    reason: Option<String>,
+) -> Result<(ExecutionId, Option<Approved>), RuntimeError> {
+    decide(db, id, Some(call_id), deny, reason, |_| {}).await
+}
+
+/// Records the decision for the pending approvals of execution `id` (only call `only`'s,
+/// when given); `None` as what happened next while some are still pending.
+async fn decide(
+    db: &Path,
+    id: &str,
+    only: Option<&str>,
+    deny: bool,
+    reason: Option<String>,
+    mut decided: impl FnMut(&nerve_session::PendingApproval),
+) -> Result<(ExecutionId, Option<Approved>), RuntimeError> {
     let (execution, _, replay) = load(db, id).await?;
     if replay.pending_approvals.is_empty() {
         let ended = replay
@@ -348,7 +376,25 @@ pub async fn approve(
     } else {
         ApprovalDecision::Approved
     };
-    for pending in &replay.pending_approvals {
+    let chosen: Vec<&nerve_session::PendingApproval> = replay
+        .pending_approvals
+        .iter()
+        .filter(|pending| only.is_none_or(|call| pending.call.id.0 == call))
+        .collect();
+    if chosen.is_empty() {
+        let waiting: Vec<&str> = replay
+            .pending_approvals
+            .iter()
+            .map(|p| p.call.id.0.as_str())
+            .collect();
+        return Err(RuntimeError::NotFound(format!(
+            "execution {execution} has no pending approval of call {}: it waits for {}",
+            only.unwrap_or_default(),
+            waiting.join(", ")
+        )));
+    }
+    let left = replay.pending_approvals.len() - chosen.len();
+    for pending in chosen {
         sink.append(
             execution,
             Event::ApprovalDecided(ApprovalDecided {
@@ -364,6 +410,9 @@ pub async fn approve(
         .map_err(RuntimeError::failed)?;
         decided(pending);
     }
+    if left > 0 {
+        return Ok((execution, None));
+    }
     // In a fleet, the decided execution goes back to the queue, where a worker resumes it.
     if let Some(queue) = queue
         && queue
@@ -371,9 +420,9 @@ pub async fn approve(
             .await
             .map_err(RuntimeError::failed)?
     {
-        return Ok((execution, Approved::Requeued));
+        return Ok((execution, Some(Approved::Requeued)));
     }
-    Ok((execution, Approved::ToResume))
+    Ok((execution, Some(Approved::ToResume)))
 }
 
 /// The most recent execution in the log (`last` where an id is taken), or with `workspace`

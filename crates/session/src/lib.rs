@@ -16,6 +16,7 @@ mod pg_queue;
 mod replay;
 mod schema;
 mod store;
+mod tokens;
 mod transfer;
 mod wal;
 mod writer;
@@ -31,6 +32,7 @@ pub use replay::{
     Replay, ResumeMark, WorkspaceHistory, replay,
 };
 pub use store::{ExecutionSummary, ResumePoint, Store, StoredCheckpoint};
+pub use tokens::{TOKEN_PREFIX, TokenRecord};
 pub use transfer::{
     EXPORT_FORMAT, EXPORT_VERSION, ExecutionLog, ImportError, LoggedEvent, parse_log, write_log,
 };

@@ -263,6 +263,19 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         (SELECT MAX(e.seq) FROM execution_keys k JOIN events e ON e.execution = k.key
           WHERE k.execution_id = executions.execution_id), 0);
     ",
+    // 5: the API tokens of `nerve serve` (`nerve token create|list|revoke`), stored as the
+    // SHA-256 of the token (docs/api.md says why that is enough for a 256-bit random token).
+    // A revoked token keeps its row (revoked_at set), so its name is not reused by mistake.
+    r"
+    CREATE TABLE api_tokens (
+        name         TEXT PRIMARY KEY,
+        hash         TEXT NOT NULL UNIQUE,
+        scope        TEXT NOT NULL,
+        created_at   TEXT NOT NULL,
+        last_used_at TEXT,
+        revoked_at   TEXT
+    ) STRICT;
+    ",
 ];
 
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -208,7 +208,7 @@ struct Head {
 /// readers in other processes proceed while the writer commits.
 #[derive(Debug)]
 pub struct Store {
-    conn: Connection,
+    pub(crate) conn: Connection,
     path: String,
     /// The database's schema version: a read-only store may look at an older database.
     schema: i64,
@@ -1518,7 +1518,11 @@ pub(crate) fn to_u64(n: i64) -> u64 {
 
 /// Fixed-width UTC timestamps (microseconds, always six digits), so they sort as text.
 pub(crate) fn now_rfc3339() -> String {
-    let now = time::OffsetDateTime::now_utc();
+    rfc3339(time::OffsetDateTime::now_utc())
+}
+
+/// `now` as [`now_rfc3339`] writes it.
+pub(crate) fn rfc3339(now: time::OffsetDateTime) -> String {
     format!(
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
         now.year(),

@@ -3,5 +3,6 @@
 //! clipped outcome of a tool call that a live display shows too) and the JSON Lines a
 //! program reads (`jsonl`). Pure functions of the events; a front end writes them.
 
+pub mod json;
 pub mod jsonl;
 pub mod transcript;

@@ -1,0 +1,183 @@
+//! `GET /api/v1/executions/{id}/events`: the execution's events as Server-Sent Events,
+//! each with `id:` its sequence number and `data:` the event as `events --json` lists it
+//! (through the redactor). `Last-Event-ID` resumes after that sequence number. The
+//! stream ends after the execution's `finish` event; an execution this server has just
+//! started is waited for until its first event. A SQLite log is read every
+//! [`POLL`] through a read-only connection, which never blocks the writer.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use nerve_core::ExecutionId;
+use nerve_runtime::log::SessionError;
+use tokio::sync::mpsc;
+
+use crate::app::{ApiError, App, execution_id};
+use crate::auth::authorize_read;
+
+/// How often the log is read for new events.
+const POLL: Duration = Duration::from_millis(200);
+/// Events buffered for a slow client before the reader waits for it.
+const BUFFER: usize = 256;
+
+pub(crate) async fn stream(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    let opened = async {
+        authorize_read(&app, &headers)?;
+        let execution = execution_id(&id)?;
+        let after = last_event_id(&headers)?;
+        // Known before the stream starts: a 404 is a status, not an empty stream.
+        let known = app.runs.is_running(execution)
+            || crate::app::read(app.db, move |reader| async move {
+                match reader.events_after(execution, 0).await {
+                    Ok(events) => Ok(!events.is_empty()),
+                    Err(SessionError::UnknownExecution(_)) => Ok(false),
+                    Err(error) => Err(error.into()),
+                }
+            })
+            .await?;
+        if !known {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no execution with id {execution}"),
+            ));
+        }
+        Ok((execution, after))
+    };
+    let (execution, after) = match opened.await {
+        Ok(opened) => opened,
+        Err(error) => return app.respond(Err(error)),
+    };
+    let (sender, receiver) = mpsc::channel::<Event>(BUFFER);
+    let follower = Arc::clone(&app);
+    // The follower reads the log on a blocking thread (the SQLite reader is not `Sync`)
+    // and ends with the stream: at the finish event, or when the client goes away.
+    tokio::task::spawn_blocking(move || {
+        let handle = tokio::runtime::Handle::current();
+        handle.block_on(follow(&follower, execution, after, &sender));
+    });
+    let events = tokio_stream(receiver).map(Ok::<_, Infallible>);
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// The receiver as a stream, item by item.
+fn tokio_stream(receiver: mpsc::Receiver<Event>) -> impl futures_util::Stream<Item = Event> {
+    futures_util::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|event| (event, receiver))
+    })
+}
+
+/// The sequence number the client saw last (`Last-Event-ID`), 0 without one.
+fn last_event_id(headers: &HeaderMap) -> Result<u64, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(0);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "Last-Event-ID is not an event's sequence number",
+            )
+        })
+}
+
+/// Sends the events after `after` as they are appended, until the finish event, the
+/// client's leaving, or an execution that stopped running here without one.
+async fn follow(app: &App, execution: ExecutionId, mut after: u64, sender: &mpsc::Sender<Event>) {
+    let reader = match nerve_runtime::log::reader(app.db).await {
+        Ok(reader) => reader,
+        Err(error) => {
+            tracing::warn!(%error, "an event stream cannot read the log");
+            return;
+        }
+    };
+    // A client that resumes after the finish event has seen everything, unless the
+    // execution runs on here (a message or an approval continued it).
+    let finished = after > 0
+        && reader
+            .events_after(execution, after - 1)
+            .await
+            .is_ok_and(|seen| {
+                seen.first()
+                    .is_some_and(|e| e.seq == after && e.kind == "finish")
+            });
+    // Ends: at the finish event, when the client is gone (a send fails or the channel
+    // closed), or when the execution does not run here and the client has seen its finish
+    // (or it has no event at all).
+    loop {
+        let running = app.runs.is_running(execution);
+        let new = match reader.events_after(execution, after).await {
+            Ok(new) => new,
+            Err(SessionError::UnknownExecution(_)) => Vec::new(),
+            Err(error) => {
+                tracing::warn!(%error, %execution, "an event stream stopped");
+                return;
+            }
+        };
+        for stored in &new {
+            let data = nerve_runtime::views::json::event_json(stored).to_string();
+            let event = Event::default()
+                .id(stored.seq.to_string())
+                .data(app.redactor.redact(&data));
+            if sender.send(event).await.is_err() {
+                return;
+            }
+            after = stored.seq;
+            if stored.kind == "finish" {
+                return;
+            }
+        }
+        // Not running here and nothing new: the client saw its finish already, or it never
+        // started (a launch that failed before its first event).
+        if new.is_empty() && !running && (finished || after == 0) {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            () = sender.closed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn check(value: Option<&str>, expected: Result<u64, ()>) {
+        let mut headers = HeaderMap::new();
+        if let Some(value) = value {
+            headers.insert("last-event-id", HeaderValue::from_str(value).unwrap());
+        }
+        assert_eq!(
+            last_event_id(&headers).map_err(|_| ()),
+            expected,
+            "{value:?}"
+        );
+    }
+
+    #[test]
+    fn last_event_id_is_a_sequence_number() {
+        check(None, Ok(0));
+        check(Some("42"), Ok(42));
+        check(Some(" 7 "), Ok(7));
+        check(Some("-1"), Err(()));
+        check(Some("seven"), Err(()));
+        check(Some(""), Err(()));
+    }
+}

@@ -1,0 +1,150 @@
+//! `nerve serve`: an HTTP API over the runtime, the front end a team's tools (and, later,
+//! a web page) use to watch and steer executions. It only translates: executions are
+//! assembled and run by `nerve-runtime` as `nerve run` and a worker do, the log is read
+//! through the runtime's reader, and every answer goes out through the configuration's
+//! redactor. Routing, extraction, body limits and Server-Sent Events are axum's.
+//!
+//! - `api`: the routes of `/api/v1`.
+//! - `app`: what the routes share: the state, errors as JSON, the redacted answers.
+//! - `auth`: `Authorization: Bearer` tokens checked against the log's `api_tokens`.
+//! - `runs`: the executions this server runs, by id, for `cancel` and for a stream to wait
+//!   on an execution that has not written its first event yet.
+//! - `events`: an execution's events as a resumable `text/event-stream`.
+//! - `web`: the web view: a token login, the executions, one execution's transcript.
+//!
+//! The security model is in docs/api.md: no route without a token, scopes that include
+//! one another, no CORS, bounded bodies, loopback unless `--insecure-http`.
+
+mod api;
+mod app;
+mod auth;
+mod events;
+mod runs;
+mod web;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nerve_core::{Complexity, LoopType};
+use nerve_runtime::RuntimeError;
+use nerve_runtime::config::Config;
+use tokio_util::sync::CancellationToken;
+
+/// The largest request body a route reads; larger ones get 413.
+pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
+
+/// What the server runs with (`nerve serve`'s options).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    /// Executions are created only in workspaces under one of these (made absolute).
+    pub workspace_roots: Vec<PathBuf>,
+    /// Listening on a non-loopback address without TLS was asked for explicitly.
+    pub insecure_http: bool,
+    pub body_limit: usize,
+    /// The run options of the executions the server creates.
+    pub run: RunDefaults,
+    /// Providers a request may name besides `run.provider`.
+    pub allowed_providers: Vec<String>,
+}
+
+/// The run options of `nerve run` that the server gives every execution it creates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunDefaults {
+    /// `script:PATH`, `openai` or `anthropic`.
+    pub provider: String,
+    pub model: Option<String>,
+    pub loop_type: LoopType,
+    pub complexity: Option<Complexity>,
+    pub max_turns: u32,
+    pub timeout_secs: Option<u64>,
+    pub budget_usd: Option<f64>,
+    pub budget_tokens: Option<u64>,
+    pub context_window: Option<u64>,
+    pub image: Option<String>,
+}
+
+/// Why the server did not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The settings refuse to serve (a non-loopback address without TLS, no workspace
+    /// root that exists), or the log or configuration cannot be used. Returned by
+    /// [`Server::bind`] before anything listens; not retryable as it is.
+    #[error("{0}")]
+    Refused(#[from] RuntimeError),
+    /// The address cannot be bound or the listener failed. Returned by [`Server::bind`]
+    /// and [`Server::run`]; retryable once the address is free.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// A bound server, not yet serving.
+#[derive(Debug)]
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    app: Arc<app::App>,
+}
+
+impl Server {
+    /// Checks the settings, opens the log (creating and migrating it, for its tokens) and
+    /// binds the address.
+    pub async fn bind(db: PathBuf, config: Config, settings: Settings) -> Result<Self, ServeError> {
+        if !settings.listen.ip().is_loopback() && !settings.insecure_http {
+            return Err(RuntimeError::usage(format!(
+                "refusing to listen on {} without TLS: tokens would cross the network in clear text; listen on 127.0.0.1, or pass --insecure-http behind a TLS-terminating proxy",
+                settings.listen
+            ))
+            .into());
+        }
+        if settings.workspace_roots.is_empty() {
+            tracing::warn!("no --workspace-root: executions cannot be created, only read");
+        }
+        let roots = settings
+            .workspace_roots
+            .iter()
+            .map(|root| nerve_runtime::launch::validate_workspace(root))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tokens = nerve_runtime::tokens::open(&db)?;
+        let redactor = nerve_runtime::launch::config_redactor(&config)?;
+        let listener = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", settings.listen)))?;
+        // One server per process, alive until it exits: the executions it launches borrow
+        // the log's path and the configuration for as long as they run.
+        let db: &'static Path = Box::leak(db.into_boxed_path());
+        let config: &'static Config = Box::leak(Box::new(config));
+        let app = Arc::new(app::App {
+            db,
+            config,
+            settings: Settings {
+                workspace_roots: roots,
+                ..settings
+            },
+            tokens: std::sync::Mutex::new(tokens),
+            redactor,
+            runs: runs::Runs::default(),
+        });
+        Ok(Self { listener, app })
+    }
+
+    /// The address it listens on (the port the system chose for port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, ServeError> {
+        self.listener
+            .local_addr()
+            .map_err(|e| ServeError::Io(e.to_string()))
+    }
+
+    /// Serves until `shutdown` is cancelled; then cancels the executions it runs at their
+    /// next turn boundary and waits for them to stop.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServeError> {
+        let router = api::router(Arc::clone(&self.app));
+        let stop = shutdown.clone();
+        axum::serve(self.listener, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+            .map_err(|e| ServeError::Io(format!("the listener failed: {e}")))?;
+        self.app.runs.stop_all().await;
+        Ok(())
+    }
+}
