@@ -142,6 +142,8 @@ async fn create(
             budget_tokens: run.budget_tokens,
             context_window: run.context_window,
             image: run.image.clone(),
+            // The workspace's AGENTS.md reaches the model, as under `nerve run`.
+            project_instructions: true,
         };
         let execution = ExecutionId::new();
         let (launch, start) =
