@@ -413,7 +413,7 @@ mod tests {
         let (value, what) = fixed(text).unwrap();
         assert_eq!(
             value,
-            r#"{"arguments":{"content":"def f():\n    \"\"\"Doc.\"\"\"\n    return 1","path":"a.py"},"name":"write_file"}"#
+            r#"{"name":"write_file","arguments":{"content":"def f():\n    \"\"\"Doc.\"\"\"\n    return 1","path":"a.py"}}"#
         );
         assert_eq!(what, "escaped 6 double quotes inside strings");
         // The same with raw line breaks and a tab.
@@ -421,7 +421,7 @@ mod tests {
         let (value, what) = fixed(raw).unwrap();
         assert_eq!(
             value,
-            r#"{"arguments":{"new_text":"def f():\n\t\"\"\"Doc.\"\"\"\n\treturn \"s\"\n","old_text":"x","path":"a.py"},"name":"edit_file"}"#
+            r#"{"name":"edit_file","arguments":{"path":"a.py","old_text":"x","new_text":"def f():\n\t\"\"\"Doc.\"\"\"\n\treturn \"s\"\n"}}"#
         );
         assert_eq!(
             what,
@@ -432,16 +432,16 @@ mod tests {
     #[test]
     fn missing_closers_and_bad_escapes() {
         let (value, what) = fixed(r#"{"name": "shell", "arguments": {"command": "ls"}"#).unwrap();
-        assert_eq!(value, r#"{"arguments":{"command":"ls"},"name":"shell"}"#);
+        assert_eq!(value, r#"{"name":"shell","arguments":{"command":"ls"}}"#);
         assert_eq!(what, "added 1 closing bracket at the end");
         let (value, what) = fixed(r#"{"name": "x", "arguments": {"a": [1, {}]"#).unwrap();
-        assert_eq!(value, r#"{"arguments":{"a":[1,{}]},"name":"x"}"#);
+        assert_eq!(value, r#"{"name":"x","arguments":{"a":[1,{}]}}"#);
         assert_eq!(what, "added 2 closing brackets at the end");
         let (value, what) =
             fixed(r#"{"name": "grep", "arguments": {"pattern": "\d+\s"}}"#).unwrap();
         assert_eq!(
             value,
-            r#"{"arguments":{"pattern":"\\d+\\s"},"name":"grep"}"#
+            r#"{"name":"grep","arguments":{"pattern":"\\d+\\s"}}"#
         );
         assert_eq!(what, "escaped 2 backslashes inside strings");
         // Cut off inside a string, after a bare value, or too many closers missing.

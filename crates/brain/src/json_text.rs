@@ -329,7 +329,7 @@ mod tests {
         check(
             r#"{"content":{"text":"no"},"arguments":{"b":[1,2.5],"a":true}}"#,
             None,
-            Some(r#"{"a":true,"b":[1,2.5]}"#),
+            Some(r#"{"b":[1,2.5],"a":true}"#),
             None,
         );
         check(

@@ -536,7 +536,7 @@ mod tests {
         let answer = "```json\n{\n  \"name\": \"read_file\",\n  \"arguments\": {\n    \"path\": \"notes.txt\"\n  }\n}\n{\n  \"name\": \"edit_file\",\n  \"arguments\": {\n    \"path\": \"notes.txt\",\n    \"old_text\": \"pears\",\n    \"new_text\": \"plums\"\n  }\n}\n{\n  \"name\": \"shell\",\n  \"arguments\": {\n    \"command\": \"cat notes.txt\"\n  }\n}\n```";
         let calls = [
             r#"read_file({"path":"notes.txt"})"#,
-            r#"edit_file({"new_text":"plums","old_text":"pears","path":"notes.txt"})"#,
+            r#"edit_file({"path":"notes.txt","old_text":"pears","new_text":"plums"})"#,
             r#"shell({"command":"cat notes.txt"})"#,
         ];
         check(answer, &calls, &calls);

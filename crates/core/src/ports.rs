@@ -448,7 +448,7 @@ mod tests {
                 "steps": {"type": "array", "items": {"type": "string"}},
                 "strategy": {"anyOf": [{"enum": ["summarize", "archive"]}, {"type": "null"}]},
             }}),
-            r#"t {command: string, steps?: array of string, strategy?: "summarize" | "archive", timeout_secs?: integer}"#,
+            r#"t {command: string, timeout_secs?: integer, steps?: array of string, strategy?: "summarize" | "archive"}"#,
         );
         check(serde_json::json!({"type": "object"}), "t {}");
         check(serde_json::Value::Null, "t {}");

@@ -704,7 +704,7 @@ mod tests {
         assert_eq!(
             parse::<EditFileArgs>(&call).unwrap_err().content,
             "invalid arguments for `edit_file`: missing field `old_text`. Expected arguments: \
-             edit_file {new_text: string, old_text: string, path: string, replace_all?: boolean}"
+             edit_file {path: string, old_text: string, new_text: string, replace_all?: boolean}"
         );
     }
 
