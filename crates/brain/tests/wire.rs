@@ -2051,7 +2051,7 @@ async fn a_local_models_calls_written_as_text_run_through_auto() {
     let messages = second["messages"].as_array().unwrap();
     let system = messages[0]["content"].as_str().unwrap();
     assert!(
-        system.contains("- write_file {content: string, path: string}: Write a whole file."),
+        system.contains("- write_file {path: string, content: string}: Write a whole file."),
         "{system}"
     );
     assert!(
@@ -2212,7 +2212,7 @@ async fn prose_examples_and_calls_beyond_repair_are_left_alone() {
             "[Nerve] Your tool call was not run: the call is not valid JSON (control character"
         ) && results[0]
             .content
-            .contains("The arguments of `write_file`: write_file {content: string, path: string}."),
+            .contains("The arguments of `write_file`: write_file {path: string, content: string}."),
         "{}",
         results[0].content
     );
