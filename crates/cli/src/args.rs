@@ -614,7 +614,7 @@ pub(crate) struct ChatArgs {
     /// directory).
     #[arg(long = "continue", short = 'c', conflicts_with = "id")]
     pub(crate) continue_last: bool,
-    /// Reopen execution ID (as the positional ID); without one, as --continue.
+    /// Reopen this execution; without an ID, the workspace's latest one.
     #[arg(
         long = "resume",
         value_name = "ID",
