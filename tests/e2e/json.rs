@@ -145,8 +145,16 @@ fn every_command_prints_stable_json() {
         ],
         1,
     );
-    assert_json_snapshot!("run_parked", parked, {".execution_id" => "[id]"});
     let parked_id = parked["execution_id"].as_str().unwrap().to_owned();
+    // The error names the execution to approve: its id, which differs every run.
+    let mut shown = parked.clone();
+    shown["error"] = json!(
+        parked["error"]
+            .as_str()
+            .unwrap()
+            .replace(&parked_id, "[id]")
+    );
+    assert_json_snapshot!("run_parked", shown, {".execution_id" => "[id]"});
     let approve = nerve(&db, &["approve", &parked_id]);
     assert!(approve.status.success(), "{}", stderr(&approve));
     let resume = json_of(&db, &config, &["resume", &parked_id, "--json"], 0);
