@@ -41,18 +41,25 @@ pub fn is_postgres(db: &Path) -> bool {
 
 /// The directory beside the log where an execution's host-side state lives (snapshot
 /// stores, sandbox homes): the SQLite file's directory, or for a PostgreSQL log the state
-/// directory where the default log lives.
+/// directory where the default log lives. Always absolute: a sandbox home under it is
+/// bind-mounted, and Docker takes a relative source for a volume's name.
 pub fn state_dir(db: &Path) -> Result<std::path::PathBuf, RuntimeError> {
     let base = if is_postgres(db) {
         default_db()?
     } else {
         db.to_path_buf()
     };
-    Ok(base
+    let dir = base
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or_else(|| Path::new("."))
-        .to_path_buf())
+        .unwrap_or_else(|| Path::new("."));
+    std::path::absolute(dir).map_err(|e| {
+        RuntimeError::usage(format!(
+            "the log's directory {}: {}",
+            dir.display(),
+            crate::error::describe_io(&e)
+        ))
+    })
 }
 
 /// Where the sandbox homes of the log at `db` live (`<state dir>/homes/<execution id>`).
@@ -194,6 +201,22 @@ impl Reader {
         match self {
             Self::Sqlite(store) => store.executions_with_prefix(prefix, limit),
             Self::Postgres(store) => store.executions_with_prefix(prefix.to_owned(), limit).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--db target/demo/nerve.db` (the demo's): the homes beside it are an absolute path,
+    /// which Docker mounts, not a relative one it takes for a volume's name.
+    #[test]
+    fn the_state_beside_a_relative_log_is_absolute() {
+        for db in ["target/demo/nerve.db", "nerve.db"] {
+            let homes = homes_dir(Path::new(db)).unwrap();
+            assert!(homes.is_absolute(), "{db}: {}", homes.display());
+            assert!(homes.ends_with("homes"), "{}", homes.display());
         }
     }
 }
