@@ -134,15 +134,20 @@ fn two_ctrl_c_abort_at_once_with_a_log_that_replays_and_resumes() {
         dir.path(),
         &[
             write("a.txt", "one\n"),
-            // It ignores SIGINT, so the first Ctrl-C leaves it two seconds (until SIGKILL) in
-            // which the second one comes.
-            json!({"tool_calls": [{"name": "shell", "arguments": {"command": "trap '' INT; sleep 5"}}]}),
+            // It ignores SIGINT, and the grace before SIGKILL is long (the config below), so
+            // the first Ctrl-C leaves the run waiting for it, however slow the machine, when
+            // the second one comes.
+            json!({"tool_calls": [{"name": "shell", "arguments": {"command": "trap '' INT; sleep 30"}}]}),
             write("b.txt", "two\n"),
             json!({"text": "done"}),
         ],
     );
+    let config = dir.path().join("nerve.toml");
+    std::fs::write(&config, "[sandbox]\ninterrupt_grace_secs = 600\n").unwrap();
+    let mut args = vec!["--config", config.to_str().unwrap()];
+    args.extend(run(&workspace, &provider));
     // Without --json, as on a terminal: progress lines on stderr.
-    let mut running = spawn_nerve(&db, &run(&workspace, &provider));
+    let mut running = spawn_nerve(&db, &args);
     wait_for_event(&db, &mut running, "the start of turn 2's sleep", |e| {
         is_turn_event(e, "tool_call_started", 2)
     });

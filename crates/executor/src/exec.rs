@@ -48,8 +48,8 @@ const KILL_LIMIT: Duration = Duration::from_secs(5);
 /// becoming empty, or the shell exiting when the kernel gave us no pidfd.
 const TICK: Duration = Duration::from_millis(2);
 
-/// How long an interrupted command has between SIGINT and SIGKILL: time to clean up, short
-/// enough that a person who asked to stop sees it stop.
+/// How long an interrupted command has between SIGINT and SIGKILL unless its request says
+/// otherwise: time to clean up, short enough that a person who asked to stop sees it stop.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 
 /// Timeouts beyond a week are treated as a week, which keeps `Instant` arithmetic in range.
@@ -127,6 +127,11 @@ pub(crate) fn exec(
     let cap = usize::try_from(request.max_output_bytes.min(max_output)).unwrap_or(usize::MAX);
     let start = Instant::now();
     let deadline = start + Duration::from_millis(request.timeout_ms).min(MAX_TIMEOUT);
+    // Bounded by MAX_TIMEOUT like the deadline, so `Instant` arithmetic stays in range.
+    let grace = request
+        .interrupt_grace_ms
+        .map_or(INTERRUPT_GRACE, Duration::from_millis)
+        .min(MAX_TIMEOUT);
     let mut child = Command::new(shell)
         .arg("-c")
         .arg(&request.command)
@@ -258,7 +263,7 @@ pub(crate) fn exec(
             // ESRCH (nobody left) is the expected way for this to fail.
             let _ = rustix::process::kill_process_group(pid, Signal::INT);
             phase = Phase::Interrupted {
-                kill_at: Instant::now() + INTERRUPT_GRACE,
+                kill_at: Instant::now() + grace,
             };
         }
         for (stream, ready) in streams.iter_mut().zip(ready) {
@@ -374,6 +379,7 @@ mod tests {
             timeout_ms,
             max_output_bytes,
             env: BTreeMap::from([("GREETING".into(), "hi".into())]),
+            interrupt_grace_ms: None,
         };
         exec(
             &request,
@@ -447,6 +453,7 @@ mod tests {
             timeout_ms: 0,
             max_output_bytes: 10,
             env: BTreeMap::new(),
+            interrupt_grace_ms: None,
         };
         let error = exec(&request, Path::new("/"), Path::new("/bin/sh"), 10, None).unwrap_err();
         assert_eq!(
@@ -474,7 +481,7 @@ mod tests {
     }
 
     /// Runs `command` and writes a line to its request channel after `after`.
-    fn interrupted(command: &str, after: Duration) -> ExecOutput {
+    fn interrupted(command: &str, after: Duration, grace: Option<Duration>) -> ExecOutput {
         let (host, executor) = std::os::unix::net::UnixStream::pair().unwrap();
         let writer = std::thread::spawn(move || {
             std::thread::sleep(after);
@@ -488,6 +495,7 @@ mod tests {
             timeout_ms: 60_000,
             max_output_bytes: 100,
             env: BTreeMap::new(),
+            interrupt_grace_ms: grace.map(|g| u64::try_from(g.as_millis()).unwrap()),
         };
         let watch = Watch {
             channel: std::os::fd::AsFd::as_fd(&executor),
@@ -507,7 +515,11 @@ mod tests {
 
     #[test]
     fn an_interrupt_sends_sigint_then_sigkill_after_the_grace() {
-        let got = interrupted("echo started; exec sleep 30", Duration::from_millis(200));
+        let got = interrupted(
+            "echo started; exec sleep 30",
+            Duration::from_millis(200),
+            None,
+        );
         assert_eq!(
             (
                 got.interrupted,
@@ -522,6 +534,7 @@ mod tests {
         let got = interrupted(
             "trap '' INT; echo started; sleep 30",
             Duration::from_millis(200),
+            None,
         );
         assert_eq!(
             (got.interrupted, got.signal, got.stdout.as_str()),
@@ -530,6 +543,28 @@ mod tests {
         let grace = u64::try_from(INTERRUPT_GRACE.as_millis()).unwrap();
         assert!(got.duration_ms >= 200 + grace, "{}", got.duration_ms);
         assert!(got.duration_ms < 200 + grace + 5_000, "{}", got.duration_ms);
+    }
+
+    #[test]
+    fn the_request_sets_the_grace_between_sigint_and_sigkill() {
+        // Longer than the default: the default would kill it about a second earlier.
+        let grace = INTERRUPT_GRACE + Duration::from_secs(1);
+        let got = interrupted(
+            "trap '' INT; echo started; sleep 30",
+            Duration::from_millis(200),
+            Some(grace),
+        );
+        assert_eq!((got.interrupted, got.signal), (true, Some(9)));
+        let grace = u64::try_from(grace.as_millis()).unwrap();
+        assert!(got.duration_ms >= 200 + grace, "{}", got.duration_ms);
+        // A command that stops on SIGINT does not wait for the grace.
+        let got = interrupted(
+            "echo started; exec sleep 30",
+            Duration::from_millis(200),
+            Some(Duration::from_secs(600)),
+        );
+        assert_eq!((got.interrupted, got.signal), (true, Some(2)));
+        assert!(got.duration_ms < 60_000, "{}", got.duration_ms);
     }
 
     #[test]

@@ -130,6 +130,11 @@ pub struct ExecRequest {
     /// Added to (or overriding) the executor's own environment.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// When interrupted: how long the command has between SIGINT and SIGKILL; the
+    /// executor's default (`INTERRUPT_GRACE`, 2 s) when absent. At most `timeout_ms` still
+    /// applies: the deadline kills the group whatever the grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupt_grace_ms: Option<u64>,
 }
 
 /// `read_file`: a window of lines from a regular file.
@@ -448,11 +453,12 @@ mod tests {
                     timeout_ms: 500,
                     max_output_bytes: 100,
                     env: BTreeMap::new(),
+                    interrupt_grace_ms: None,
                 }),
             },
         );
         check_request(
-            r#"{"op":"exec","id":2,"command":"env","workdir":"src","timeout_ms":1,"max_output_bytes":0,"env":{"A":"b"}}"#,
+            r#"{"op":"exec","id":2,"command":"env","workdir":"src","timeout_ms":1,"max_output_bytes":0,"env":{"A":"b"},"interrupt_grace_ms":5000}"#,
             Request {
                 id: 2,
                 op: Op::Exec(ExecRequest {
@@ -461,6 +467,7 @@ mod tests {
                     timeout_ms: 1,
                     max_output_bytes: 0,
                     env: BTreeMap::from([("A".into(), "b".into())]),
+                    interrupt_grace_ms: Some(5000),
                 }),
             },
         );

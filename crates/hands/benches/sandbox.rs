@@ -143,6 +143,7 @@ async fn round_trips(docker: &Docker, workspace: &std::path::Path) {
         timeout_ms: 60_000,
         max_output_bytes: 32 * 1024,
         env: Default::default(),
+        interrupt_grace_ms: None,
     };
 
     let mut shell = Vec::new();

@@ -146,6 +146,9 @@ pub struct SandboxConfig {
     /// [`HandsError::NoExecutor`]; a user opts in, and the choice is recorded
     /// ([`Sandbox::executor_use`]).
     pub per_call_fallback: bool,
+    /// How long an interrupted command has between SIGINT and SIGKILL (`[sandbox]
+    /// interrupt_grace_secs`); the executor's default, 2 s, unless set.
+    pub interrupt_grace: Duration,
 }
 
 impl SandboxConfig {
@@ -173,6 +176,7 @@ impl SandboxConfig {
             homes: None,
             transport: Transport::Socket,
             per_call_fallback: false,
+            interrupt_grace: nerve_executor::INTERRUPT_GRACE,
         }
     }
 }
@@ -242,6 +246,8 @@ struct Limits {
     memory_bytes: i64,
     pids: i64,
     max_file_bytes: i64,
+    /// Sent with each command: SIGINT to SIGKILL when it is interrupted.
+    interrupt_grace: Duration,
 }
 
 /// What the container's cgroup counted: OOM kills and forks refused by the pids limit.
@@ -363,6 +369,7 @@ impl Sandbox {
                 memory_bytes: config.memory_bytes,
                 pids: config.pids_limit,
                 max_file_bytes: config.max_file_bytes,
+                interrupt_grace: config.interrupt_grace,
             },
             counters: std::sync::Mutex::new(Counters::default()),
             executor_use: ExecutorUse::PerCall {
@@ -544,9 +551,13 @@ impl Sandbox {
     /// executor (the per-call fallback) the command is not interrupted.
     pub async fn exec_until(
         &self,
-        request: ExecRequest,
+        mut request: ExecRequest,
         interrupt: Option<Interrupt<'_>>,
     ) -> Result<Result<ExecOutput, String>, HandsError> {
+        if request.interrupt_grace_ms.is_none() {
+            request.interrupt_grace_ms =
+                Some(u64::try_from(self.limits.interrupt_grace.as_millis()).unwrap_or(u64::MAX));
+        }
         let limit = Duration::from_millis(request.timeout_ms).saturating_add(EXEC_GRACE);
         self.call_until(Op::Exec(request), limit, interrupt).await
     }
@@ -573,6 +584,7 @@ impl Sandbox {
             timeout_ms: 10_000,
             max_output_bytes: 4096,
             env: Default::default(),
+            interrupt_grace_ms: None,
         };
         let now = match self.exec(request).await {
             Ok(Ok(read)) => parse_counters(&read.stdout)?,

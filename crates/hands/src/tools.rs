@@ -190,6 +190,7 @@ impl SandboxTools {
             timeout_ms: timeout_secs * 1000,
             max_output_bytes: MAX_OUTPUT_BYTES,
             env: Default::default(),
+            interrupt_grace_ms: None,
         };
         let answer = self.sandbox.exec_until(request, interrupt).await;
         let limit = match &answer {

@@ -228,6 +228,9 @@ pub struct SandboxSection {
     /// When the sandbox's executor cannot run: `"refuse"` to start (the default) or
     /// `"per-call"` (each call its own `docker exec`; `--sandbox-fallback` on `run`).
     pub fallback: Option<SandboxFallback>,
+    /// Seconds an interrupted command (Ctrl-C, SIGTERM, cancel) has between SIGINT and
+    /// SIGKILL, to clean up; 2 when absent.
+    pub interrupt_grace_secs: Option<u64>,
 }
 
 /// What a sandbox does without a usable executor (`[sandbox] fallback`,
@@ -303,6 +306,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .checked_mul(1 << shift)
         .ok_or_else(|| format!("`{text}` is too large"))
 }
+
+/// The longest `[sandbox] interrupt_grace_secs`: a stop that waits longer is no stop.
+const MAX_INTERRUPT_GRACE_SECS: u64 = 3600;
 
 impl SandboxSection {
     /// Lays the file's limits over `config`'s defaults; a limit that cannot work is an error
@@ -380,6 +386,14 @@ impl SandboxSection {
             config.nano_cpus = nano;
         }
         config.per_call_fallback = self.fallback == Some(SandboxFallback::PerCall);
+        if let Some(secs) = self.interrupt_grace_secs {
+            if secs > MAX_INTERRUPT_GRACE_SECS {
+                return Err(RuntimeError::config(format!(
+                    "sandbox.interrupt_grace_secs: {secs} is too long (at most {MAX_INTERRUPT_GRACE_SECS}: an hour)"
+                )));
+            }
+            config.interrupt_grace = std::time::Duration::from_secs(secs);
+        }
         Ok(())
     }
 }
@@ -791,6 +805,17 @@ mod tests {
             apply("[sandbox]\ntmp_size = \"x\"")
                 .unwrap_err()
                 .starts_with("sandbox.tmp_size: ")
+        );
+        assert_eq!(
+            apply("[sandbox]\ninterrupt_grace_secs = 30")
+                .unwrap()
+                .interrupt_grace,
+            std::time::Duration::from_secs(30)
+        );
+        assert!(
+            apply("[sandbox]\ninterrupt_grace_secs = 3601")
+                .unwrap_err()
+                .starts_with("sandbox.interrupt_grace_secs: ")
         );
     }
 
