@@ -14,7 +14,8 @@ Steps (`op`):
   new_session {cwd}               -> session_id (kept for the steps after it)
   load_session {cwd, session_id}  -> the updates received while loading
   prompt {text}                   -> stop_reason, and the seconds from sending it to the
-                                  first agent_message_chunk (first_chunk_secs)
+                                  first agent_message_chunk (first_chunk_secs) and from
+                                  starting the agent's process to it (first_chunk_since_spawn_secs)
   prompt_cancel {text, after}     prompt; once an update of kind `after` (e.g. tool_call)
                                   has arrived, session/cancel; -> stop_reason and the
                                   seconds from the cancel to the answer
@@ -106,6 +107,7 @@ async def main(plan):
     results = []
     stderr = open(plan["stderr"], "ab")
     command = plan["command"]
+    spawned = time.monotonic()
     async with spawn_agent_process(
         recorder,
         command[0],
@@ -144,6 +146,7 @@ async def main(plan):
                     result["stop_reason"] = response.stop_reason
                     if recorder.first_chunk is not None:
                         result["first_chunk_secs"] = recorder.first_chunk - sent
+                        result["first_chunk_since_spawn_secs"] = recorder.first_chunk - spawned
                     result["updates"] = recorder.updates[before:]
                 elif op == "prompt_cancel":
                     before = len(recorder.updates)

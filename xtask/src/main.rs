@@ -23,6 +23,7 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // A command-line tool talking to its user.
 
+mod bench_acp;
 mod bench_e2e;
 mod bench_fleet;
 mod bench_fleet_engine;
@@ -40,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | eval [--tasks GLOB] [--max-turns N] [--no-peer] [--no-nerve] [--check-tasks] | image [python] | install-check [release] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
+const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | eval [--tasks GLOB] [--max-turns N] [--no-peer] [--no-nerve] [--check-tasks] | image [python] | install-check [release] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp|acp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -408,6 +409,10 @@ fn bench(area: Option<&str>) -> Result<()> {
     // End to end: the release `nerve` in the real sandbox against LangGraph (bench_e2e.rs).
     if area == Some("e2e") {
         return bench_e2e::bench();
+    }
+    // The editor's first words: `nerve acp` against `nerve run --jsonl` (bench_acp.rs).
+    if area == Some("acp") {
+        return bench_acp::bench();
     }
     // Fleets: the PostgreSQL log and `nerve worker` against LangGraph's PostgreSQL
     // checkpointer (bench_fleet.rs).
