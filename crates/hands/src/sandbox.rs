@@ -740,7 +740,7 @@ impl Sandbox {
         if let Ok(mut channel) = self.channel.try_lock() {
             channel.connection = None;
         }
-        // 404: already gone; 409: a removal (the reaper's) is already in progress.
+        // 404: already gone; 409: a removal (the reaper's) is already in progress, waited for.
         remove_container(&self.docker, &self.id).await
     }
 
@@ -1016,7 +1016,7 @@ async fn wait_gone(docker: &Docker, name: &str) -> Result<(), HandsError> {
             }
             Ok(_) => {
                 return Err(HandsError::SandboxInUse(format!(
-                    "the container {name} of a dead earlier attempt was still there {}s after its removal",
+                    "the container {name} was still there {}s after its removal",
                     REMOVAL_LIMIT.as_secs()
                 )));
             }
@@ -1025,8 +1025,9 @@ async fn wait_gone(docker: &Docker, name: &str) -> Result<(), HandsError> {
     }
 }
 
-/// Force-removes a container with its anonymous volumes; one already gone, or already
-/// being removed, counts as removed.
+/// Force-removes a container with its anonymous volumes; one already gone counts as
+/// removed, and one already being removed (by the reaper, say) is waited for until it is
+/// gone, so that no caller sees it still there after this returned.
 async fn remove_container(docker: &Docker, id: &str) -> Result<(), HandsError> {
     let options = RemoveContainerOptionsBuilder::default()
         .force(true)
@@ -1035,9 +1036,11 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<(), HandsError> {
     match docker.remove_container(id, Some(options)).await {
         Ok(())
         | Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 404 | 409,
-            ..
+            status_code: 404, ..
         }) => Ok(()),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 409, ..
+        }) => wait_gone(docker, id).await,
         Err(other) => Err(other.into()),
     }
 }
