@@ -177,6 +177,7 @@ fn an_editor_session_edits_asks_and_is_loaded_again() {
             {"op": "unknown_method"},
             {"op": "malformed"},
             {"op": "set_mode", "mode": "ask"},
+            {"op": "prompt", "text": "/compact"},
         ]),
         &["allow_once", "reject_once"],
     );
@@ -275,6 +276,24 @@ fn an_editor_session_edits_asks_and_is_loaded_again() {
     let malformed = &step(&first, "malformed")["error"];
     assert_eq!(malformed["code"], -32700, "{malformed}");
     assert_eq!(step(&first, "set_mode")["ok"], true, "{first}");
+
+    // The slash commands: offered once the session is open, and `/compact` alone is
+    // answered by the agent itself (no model call: the cassette has no line for it).
+    let offered: Vec<&str> = first["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "available_commands_update")
+        .flat_map(|u| u["availableCommands"].as_array().unwrap().iter())
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, ["plan", "compact"], "{first}");
+    assert_eq!(prompts[2]["stop_reason"], "end_turn", "{first}");
+    assert!(
+        text_of(&prompts[2]["updates"], "agent_message_chunk")
+            .contains("compacted before your next message"),
+        "{first}"
+    );
 
     // Both answers are in the log as a terminal's are; the start names the front end.
     let log = events(&s.db, &id);

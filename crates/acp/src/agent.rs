@@ -18,18 +18,20 @@ use std::time::Duration;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, ContentBlock, CurrentModeUpdate,
+    AgentCapabilities, AvailableCommand, AvailableCommandInput, AvailableCommandsUpdate,
+    CancelNotification, ContentBlock, CurrentModeUpdate,
     EmbeddedResourceResource, Implementation, InitializeRequest, InitializeResponse,
     LoadSessionRequest, LoadSessionResponse, McpCapabilities, McpServer, NewSessionRequest,
     NewSessionResponse, PermissionOption, PermissionOptionKind, PromptCapabilities, PromptRequest,
     PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionMode,
     SessionModeState, SessionNotification, SessionUpdate, SetSessionModeRequest,
     SetSessionModeResponse, StopReason, ToolCallUpdate, ToolCallUpdateFields,
+    UnstructuredCommandInput,
 };
 use agent_client_protocol::{Client, ConnectTo, Error};
 use async_trait::async_trait;
 use nerve_core::event::CallPurpose;
-use nerve_core::{Event, ExecutionId, TerminationReason, ToolCall};
+use nerve_core::{Event, ExecutionId, LoopType, TerminationReason, ToolCall};
 use nerve_runtime::RuntimeError;
 use nerve_runtime::config::Config;
 use nerve_runtime::launch::{ChatRequest, ClientMcpServer, Launch};
@@ -69,6 +71,8 @@ struct Conversation {
     /// One prompt at a time: the next waits for the last to end.
     turn: Arc<tokio::sync::Mutex<()>>,
     ears: Arc<Ears>,
+    /// `/compact` without a message: the next prompt compacts the context first.
+    compact_next: AtomicBool,
 }
 
 /// Who answers an `ask` rule, by the session's mode.
@@ -311,9 +315,16 @@ pub(crate) async fn serve(
                 async move |request: NewSessionRequest, responder, cx| {
                     let agent = Arc::clone(&new);
                     tokio::spawn(async move {
-                        let answer = agent.new_session(request, cx).await;
+                        let (answer, opened) = match agent.new_session(request, cx).await {
+                            Ok((answer, conversation)) => (Ok(answer), Some(conversation)),
+                            Err(error) => (Err(error), None),
+                        };
                         if let Err(error) = responder.respond_with_result(answer) {
                             tracing::debug!(%error, "session/new answer not sent");
+                        }
+                        // After the answer, so that the client knows the session it is for.
+                        if let Some(conversation) = opened {
+                            conversation.ears.send(vec![commands_update()]);
                         }
                     });
                     Ok(())
@@ -324,9 +335,16 @@ pub(crate) async fn serve(
                 async move |request: LoadSessionRequest, responder, cx| {
                     let agent = Arc::clone(&load);
                     tokio::spawn(async move {
-                        let answer = agent.load_session(request, cx).await;
+                        let (answer, opened) = match agent.load_session(request, cx).await {
+                            Ok((answer, conversation)) => (Ok(answer), Some(conversation)),
+                            Err(error) => (Err(error), None),
+                        };
                         if let Err(error) = responder.respond_with_result(answer) {
                             tracing::debug!(%error, "session/load answer not sent");
+                        }
+                        // After the answer, so that the client knows the session it is for.
+                        if let Some(conversation) = opened {
+                            conversation.ears.send(vec![commands_update()]);
                         }
                     });
                     Ok(())
@@ -442,7 +460,7 @@ impl Agent {
         &self,
         request: NewSessionRequest,
         client: ConnectionTo<Client>,
-    ) -> Result<NewSessionResponse, Error> {
+    ) -> Result<(NewSessionResponse, Arc<Conversation>), Error> {
         let launch = nerve_runtime::launch::conversation(
             &self.request(None),
             &request.cwd,
@@ -452,9 +470,13 @@ impl Agent {
         .await
         .map_err(refused)?;
         let id = launch.execution_id.to_string();
-        self.open(launch, &request.mcp_servers, client, false)
+        let conversation = self
+            .open(launch, &request.mcp_servers, client, false)
             .await?;
-        Ok(NewSessionResponse::new(id).modes(Mode::Ask.state()))
+        Ok((
+            NewSessionResponse::new(id).modes(Mode::Ask.state()),
+            conversation,
+        ))
     }
 
     /// `session/load`: the execution reopened in a fresh sandbox, its conversation told
@@ -463,7 +485,7 @@ impl Agent {
         &self,
         request: LoadSessionRequest,
         client: ConnectionTo<Client>,
-    ) -> Result<LoadSessionResponse, Error> {
+    ) -> Result<(LoadSessionResponse, Arc<Conversation>), Error> {
         let id = request.session_id.0.to_string();
         if self.conversation(&request.session_id).is_ok() {
             return Err(Error::invalid_params()
@@ -484,7 +506,10 @@ impl Agent {
             .ears
             .with_updates(|updates| updates.transcript(&resumable.state.messages));
         conversation.ears.send(replay);
-        Ok(LoadSessionResponse::new().modes(Mode::Ask.state()))
+        Ok((
+            LoadSessionResponse::new().modes(Mode::Ask.state()),
+            conversation,
+        ))
     }
 
     /// Opens `launch`'s sandbox with this session's ears, and keeps the session.
@@ -533,6 +558,7 @@ impl Agent {
             current: Mutex::new(None),
             turn: Arc::new(tokio::sync::Mutex::new(())),
             ears,
+            compact_next: AtomicBool::new(false),
         });
         self.sessions
             .lock()
@@ -558,13 +584,33 @@ impl Agent {
         let conversation = self.conversation(&request.session_id)?;
         let text = prompt_text(&request.prompt)?;
         let turn = Arc::clone(&conversation.turn).lock_owned().await;
+        let first = !conversation.started.load(Ordering::SeqCst);
+        let (text, loop_type, compact) = match command(&text) {
+            Some(Command::Plan(rest)) if !rest.is_empty() => {
+                (rest.to_owned(), LoopType::PlanExecute, false)
+            }
+            Some(Command::Plan(_)) => {
+                conversation.ears.send(vec![said("/plan needs a message: /plan TEXT")]);
+                return Ok(PromptResponse::new(StopReason::EndTurn));
+            }
+            Some(Command::Compact(rest)) if rest.is_empty() => {
+                conversation.compact_next.store(!first, Ordering::SeqCst);
+                conversation.ears.send(vec![said(if first {
+                    "nothing to compact yet"
+                } else {
+                    "the context will be compacted before your next message runs"
+                })]);
+                return Ok(PromptResponse::new(StopReason::EndTurn));
+            }
+            Some(Command::Compact(rest)) => (rest.to_owned(), self.settings.loop_type, !first),
+            None => (text, self.settings.loop_type, false),
+        };
+        let compact = compact || conversation.compact_next.swap(false, Ordering::SeqCst);
         let cancel = CancellationToken::new();
         *conversation
             .current
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(cancel.clone());
-        let first = !conversation.started.load(Ordering::SeqCst);
-        let loop_type = self.settings.loop_type;
         // The turn runs as a task of its own: a cancelled prompt answers within the
         // grace even when the turn takes longer to stop, and the turn still ends cleanly
         // (the next prompt waits for it through the turn lock it holds).
@@ -574,7 +620,7 @@ impl Agent {
             tokio::spawn(async move {
                 let outcome = conversation
                     .session
-                    .send(&text, loop_type, first, false, cancel)
+                    .send(&text, loop_type, first, compact, cancel)
                     .await;
                 if outcome.is_ok() {
                     conversation.started.store(true, Ordering::SeqCst);
@@ -623,13 +669,7 @@ impl Agent {
                 let redacted = conversation
                     .ears
                     .with_updates(|updates| updates.redact(&line));
-                conversation
-                    .ears
-                    .send(vec![SessionUpdate::AgentMessageChunk(
-                        agent_client_protocol::v1::schema::ContentChunk::new(ContentBlock::Text(
-                            agent_client_protocol::v1::schema::TextContent::new(redacted),
-                        )),
-                    )]);
+                conversation.ears.send(vec![said(&redacted)]);
                 StopReason::EndTurn
             }
         };
@@ -672,6 +712,61 @@ impl Agent {
             )]);
         Ok(SetSessionModeResponse::new())
     }
+}
+
+/// The slash commands an editor offers (`available_commands_update`); a prompt that starts
+/// with one is that command, anything else (an unknown `/word` too) goes to the model.
+#[derive(Debug, PartialEq, Eq)]
+enum Command<'a> {
+    /// `/plan TEXT`: TEXT planned first (plan-execute), then carried out.
+    Plan(&'a str),
+    /// `/compact [TEXT]`: the context compacted before TEXT (or the next prompt) runs.
+    Compact(&'a str),
+}
+
+fn command(text: &str) -> Option<Command<'_>> {
+    let rest = text.trim_start().strip_prefix('/')?;
+    let (name, rest) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    let rest = rest.trim();
+    match name {
+        "plan" => Some(Command::Plan(rest)),
+        "compact" => Some(Command::Compact(rest)),
+        _ => None,
+    }
+}
+
+/// The `available_commands_update` sent once a session is open.
+fn commands_update() -> SessionUpdate {
+    let command = |name: &str, description: &str, hint: Option<&str>| {
+        let command = AvailableCommand::new(name, description);
+        match hint {
+            Some(hint) => command.input(AvailableCommandInput::Unstructured(
+                UnstructuredCommandInput::new(hint),
+            )),
+            None => command,
+        }
+    };
+    SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(vec![
+        command(
+            "plan",
+            "plan the message first (plan-execute), then carry it out",
+            Some("what to plan and do"),
+        ),
+        command(
+            "compact",
+            "compact the context before the next message runs",
+            Some("optionally, the next message"),
+        ),
+    ]))
+}
+
+/// A line of the agent's own (not the model's) as a message chunk.
+fn said(text: &str) -> SessionUpdate {
+    SessionUpdate::AgentMessageChunk(agent_client_protocol::v1::schema::ContentChunk::new(
+        ContentBlock::Text(agent_client_protocol::v1::schema::TextContent::new(
+            text.to_owned(),
+        )),
+    ))
 }
 
 /// A runtime error as the client sees it: a request it can mend (a bad `cwd`, an unknown
@@ -747,6 +842,20 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn a_prompt_that_starts_with_a_known_command_is_that_command() {
+        assert_eq!(command("/plan fix it"), Some(Command::Plan("fix it")));
+        assert_eq!(command("  /plan\n fix\nit "), Some(Command::Plan("fix\nit")));
+        assert_eq!(command("/plan"), Some(Command::Plan("")));
+        assert_eq!(command("/compact"), Some(Command::Compact("")));
+        assert_eq!(command("/compact then go"), Some(Command::Compact("then go")));
+        // Anything else is for the model.
+        assert_eq!(command("/etc/hosts holds what?"), None);
+        assert_eq!(command("/planning"), None);
+        assert_eq!(command("plan /compact"), None);
+        assert_eq!(command(""), None);
+    }
 
     fn check_prompt(blocks: Vec<ContentBlock>, expected: Result<&str, &str>) {
         let got = prompt_text(&blocks).map_err(|error| {
