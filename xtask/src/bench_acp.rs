@@ -71,7 +71,9 @@ pub(crate) fn bench() -> Result<()> {
         run.push(terminal);
     }
     let (acp_spawn, acp_prompt, run) = (median(acp_spawn), median(acp_prompt), median(run));
-    println!("first words of the answer, release nerve, scripted provider, real sandbox ({rounds} rounds, medians)");
+    println!(
+        "first words of the answer, release nerve, scripted provider, real sandbox ({rounds} rounds, medians)"
+    );
     println!(
         "  nerve acp (Python ACP client), spawn -> first agent_message_chunk: {:.1} ms",
         acp_spawn * 1e3
@@ -129,8 +131,8 @@ fn acp_first_chunk(
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }
-    let result: serde_json::Value = serde_json::from_slice(&output.stdout)
-        .context("the ACP client printed no JSON")?;
+    let result: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("the ACP client printed no JSON")?;
     let prompt = result["steps"]
         .as_array()
         .and_then(|steps| steps.iter().find(|step| step["op"] == "prompt"))
@@ -163,7 +165,12 @@ fn run_first_delta(
         .arg("run")
         .arg("--workspace")
         .arg(workspace)
-        .args(["--task", "What does the workspace hold?", "--provider", provider])
+        .args([
+            "--task",
+            "What does the workspace hold?",
+            "--provider",
+            provider,
+        ])
         .arg("--jsonl")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -19,14 +19,13 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, AvailableCommand, AvailableCommandInput, AvailableCommandsUpdate,
-    CancelNotification, ContentBlock, CurrentModeUpdate,
-    EmbeddedResourceResource, Implementation, InitializeRequest, InitializeResponse,
-    LoadSessionRequest, LoadSessionResponse, McpCapabilities, McpServer, NewSessionRequest,
-    NewSessionResponse, PermissionOption, PermissionOptionKind, PromptCapabilities, PromptRequest,
-    PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionMode,
-    SessionModeState, SessionNotification, SessionUpdate, SetSessionModeRequest,
-    SetSessionModeResponse, StopReason, ToolCallUpdate, ToolCallUpdateFields,
-    UnstructuredCommandInput,
+    CancelNotification, ContentBlock, CurrentModeUpdate, EmbeddedResourceResource, Implementation,
+    InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse,
+    McpCapabilities, McpServer, NewSessionRequest, NewSessionResponse, PermissionOption,
+    PermissionOptionKind, PromptCapabilities, PromptRequest, PromptResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionMode, SessionModeState,
+    SessionNotification, SessionUpdate, SetSessionModeRequest, SetSessionModeResponse, StopReason,
+    ToolCallUpdate, ToolCallUpdateFields, UnstructuredCommandInput,
 };
 use agent_client_protocol::{Client, ConnectTo, Error};
 use async_trait::async_trait;
@@ -590,10 +589,12 @@ impl Agent {
                 (rest.to_owned(), LoopType::PlanExecute, false)
             }
             Some(Command::Plan(_)) => {
-                conversation.ears.send(vec![said("/plan needs a message: /plan TEXT")]);
+                conversation
+                    .ears
+                    .send(vec![said("/plan needs a message: /plan TEXT")]);
                 return Ok(PromptResponse::new(StopReason::EndTurn));
             }
-            Some(Command::Compact(rest)) if rest.is_empty() => {
+            Some(Command::Compact("")) => {
                 conversation.compact_next.store(!first, Ordering::SeqCst);
                 conversation.ears.send(vec![said(if first {
                     "nothing to compact yet"
@@ -846,10 +847,16 @@ mod tests {
     #[test]
     fn a_prompt_that_starts_with_a_known_command_is_that_command() {
         assert_eq!(command("/plan fix it"), Some(Command::Plan("fix it")));
-        assert_eq!(command("  /plan\n fix\nit "), Some(Command::Plan("fix\nit")));
+        assert_eq!(
+            command("  /plan\n fix\nit "),
+            Some(Command::Plan("fix\nit"))
+        );
         assert_eq!(command("/plan"), Some(Command::Plan("")));
         assert_eq!(command("/compact"), Some(Command::Compact("")));
-        assert_eq!(command("/compact then go"), Some(Command::Compact("then go")));
+        assert_eq!(
+            command("/compact then go"),
+            Some(Command::Compact("then go"))
+        );
         // Anything else is for the model.
         assert_eq!(command("/etc/hosts holds what?"), None);
         assert_eq!(command("/planning"), None);

@@ -31,8 +31,8 @@ use crate::epistemic::{keep_threshold, matches_groups};
 
 mod digest;
 
-pub use digest::{digest, preview};
 use digest::{DIGEST_HEADER, found, line_shape, odd_lines};
+pub use digest::{digest, preview};
 
 /// Thresholds and sizes. Percentages are of the context window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

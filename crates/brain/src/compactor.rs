@@ -8,16 +8,15 @@ use nerve_core::event::{CallPurpose, Compaction, CompactionStrategy, CompactionT
 use nerve_core::text::clip;
 use nerve_core::{
     ArchivedBlock, BlockId, ContextArchive, Event, ExecutionId, Message, MessagePart, MessageRole,
-    TerminationReason, ToolCall, ToolResult,
+    TerminationReason, ToolResult,
 };
 use tracing::Instrument;
 
-use crate::builtin::{BuiltinTool, CompressArgs, CompressStrategy, RecallArgs};
+use crate::builtin::BuiltinTool;
 use crate::caller::{CallError, ModelCaller};
 use crate::compaction::{
-    self, ARCHIVED, Budget, CompactionStrategyRequest, MASKED, SUMMARY_PROMPT, at_or_above,
-    extractive_summary, head_end, is_summary, kept_form, masked, plan_mask, plan_summary, preview,
-    summary_message, transcript,
+    self, ARCHIVED, Budget, MASKED, SUMMARY_PROMPT, at_or_above, extractive_summary, head_end,
+    is_summary, kept_form, masked, plan_mask, plan_summary, preview, summary_message,
 };
 use crate::config::EngineConfig;
 use crate::journal::Journal;

@@ -320,8 +320,7 @@ fn extractive_summary_keeps_paths_errors_and_numbers() {
         Message::text(MessageRole::Assistant, "Which table holds the sessions?"),
     ];
     let refs: Vec<&Message> = messages.iter().collect();
-    let summary =
-        extractive_summary("fix the build", &refs, Some("## Goal\n- earlier"), 10_000);
+    let summary = extractive_summary("fix the build", &refs, Some("## Goal\n- earlier"), 10_000);
     assert!(
         summary.contains("src/db/schema.rs:42: error[E0308]: mismatched types"),
         "{summary}"
@@ -724,7 +723,9 @@ fn the_summary_puts_repeated_lines_last_and_keeps_few_questions_open() {
         "[masked: the output of shell (900 tokens) was archived as block b; call recall with this block_id to see it; its notable lines:]\nLISTEN 0 511 127.0.0.1:6379",
         false,
     ));
-    messages.push(Message::user("[Nerve] Archived lines that mention what was just said (`x`), from block b:\nsrc/a.rs:1"));
+    messages.push(Message::user(
+        "[Nerve] Archived lines that mention what was just said (`x`), from block b:\nsrc/a.rs:1",
+    ));
     // The odd line and the five newest questions come first; older questions and the
     // thirty steps alike go when room runs out, and Nerve's note never comes in.
     check_extractive(
@@ -880,9 +881,7 @@ fn previews_keep_both_ends() {
     let content = format!("BEGIN{}END", "x".repeat(10_000));
     let block = BlockId::new();
     let text = preview(&content, 300, block, 300);
-    assert!(
-        text.contains("BEGIN") && text.ends_with("END") && text.contains(&block.to_string())
-    );
+    assert!(text.contains("BEGIN") && text.ends_with("END") && text.contains(&block.to_string()));
     assert!(text.len() < 600);
     assert_eq!(text, preview(&content, 300, block, 0), "nothing notable");
     // The middle's error, left out of head and tail, is kept in the digest.

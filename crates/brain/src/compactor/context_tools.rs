@@ -152,7 +152,7 @@ pub(crate) fn block_text(block: &ArchivedBlock) -> String {
 /// The page of `text` (block `id`) that starts `offset` characters in: at most
 /// `page_chars` bytes, cut at a character boundary, between a header that says which
 /// characters these are and a footer that says how many remain and how to get them.
-pub(super) fn page(id: BlockId, note: &str, text: &str, offset: u64, page_chars: usize) -> (String, bool) {
+fn page(id: BlockId, note: &str, text: &str, offset: u64, page_chars: usize) -> (String, bool) {
     let total = text.chars().count();
     let offset = usize::try_from(offset).unwrap_or(usize::MAX);
     if offset > total || (offset == total && total > 0) {

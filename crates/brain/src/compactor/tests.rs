@@ -6,8 +6,9 @@ use nerve_core::event::CompactionTrigger;
 use nerve_core::{EventSink, ExecutionId, TaskId, TaskStatus};
 use tokio_util::sync::CancellationToken;
 
-use super::context_tools::{page, recall};
+use super::context_tools::recall;
 use super::*;
+use crate::builtin::RecallArgs;
 use crate::engine::{AgentEngine, EngineConfig, Task};
 use crate::scripted::ScriptedProvider;
 use crate::testing::{EchoTools, MemorySink};
@@ -21,8 +22,7 @@ fn with_compactor<T: Send + 'static>(
     provider: Arc<dyn crate::Provider>,
     body: impl for<'c> FnOnce(
         &'c mut Compactor<'_>,
-    )
-        -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'c>>
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'c>>
     + Send
     + 'static,
 ) -> Option<T> {
@@ -38,8 +38,7 @@ fn with_compactor<T: Send + 'static>(
             ..EngineConfig::default()
         };
         let counter = crate::tokens::counter_for_model(provider.model());
-        let mut window =
-            Window::new(vec![Message::system("system")], counter, 0, Some(capacity));
+        let mut window = Window::new(vec![Message::system("system")], counter, 0, Some(capacity));
         let sink: Arc<dyn EventSink> = Arc::new(MemorySink::default());
         let mut journal = Journal::new(execution, sink);
         let mut caller = ModelCaller::new(
@@ -216,9 +215,8 @@ async fn soft_masking_waits_until_it_frees_a_tenth_of_the_window() {
     let window = 20_000;
     // Long notes: once they fill the window's first 60%, masking alone cannot get
     // below the soft threshold, and each turn has one more result to mask.
-    let note =
-        "the module compiles, but the integration check still reports a stale cache entry; "
-            .repeat(12);
+    let note = "the module compiles, but the integration check still reports a stale cache entry; "
+        .repeat(12);
     let cassette: Vec<String> = (0..70)
         .map(|i| {
             serde_json::json!({

@@ -47,7 +47,10 @@ impl EventColumns {
         self.snapshot.push(snapshot);
     }
 
-    pub(super) async fn insert<C: GenericClient, S: tokio_postgres::ToStatement + ?Sized + Sync + Send>(
+    pub(super) async fn insert<
+        C: GenericClient,
+        S: tokio_postgres::ToStatement + ?Sized + Sync + Send,
+    >(
         &self,
         client: &C,
         statement: &S,
@@ -102,7 +105,10 @@ impl BlockColumns {
         self.text.push(text);
     }
 
-    pub(super) async fn insert<C: GenericClient, S: tokio_postgres::ToStatement + ?Sized + Sync + Send>(
+    pub(super) async fn insert<
+        C: GenericClient,
+        S: tokio_postgres::ToStatement + ?Sized + Sync + Send,
+    >(
         &self,
         client: &C,
         statement: &S,
@@ -124,7 +130,10 @@ impl BlockColumns {
 }
 
 /// Writes the heads and index rows of `heads` (their executions' rows are locked).
-pub(super) async fn update_heads<C: GenericClient, S: tokio_postgres::ToStatement + ?Sized + Sync + Send>(
+pub(super) async fn update_heads<
+    C: GenericClient,
+    S: tokio_postgres::ToStatement + ?Sized + Sync + Send,
+>(
     client: &C,
     statement: &S,
     heads: &[&Head],
