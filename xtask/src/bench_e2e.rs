@@ -34,6 +34,46 @@ const ROUNDS: usize = 3;
 /// The anchor at 1,000 turns takes minutes; it runs once per size.
 const ANCHOR_PACKAGES: [&str; 3] = ["langgraph", "langgraph-checkpoint-sqlite", "langchain-core"];
 
+/// `NERVE_BENCH_BEFORE=OLD-NERVE cargo xtask bench e2e`: a change's cost on the turn path,
+/// the release `nerve` of a base (built elsewhere) against this one, 1,000 reading turns,
+/// alternating base and head `rounds` times (same executor, same harness); the median per
+/// turn of each side (log span) and their ratio. Nothing else runs.
+fn before_after(
+    before: &Path,
+    after: &Path,
+    executor: &Path,
+    work: &Path,
+    rounds: usize,
+) -> Result<()> {
+    let turns = SIZES[SIZES.len() - 1];
+    let (mut base, mut head) = (Vec::new(), Vec::new());
+    // Ends: `rounds` iterations of two runs.
+    for round in 0..rounds {
+        for (side, nerve, runs) in [("base", before, &mut base), ("head", after, &mut head)] {
+            let dir = work.join(format!("{side}-{round}"));
+            let measured = nerve_run(nerve, executor, &dir, turns, Workload::Read)?;
+            eprintln!(
+                "{side} {turns} turns, round {}: {:.0} us/turn, {:.2} s wall",
+                round + 1,
+                measured.per_turn_us,
+                measured.wall_s
+            );
+            runs.push(measured.per_turn_us);
+        }
+    }
+    let median = |runs: &mut Vec<f64>| {
+        runs.sort_by(f64::total_cmp);
+        runs[runs.len() / 2]
+    };
+    let (base_us, head_us) = (median(&mut base), median(&mut head));
+    println!(
+        "{turns} turns, median of {rounds} rounds each: base {base_us:.0} us/turn ({}), head {head_us:.0} us/turn: {:.2}x",
+        before.display(),
+        head_us / base_us
+    );
+    Ok(())
+}
+
 /// One Nerve run of `turns` tool turns, measured from its log.
 #[derive(Debug, Clone)]
 pub(crate) struct NerveRun {
@@ -68,6 +108,9 @@ pub(crate) fn bench() -> Result<()> {
         .and_then(|v| v.parse().ok())
         .filter(|&n: &usize| n > 0)
         .unwrap_or(ROUNDS);
+    if let Some(before) = std::env::var_os("NERVE_BENCH_BEFORE") {
+        return before_after(Path::new(&before), &nerve, &executor, &work, rounds);
+    }
     let load_before = load_average();
 
     // Nerve, sizes interleaved round by round, each run between two fsync probes.
