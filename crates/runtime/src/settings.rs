@@ -530,7 +530,8 @@ fn insert(table: &mut toml::Table, parts: &[&str], value: &toml::Value, list: bo
     }
 }
 
-/// The entries with the defaults of the keys every execution has, where no layer set them.
+/// The entries with the keys every execution has first, in a fixed order (with their
+/// defaults where no layer set them), then the rest in the order written.
 fn with_defaults(mut entries: Vec<Entry>) -> Vec<Entry> {
     let defaults = [
         (
@@ -548,22 +549,23 @@ fn with_defaults(mut entries: Vec<Entry>) -> Vec<Entry> {
         ),
         ("context_window", None),
     ];
-    for (position, (key, value)) in defaults.into_iter().enumerate() {
-        if !entries.iter().any(|e| e.key == key) {
-            entries.insert(
-                position.min(entries.len()),
-                Entry {
-                    key: key.to_owned(),
-                    value,
-                    origin: Origin {
-                        layer: Layer::Default,
-                        detail: None,
-                    },
+    let mut first = Vec::with_capacity(defaults.len());
+    for (key, value) in defaults {
+        let entry = match entries.iter().position(|e| e.key == key) {
+            Some(at) => entries.remove(at),
+            None => Entry {
+                key: key.to_owned(),
+                value,
+                origin: Origin {
+                    layer: Layer::Default,
+                    detail: None,
                 },
-            );
-        }
+            },
+        };
+        first.push(entry);
     }
-    entries
+    first.extend(entries);
+    first
 }
 
 /// How strict an approval setting is: the mode, else what `[policy] default` amounts to.
