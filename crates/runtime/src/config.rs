@@ -467,22 +467,6 @@ impl Config {
         })
     }
 
-    /// The configuration with `run --sandbox-fallback`, when given, in place of the file's.
-    pub fn with_fallback(mut self, flag: Option<SandboxFallback>) -> Self {
-        if flag.is_some() {
-            self.sandbox.fallback = flag;
-        }
-        self
-    }
-
-    /// The configuration with `--approval`'s mode laid over the file's.
-    pub fn with_approval(mut self, flag: Option<nerve_brain::approval::ApprovalMode>) -> Self {
-        if flag.is_some() {
-            self.approval = flag;
-        }
-        self
-    }
-
     /// Reads `path`, or the defaults when no file was named.
     pub fn load(path: Option<&Path>) -> Result<Self, RuntimeError> {
         let Some(path) = path else {
