@@ -860,3 +860,58 @@ fn chat_keys_and_commands_status_model_new_clear_and_a_clock_while_waiting() {
     let list: serde_json::Value = serde_json::from_str(stdout(&list).trim()).unwrap();
     assert!(list.as_array().unwrap().len() >= 2, "{list}");
 }
+
+/// `/model NAME` on an HTTP provider: the next message is asked of NAME (an
+/// OpenAI-compatible server in the test records each request's `model`), and `/status`
+/// says so.
+#[test]
+fn slash_model_asks_another_model_from_the_next_message_on() {
+    if !docker_available() {
+        return;
+    }
+    let s = setup("");
+    let model = crate::proxy::fake_model(vec![
+        serde_json::json!({"content": "First from the server."}),
+        serde_json::json!({"content": "Second from the server."}),
+    ]);
+    let url = format!("http://127.0.0.1:{}/v1", model.port);
+    let state = s.state.display().to_string();
+    let term = Tmux::start(
+        &[
+            "--db",
+            s.db.to_str().unwrap(),
+            "chat",
+            "--workspace",
+            s.workspace.to_str().unwrap(),
+            "--provider",
+            "openai",
+            "--model",
+            "test-model",
+        ],
+        &[
+            ("XDG_STATE_HOME", state.as_str()),
+            ("OPENAI_BASE_URL", url.as_str()),
+        ],
+    );
+    term.wait_for("type a message");
+    term.say("one");
+    term.wait_for("First from the server.");
+    term.say("/model other-model");
+    term.wait_for("the next message asks other-model");
+    term.say("/status");
+    term.wait_for("provider openai · model other-model");
+    term.say("two");
+    term.wait_for("Second from the server.");
+    term.say("/exit");
+    term.wait_for("nerve exited 0");
+    let asked: Vec<String> = model
+        .requests()
+        .iter()
+        .map(|raw| {
+            let (_, body) = raw.split_once("\n\n").unwrap();
+            let body: serde_json::Value = serde_json::from_str(body).unwrap();
+            body["model"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(asked, ["test-model", "other-model"]);
+}
