@@ -288,7 +288,12 @@ impl Checkpoints {
             Some(tree) if !changed => tree,
             _ => self.write_tree(&entries, 0, &mut state.trees)?,
         };
-        if let Err(error) = owners::record(&self.config.store, &tree.hex(), &owned) {
+        // An owner or mode that changed moved the file's change time, so the stat cache
+        // saw it (`dirty`): an unchanged workspace costs no read of the owners.
+        let hex = tree.hex();
+        if (changed || dirty || !owners::recorded(&self.config.store, &hex))
+            && let Err(error) = owners::record(&self.config.store, &hex, &owned)
+        {
             // A rewind of this tree then restores files as the restoring process owns them.
             tracing::warn!(%error, "the snapshot's owners are not recorded");
         }

@@ -38,6 +38,11 @@ fn file(store: &Path, tree: &str) -> PathBuf {
     store.join(DIR).join(tree)
 }
 
+/// Whether the owners of `tree` are in the store.
+pub(crate) fn recorded(store: &Path, tree: &str) -> bool {
+    file(store, tree).is_file()
+}
+
 /// Records the owners of `tree`'s files (in the tree's order), unless the store holds
 /// exactly these already.
 pub(crate) fn record(
