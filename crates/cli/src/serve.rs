@@ -52,7 +52,7 @@ pub(crate) async fn serve(
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {
-        // Ctrl-C or SIGTERM: stop accepting, stop the executions at their next boundary.
+        // Ctrl-C or SIGTERM: stop accepting, stop the executions at once (as Ctrl-C stops a run).
         wait_for_signal().await;
         stop.cancel();
     });
