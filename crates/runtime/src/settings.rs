@@ -7,7 +7,8 @@
 //! A workspace is not the user's: whoever wrote its `.nerve/config.toml` may not be the
 //! person running Nerve. So the project's file cannot loosen what the user's files forbid
 //! (a looser approval, an `allow` rule where the user asks or denies, the sandbox's
-//! fallback or larger limits, network rules, MCP servers on the host) — refused with one
+//! fallback or larger limits, network rules, MCP servers on the host or given host
+//! variables, a host file in the image, a cache other workspaces share) — refused with one
 //! line naming both files — and its hooks, which run on the host, are ignored unless the
 //! user's file says `trust_project_hooks = true`.
 
@@ -714,6 +715,28 @@ fn check_project(
         return Err(refuse(
             format!("MCP server `{}` with trust = \"host\"", server.name),
             "nothing of a project's runs on the host unless the user's files say so".to_owned(),
+        ));
+    }
+    if let Some(server) = project.mcp.servers.iter().find(|s| !s.env.is_empty()) {
+        return Err(refuse(
+            format!("MCP server `{}` with env", server.name),
+            "the host's variables reach a sandbox only by the user's files".to_owned(),
+        ));
+    }
+    if project.sandbox.busybox.is_some() {
+        return Err(refuse(
+            "sandbox.busybox".to_owned(),
+            "a host file goes into the sandbox image only by the user's files".to_owned(),
+        ));
+    }
+    let caches = &project.sandbox.caches;
+    if [&caches.pip, &caches.npm, &caches.cargo]
+        .into_iter()
+        .any(|c| matches!(c, Some(crate::config::CacheSetting::Shared(_))))
+    {
+        return Err(refuse(
+            "a shared [sandbox.caches] volume".to_owned(),
+            "a cache other workspaces share is named only by the user's files (`true` keeps one for this workspace)".to_owned(),
         ));
     }
     if project.trust_project_hooks.is_some() {

@@ -246,6 +246,21 @@ fn a_project_cannot_loosen_what_the_user_forbids() {
         "[[mcp.servers]]\nname = \"x\"\ncommand = \"x\"\ntrust = \"host\"",
         "MCP server `x`",
     );
+    check(
+        None,
+        "[[mcp.servers]]\nname = \"y\"\ncommand = \"y\"\nenv = [\"DATABASE_URL\"]",
+        "MCP server `y` with env",
+    );
+    check(
+        None,
+        "[sandbox]\nbusybox = \"/root/.ssh/id_rsa\"",
+        "sandbox.busybox",
+    );
+    check(
+        None,
+        "[sandbox.caches]\ncargo = \"team-cargo\"",
+        "shared [sandbox.caches]",
+    );
 }
 
 #[test]
@@ -265,6 +280,7 @@ fn a_project_may_tighten_and_decide_what_the_user_leaves_open() {
             Some("approval = \"ask\""),
             "[[rules]]\ntool = \"shell\"\ncommand = \"rm *\"\ndecision = \"deny\"",
         ),
+        (None, "[sandbox.caches]\npip = true"),
     ] {
         let setup = setup(user, Some(project), None);
         load(&setup.sources).unwrap_or_else(|e| panic!("{project}: {e}"));
