@@ -131,6 +131,11 @@ impl Tmux {
         self.wait_for_count(text, 1)
     }
 
+    /// The visible screen alone, without the scrollback.
+    fn visible(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-J"])
+    }
+
     /// Waits until the chat's prompt is the last line: the line editor owns the terminal
     /// (typing earlier could be lost when it switches the terminal to raw mode).
     fn wait_for_prompt(&self) {
@@ -223,6 +228,21 @@ fn chat_in_tmux(s: &Setup, args: &[&str]) -> Tmux {
     ];
     all.extend(args);
     Tmux::start(&all, &[("XDG_STATE_HOME", state.as_str())])
+}
+
+/// `nerve chat` on the setup's workspace and cassette, once it waits for a message.
+fn chat_on_workspace(s: &Setup) -> Tmux {
+    let term = chat_in_tmux(
+        s,
+        &[
+            "--workspace",
+            s.workspace.to_str().unwrap(),
+            "--provider",
+            &s.provider,
+        ],
+    );
+    term.wait_for("type a message");
+    term
 }
 
 /// `nerve run --continue ID --task MESSAGE`, expected to complete; its output and stdout.
@@ -671,16 +691,7 @@ fn ctrl_c_in_chat_starts_no_tool_call_and_interrupts_the_running_command() {
         return;
     }
     let s = setup(STOP_CASSETTE);
-    let term = chat_in_tmux(
-        &s,
-        &[
-            "--workspace",
-            s.workspace.to_str().unwrap(),
-            "--provider",
-            &s.provider,
-        ],
-    );
-    term.wait_for("type a message");
+    let term = chat_on_workspace(&s);
     let count = |kind: &str| read_log(&s.db).iter().filter(|e| e.kind == kind).count();
     // Ends: PATIENCE bounds every wait.
     let wait_until = |what: &str, done: &dyn Fn() -> bool| {
@@ -750,4 +761,157 @@ fn ctrl_c_in_chat_starts_no_tool_call_and_interrupts_the_running_command() {
         serde_json::from_str(stdout(&resume).lines().last().unwrap()).unwrap();
     assert_eq!(result["termination_reason"], "completed", "{result}");
     assert_eq!(result["answer"], "Resumed answer.", "{result}");
+}
+
+/// The cassette of the keys test: the first answer comes after a wait (the spinner and
+/// clock show it), then one answer per message; a new conversation starts the cassette over.
+const KEYS_CASSETTE: &str = r#"{"text": "Waited.", "delay_ms": 2500}
+{"text": "Two lines read."}
+{"text": "Backslash read."}
+"#;
+
+/// Issue 32, item 10: `/help` lists the keys, `/status` and `/model` say what the chat runs
+/// on, Alt-Enter and a trailing `\` break a message over lines, a spinner and a clock show
+/// while the model is waited for, and `/new` and `/clear` start a new conversation.
+#[test]
+fn chat_keys_and_commands_status_model_new_clear_and_a_clock_while_waiting() {
+    if !docker_available() {
+        return;
+    }
+    let s = setup(KEYS_CASSETTE);
+    let term = chat_on_workspace(&s);
+
+    // While the answer is waited for: a spinner and the seconds since the message.
+    term.say("wait for it");
+    let screen = term.wait_for("s · turn 0 · 0 in / 0 out tokens in all");
+    let status = screen
+        .lines()
+        .find(|l| l.contains("s · turn 0 · "))
+        .unwrap();
+    let spinner = status.trim_start().chars().next().unwrap();
+    assert!("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏".contains(spinner), "{status}");
+    term.wait_for("Waited.");
+
+    term.say("/help");
+    let screen = term.wait_for("Alt-Enter");
+    for listed in ["/status", "/model", "/new", "/clear", "Ctrl-C", "Ctrl-D"] {
+        assert!(screen.contains(listed), "{listed} in /help:\n{screen}");
+    }
+    term.say("/status");
+    let screen = term.wait_for("approval auto");
+    assert!(screen.contains("provider script:"), "{screen}");
+    assert!(screen.contains("model scripted"), "{screen}");
+    term.say("/model");
+    term.wait_for("/model NAME asks another");
+    term.say("/model gpt-4o");
+    term.wait_for("it has no model to choose");
+
+    // Alt-Enter, then a trailing backslash: one message over two lines each.
+    term.wait_for_prompt();
+    term.tmux(&["send-keys", "-l", "first line"]);
+    term.tmux(&["send-keys", "M-Enter"]);
+    term.type_line("second line");
+    term.wait_for("Two lines read.");
+    term.say("third \\");
+    term.type_line("fourth");
+    term.wait_for("Backslash read.");
+    let id = the_only_execution(&s.db);
+    let said: Vec<String> = events_json(&s.db, &id)
+        .iter()
+        .filter(|e| e["kind"] == "message_appended")
+        .filter(|e| e["payload"]["message"]["role"] == "user")
+        .map(|e| {
+            e["payload"]["message"]["parts"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        said.iter().any(|t| t == "first line\nsecond line"),
+        "{said:?}"
+    );
+    assert!(said.iter().any(|t| t == "third \nfourth"), "{said:?}");
+
+    // A new conversation on the same workspace: another execution.
+    term.say("/new");
+    term.wait_for("set aside: a new conversation begins");
+    term.wait_for_count("nerve chat · execution", 2);
+    term.say("again");
+    term.wait_for_count("Waited.", 2);
+    // /clear: the screen cleared, and a new conversation again.
+    term.say("/clear");
+    let start = Instant::now();
+    // Ends: PATIENCE bounds the wait.
+    loop {
+        let visible = term.visible();
+        if visible.contains("nerve chat · execution") && !visible.contains("Alt-Enter") {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the screen was not cleared:\n{visible}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    term.say("/exit");
+    term.wait_for("nerve exited 0");
+    let list = nerve(&s.db, &["list", "--json"]);
+    let list: serde_json::Value = serde_json::from_str(stdout(&list).trim()).unwrap();
+    assert!(list.as_array().unwrap().len() >= 2, "{list}");
+}
+
+/// `/model NAME` on an HTTP provider: the next message is asked of NAME (an
+/// OpenAI-compatible server in the test records each request's `model`), and `/status`
+/// says so.
+#[test]
+fn slash_model_asks_another_model_from_the_next_message_on() {
+    if !docker_available() {
+        return;
+    }
+    let s = setup("");
+    let model = crate::proxy::fake_model(vec![
+        serde_json::json!({"content": "First from the server."}),
+        serde_json::json!({"content": "Second from the server."}),
+    ]);
+    let url = format!("http://127.0.0.1:{}/v1", model.port);
+    let state = s.state.display().to_string();
+    let term = Tmux::start(
+        &[
+            "--db",
+            s.db.to_str().unwrap(),
+            "chat",
+            "--workspace",
+            s.workspace.to_str().unwrap(),
+            "--provider",
+            "openai",
+            "--model",
+            "test-model",
+        ],
+        &[
+            ("XDG_STATE_HOME", state.as_str()),
+            ("OPENAI_BASE_URL", url.as_str()),
+        ],
+    );
+    term.wait_for("type a message");
+    term.say("one");
+    term.wait_for("First from the server.");
+    term.say("/model other-model");
+    term.wait_for("the next message asks other-model");
+    term.say("/status");
+    term.wait_for("provider openai · model other-model");
+    term.say("two");
+    term.wait_for("Second from the server.");
+    term.say("/exit");
+    term.wait_for("nerve exited 0");
+    let asked: Vec<String> = model
+        .requests()
+        .iter()
+        .map(|raw| {
+            let (_, body) = raw.split_once("\n\n").unwrap();
+            let body: serde_json::Value = serde_json::from_str(body).unwrap();
+            body["model"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(asked, ["test-model", "other-model"]);
 }

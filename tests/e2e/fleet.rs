@@ -283,8 +283,8 @@ fn thirty_tasks_on_three_workers_survive_a_kill_and_a_drain() {
     let victim = wait_for_sleep(&pg, &mut killed, "the killed worker's sleep");
     let killed = killed.kill();
     assert_eq!(killed.status.code(), None, "{}", stderr(&killed));
-    // SIGTERM mid-run: its execution in `sleep` stops at the next turn boundary and goes
-    // back to the queue.
+    // SIGTERM mid-run: its execution in `sleep` stops at once (the sleep interrupted) and
+    // goes back to the queue; the worker says so.
     let paused = wait_for_sleep(&pg, &mut drained, "the drained worker's sleep");
     drained.signal("TERM");
     let drained = drained.wait();
@@ -298,6 +298,13 @@ fn thirty_tasks_on_three_workers_survive_a_kill_and_a_drain() {
         "{said}"
     );
     assert!(said.contains("drained; every claim released"), "{said}");
+    assert!(
+        said.contains(
+            "execution(s) stop now: no new tool call starts, a running command is interrupted"
+        ),
+        "{said}"
+    );
+    assert!(!said.contains("turn boundary"), "{said}");
 
     wait_for_completed(&pg, 30, &mut [&mut survivor]);
     survivor.signal("TERM");
@@ -391,7 +398,7 @@ fn a_worker_paused_past_its_lease_cannot_append_again() {
 }
 
 #[test]
-fn cancel_ends_a_queued_execution_at_once_and_a_running_one_at_its_next_boundary() {
+fn cancel_ends_a_queued_execution_at_once_and_a_running_one_when_its_worker_renews_the_lease() {
     // The queue lives in the PostgreSQL log only: said in one line.
     let sqlite = tempfile::tempdir().unwrap();
     let refused = nerve(
@@ -444,7 +451,12 @@ fn cancel_ends_a_queued_execution_at_once_and_a_running_one_at_its_next_boundary
     wait_for_sleep(&pg, &mut worker, "the sleep");
     let asked = cancel(&running);
     assert!(asked.status.success(), "{}", stderr(&asked));
-    assert!(stdout(&asked).contains("stops it at the next turn boundary"));
+    // Said as it is: the worker sees the cancel at its next lease renewal, then stops the
+    // execution at once (the sleep is interrupted, not waited for).
+    let said = stdout(&asked);
+    assert!(said.contains("when it next renews its lease"), "{said}");
+    assert!(said.contains("a running command is interrupted"), "{said}");
+    assert!(!said.contains("boundary"), "{said}");
     worker.wait_for_stderr("the cancelled execution to end", |text| {
         text.contains(&format!("{running} ended shutdown"))
     });

@@ -247,6 +247,17 @@ fn show_tells_the_story_of_a_run_and_events_full_hides_nothing() {
     for line in &lines[1..] {
         assert!(line.contains(" ago") || line.contains("just now"), "{list}");
     }
+    // Each execution's workspace, in a column of its own, and how it ended under STATUS.
+    assert!(
+        lines[0].contains(" STATUS ") && lines[0].contains(" WORKSPACE "),
+        "{list}"
+    );
+    assert!(lines[1].contains("/failing "), "{list}");
+    assert!(lines[2].contains("/workspace "), "{list}");
+    assert!(
+        lines[1].contains(" error ") && lines[2].contains(" completed "),
+        "{list}"
+    );
 }
 
 /// The help text of `args` (`nerve <args> --help`).
@@ -598,6 +609,28 @@ fn the_html_page_is_self_contained_and_counts_what_the_log_holds() {
         "the fill chart marks compactions"
     );
     assert!(dom.contains("<polyline points="), "the fill chart");
+    // What the agent said, in its turns; the diff of what the execution changed.
+    let said = messages_said(&events);
+    assert!(!said.is_empty());
+    assert_eq!(
+        in_dom("<div class=\"said\">"),
+        said.len(),
+        "what the agent said"
+    );
+    let first = said[0].lines().next().unwrap();
+    assert!(dom.contains(first), "{first}");
+    assert!(
+        dom.contains("<h2>Changes to the workspace</h2><pre class=\"diff\">"),
+        "the diff"
+    );
+    let diff = stdout(&nerve(&db, &["diff", &id]));
+    let shown = diff
+        .lines()
+        .next()
+        .unwrap()
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    assert!(dom.contains(&shown), "{shown}");
     // The events are inlined whole and parse back to the log.
     let start = dom.find("id=\"events\">").unwrap() + "id=\"events\">".len();
     let end = start + dom[start..].find("</script>").unwrap();
@@ -606,6 +639,27 @@ fn the_html_page_is_self_contained_and_counts_what_the_log_holds() {
         inlined.as_array().unwrap().len(),
         events.as_array().unwrap().len()
     );
+}
+
+/// The text of each assistant message the log holds that says something.
+fn messages_said(events: &serde_json::Value) -> Vec<String> {
+    events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "message_appended")
+        .filter(|e| e["payload"]["message"]["role"] == "assistant")
+        .filter_map(|e| {
+            let text: String = e["payload"]["message"]["parts"]
+                .as_array()?
+                .iter()
+                .filter(|p| p["type"] == "text")
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+            (!text.trim().is_empty()).then_some(text)
+        })
+        .collect()
 }
 
 /// Nothing reaches the screen that the log would redact: a token a command prints and the

@@ -170,5 +170,6 @@ fn every_command_prints_stable_json() {
         "[].execution_id" => "[id]",
         "[].started_at" => "[ts]",
         "[].updated_at" => "[ts]",
+        "[].workspace" => "[dir]",
     });
 }

@@ -37,6 +37,7 @@ mod sandbox;
 mod sandbox_env;
 mod sandbox_python;
 mod serve;
+mod settings;
 mod stream;
 mod support;
 mod traces;

@@ -631,3 +631,90 @@ fn chat_shows_the_diff_and_undoes_one_change_at_a_time() {
     );
     verify(&db, &id);
 }
+
+/// Issue 32, item 11: a rewind run by root on a workspace that belongs to someone else
+/// (uid 4242, mode 0640) gives each file its owner and mode back; `diff` after the rewind
+/// says what the execution did and where the rewind left the workspace; and `diff` still
+/// works from the snapshots once the workspace directory is gone.
+#[test]
+fn a_rewind_by_root_restores_owners_and_modes_and_diff_tells_the_truth_after_it() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A file this process makes is owned by its effective uid.
+    std::fs::write(dir.path().join("probe"), "").unwrap();
+    if std::fs::metadata(dir.path().join("probe")).unwrap().uid() != 0 {
+        eprintln!("skipping: restoring another user's ownership takes root");
+        return;
+    }
+    let db = dir.path().join("nerve.db");
+    let ws = dir.path().join("workspace");
+    std::fs::create_dir_all(ws.join("dir")).unwrap();
+    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+    std::fs::write(ws.join("dir/b.txt"), "bee\n").unwrap();
+    for path in [ws.clone(), ws.join("dir")] {
+        std::os::unix::fs::chown(&path, Some(4242), Some(4242)).unwrap();
+    }
+    for path in [ws.join("a.txt"), ws.join("dir/b.txt")] {
+        std::os::unix::fs::chown(&path, Some(4242), Some(4242)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    }
+    let id = run(
+        dir.path(),
+        &db,
+        &ws,
+        &[
+            write("a.txt", "two\n"),
+            shell("rm -r dir && echo new > c.txt"),
+            json!({"text": "Done."}),
+        ],
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "two\n");
+
+    let rewound = nerve(&db, &["rewind", &id, "--turn", "0"]);
+    assert_eq!(rewound.status.code(), Some(0), "{}", stderr(&rewound));
+    for (path, content) in [("a.txt", "one\n"), ("dir/b.txt", "bee\n")] {
+        let full = ws.join(path);
+        assert_eq!(std::fs::read_to_string(&full).unwrap(), content, "{path}");
+        let meta = std::fs::metadata(&full).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+            (4242, 4242, 0o640),
+            "{path}"
+        );
+    }
+    let made = std::fs::metadata(ws.join("dir")).unwrap();
+    assert_eq!(
+        (made.uid(), made.gid()),
+        (4242, 4242),
+        "a directory made again"
+    );
+    assert!(!ws.join("c.txt").exists());
+
+    // What the execution changed, and then where the rewind left the workspace.
+    let diff = nerve(&db, &["diff", &id]);
+    assert_eq!(diff.status.code(), Some(0), "{}", stderr(&diff));
+    let text = stdout(&diff);
+    assert!(text.contains("+two") && text.contains("-bee"), "{text}");
+    assert!(
+        !text.contains("left the workspace as it found it"),
+        "{text}"
+    );
+    assert!(
+        text.trim_end().ends_with(
+            "(since then the workspace was rewound to turn 0: it is as the run found it)"
+        ),
+        "{text}"
+    );
+
+    // The workspace gone: the snapshots still tell what the execution changed.
+    std::fs::remove_dir_all(&ws).unwrap();
+    let gone = nerve(&db, &["diff", &id]);
+    assert_eq!(gone.status.code(), Some(0), "{}", stderr(&gone));
+    assert_eq!(stdout(&gone), text);
+    let turn = nerve(&db, &["diff", &id, "--turn", "1"]);
+    assert_eq!(turn.status.code(), Some(0), "{}", stderr(&turn));
+    assert!(stdout(&turn).contains("+two"), "{}", stdout(&turn));
+}

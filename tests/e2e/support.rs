@@ -30,6 +30,10 @@ pub(crate) fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The user's configuration directory every test's `nerve` gets (unless it names its own):
+/// none, so that no settings or instructions of the person running the tests count.
+pub(crate) const NO_USER_SETTINGS: &str = "/nonexistent/nerve-e2e-config";
+
 /// Runs `nerve --db <db> <args>` with a clean provider environment.
 pub(crate) fn nerve(db: &Path, args: &[&str]) -> Output {
     Command::new(nerve_bin())
@@ -37,6 +41,7 @@ pub(crate) fn nerve(db: &Path, args: &[&str]) -> Output {
         .arg(db)
         .args(args)
         .env_remove("NERVE_CONFIG")
+        .env("XDG_CONFIG_HOME", NO_USER_SETTINGS)
         .env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY")
         .output()
@@ -132,6 +137,7 @@ pub(crate) fn nerve_env(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Outpu
         .arg(db)
         .args(args)
         .env_remove("NERVE_CONFIG")
+        .env("XDG_CONFIG_HOME", NO_USER_SETTINGS)
         .env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY");
     for name in PROXY_VARS {
@@ -169,6 +175,7 @@ pub(crate) fn spawn_nerve(db: &Path, args: &[&str]) -> Running {
         .arg(db)
         .args(args)
         .env_remove("NERVE_CONFIG")
+        .env("XDG_CONFIG_HOME", NO_USER_SETTINGS)
         .env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY")
         .stdin(Stdio::null())
@@ -198,6 +205,7 @@ pub(crate) fn spawn_nerve_env(db: &Path, args: &[&str], env: &[(&str, &str)]) ->
         .arg(db)
         .args(args)
         .env_remove("NERVE_CONFIG")
+        .env("XDG_CONFIG_HOME", NO_USER_SETTINGS)
         .env_remove("OPENAI_API_KEY")
         .env_remove("ANTHROPIC_API_KEY")
         .envs(env.iter().copied())
@@ -458,6 +466,7 @@ pub(crate) fn chat_piped(db: &Path, args: &[&str], state: &Path, input: &[u8]) -
         .arg("chat")
         .args(args)
         .env_remove("NERVE_CONFIG")
+        .env("XDG_CONFIG_HOME", NO_USER_SETTINGS)
         .env("XDG_STATE_HOME", state)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -677,7 +677,8 @@ impl Agent {
         Ok(PromptResponse::new(stop))
     }
 
-    /// `session/cancel`: the running prompt stops at its next boundary.
+    /// `session/cancel`: the running prompt stops at once (no new tool call starts, a running
+    /// command is interrupted).
     fn cancel(&self, id: &SessionId) {
         match self.conversation(id) {
             Ok(conversation) => {

@@ -4,8 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use nerve_runtime::config::Config;
-
 use crate::Failure;
 use crate::args::AcpArgs;
 
@@ -14,7 +12,7 @@ pub(crate) async fn serve(
     db: PathBuf,
     config_path: Option<&Path>,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback.map(Into::into));
+    let config = crate::settings::load_serving(config_path, args.sandbox_fallback.map(Into::into))?;
     let settings = nerve_acp::Settings {
         provider: args.provider,
         model: args.model,

@@ -195,6 +195,11 @@ pub(crate) enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// The effective settings and where each value came from: the defaults, the user's
+    /// file ($XDG_CONFIG_HOME/nerve/config.toml), the project's (.nerve/config.toml in the
+    /// workspace), --config, the environment (NERVE_PROVIDER, NERVE_MODEL, NERVE_APPROVAL,
+    /// NERVE_CONTEXT_WINDOW) and the flags given here.
+    Config(ConfigArgs),
     /// Decide the pending approvals of a parked execution.
     Approve {
         /// The execution id, or a unique prefix of it.
@@ -206,6 +211,33 @@ pub(crate) enum Command {
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
     },
+}
+
+/// `nerve config`: the settings a `run` with these flags would have.
+#[derive(Debug, Args)]
+pub(crate) struct ConfigArgs {
+    /// The workspace whose `.nerve/config.toml` counts (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) workspace: Option<PathBuf>,
+    /// As `run --provider`.
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) provider: Option<String>,
+    /// As `run --model`.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) model: Option<String>,
+    /// As `run --approval`.
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub(crate) approval: Option<ApprovalArg>,
+    /// As `run --context-window`.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) context_window: Option<u64>,
+    /// As `run --sandbox-fallback`.
+    #[arg(long, value_name = "MODE")]
+    pub(crate) sandbox_fallback: Option<SandboxFallbackArg>,
+    /// Print one JSON object: `files`, `settings` (each `{key, value, from, source}`) and
+    /// `ignored` (the same, with `reason`).
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -17,7 +17,6 @@ use nerve_brain::ExecutionResult;
 use nerve_brain::approval::{Approval, Approver};
 use nerve_core::{ExecutionId, LoopType, TerminationReason, ToolCall};
 use nerve_runtime::RuntimeError;
-use nerve_runtime::config::Config;
 use nerve_runtime::launch::ChatRequest;
 use nerve_runtime::resume::Resumable;
 use nerve_runtime::session::Session;
@@ -33,6 +32,10 @@ use nerve_runtime::views::transcript::key_argument;
 const HELP: &[&str] = &[
     "commands:",
     "  /help      this list",
+    "  /status    the execution, workspace, provider, model, approval mode, tokens and cost",
+    "  /model     the model asked (/model NAME: ask NAME from the next message on)",
+    "  /new       start a new conversation (a new execution) on the same workspace",
+    "  /clear     clear the screen and start a new conversation",
     "  /cost      tokens and cost of the execution so far",
     "  /context   how full the context is, compactions and archived blocks",
     "  /compact   compact the context before the next message runs",
@@ -42,6 +45,7 @@ const HELP: &[&str] = &[
     "  /exit      end the session (or Ctrl-D)",
     "keys:",
     "  Enter      send the message",
+    "  Alt-Enter  a new line in the message (or end the line with \\ and press Enter)",
     "  Up, Down   earlier messages (kept between sessions); Ctrl-R searches them",
     "  Ctrl-A, Ctrl-E   start, end of the line; Ctrl-W deletes a word; Ctrl-L clears the screen",
     "  Ctrl-C     while the agent works: stop its turn now (twice: abort); at the prompt: clear the line",
@@ -54,8 +58,18 @@ pub(crate) async fn chat(
     db: &Path,
     config_path: Option<&Path>,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?.with_approval(args.approval.map(Into::into));
-    let mode = Mode::detect(false, false);
+    let workspace = match &args.id {
+        Some(id) => nerve_runtime::resume::workspace_of(db, id).await?,
+        None => Some(args.workspace.clone().unwrap_or_else(|| ".".into())),
+    };
+    let flags = nerve_runtime::settings::Flags {
+        provider: args.provider.clone(),
+        model: args.model.clone(),
+        approval: args.approval.map(Into::into),
+        context_window: args.context_window,
+        sandbox_fallback: None,
+    };
+    let config = crate::settings::load(config_path, workspace.as_deref(), flags)?;
     let request = ChatRequest {
         workspace: args.workspace.clone(),
         provider: args.provider.clone(),
@@ -65,34 +79,71 @@ pub(crate) async fn chat(
         image: args.image.clone(),
         project_instructions: !args.no_project_instructions,
     };
-    let (mut launch, reopened) = match &args.id {
-        Some(id) => {
-            let (launch, resumable) =
-                nerve_runtime::launch::reopened(&request, db, &config, id).await?;
-            (launch, Some(resumable))
-        }
-        None => {
-            let workspace = match &args.workspace {
-                Some(dir) => dir.clone(),
-                None => std::env::current_dir().map_err(|e| {
-                    Failure::usage(format!("cannot read the current directory: {e}"))
-                })?,
-            };
-            let launch =
-                nerve_runtime::launch::conversation(&request, &workspace, db, &config).await?;
-            (launch, None)
-        }
+    let terminal = Arc::new(Terminal::start(history_file())?);
+    let mut reopen = args.id.clone();
+    let mut workspace = match &args.workspace {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir()
+            .map_err(|e| Failure::usage(format!("cannot read the current directory: {e}")))?,
     };
+    // Ends: each round is one conversation, and a new one starts only when the person asks
+    // for it (`/new`, `/clear`); `/exit`, Ctrl-D or the end of input end them all.
+    loop {
+        let (launch, reopened) = match reopen.take() {
+            Some(id) => {
+                let (launch, resumable) =
+                    nerve_runtime::launch::reopened(&request, db, &config, &id).await?;
+                (launch, Some(resumable))
+            }
+            None => {
+                let launch =
+                    nerve_runtime::launch::conversation(&request, &workspace, db, &config).await?;
+                (launch, None)
+            }
+        };
+        workspace.clone_from(&launch.workspace);
+        let ending = converse(launch, reopened, &terminal, &config, config_path).await?;
+        match ending {
+            Ending::Exit => return Ok(0),
+            Ending::New { clear } => {
+                if clear {
+                    // Clear the screen and the scrollback, cursor home.
+                    output::raw("\x1b[H\x1b[2J\x1b[3J");
+                }
+            }
+        }
+    }
+}
+
+/// How a conversation ended.
+enum Ending {
+    /// The person ended the session.
+    Exit,
+    /// `/new` (or `/clear`: the screen cleared first): another conversation on the same
+    /// workspace.
+    New { clear: bool },
+}
+
+/// One conversation: its sandbox opened, the person and the agent taking turns, the
+/// sandbox closed.
+async fn converse(
+    mut launch: nerve_runtime::launch::Launch<'_>,
+    reopened: Option<Resumable>,
+    terminal: &Arc<Terminal>,
+    settings: &nerve_runtime::config::Config,
+    config_path: Option<&Path>,
+) -> Result<Ending, Failure> {
+    let db = launch.db;
+    let mode = Mode::detect(false, false);
     launch.capture_content = crate::telemetry::capture_content()?;
     let display = Arc::new(Display::new(
         mode,
         launch.context_window()?,
         Arc::clone(launch.redactor()),
     ));
-    let terminal = Arc::new(Terminal::start(history_file())?);
     let current: Arc<Mutex<Option<CancellationToken>>> = Arc::new(Mutex::new(None));
     let approver = ChatApprover {
-        terminal: Arc::clone(&terminal),
+        terminal: Arc::clone(terminal),
         display: Arc::clone(&display),
         current: Arc::clone(&current),
         always: Mutex::new(HashSet::new()),
@@ -102,42 +153,46 @@ pub(crate) async fn chat(
         jsonl: None,
         approver: Some(Arc::new(approver)),
     };
-    let session = launch.open(Arc::new(screen)).await?;
-    let chat = Chat {
-        session: &session,
+    let mut session = launch.open(Arc::new(screen)).await?;
+    let mut chat = Chat {
+        session: &mut session,
         display,
-        terminal,
+        terminal: Arc::clone(terminal),
         current,
         db,
+        settings,
         config: config_path,
     };
-    let code = chat.converse(reopened).await;
+    let ending = chat.converse(reopened).await;
     // A conversation never ends for good: the sandbox home stays for the next one.
     session.close(None).await;
-    code
+    ending
 }
 
 /// A conversation, once the sandbox is up.
 struct Chat<'a> {
-    session: &'a Session,
+    session: &'a mut Session,
     display: Arc<Display>,
     terminal: Arc<Terminal>,
     /// The token of the agent's turn in progress, for Ctrl-C and the approval question.
     current: Arc<Mutex<Option<CancellationToken>>>,
     db: &'a Path,
+    /// The settings it runs with (`/status`, `/model`).
+    settings: &'a nerve_runtime::config::Config,
     /// The `--config` it runs with, for the next steps it suggests.
     config: Option<&'a Path>,
 }
 
 impl Chat<'_> {
-    /// Prompt, run, repeat. Returns the exit code: 0 when the person ended it.
-    async fn converse(&self, reopened: Option<Resumable>) -> Result<u8, Failure> {
+    /// Prompt, run, repeat, until the person ends the session or asks for a new one.
+    async fn converse(&mut self, reopened: Option<Resumable>) -> Result<Ending, Failure> {
         let Self {
             session,
             display,
             terminal,
             current,
             db,
+            settings,
             config,
         } = self;
         let execution_id = session.execution_id();
@@ -188,7 +243,9 @@ impl Chat<'_> {
 
         let mut plan_next = false;
         let mut compact_next = false;
-        // Ends: when the person says so (`/exit`, Ctrl-D) or the input ends.
+        let mut ending = Ending::Exit;
+        // Ends: when the person says so (`/exit`, Ctrl-D, `/new`, `/clear`) or the input
+        // ends.
         loop {
             display.pause();
             let line = match terminal.read("› ", true).await {
@@ -196,7 +253,10 @@ impl Chat<'_> {
                 Input::Interrupted => continue,
                 Input::Eof => break,
             };
-            let text = line.trim();
+            // A line ending in `\` went on on the next one: the backslash was only the way
+            // to type the line break.
+            let joined = line.replace("\\\n", "\n");
+            let text = joined.trim();
             if text.is_empty() {
                 continue;
             }
@@ -207,6 +267,20 @@ impl Chat<'_> {
             if let Some(command) = text.strip_prefix('/') {
                 match command.split_whitespace().next().unwrap_or_default() {
                     "exit" | "quit" => break,
+                    name @ ("new" | "clear") => {
+                        ending = Ending::New {
+                            clear: name == "clear",
+                        };
+                        break;
+                    }
+                    "status" => {
+                        let lines = status_lines(session, display, settings);
+                        display.lines(&lines);
+                    }
+                    "model" => {
+                        let lines = model_command(session, display, settings, command).await;
+                        display.lines(&lines);
+                    }
                     "help" => {
                         display.lines(&styled(Style::Dim, HELP.iter().map(|l| (*l).to_owned())))
                     }
@@ -281,7 +355,9 @@ impl Chat<'_> {
             }
 
             display.next_message();
+            display.start_clock();
             display.resume();
+            let ticker = crate::progress::ticker(display);
             let cancel = CancellationToken::new();
             if let Ok(mut slot) = current.lock() {
                 *slot = Some(cancel.clone());
@@ -300,6 +376,7 @@ impl Chat<'_> {
                     cancel,
                 )
                 .await;
+            ticker.abort();
             if let Ok(mut slot) = current.lock() {
                 *slot = None;
             }
@@ -321,10 +398,106 @@ impl Chat<'_> {
         display.pause();
         if started {
             let mut lines = vec![(Style::Text, String::new())];
+            if matches!(ending, Ending::New { .. }) {
+                lines.push((
+                    Style::Dim,
+                    format!("execution {execution_id} set aside: a new conversation begins"),
+                ));
+            }
             lines.extend(crate::progress::next_steps(execution_id, db, *config, None));
             display.lines(&lines);
         }
-        Ok(0)
+        Ok(ending)
+    }
+}
+
+/// `/status`: what the conversation runs on, and where it stands.
+fn status_lines(
+    session: &Session,
+    display: &Display,
+    settings: &nerve_runtime::config::Config,
+) -> Vec<Line> {
+    let approval = settings.approval.unwrap_or_default();
+    let rules = settings.rules.len() + settings.policy.rules.len();
+    vec![
+        (
+            Style::Dim,
+            format!(
+                "execution {} · {}",
+                session.execution_id(),
+                session.workspace().display()
+            ),
+        ),
+        (
+            Style::Dim,
+            format!(
+                "provider {} · model {} · approval {}{}",
+                session.provider_name(),
+                session.model(),
+                approval.as_str(),
+                match rules {
+                    0 => String::new(),
+                    1 => " · 1 rule".to_owned(),
+                    n => format!(" · {n} rules"),
+                }
+            ),
+        ),
+        (Style::Dim, display.status_text(&display.status())),
+    ]
+}
+
+/// `/model` (the model asked) and `/model NAME` (ask NAME from the next message on: a new
+/// client of the same provider, the window from the settings or the model table).
+async fn model_command(
+    session: &mut Session,
+    display: &Display,
+    settings: &nerve_runtime::config::Config,
+    command: &str,
+) -> Vec<Line> {
+    let mut words = command.split_whitespace().skip(1);
+    let (Some(name), None) = (words.next(), words.next()) else {
+        return vec![(
+            Style::Dim,
+            format!(
+                "model {} (provider {}) · /model NAME asks another",
+                session.model(),
+                session.provider_name()
+            ),
+        )];
+    };
+    let provider = session.provider_name().to_owned();
+    if provider.starts_with("script:") {
+        return vec![(
+            Style::Error,
+            "a script: provider answers from its cassette: it has no model to choose".to_owned(),
+        )];
+    }
+    let built = async {
+        let provider_settings = settings.provider_settings(settings.context_window)?;
+        let client =
+            nerve_runtime::provider::build(&provider, Some(name), &provider_settings).await?;
+        let window = settings
+            .context_window
+            .or(settings.model_table()?.get(name).map(|m| m.context_window));
+        Ok::<_, RuntimeError>((client, window))
+    }
+    .await;
+    match built {
+        Ok((client, window)) => {
+            session.switch_provider(client, window);
+            display.set_context_window(window);
+            vec![(
+                Style::Dim,
+                format!(
+                    "the next message asks {name}{}",
+                    window.map_or_else(String::new, |w| format!(
+                        " (a {}-token window)",
+                        thousands(w)
+                    ))
+                ),
+            )]
+        }
+        Err(error) => vec![(Style::Error, format!("/model {name}: {}", error.message()))],
     }
 }
 
@@ -549,8 +722,15 @@ impl Terminal {
             .max_history_size(1000)
             .map_err(|e| Failure::usage(format!("line editor: {e}")))?
             .build();
-        let mut editor: rustyline::DefaultEditor = rustyline::Editor::with_config(config)
-            .map_err(|e| Failure::usage(format!("cannot open the terminal: {e}")))?;
+        let mut editor: rustyline::Editor<LineBreaks, rustyline::history::FileHistory> =
+            rustyline::Editor::with_config(config)
+                .map_err(|e| Failure::usage(format!("cannot open the terminal: {e}")))?;
+        editor.set_helper(Some(LineBreaks));
+        // Alt-Enter (Esc then Enter, as terminals send it) breaks the line; Enter sends.
+        editor.bind_sequence(
+            rustyline::KeyEvent(rustyline::KeyCode::Enter, rustyline::Modifiers::ALT),
+            rustyline::EventHandler::Simple(rustyline::Cmd::Newline),
+        );
         if let Some(path) = &history
             && path.exists()
         {
@@ -597,10 +777,64 @@ impl Terminal {
     }
 }
 
+/// The line editor's helper: a line ending in `\` is not sent yet; Enter breaks it there
+/// and the message goes on (the backslash is dropped when it is sent).
+struct LineBreaks;
+
+impl rustyline::validate::Validator for LineBreaks {
+    fn validate(
+        &self,
+        ctx: &mut rustyline::validate::ValidationContext<'_>,
+    ) -> rustyline::Result<rustyline::validate::ValidationResult> {
+        Ok(if continues(ctx.input()) {
+            rustyline::validate::ValidationResult::Incomplete
+        } else {
+            rustyline::validate::ValidationResult::Valid(None)
+        })
+    }
+}
+
+/// Whether `input` ends in a backslash that asks for another line (`\\` is a backslash
+/// typed for itself).
+fn continues(input: &str) -> bool {
+    let trailing = input.chars().rev().take_while(|c| *c == '\\').count();
+    trailing % 2 == 1
+}
+
+impl rustyline::completion::Completer for LineBreaks {
+    type Candidate = String;
+}
+
+impl rustyline::hint::Hinter for LineBreaks {
+    type Hint = String;
+}
+
+impl rustyline::highlight::Highlighter for LineBreaks {}
+
+impl rustyline::Helper for LineBreaks {}
+
 /// Where the chat history is kept: beside the default log, under the XDG state directory.
 fn history_file() -> Option<PathBuf> {
     let db = nerve_runtime::log::default_db().ok()?;
     let dir = db.parent()?;
     std::fs::create_dir_all(dir).ok()?;
     Some(dir.join("chat_history"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::continues;
+
+    #[test]
+    fn a_trailing_backslash_asks_for_another_line() {
+        for (input, expected) in [
+            ("fix it", false),
+            ("fix it \\", true),
+            ("first\\\nsecond \\", true),
+            ("a path C:\\\\", false),
+            ("", false),
+        ] {
+            assert_eq!(continues(input), expected, "{input:?}");
+        }
+    }
 }

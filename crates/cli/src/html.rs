@@ -1,7 +1,8 @@
 //! `nerve show ID --html FILE`: one self-contained page for people who would rather look
-//! than read. The events are inlined as JSON; turns, model calls, tool calls (expandable to
-//! their whole arguments and results), tokens and cost per turn, and the context fill over
-//! time with compactions marked are rendered here, so the page needs no script, no network
+//! than read. The events are inlined as JSON; turns with what the agent said, model calls,
+//! tool calls (expandable to their whole arguments and results), tokens and cost per turn,
+//! the context fill over time with compactions marked, the answer and the diff of what the
+//! execution changed in the workspace are rendered here, so the page needs no script, no network
 //! and no external asset.
 
 use std::fmt::Write as _;
@@ -13,6 +14,8 @@ use nerve_runtime::log::{Replay, StoredEvent};
 #[derive(Default)]
 struct Turn {
     number: u32,
+    /// What the agent said in the turn (its messages' text).
+    said: Vec<String>,
     /// `purpose: outcome (input/output tokens)` per model call.
     model_calls: Vec<String>,
     tools: Vec<(ToolCall, Option<ToolResult>)>,
@@ -23,8 +26,13 @@ struct Turn {
     cost: Option<String>,
 }
 
-/// The page for one execution.
-pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
+/// The page for one execution; `diff` is what it changed in the workspace (`nerve diff`),
+/// or why that cannot be shown.
+pub(crate) fn page(
+    events: &[StoredEvent],
+    replayed: &Replay,
+    diff: Result<String, String>,
+) -> String {
     let mut window = None;
     let mut turns: Vec<Turn> = Vec::new();
     /// The section of turn `number`, in turn order: an event may name an earlier turn
@@ -130,8 +138,17 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
                     proxy.path
                 ),
             )),
+            Event::MessageAppended(appended) => {
+                // The agent's words come with the model call of their turn, which is logged
+                // first.
+                if appended.message.role == MessageRole::Assistant {
+                    let text = nerve_runtime::views::transcript::text_of(&appended.message.parts);
+                    if !text.trim().is_empty() {
+                        current(&mut turns, last_turn.max(1)).said.push(text);
+                    }
+                }
+            }
             Event::Started(_)
-            | Event::MessageAppended(_)
             | Event::TaskTransition(_)
             | Event::Finish(_)
             | Event::Stagnation(_)
@@ -188,6 +205,9 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             turn.cost.as_deref().unwrap_or("not recorded"),
             n = turn.number
         );
+        for text in &turn.said {
+            let _ = write!(html, "<div class=\"said\">{}</div>", escape(text));
+        }
         for call in &turn.model_calls {
             let _ = write!(
                 html,
@@ -232,6 +252,22 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             "<h2>Answer</h2><pre class=\"answer\">{}</pre>",
             escape(&answer)
         );
+    }
+    match diff {
+        Ok(diff) => {
+            let _ = write!(
+                html,
+                "<h2>Changes to the workspace</h2><pre class=\"diff\">{}</pre>",
+                diff_lines(&diff)
+            );
+        }
+        Err(why) => {
+            let _ = write!(
+                html,
+                "<h2>Changes to the workspace</h2><p class=\"diff-missing\">{}</p>",
+                escape(&why)
+            );
+        }
     }
     // The whole log, for whoever wants more than the page shows.
     let log: Vec<serde_json::Value> = events
@@ -294,6 +330,31 @@ fn snake(value: &impl serde::Serialize) -> String {
         .unwrap_or_default()
 }
 
+/// A unified diff, each added and removed line marked for its colour.
+fn diff_lines(diff: &str) -> String {
+    let mut out = String::with_capacity(diff.len() + diff.len() / 4);
+    for line in diff.lines() {
+        let class = if line.starts_with("+++") || line.starts_with("---") {
+            "file"
+        } else if line.starts_with('+') {
+            "add"
+        } else if line.starts_with('-') {
+            "del"
+        } else if line.starts_with("@@") {
+            "hunk"
+        } else {
+            ""
+        };
+        if class.is_empty() {
+            out.push_str(&escape(line));
+        } else {
+            let _ = write!(out, "<span class=\"{class}\">{}</span>", escape(line));
+        }
+        out.push('\n');
+    }
+    out
+}
+
 fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -316,4 +377,5 @@ pre{background:#f6f6f6;padding:.5em;overflow-x:auto;white-space:pre-wrap}\
 .model-call{color:#555}.tool-call{margin:.2em 0 .2em 1em}.tool-call summary{cursor:pointer}\
 .failed .outcome,.error{color:#b00}.unknown .outcome{color:#b70}\
 .note{margin-left:1em;font-style:italic;color:#555}.compaction{color:#729}\
+.said{white-space:pre-wrap;margin:.3em 0}.diff .add{color:#070}.diff .del{color:#b00}.diff .hunk{color:#729}.diff .file{font-weight:bold}\
 svg.fill .frame{fill:#fafafa;stroke:#ccc}p.fill{color:#666;font-size:12px}svg.fill polyline{fill:none;stroke:#48c;stroke-width:2}.compaction-mark{stroke:#729;stroke-dasharray:4}";

@@ -136,9 +136,13 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
         output::json(&serde_json::json!(executions));
     } else {
         let now = time::OffsetDateTime::now_utc();
+        let home = std::env::var("HOME").ok().filter(|h| h.len() > 1);
+        // STATUS is what `--status` selects by: how the execution ended (its termination
+        // reason), `unfinished` (running, or stopped without a finish), or a submission's
+        // queue state.
         output::line(&format!(
-            "{:<36}  {:<12}  {:<16}  {:>6}  TASK",
-            "ID", "STARTED", "STATUS", "EVENTS"
+            "{:<36}  {:<12}  {:<16}  {:>6}  {:<WORKSPACE_WIDTH$}  TASK",
+            "ID", "STARTED", "STATUS", "EVENTS", "WORKSPACE"
         ));
         for e in executions {
             let started = time::OffsetDateTime::parse(
@@ -150,13 +154,14 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
                 |at| ago((now - at).whole_seconds()),
             );
             output::line(&format!(
-                "{}  {started:<12}  {:<16}  {:>6}  {}",
+                "{}  {started:<12}  {:<16}  {:>6}  {:<WORKSPACE_WIDTH$}  {}",
                 e.execution_id,
                 e.termination_reason
                     .as_deref()
                     .or(e.queue_state.as_deref())
-                    .unwrap_or("(unfinished)"),
+                    .unwrap_or("unfinished"),
                 e.events,
+                short_workspace(e.workspace.as_deref().unwrap_or("-"), home.as_deref()),
                 e.task
                     .as_deref()
                     .and_then(|t| t.lines().next())
@@ -206,6 +211,24 @@ async fn queued(store: &Reader, json: bool) -> Result<u8, Failure> {
     Ok(0)
 }
 
+/// The widest a workspace is printed in `list`.
+const WORKSPACE_WIDTH: usize = 28;
+
+/// `path` for `list`'s WORKSPACE column: the home directory as `~`, and a path longer than
+/// the column cut at the front, where the directories that tell workspaces apart are not.
+fn short_workspace(path: &str, home: Option<&str>) -> String {
+    let path = match home.and_then(|h| path.strip_prefix(h)) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("~{rest}"),
+        _ => path.to_owned(),
+    };
+    let chars = path.chars().count();
+    if chars <= WORKSPACE_WIDTH {
+        return path;
+    }
+    let tail: String = path.chars().skip(chars - (WORKSPACE_WIDTH - 1)).collect();
+    format!("…{tail}")
+}
+
 /// `seconds` in the past, as a person says it: "just now", "3 min ago", "2 days ago".
 fn ago(seconds: i64) -> String {
     const MINUTE: i64 = 60;
@@ -233,7 +256,14 @@ pub(crate) async fn show(
     if let Some(file) = html {
         let (store, execution, events) = load(db, id).await?;
         let replayed = store.replay(execution).await.map_err(Failure::usage)?;
-        let page = crate::html::page(&events, &replayed);
+        let diff = nerve_runtime::snapshots::diff_text(
+            db,
+            &execution.to_string(),
+            nerve_runtime::snapshots::Scope::Execution,
+        )
+        .await
+        .map_err(|e| e.to_string());
+        let page = crate::html::page(&events, &replayed, diff);
         std::fs::write(file, &page)
             .map_err(|e| Failure::usage(format!("cannot write {}: {e}", file.display())))?;
         output::error_line(&format!(
@@ -294,7 +324,25 @@ pub(crate) async fn verify(db: &Path, id: &str) -> Result<u8, Failure> {
 
 #[cfg(test)]
 mod tests {
-    use super::ago;
+    use super::{ago, short_workspace};
+
+    #[test]
+    fn a_workspace_fits_its_column_keeping_its_end() {
+        for (path, expected) in [
+            ("/home/me/src/app", "~/src/app"),
+            ("/home/me", "~"),
+            ("/home/meadow/app", "/home/meadow/app"),
+            ("/w", "/w"),
+            (
+                "/tmp/.tmpAbCdEf/some/deep/workspace",
+                "…pAbCdEf/some/deep/workspace",
+            ),
+        ] {
+            let got = short_workspace(path, Some("/home/me"));
+            assert_eq!(got, expected, "{path}");
+            assert!(got.chars().count() <= super::WORKSPACE_WIDTH, "{got}");
+        }
+    }
 
     #[test]
     fn ages_read_as_a_person_says_them() {

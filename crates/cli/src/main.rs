@@ -21,6 +21,7 @@ mod rewind;
 mod run;
 mod screen;
 mod serve;
+mod settings;
 mod telemetry;
 mod transfer;
 mod worker;
@@ -135,11 +136,14 @@ async fn latest_on(
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
-    // A configuration named is checked by every command, not only those that use it: a
-    // script that gives a wrong path learns it from the exit code (2) at once.
-    if let Some(config) = cli.config.as_deref() {
-        nerve_runtime::config::Config::load(Some(config))?;
-    }
+    // The user's settings file and the one named are checked by every command, not only
+    // those that use them: a script that gives a wrong path learns it from the exit code (2)
+    // at once. (The project's file is checked by the commands that work on a workspace.)
+    nerve_runtime::settings::load(&nerve_runtime::settings::Sources::discover(
+        cli.config.as_deref(),
+        None,
+        nerve_runtime::settings::Flags::default(),
+    ))?;
     let db = cli.db_path()?;
     let Some(mut command) = cli.command else {
         return Err(Failure::usage("no command given: see `nerve --help`"));
@@ -163,6 +167,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Diff { .. }
         | Command::Rewind { .. }
         | Command::Mcp { .. }
+        | Command::Config(_)
         | Command::Token { .. } => false,
         Command::Serve(_) => true,
     };
@@ -212,6 +217,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Worker { .. }
         | Command::Mcp { .. }
         | Command::Serve(_)
+        | Command::Config(_)
         | Command::Token { .. } => {}
     }
     match command {
@@ -268,6 +274,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
         Command::Serve(args) => serve::serve(args, db, cli.config.as_deref()).await,
         Command::Token { command } => serve::token(command, &db),
+        Command::Config(args) => settings::show(args, cli.config.as_deref()),
     }
 }
 

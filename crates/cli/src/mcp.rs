@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use crate::Failure;
 use crate::args::McpCommand;
 use crate::output;
-use nerve_runtime::config::Config;
 
 pub(crate) async fn command(command: McpCommand, config: Option<&Path>) -> Result<u8, Failure> {
     match command {
@@ -26,7 +25,11 @@ async fn list(
     image: Option<String>,
     json: bool,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?;
+    let config = crate::settings::load(
+        config_path,
+        workspace.as_deref(),
+        nerve_runtime::settings::Flags::default(),
+    )?;
     if config.mcp.servers.is_empty() {
         if json {
             output::json(&serde_json::json!([]));

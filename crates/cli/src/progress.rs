@@ -108,6 +108,9 @@ struct State {
     status_shown: bool,
     /// Someone else has the terminal (the chat prompt, an approval question).
     paused: bool,
+    /// When the run (or the chat's message) began: the status line shows a spinner and the
+    /// time since, so that a long wait for the model is seen to be one.
+    since: Option<std::time::Instant>,
 }
 
 /// The transcript on the screen. Thread-safe: events arrive from the engine's task,
@@ -116,7 +119,8 @@ struct State {
 pub(crate) struct Display {
     mode: Mode,
     colour: bool,
-    context_window: Option<u64>,
+    /// The model's window in tokens, 0 when unknown (chat's `/model` changes it).
+    context_window: std::sync::atomic::AtomicU64,
     /// The log's redactor: nothing reaches the screen that the log would not keep.
     redactor: std::sync::Arc<nerve_core::Redactor>,
     state: Mutex<State>,
@@ -131,9 +135,39 @@ impl Display {
         Self {
             mode,
             colour: mode == Mode::Live && output::stdout_colour(),
-            context_window,
+            context_window: std::sync::atomic::AtomicU64::new(context_window.unwrap_or(0)),
             redactor,
             state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The model's window, when known.
+    pub(crate) fn context_window(&self) -> Option<u64> {
+        Some(
+            self.context_window
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+        .filter(|w| *w > 0)
+    }
+
+    /// Another model's window (chat's `/model`).
+    pub(crate) fn set_context_window(&self, window: Option<u64>) {
+        self.context_window
+            .store(window.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Starts the clock the status line shows (a run, or a chat's message, begins).
+    pub(crate) fn start_clock(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.since = Some(std::time::Instant::now());
+        }
+    }
+
+    /// Redraws the status line (its spinner and clock move) when it is on the screen's
+    /// last line: called a few times a second while the agent works.
+    pub(crate) fn tick(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            self.draw_status(&mut state);
         }
     }
 
@@ -156,16 +190,23 @@ impl Display {
             .unwrap_or_default()
     }
 
-    /// The status line's text.
+    /// The status line's text: the execution's totals so far (the transcript's turn lines
+    /// give each turn's own, as the HTML page does).
     pub(crate) fn status_text(&self, status: &Status) -> String {
-        let mut text = format!(
-            "turn {} · {} in / {} out tokens · {}",
-            status.turn,
-            thousands(status.usage.input_tokens),
-            thousands(status.usage.output_tokens),
-            status.cost
-        );
-        if let Some(window) = self.context_window.filter(|w| *w > 0) {
+        let head = figures(status.turn, &status.usage, status.cost, " in all");
+        self.status_tail(head, status)
+    }
+
+    /// A plain transcript's line for turn `turn`: its own tokens and cost (as the HTML
+    /// page's timeline), then how full the context was at its model call.
+    fn turn_text(&self, turn: &nerve_core::event::TurnCompleted, status: &Status) -> String {
+        let head = figures(turn.turn, &turn.usage, turn.cost, "");
+        self.status_tail(head, status)
+    }
+
+    /// The context fill, compactions and the tool in flight after `head`.
+    fn status_tail(&self, mut text: String, status: &Status) -> String {
+        if let Some(window) = self.context_window() {
             text.push_str(&format!(
                 " · context {}%",
                 status.last_input.saturating_mul(100) / window
@@ -231,6 +272,7 @@ impl Display {
         }
         // The run is over: what follows (its ending, a chat's prompt) has no status line.
         state.paused = true;
+        state.since = None;
         state.status.tool = None;
         let answer = state
             .answer
@@ -356,7 +398,7 @@ impl Display {
                 status.usage += turn.usage;
                 status.cost += turn.cost;
                 if self.mode == Mode::Plain {
-                    let text = self.status_text(status);
+                    let text = self.turn_text(turn, status);
                     lines.push((Style::Dim, format!("· {text}")));
                 }
             }
@@ -550,7 +592,10 @@ impl Display {
         if self.mode != Mode::Live || state.paused || state.mid_line {
             return;
         }
-        let text = self.status_text(&state.status);
+        let mut text = self.status_text(&state.status);
+        if let Some(since) = state.since {
+            text = format!("{} · {text}", clock(since.elapsed()));
+        }
         let width = terminal_width().saturating_sub(1).max(20);
         let text = nerve_core::text::clip(&text, width);
         let shown = if self.colour {
@@ -564,6 +609,47 @@ impl Display {
 
     fn write(&self, text: &str) {
         output::raw(text);
+    }
+}
+
+/// `turn 3 · 1,200 in / 40 out tokens{which} · $0.0015`.
+fn figures(turn: u32, usage: &TokenUsage, cost: MicroUsd, which: &str) -> String {
+    format!(
+        "turn {turn} · {} in / {} out tokens{which} · {cost}",
+        thousands(usage.input_tokens),
+        thousands(usage.output_tokens),
+    )
+}
+
+/// Moves the live status line's spinner and clock five times a second until aborted (the
+/// caller aborts it when the work ends); off a terminal it does nothing.
+pub(crate) fn ticker(display: &std::sync::Arc<Display>) -> tokio::task::JoinHandle<()> {
+    let display = std::sync::Arc::clone(display);
+    tokio::spawn(async move {
+        if display.mode() != Mode::Live {
+            return;
+        }
+        let mut every = tokio::time::interval(std::time::Duration::from_millis(200));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // Ends: aborted by the caller when the run or the message is over.
+        loop {
+            every.tick().await;
+            display.tick();
+        }
+    })
+}
+
+/// A spinner frame and the time since the work began, as the status line starts:
+/// `⠹ 12s`, `⠼ 2m05s`. The frame moves every tenth of a second.
+pub(crate) fn clock(elapsed: std::time::Duration) -> String {
+    const FRAMES: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+    let tenths = elapsed.as_millis() / 100;
+    let frame = FRAMES[usize::try_from(tenths % 10).unwrap_or(0)];
+    let seconds = elapsed.as_secs();
+    if seconds < 60 {
+        format!("{frame} {seconds}s")
+    } else {
+        format!("{frame} {}m{:02}s", seconds / 60, seconds % 60)
     }
 }
 
@@ -737,6 +823,48 @@ mod tests {
             ],
             Some("All done."),
         );
+    }
+
+    /// Each turn's line gives that turn's tokens and cost, as the HTML page's timeline does;
+    /// the status line says its figures are the totals.
+    #[test]
+    fn a_turns_line_gives_its_own_tokens_and_the_status_line_the_totals() {
+        let turn = |n: u32, input: u64, cost: u64| {
+            Event::TurnCompleted(TurnCompleted {
+                turn: n,
+                usage: TokenUsage::new(input, 10),
+                cost: MicroUsd(cost),
+                tool_calls: vec![],
+                finish: nerve_core::FinishReason::Stop,
+                duration_ms: 1,
+            })
+        };
+        check(
+            &[turn(1, 1000, 100), turn(2, 1500, 200)],
+            &[
+                "· turn 1 · 1,000 in / 10 out tokens · $0.000100 · context 0%",
+                "· turn 2 · 1,500 in / 10 out tokens · $0.000200 · context 0%",
+            ],
+            None,
+        );
+        let display = Display::new(Mode::Plain, None, Default::default());
+        let mut state = State::default();
+        for event in [turn(1, 1000, 100), turn(2, 1500, 200)] {
+            display.describe(&mut state, &event);
+        }
+        assert_eq!(
+            display.status_text(&state.status),
+            "turn 2 · 2,500 in / 20 out tokens in all · $0.000300"
+        );
+    }
+
+    #[test]
+    fn the_clock_spins_and_counts() {
+        use std::time::Duration;
+        assert_eq!(clock(Duration::ZERO), "⠋ 0s");
+        assert_eq!(clock(Duration::from_millis(1250)), "⠹ 1s");
+        assert_eq!(clock(Duration::from_millis(12_900)), "⠏ 12s");
+        assert_eq!(clock(Duration::from_secs(125)), "⠋ 2m05s");
     }
 
     #[test]

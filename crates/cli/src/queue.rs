@@ -114,7 +114,8 @@ pub(crate) async fn cancel(db: &Path, id: &str) -> Result<u8, Failure> {
             output::line(&format!("cancelled {execution}: it had not started"));
         }
         (execution, Cancel::Requested) => output::line(&format!(
-            "cancelling {execution}: its worker stops it at the next turn boundary"
+            "cancelling {execution}: its worker stops it when it next renews its lease (within a third of the lease, 10 s by default): {}",
+            nerve_runtime::worker::STOP_EFFECT
         )),
     }
     Ok(0)

@@ -22,9 +22,13 @@ pub(crate) async fn run(
     db: &Path,
     config_path: Option<&Path>,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?
-        .with_fallback(args.sandbox_fallback.map(Into::into))
-        .with_approval(args.approval.map(Into::into));
+    // The project's settings are those of the workspace the execution works on: its own
+    // when it continues one.
+    let workspace = match &args.continue_id {
+        Some(id) => nerve_runtime::resume::workspace_of(db, id).await?,
+        None => Some(args.workspace.clone().unwrap_or_else(|| ".".into())),
+    };
+    let config = crate::settings::load(config_path, workspace.as_deref(), flags(&args))?;
     let mode = Mode::detect(args.json || args.jsonl, args.quiet);
     if let Some(id) = &args.continue_id {
         // The task is the next message of execution ID, which runs again in a fresh
@@ -44,6 +48,17 @@ pub(crate) async fn run(
     let (launch, start) =
         nerve_runtime::launch::fresh(&request, db, &config, ExecutionId::new()).await?;
     go(launch, start, mode, args.jsonl, config_path).await
+}
+
+/// The flags of `args` that are settings.
+pub(crate) fn flags(args: &RunArgs) -> nerve_runtime::settings::Flags {
+    nerve_runtime::settings::Flags {
+        provider: args.provider.clone(),
+        model: args.model.clone(),
+        approval: args.approval.map(Into::into),
+        context_window: args.context_window,
+        sandbox_fallback: args.sandbox_fallback.map(Into::into),
+    }
 }
 
 /// The runtime's request for `args`, its workspace and task checked (in that order).
@@ -98,8 +113,12 @@ pub(crate) async fn resume(
     provider_spec: Option<&str>,
     output: Output,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?;
     let resumable = nerve_runtime::resume::resumable(db, id).await?;
+    let config = crate::settings::load(
+        config_path,
+        Some(Path::new(&resumable.started.workspace)),
+        nerve_runtime::settings::Flags::default(),
+    )?;
     nerve_runtime::resume::not_in_a_worker(db, resumable.execution).await?;
     let (launch, start) =
         nerve_runtime::launch::resumed(db, &config, resumable, provider_spec, None).await?;
@@ -185,7 +204,10 @@ async fn go(
     )]);
     let cancel = CancellationToken::new();
     let watcher = tokio::spawn(watch_interrupts(cancel.clone(), Arc::clone(&display)));
+    display.start_clock();
+    let ticker = crate::progress::ticker(&display);
     let result = session.run(start, cancel).await;
+    ticker.abort();
     watcher.abort();
     session.close(result.as_ref().ok()).await;
     let result = result?;

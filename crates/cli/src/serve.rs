@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use nerve_runtime::config::Config;
 use nerve_runtime::launch::DEFAULT_PROVIDER;
 use nerve_runtime::tokens::Scope;
 use tokio_util::sync::CancellationToken;
@@ -18,7 +17,7 @@ pub(crate) async fn serve(
     db: PathBuf,
     config_path: Option<&Path>,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?.with_fallback(args.sandbox_fallback.map(Into::into));
+    let config = crate::settings::load_serving(config_path, args.sandbox_fallback.map(Into::into))?;
     if let Some(usd) = args.budget_usd
         && nerve_core::MicroUsd::from_usd(usd).is_none()
     {
@@ -53,7 +52,7 @@ pub(crate) async fn serve(
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {
-        // Ctrl-C or SIGTERM: stop accepting, stop the executions at their next boundary.
+        // Ctrl-C or SIGTERM: stop accepting, stop the executions at once (as Ctrl-C stops a run).
         wait_for_signal().await;
         stop.cancel();
     });

@@ -1,13 +1,12 @@
 //! `nerve worker`: the runtime's worker (claims from the PostgreSQL task queue, leases,
 //! sandboxes on this machine's Docker; see `nerve_runtime::worker`) with its lines on
 //! stderr. SIGTERM (or Ctrl-C) drains the worker: it stops claiming, its executions stop at
-//! their next turn boundary (`shutdown`, resumable), and it gives their claims back to the
+//! once (no new tool call starts, a running command is interrupted; `shutdown`, resumable), and it gives their claims back to the
 //! queue, where other workers resume them. A second signal aborts at once.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use nerve_runtime::config::Config;
 use nerve_runtime::worker::{Reporter, Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +18,9 @@ pub(crate) async fn work(
     config_path: Option<&Path>,
     settings: WorkerSettings,
 ) -> Result<u8, Failure> {
-    let config = Config::load(config_path)?;
+    // A worker serves many workspaces: the user's settings and --config only.
+    let config =
+        crate::settings::load(config_path, None, nerve_runtime::settings::Flags::default())?;
     let worker = Worker::start(
         db,
         config,
@@ -61,7 +62,10 @@ async fn watch_signals(drain: CancellationToken, name: String) {
     next().await;
     say(
         &name,
-        "stopping: no new claims; running executions stop at their next turn boundary (signal again to abort)",
+        &format!(
+            "stopping: no new claims; running executions stop now: {} (signal again to abort)",
+            nerve_runtime::worker::STOP_EFFECT
+        ),
     );
     drain.cancel();
     next().await;

@@ -51,6 +51,9 @@ pub struct Config {
     /// `[[hooks.<point>]]`: commands run on the host at the execution's fixed points.
     #[serde(default)]
     pub hooks: crate::hooks::HooksSection,
+    /// The user's files only: run the hooks of a workspace's `.nerve/config.toml` too
+    /// (without it they are ignored; see `settings`).
+    pub trust_project_hooks: Option<bool>,
 }
 
 /// `[mcp]`: the `[[mcp.servers]]` list.
@@ -478,22 +481,6 @@ impl Config {
         })
     }
 
-    /// The configuration with `run --sandbox-fallback`, when given, in place of the file's.
-    pub fn with_fallback(mut self, flag: Option<SandboxFallback>) -> Self {
-        if flag.is_some() {
-            self.sandbox.fallback = flag;
-        }
-        self
-    }
-
-    /// The configuration with `--approval`'s mode laid over the file's.
-    pub fn with_approval(mut self, flag: Option<nerve_brain::approval::ApprovalMode>) -> Self {
-        if flag.is_some() {
-            self.approval = flag;
-        }
-        self
-    }
-
     /// Reads `path`, or the defaults when no file was named.
     pub fn load(path: Option<&Path>) -> Result<Self, RuntimeError> {
         let Some(path) = path else {
@@ -512,20 +499,26 @@ impl Config {
         })?;
         // Values that parse but cannot work (a policy pattern that is no regex, a price that
         // is no amount) are refused here too, before any command looks at anything else.
-        let invalid = |e: RuntimeError| {
+        config.validate().map_err(|e| {
             RuntimeError::config(format!(
                 "invalid config {}: {}",
                 path.display(),
                 e.message()
             ))
-        };
-        config.engine_config().map_err(invalid)?;
-        config.model_table().map_err(invalid)?;
-        config.mcp.validate().map_err(invalid)?;
-        config.hooks.validate().map_err(invalid)?;
-        let mut probe = nerve_hands::SandboxConfig::new("", "", nerve_core::ExecutionId::new());
-        config.sandbox.apply_limits(&mut probe).map_err(invalid)?;
+        })?;
         Ok(config)
+    }
+
+    /// Refuses values that parse but cannot work: a policy pattern that is no regex, a
+    /// price that is no amount, an MCP server or hook without a command, a sandbox limit
+    /// out of range.
+    pub fn validate(&self) -> Result<(), RuntimeError> {
+        self.engine_config()?;
+        self.model_table()?;
+        self.mcp.validate()?;
+        self.hooks.validate()?;
+        let mut probe = nerve_hands::SandboxConfig::new("", "", nerve_core::ExecutionId::new());
+        self.sandbox.apply_limits(&mut probe)
     }
 }
 

@@ -32,6 +32,7 @@ pub mod queue;
 pub mod reap;
 pub mod resume;
 pub mod session;
+pub mod settings;
 pub mod snapshots;
 pub mod tokens;
 pub mod transfer;

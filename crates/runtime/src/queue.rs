@@ -1,6 +1,6 @@
 //! The task queue on the PostgreSQL log: a submitted execution is its run options (a
 //! [`Spec`]) in the queue until a worker claims it; `cancel` stops it queued, or asks its
-//! worker to stop it at its next turn boundary.
+//! worker to stop it (at its next lease renewal; then at once).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -125,7 +125,7 @@ pub async fn submit(db: &Path, spec: &Spec) -> Result<ExecutionId, RuntimeError>
 pub enum Cancel {
     /// It was queued and is now cancelled: no worker will run it.
     Queued,
-    /// A worker runs it; the worker stops it at the next turn boundary.
+    /// A worker runs it; the worker stops it when it next renews the lease.
     Requested,
 }
 

@@ -425,6 +425,21 @@ async fn decide(
     Ok((execution, Some(Approved::ToResume)))
 }
 
+/// The workspace execution `id` (a full id) started on, as its `started` event names it;
+/// `None` when the log holds no start for it (the caller's own checks then say why).
+pub async fn workspace_of(db: &Path, id: &str) -> Result<Option<std::path::PathBuf>, RuntimeError> {
+    let Ok(execution) = id.parse::<ExecutionId>() else {
+        return Ok(None);
+    };
+    let reader = crate::log::reader(db).await?;
+    let events = reader.events(execution).await.map_err(RuntimeError::log)?;
+    Ok(events
+        .iter()
+        .find(|e| e.kind == "started")
+        .and_then(|e| serde_json::from_str::<Started>(&e.payload).ok())
+        .map(|s| std::path::PathBuf::from(s.workspace)))
+}
+
 /// The most recent execution in the log (`last` where an id is taken), or with `workspace`
 /// the most recent that works on it (`run --continue` and `chat --continue` without an id).
 /// Executions are looked at newest first, and each one's start is read only until one

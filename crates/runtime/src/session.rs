@@ -286,6 +286,24 @@ impl Session {
         self.engine.provider.model()
     }
 
+    /// How the log names the provider (`openai`, `script:FILE`).
+    pub fn provider_name(&self) -> &str {
+        self.engine.provider.name()
+    }
+
+    /// Asks `provider` (another model of the same provider: chat's `/model`) from the next
+    /// message on, with its window. For this session only: the log keeps the model the
+    /// execution started with, which a later reopen or resume asks unless told otherwise.
+    pub fn switch_provider(
+        &mut self,
+        provider: Arc<dyn nerve_brain::Provider>,
+        context_window: Option<u64>,
+    ) {
+        self.engine.provider = provider;
+        self.engine.config.context_window = context_window;
+        self.context_window = context_window;
+    }
+
     /// Runs the engine once: a fresh task, a resume or a follow-up.
     pub async fn run(
         &self,

@@ -153,7 +153,9 @@ fn parse_logged(tree: &str) -> Result<TreeHash, RuntimeError> {
 }
 
 /// Reads `id`'s verified log and opens its snapshot store, or says in one line why not.
-async fn open(db: &Path, id: &str) -> Result<Opened, RuntimeError> {
+/// A rewind needs the workspace (`writes`); a diff reads the store alone, so it works on
+/// an execution whose workspace is gone.
+async fn open(db: &Path, id: &str, writes: bool) -> Result<Opened, RuntimeError> {
     let (execution, _, replay) = crate::resume::load(db, id).await?;
     let Some(started) = &replay.started else {
         return Err(RuntimeError::conflict(format!(
@@ -174,16 +176,22 @@ async fn open(db: &Path, id: &str) -> Result<Opened, RuntimeError> {
         )));
     }
     let workspace = PathBuf::from(&started.workspace);
-    if !workspace.is_dir() {
+    if writes && !workspace.is_dir() {
         return Err(RuntimeError::conflict(format!(
             "the workspace of execution {execution} ({}) is not a directory any more",
             workspace.display()
         )));
     }
     let config = CheckpointConfig::new(store, workspace);
-    let checkpoints = blocking(move || Checkpoints::open(config))
-        .await
-        .map_err(|e| RuntimeError::log(e.message()))?;
+    let checkpoints = blocking(move || {
+        if writes {
+            Checkpoints::open(config)
+        } else {
+            Checkpoints::open_existing(config)
+        }
+    })
+    .await
+    .map_err(|e| RuntimeError::log(e.message()))?;
     Ok(Opened {
         execution,
         replay,
@@ -204,13 +212,23 @@ pub enum Scope {
 
 /// The diff `scope` names, or a line saying there is none.
 pub async fn diff_text(db: &Path, id: &str, scope: Scope) -> Result<String, RuntimeError> {
-    let opened = open(db, id).await?;
+    let opened = open(db, id, false).await?;
     let execution = opened.execution;
     let history = opened.history();
+    // A rewind since the execution's last snapshot: the diff is what the execution did,
+    // and a line says where the rewind left the workspace.
+    let mut rewound = None;
     let (from, to, what) = match scope {
         Scope::Execution => {
             let (_, first) = history.first.clone().unwrap_or_default();
-            let last = history.current.clone().unwrap_or_else(|| first.clone());
+            let last = history
+                .last_snapshot
+                .clone()
+                .or_else(|| history.current.clone())
+                .unwrap_or_else(|| first.clone());
+            if history.rewinds > 0 && history.current.as_ref() != Some(&last) {
+                rewound = Some(history.position);
+            }
             (first, last, format!("execution {execution}"))
         }
         Scope::Turn(turn) => {
@@ -229,10 +247,22 @@ pub async fn diff_text(db: &Path, id: &str, scope: Scope) -> Result<String, Runt
     };
     let (from, to) = (parse_logged(&from)?, parse_logged(&to)?);
     let text = opened.run(move |c| c.diff(&from, &to)).await?;
-    if text.is_empty() {
-        return Ok(format!("{what} left the workspace as it found it"));
+    let mut text = if text.is_empty() {
+        format!("{what} left the workspace as it found it")
+    } else {
+        text.trim_end().to_owned()
+    };
+    if let Some(turn) = rewound {
+        let state = if turn == 0 {
+            "as the run found it".to_owned()
+        } else {
+            format!("as it was after turn {turn}")
+        };
+        text.push_str(&format!(
+            "\n(since then the workspace was rewound to turn {turn}: it is {state})"
+        ));
     }
-    Ok(text.trim_end().to_owned())
+    Ok(text)
 }
 
 /// Which snapshot a rewind restores.
@@ -253,7 +283,7 @@ pub async fn rewind_to(
     target: Target,
     force: bool,
 ) -> Result<Vec<String>, RuntimeError> {
-    let opened = open(db, id).await?;
+    let opened = open(db, id, true).await?;
     let execution = opened.execution;
     if opened.replay.termination_reason.is_none() {
         return Err(RuntimeError::conflict(format!(

@@ -16,8 +16,8 @@
 //! Docker engine first, also one whose worker is alive but lost the lease.
 //!
 //! Cancelling [`Worker::drain`] drains the worker: it stops claiming, its executions stop
-//! at their next turn boundary (`shutdown`, resumable), and it gives their claims back to
-//! the queue, where other workers resume them.
+//! now ([`STOP_EFFECT`]; `shutdown`, resumable), and it gives their claims back to the
+//! queue, where other workers resume them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,6 +34,20 @@ use crate::RuntimeError;
 use crate::config::Config;
 use crate::observer::Unobserved;
 use crate::queue::{Claim, Spec, Workspace, queue_store};
+
+/// What stopping a running execution does (a drain, `nerve cancel`, Ctrl-C): said to
+/// whoever stops one, so that nobody waits for a "turn boundary" that no longer applies.
+pub const STOP_EFFECT: &str = "no new tool call starts, a running command is interrupted (SIGINT, then SIGKILL 2 s later) and the execution ends `shutdown`, resumable";
+
+/// What a draining worker says of the executions it stops.
+pub fn draining_note(running: usize) -> String {
+    format!("draining: {running} execution(s) stop now: {STOP_EFFECT}")
+}
+
+/// What a worker says when it sees that its execution `id` was cancelled.
+pub fn cancelled_note(id: ExecutionId) -> String {
+    format!("{id} was cancelled; stopping it now: {STOP_EFFECT}")
+}
 
 /// How long an idle worker waits for a submit's notification before it looks anyway (an
 /// expired lease of a dead worker notifies nobody).
@@ -233,11 +247,9 @@ impl Worker {
                 }
             }
         }
-        self.say(&format!(
-            "draining: {} execution(s) stop at their next turn boundary",
-            running.len()
-        ));
-        // Ends: every execution stops at its next turn boundary (its token is cancelled).
+        self.say(&draining_note(running.len()));
+        // Ends: every execution stops (its token is cancelled: no new tool call starts, a
+        // running command is interrupted and killed 2 s later, a model call is abandoned).
         while running.join_next().await.is_some() {}
         self.say("drained; every claim released");
         Ok(())
@@ -323,8 +335,9 @@ impl Worker {
     }
 }
 
-/// Renews the lease every third of its length. A cancel asked for stops the execution at
-/// its next boundary; a lost lease stops it too (its appends are refused anyway).
+/// Renews the lease every third of its length. A cancel asked for (seen at a renewal)
+/// stops the execution then ([`STOP_EFFECT`]); a lost lease stops it too (its appends are
+/// refused anyway).
 async fn renew(
     worker: Arc<Worker>,
     id: ExecutionId,
@@ -338,9 +351,7 @@ async fn renew(
             Ok(LeaseState::Held) => {}
             Ok(LeaseState::CancelRequested) => {
                 if !cancel.is_cancelled() {
-                    worker.say(&format!(
-                        "{id} was cancelled; stopping it at the next turn boundary"
-                    ));
+                    worker.say(&cancelled_note(id));
                     cancel.cancel();
                 }
             }
@@ -546,4 +557,26 @@ fn default_workspaces() -> Result<PathBuf, RuntimeError> {
             )
         })?;
     Ok(state.join("nerve").join("workspaces"))
+}
+
+#[cfg(test)]
+mod tests {
+    use nerve_core::ExecutionId;
+
+    /// A stop interrupts at once (issue 32): the worker's lines say so, not "next turn
+    /// boundary".
+    #[test]
+    fn a_stop_says_it_happens_now_not_at_a_turn_boundary() {
+        for note in [
+            super::draining_note(2),
+            super::cancelled_note(ExecutionId::new()),
+        ] {
+            assert!(!note.contains("boundary"), "{note}");
+            assert!(note.contains("stop"), "{note}");
+            assert!(
+                note.contains("no new tool call starts, a running command is interrupted"),
+                "{note}"
+            );
+        }
+    }
 }

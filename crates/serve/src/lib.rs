@@ -135,8 +135,8 @@ impl Server {
             .map_err(|e| ServeError::Io(e.to_string()))
     }
 
-    /// Serves until `shutdown` is cancelled; then cancels the executions it runs at their
-    /// next turn boundary and waits for them to stop.
+    /// Serves until `shutdown` is cancelled; then stops the executions it runs (at once, as
+    /// Ctrl-C does) and waits for them to stop.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServeError> {
         let router = api::router(Arc::clone(&self.app));
         let stop = shutdown.clone();

@@ -1,6 +1,6 @@
 //! The executions this server runs: each a tokio task with its cancellation token, by id.
-//! A `cancel` request cancels the token (the engine stops at its next turn boundary, as
-//! Ctrl-C stops `nerve run`); the server's shutdown cancels them all and waits.
+//! A `cancel` request cancels the token (the engine stops at once, as Ctrl-C stops `nerve
+//! run`: no new tool call starts, a running command is interrupted); the server's shutdown cancels them all and waits.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -89,7 +89,8 @@ impl Runs {
         true
     }
 
-    /// Asks `execution` to stop at its next turn boundary; `false` when it does not run here.
+    /// Stops `execution` now (no new tool call starts, a running command is interrupted);
+    /// `false` when it does not run here.
     pub(crate) fn cancel(&self, execution: ExecutionId) -> bool {
         self.lock()
             .get(&execution)

@@ -139,7 +139,9 @@ const MIGRATIONS: &[&str] = &[
 
 const SUMMARY_COLUMNS: &str = "execution_id, started_at, updated_at, head_seq, task, loop_type, \
      model, task_status, termination_reason, error, total_turns, input_tokens, output_tokens, \
-     cost_micro_usd, resumes";
+     cost_micro_usd, resumes, \
+     (SELECT w.payload::jsonb->>'workspace' FROM events w \
+       WHERE w.execution_id = executions.execution_id AND w.seq = 1 AND w.kind = 'started')";
 /// The summary columns of the executions the queue holds without events (submitted, not
 /// started: queued, claimed a moment ago, cancelled or failed before a worker started
 /// them), and their queue state: `nerve list` shows every execution the log knows, a
@@ -151,7 +153,9 @@ const QUEUED_SUMMARIES: &str = "SELECT q.execution_id,
          0::int8, q.spec::jsonb->>'task', q.spec::jsonb->>'loop', q.spec::jsonb->>'model',
          CASE q.state WHEN 'cancelled' THEN 'cancelled' WHEN 'failed' THEN 'failed'
               ELSE 'created' END,
-         NULL::text, q.error, 0::int8, 0::int8, 0::int8, 0::int8, 0::int8, q.state
+         NULL::text, q.error, 0::int8, 0::int8, 0::int8, 0::int8, 0::int8,
+         COALESCE(q.spec::jsonb->'workspace'->>'path', q.spec::jsonb->'workspace'->'git'->>'url'),
+         q.state
      FROM queue q
      WHERE NOT EXISTS (SELECT 1 FROM executions e
                        WHERE e.execution_id = q.execution_id AND e.head_seq > 0)";
@@ -747,6 +751,7 @@ fn summary(row: &Row) -> Result<ExecutionSummary, tokio_postgres::Error> {
         output_tokens: count(12)?,
         cost_micro_usd: count(13)?,
         resumes: u32::try_from(count(14)?).unwrap_or(u32::MAX),
+        workspace: row.try_get(15)?,
         queue_state: None,
     })
 }
@@ -951,7 +956,7 @@ impl EventStore for PgStore {
         rows.iter()
             .map(|row| {
                 let mut listed = summary(row)?;
-                listed.queue_state = row.try_get(15)?;
+                listed.queue_state = row.try_get(16)?;
                 Ok(listed)
             })
             .collect::<Result<Vec<_>, tokio_postgres::Error>>()

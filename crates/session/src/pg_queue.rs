@@ -10,7 +10,7 @@
 //! `pg.rs`), so a worker that lost its lease can never append to that execution again.
 //!
 //! Cancelling a queued execution ends it at once; cancelling a claimed one asks its
-//! worker (through `renew`) to stop it at the next turn boundary.
+//! worker (through `renew`) to stop it, at once, when it next renews the lease.
 
 use std::time::Duration;
 
@@ -64,7 +64,7 @@ pub enum LeaseState {
 pub enum Cancelled {
     /// It was queued and is now cancelled: no worker will run it.
     Queued,
-    /// A worker runs it; the worker stops it at the next turn boundary.
+    /// A worker runs it; the worker stops it when it next renews the lease.
     Requested,
     /// It was neither queued nor running (finished, failed, cancelled, or not in the queue).
     NotWaiting,

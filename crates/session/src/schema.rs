@@ -66,7 +66,10 @@ macro_rules! execution_columns {
 macro_rules! with_last_event {
     ($source:expr) => {
         concat!(
-            "SELECT x.*, l.ts, l.seq FROM ",
+            "SELECT x.*, l.ts, l.seq,
+                (SELECT json_extract(w.payload, '$.workspace') FROM events w
+                  WHERE w.execution_id = x.execution_id AND w.seq = 1 AND w.kind = 'started')
+             FROM ",
             $source,
             " x JOIN events l ON l.execution_id = x.execution_id
                AND l.seq = (SELECT MAX(m.seq) FROM events m WHERE m.execution_id = x.execution_id)"
@@ -97,7 +100,9 @@ macro_rules! with_last_keyed_event {
                 x.cost_micro_usd + ",
             $crate::schema::turns_after_row!("COALESCE(SUM(json_extract(t.payload, '$.cost')), 0)"),
             ",
-                x.resumes, l.ts, l.seq
+                x.resumes, l.ts, l.seq,
+                (SELECT json_extract(w.payload, '$.workspace') FROM events w
+                  WHERE w.execution = k.key AND w.seq = 1 AND w.kind = 'started')
              FROM executions x
              JOIN execution_keys k ON k.execution_id = x.execution_id
              JOIN events l ON l.execution = k.key

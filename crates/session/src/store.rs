@@ -59,6 +59,10 @@ pub struct ExecutionSummary {
     /// When the last event was written.
     pub updated_at: String,
     pub task: Option<String>,
+    /// The directory the execution works on, as its `started` event names it (derived from
+    /// that event when read: no column holds it); for a submission not started yet, its
+    /// path or `--git` URL.
+    pub workspace: Option<String>,
     pub loop_type: Option<String>,
     pub model: Option<String>,
     pub task_status: Option<String>,
@@ -95,6 +99,7 @@ impl ExecutionSummary {
             started_at: ts.to_owned(),
             updated_at: ts.to_owned(),
             task: None,
+            workspace: None,
             loop_type: None,
             model: None,
             task_status: None,
@@ -1250,6 +1255,7 @@ fn summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
         resumes: u32::try_from(row.get::<_, i64>(12)?).unwrap_or(u32::MAX),
         updated_at: row.get(13)?,
         events: to_u64(row.get(14)?),
+        workspace: row.get(15)?,
         queue_state: None,
     })
 }
@@ -1263,9 +1269,9 @@ fn load_head(conn: &Connection, execution: &str, ts: &str) -> rusqlite::Result<H
         .prepare_cached(concat!(
             "SELECT ",
             execution_columns!(),
-            ", '', 0, as_of FROM executions WHERE execution_id = ?1"
+            ", '', 0, NULL, as_of FROM executions WHERE execution_id = ?1"
         ))?
-        .query_row([execution], |row| Ok((summary(row)?, to_u64(row.get(15)?))))
+        .query_row([execution], |row| Ok((summary(row)?, to_u64(row.get(16)?))))
         .optional()?;
     let key = conn
         .prepare_cached("SELECT key FROM execution_keys WHERE execution_id = ?1")?

@@ -24,6 +24,7 @@
 
 mod index;
 mod objects;
+mod owners;
 mod patch;
 mod walk;
 
@@ -179,17 +180,34 @@ impl Checkpoints {
         if !config.store.join("HEAD").is_file() {
             init_store(&config.store)?;
         }
+        Ok(Self::on_store(config))
+    }
+
+    /// The checkpoints of a store that exists.
+    fn on_store(config: CheckpointConfig) -> Self {
         let rules = walk::Rules::new(
             &config.workspace,
             &config.store.join("info").join("exclude"),
             config.max_file_bytes,
         );
-        Ok(Self {
+        Self {
             objects: Objects::new(&config.store),
             rules,
             config,
             state: Arc::default(),
-        })
+        }
+    }
+
+    /// Opens an existing store to read its snapshots (a diff), whether the workspace is
+    /// still there or not: nothing is created, and nothing here reads the workspace.
+    pub fn open_existing(config: CheckpointConfig) -> Result<Self, HandsError> {
+        if !config.store.join("HEAD").is_file() {
+            return Err(HandsError::Checkpoint(format!(
+                "{} is not a snapshot store",
+                config.store.display()
+            )));
+        }
+        Ok(Self::on_store(config))
     }
 
     pub fn config(&self) -> &CheckpointConfig {
@@ -217,6 +235,7 @@ impl Checkpoints {
             .unwrap_or_else(|| Index::load(&self.config.store));
         let mut old = previous.entries.iter().peekable();
         let mut entries = Vec::with_capacity(found.len());
+        let mut owned = Vec::with_capacity(found.len());
         // Whether the tree differs from the last one; whether the cache does.
         let mut changed = previous.tree.is_none();
         let mut dirty = false;
@@ -254,6 +273,7 @@ impl Checkpoints {
                 }
                 _ => changed = true,
             }
+            owned.push((file.path.clone(), owners::Owner::of(&file.meta)));
             entries.push(Entry {
                 path: file.path,
                 mode,
@@ -268,6 +288,15 @@ impl Checkpoints {
             Some(tree) if !changed => tree,
             _ => self.write_tree(&entries, 0, &mut state.trees)?,
         };
+        // An owner or mode that changed moved the file's change time, so the stat cache
+        // saw it (`dirty`): an unchanged workspace costs no read of the owners.
+        let hex = tree.hex();
+        if (changed || dirty || !owners::recorded(&self.config.store, &hex))
+            && let Err(error) = owners::record(&self.config.store, &hex, &owned)
+        {
+            // A rewind of this tree then restores files as the restoring process owns them.
+            tracing::warn!(%error, "the snapshot's owners are not recorded");
+        }
         if changed || dirty {
             let index = Index {
                 entries,
@@ -631,6 +660,14 @@ impl Checkpoints {
                 self.write_file(path, *mode, *oid)?;
             }
         }
+        // Each file's owner and mode as the snapshot found them (also a file whose contents
+        // were right but whose owner or mode the execution changed).
+        let owned = owners::load(&self.config.store, tree.as_str());
+        for (path, _, _) in &target {
+            if let Some(owner) = owned.get(path) {
+                owners::apply(&self.workspace_path(path), *owner)?;
+            }
+        }
         Ok(())
     }
 
@@ -656,6 +693,14 @@ impl Checkpoints {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     std::fs::create_dir(&dir).map_err(|e| restore_error(&dir, &e))?;
+                    // Owned as the directory it is made in (snapshots record files only):
+                    // root's rewind does not leave a root-owned directory in a user's
+                    // workspace. Without root the process's own, as any mkdir.
+                    if let Some(parent) = dir.parent().and_then(|p| std::fs::metadata(p).ok()) {
+                        use std::os::unix::fs::MetadataExt;
+                        let _ =
+                            std::os::unix::fs::lchown(&dir, Some(parent.uid()), Some(parent.gid()));
+                    }
                 }
                 Err(e) => return Err(restore_error(&dir, &e)),
             }

@@ -545,3 +545,49 @@ mod incremental {
         }
     }
 }
+
+/// Modes git's trees do not keep come back with a restore: a file the snapshot found 0640
+/// and a run made 0644 (and rewrote), a setuid one, and one only chmodded; the owners
+/// recorded are the files' own (changing them back takes root: the e2e test runs as root).
+#[test]
+fn a_restore_gives_back_the_modes_and_owners_the_snapshot_found() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = dir.path().join("w");
+    write(&workspace, "secret.txt", b"one\n");
+    write(&workspace, "tool", b"#!/bin/sh\n");
+    write(&workspace, "same.txt", b"same\n");
+    let chmod = |path: &str, mode: u32| {
+        std::fs::set_permissions(workspace.join(path), std::fs::Permissions::from_mode(mode))
+            .unwrap();
+    };
+    chmod("secret.txt", 0o640);
+    chmod("tool", 0o4750);
+    chmod("same.txt", 0o600);
+    let checkpoints =
+        Checkpoints::open(CheckpointConfig::new(dir.path().join("store"), &workspace)).unwrap();
+    let before = checkpoints.snapshot().unwrap();
+    let mode = |path: &str| std::fs::metadata(workspace.join(path)).unwrap().mode() & 0o7777;
+
+    std::fs::remove_file(workspace.join("secret.txt")).unwrap();
+    write(&workspace, "secret.txt", b"two\n");
+    chmod("secret.txt", 0o644);
+    chmod("tool", 0o755);
+    chmod("same.txt", 0o644);
+    checkpoints.snapshot().unwrap();
+    assert_eq!(mode("secret.txt"), 0o644);
+
+    checkpoints.restore(&before).unwrap();
+    assert_eq!(
+        std::fs::read(workspace.join("secret.txt")).unwrap(),
+        b"one\n"
+    );
+    assert_eq!(
+        (mode("secret.txt"), mode("tool"), mode("same.txt")),
+        (0o640, 0o4750, 0o600)
+    );
+    let owners = owners::load(&dir.path().join("store"), before.as_str());
+    let me = std::fs::metadata(&workspace).unwrap().uid();
+    assert_eq!(owners.len(), 3);
+    assert!(owners.values().all(|o| o.uid == me), "{owners:?}");
+}

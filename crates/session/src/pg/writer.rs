@@ -207,7 +207,7 @@ struct Statements {
 
 const LOCK_HEADS: &str = "SELECT execution_id, started_at, updated_at, head_seq, task, \
      loop_type, model, task_status, termination_reason, error, total_turns, input_tokens, \
-     output_tokens, cost_micro_usd, resumes, head_hash FROM executions
+     output_tokens, cost_micro_usd, resumes, NULL::text, head_hash FROM executions
      WHERE execution_id = ANY($1) ORDER BY execution_id FOR UPDATE";
 const MAKE_HEADS: &str = "INSERT INTO executions (execution_id, started_at, updated_at, head_hash)
      SELECT id, $2, $2, $3 FROM UNNEST($1::text[]) AS id ORDER BY id
@@ -245,7 +245,7 @@ fn heads_in<'a>(
         let row_summary = summary(row)?;
         let head = Head {
             seq: row_summary.events,
-            hash: row.try_get(15)?,
+            hash: row.try_get(16)?,
             row: row_summary,
         };
         if let Some(id) = ids.iter().find(|id| **id == head.row.execution_id) {

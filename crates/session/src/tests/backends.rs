@@ -364,15 +364,24 @@ async fn the_executions_index_follows_the_log<S: Backend>(store: Arc<S>) {
         .append_all(second, vec![started(), context(), turn(1)])
         .await
         .unwrap();
-    let listed: Vec<String> = store
+    let listed: Vec<(String, Option<String>)> = store
         .executions()
         .await
         .unwrap()
         .into_iter()
-        .map(|e| e.execution_id)
+        .map(|e| (e.execution_id, e.workspace))
         .collect();
-    assert_eq!(listed, [second.to_string(), first.to_string()]);
+    // Each with the workspace its start names (`list`'s WORKSPACE column).
+    let workspace = Some("/w".to_owned());
+    assert_eq!(
+        listed,
+        [
+            (second.to_string(), workspace.clone()),
+            (first.to_string(), workspace.clone())
+        ]
+    );
     let done = store.execution(first).await.unwrap();
+    assert_eq!(done.workspace, workspace);
     assert_eq!(done.task.as_deref(), Some("demo"));
     assert_eq!(done.loop_type.as_deref(), Some("react"));
     assert_eq!(done.model.as_deref(), Some("scripted"));
