@@ -187,6 +187,9 @@ impl Observer for Ears {
             Notice::NoSnapshots { reason } => {
                 tracing::warn!(%reason, "no workspace snapshots for this session");
             }
+            Notice::SkillSkipped { path, reason } => {
+                tracing::warn!(path = %path.display(), %reason, "skill skipped");
+            }
         }
     }
 

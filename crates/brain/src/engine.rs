@@ -182,6 +182,13 @@ impl AgentEngine {
                 self.config.compaction.agent_controlled,
             ));
         }
+        if !self.config.skills.is_empty() {
+            definitions.push(crate::skills::definition());
+        }
+        let delegates = self.config.delegation.enabled && self.config.lineage.parent.is_none();
+        if delegates {
+            definitions.push(crate::delegate::definition());
+        }
         let tool_tokens = counter.count_tools(&definitions);
         let tool_protocol = self.provider.tool_protocol();
         let tools_as_text = match tool_protocol {
@@ -225,6 +232,12 @@ impl AgentEngine {
             text_repairs: Vec::new(),
             instructions,
             hooks: self.hooks.clone(),
+            delegator: delegates.then(|| {
+                Arc::new(EngineDelegator {
+                    engine: self.clone(),
+                }) as crate::delegate::SharedDelegator
+            }),
+            delegated: (TokenUsage::default(), MicroUsd::ZERO),
         }
     }
 
@@ -291,6 +304,9 @@ impl AgentEngine {
             model: self.provider.model().to_owned(),
             max_turns: self.config.max_turns,
             config: recorded,
+            parent: self.config.lineage.parent.clone(),
+            call_id: self.config.lineage.call_id.clone(),
+            fork: None,
         }));
         if run.progress.task_status == TaskStatus::Created {
             run.transition(TaskStatus::Assigned)?;
@@ -318,6 +334,9 @@ impl AgentEngine {
                     files: instructions.into_iter().map(|l| l.file).collect(),
                 },
             ));
+        }
+        if !self.config.skills.is_empty() {
+            system.push_str(&crate::skills::system_section(&self.config.skills));
         }
         run.push_message(Message::system(system));
         crate::hooks::at(run, HookPoint::SessionStart, 0, None, serde_json::json!({})).await;
@@ -725,6 +744,84 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
         error.get_or_insert_with(|| sink_error.to_string());
     }
     result(run, outcome.reason, error)
+}
+
+/// The engine's [`Delegator`](crate::delegate::Delegator): a child is this engine run
+/// again as an execution of its own, on the same sandbox (its tools, narrowed to the
+/// request's), log, archive, approver and hooks, with its own provider view (a cassette's
+/// lines for its name), budget share and turn limit, no snapshots of its own (the parent's
+/// turn takes the workspace's) and no streamed deltas; it may not delegate in turn.
+struct EngineDelegator {
+    engine: AgentEngine,
+}
+
+#[async_trait::async_trait]
+impl crate::delegate::Delegator for EngineDelegator {
+    async fn run_child(
+        &self,
+        request: crate::delegate::ChildRequest,
+    ) -> Result<crate::delegate::ChildOutcome, String> {
+        let mut engine = self.engine.clone();
+        if let Some(provider) = engine.provider.for_agent(&request.name) {
+            engine.provider = provider;
+        }
+        engine.planner = None;
+        engine.tools = Arc::new(crate::delegate::Subset {
+            inner: Arc::clone(&engine.tools),
+            allowed: request.tools.clone(),
+        });
+        engine.workspace = None;
+        engine.deltas = Arc::new(crate::stream::IgnoreDeltas);
+        let config = &mut engine.config;
+        config.loop_type = LoopType::React;
+        config.complexity = None;
+        config.max_turns = request.max_turns;
+        config.budget_tokens = request.budget_tokens;
+        config.budget_cost = request.budget_cost;
+        config.delegation.enabled = false;
+        config.lineage = crate::config::Lineage {
+            parent: Some(request.parent.to_string()),
+            call_id: Some(request.call_id.clone()),
+        };
+        config.recorded_config = serde_json::json!({
+            "max_turns": request.max_turns,
+            "timeout_secs": config.timeout.map(|t| t.as_secs()),
+            "budget_tokens": request.budget_tokens,
+            "budget_usd": request.budget_cost.map(MicroUsd::as_usd),
+            "context_window": config.context_window,
+            "agent": request.name,
+            "tools": request.tools,
+        });
+        let child = ExecutionId::new();
+        let task = Task {
+            id: TaskId::new(),
+            description: request.task,
+            metadata: serde_json::Value::Null,
+            status: TaskStatus::Created,
+            workspace: config.delegation.workspace.clone(),
+        };
+        let result = engine
+            .run(child, task, request.cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        let answer = result
+            .context
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.role == nerve_core::MessageRole::Assistant)
+            .map(Message::text_content)
+            .unwrap_or_default();
+        Ok(crate::delegate::ChildOutcome {
+            child,
+            reason: result.termination_reason,
+            answer,
+            error: result.error,
+            turns: result.context.turn_count(),
+            usage: result.context.usage,
+            cost: result.context.cost,
+        })
+    }
 }
 
 /// What the caller gets back: the run's state and why it stopped.

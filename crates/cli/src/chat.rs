@@ -101,6 +101,7 @@ pub(crate) async fn chat(
         display: Arc::clone(&display),
         jsonl: None,
         approver: Some(Arc::new(approver)),
+        children: std::sync::Mutex::default(),
     };
     let session = launch.open(Arc::new(screen)).await?;
     let chat = Chat {

@@ -141,7 +141,8 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             | Event::WorkspaceRewound(_)
             | Event::ToolProtocolSwitched(_)
             | Event::InstructionsLoaded(_)
-            | Event::HookRan(_) => {}
+            | Event::HookRan(_)
+            | Event::SkillLoaded(_) => {}
         }
     }
 

@@ -283,7 +283,31 @@ pub(crate) async fn verify(db: &Path, id: &str) -> Result<u8, Failure> {
     match store.verify(execution).await.map_err(Failure::usage)? {
         Ok(count) => {
             output::line(&format!("ok: {count} events, hash chain intact"));
-            Ok(0)
+            use nerve_runtime::fork::Origin;
+            match nerve_runtime::fork::check_origin(db, id).await? {
+                Origin::None => Ok(0),
+                Origin::ParentAbsent(origin) => {
+                    output::line(&format!(
+                        "fork of {} at turn {}: the parent is not in this log to compare with",
+                        origin.parent, origin.turn
+                    ));
+                    Ok(0)
+                }
+                Origin::Matches(origin) => {
+                    output::line(&format!(
+                        "fork of {} at turn {}: its history is the parent's up to event {}",
+                        origin.parent, origin.turn, origin.seq
+                    ));
+                    Ok(0)
+                }
+                Origin::Differs(origin, why) => {
+                    output::error_line(&format!(
+                        "nerve: fork of {} at turn {}: {why}",
+                        origin.parent, origin.turn
+                    ));
+                    Ok(1)
+                }
+            }
         }
         Err(broken) => {
             output::error_line(&format!("nerve: {broken}"));

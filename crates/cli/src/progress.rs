@@ -468,6 +468,10 @@ impl Display {
                     ));
                 }
             }
+            Event::SkillLoaded(loaded) => lines.push((
+                Style::Note,
+                format!("· {}", nerve_runtime::views::transcript::skill_line(loaded)),
+            )),
             Event::WorkspaceRewound(rewound) => lines.push((
                 Style::Note,
                 format!(
@@ -709,6 +713,7 @@ mod tests {
                     },
                     duration_ms: 3,
                     interrupted: false,
+                    child: None,
                 }),
                 Event::TurnCompleted(TurnCompleted {
                     turn: 1,

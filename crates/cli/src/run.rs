@@ -46,6 +46,29 @@ pub(crate) async fn run(
     go(launch, start, mode, args.jsonl, config_path).await
 }
 
+/// Execution `id` continued with `message` in a fresh sandbox on its workspace, as
+/// `run --continue ID` does with the run's defaults (`nerve fork --task`).
+pub(crate) async fn continue_with(
+    db: &Path,
+    config_path: Option<&Path>,
+    id: &str,
+    message: String,
+    provider: Option<String>,
+    json: bool,
+) -> Result<u8, Failure> {
+    let config = Config::load(config_path)?;
+    let request = ContinueRequest {
+        message,
+        workspace: None,
+        provider,
+        loop_type: LoopType::React,
+        max_turns: 20,
+        image: None,
+    };
+    let (launch, start) = nerve_runtime::launch::continued(request, db, &config, id).await?;
+    go(launch, start, Mode::detect(json, false), false, config_path).await
+}
+
 /// The runtime's request for `args`, its workspace and task checked (in that order).
 pub(crate) fn request(args: &RunArgs, config: &Config) -> Result<RunRequest, Failure> {
     let workspace = args.workspace.as_deref().unwrap_or_else(|| Path::new("."));
@@ -160,6 +183,7 @@ async fn go(
             )))
         }),
         approver: None,
+        children: std::sync::Mutex::default(),
     };
     let session = launch.open(Arc::new(screen)).await?;
     let id = session.execution_id();

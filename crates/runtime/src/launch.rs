@@ -580,6 +580,9 @@ mod tests {
             model: "m".into(),
             max_turns: 7,
             config,
+            parent: None,
+            call_id: None,
+            fork: None,
         }
     }
 

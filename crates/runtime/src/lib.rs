@@ -21,6 +21,7 @@ pub mod config;
 #[cfg(test)]
 mod config_doc_test;
 mod environment;
+pub mod fork;
 pub mod hooks;
 pub mod instructions;
 pub mod launch;
@@ -32,6 +33,7 @@ pub mod queue;
 pub mod reap;
 pub mod resume;
 pub mod session;
+pub mod skills;
 pub mod snapshots;
 pub mod tokens;
 pub mod transfer;

@@ -34,6 +34,12 @@ pub enum Notice {
     /// The workspace's snapshot store cannot be opened: the execution goes on without
     /// snapshots, and `diff`/`rewind` have nothing for it.
     NoSnapshots { reason: String },
+    /// A skill's `SKILL.md` could not be used (malformed, too large, a name taken): the
+    /// execution goes on without it.
+    SkillSkipped {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 /// A front end's ears. Every method has a default that ignores what it hears, and none may
@@ -75,6 +81,9 @@ impl Observer for Unobserved {
         match notice {
             Notice::NoSnapshots { reason } => {
                 tracing::warn!(%reason, "no workspace snapshots for this run");
+            }
+            Notice::SkillSkipped { path, reason } => {
+                tracing::warn!(path = %path.display(), %reason, "skill skipped");
             }
             Notice::BuildingDefaultImage { .. }
             | Notice::BuildingImage { .. }

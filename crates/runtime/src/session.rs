@@ -164,6 +164,12 @@ impl Launch<'_> {
             .map_err(RuntimeError::sandbox)?;
         let mut engine_config = self.engine_config;
         engine_config.context_window = context_window;
+        let skills = crate::skills::discover(&self.workspace);
+        for (path, reason) in skills.skipped {
+            observer.notice(Notice::SkillSkipped { path, reason });
+        }
+        engine_config.skills = skills.skills;
+        engine_config.delegation.workspace = self.workspace.display().to_string();
         engine_config.pricing = pricing;
         // Spans go through the same redactor as the log.
         engine_config.trace = nerve_brain::TraceConfig {

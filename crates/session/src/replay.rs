@@ -198,6 +198,8 @@ pub struct Replay {
     pub instructions: Vec<InstructionsLoaded>,
     /// Every run of a user's hook.
     pub hooks: Vec<nerve_core::event::HookRan>,
+    /// Every skill the model loaded, in order.
+    pub skills: Vec<nerve_core::event::SkillLoaded>,
     pub proxy: ProxyTally,
     pub checkpoints: Vec<CheckpointMark>,
     /// Every resume of this execution; its length is the number of attempts so far.
@@ -308,6 +310,7 @@ impl Replayer {
                 stagnation: Vec::new(),
                 tool_protocol: None,
                 instructions: Vec::new(),
+                skills: Vec::new(),
                 hooks: Vec::new(),
                 proxy: ProxyTally::default(),
                 checkpoints: Vec::new(),
@@ -494,6 +497,7 @@ impl Replayer {
             Event::ToolProtocolSwitched(switched) => out.tool_protocol = Some(switched),
             Event::InstructionsLoaded(loaded) => out.instructions.push(loaded),
             Event::HookRan(ran) => out.hooks.push(ran),
+            Event::SkillLoaded(loaded) => out.skills.push(loaded),
         }
     }
 
@@ -647,6 +651,9 @@ fn decode(kind: EventKind, version: u32, payload: &str) -> Option<Event> {
             read::<InstructionsLoaded>(payload, Event::InstructionsLoaded)
         }
         EventKind::HookRan => read::<nerve_core::event::HookRan>(payload, Event::HookRan),
+        EventKind::SkillLoaded => {
+            read::<nerve_core::event::SkillLoaded>(payload, Event::SkillLoaded)
+        }
     }
 }
 

@@ -1,0 +1,220 @@
+//! Delegation end to end, scripted, in the real sandbox: a parent delegates two children in
+//! one turn (the cassette's `agent` lines are theirs); each runs tool calls in the shared
+//! workspace; the parent goes on with both answers; `show` prints the tree; the parent and
+//! both children verify; the parent's tokens and cost are its own plus the children's; and
+//! a child that spends past its budget share ends `budget_exhausted`, which the parent
+//! sees as the tool result.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::crash::{replay_json, verify};
+use crate::support::{events_json, last_json, nerve, sandbox_available, stderr, stdout};
+
+const CONFIG: &str = r#"
+[delegation]
+enabled = true
+
+[[models]]
+name = "scripted"
+context_window = 32000
+input_usd_per_million = 1.0
+output_usd_per_million = 10.0
+"#;
+
+fn usage(input: u64, output: u64) -> Value {
+    json!({"input_tokens": input, "output_tokens": output})
+}
+
+fn run(dir: &Path, db: &Path, lines: &[Value], extra: &[&str]) -> std::process::Output {
+    let workspace = dir.join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let script = dir.join("cassette.jsonl");
+    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    std::fs::write(&script, text).unwrap();
+    let config = dir.join("nerve.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let mut args = vec![
+        "--config",
+        config.to_str().unwrap(),
+        "run",
+        "--workspace",
+        workspace.to_str().unwrap(),
+        "--task",
+        "Write a.txt and b.txt through two subagents.",
+        "--provider",
+    ];
+    let provider = format!("script:{}", script.display());
+    args.push(&provider);
+    args.push("--json");
+    args.extend_from_slice(extra);
+    nerve(db, &args)
+}
+
+fn children_of(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished" && !e["payload"]["child"].is_null())
+        .map(|e| e["payload"]["child"].clone())
+        .collect()
+}
+
+#[test]
+fn two_children_in_one_turn_work_in_the_workspace_and_report_back() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let lines = [
+        json!({"text": "Two subagents.", "usage": usage(1000, 100), "tool_calls": [
+            {"id": "call_a", "name": "delegate", "arguments": {"task": "Write a.txt.", "name": "writer-a"}},
+            {"id": "call_b", "name": "delegate", "arguments": {"task": "Write b.txt.", "name": "writer-b", "tools": ["shell"]}},
+        ]}),
+        json!({"agent": "writer-a", "usage": usage(300, 30), "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "a.txt", "content": "from a\n"}},
+        ]}),
+        json!({"agent": "writer-b", "usage": usage(200, 20), "tool_calls": [
+            {"name": "shell", "arguments": {"command": "echo from b > b.txt"}},
+        ]}),
+        json!({"agent": "writer-a", "usage": usage(300, 30), "text": "a.txt is written."}),
+        json!({"agent": "writer-b", "usage": usage(200, 20), "text": "b.txt is written."}),
+        json!({"usage": usage(1000, 100), "text": "Both files are written."}),
+    ];
+    let output = run(dir.path(), &db, &lines, &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let summary = last_json(&output);
+    assert_eq!(summary["termination_reason"], "completed", "{summary}");
+    assert_eq!(summary["answer"], "Both files are written.");
+    let workspace = dir.path().join("workspace");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("a.txt")).unwrap(),
+        "from a\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("b.txt")).unwrap(),
+        "from b\n"
+    );
+    let parent = summary["execution_id"].as_str().unwrap().to_owned();
+
+    // The log links parent and children both ways.
+    let events = events_json(&db, &parent);
+    let children = children_of(&events);
+    assert_eq!(children.len(), 2, "{events:?}");
+    assert_eq!(children[0]["name"], "writer-a");
+    assert_eq!(children[1]["name"], "writer-b");
+    for (child, call) in children.iter().zip(["call_a", "call_b"]) {
+        assert_eq!(child["termination_reason"], "completed");
+        assert_eq!(child["turns"], 2);
+        let id = child["execution_id"].as_str().unwrap();
+        let started = &events_json(&db, id)[0]["payload"];
+        assert_eq!(started["kind"], "started");
+        assert_eq!(started["parent"], parent.as_str());
+        assert_eq!(started["call_id"], call);
+        verify(&db, id);
+        assert_eq!(replay_json(&db, id)["complete"], true);
+    }
+    // The answers came back as the calls' results, in the parent's next request.
+    let results: Vec<String> = events
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished")
+        .map(|e| {
+            e["payload"]["result"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(results[0].contains("a.txt is written."), "{results:?}");
+    assert!(results[1].contains("b.txt is written."), "{results:?}");
+    assert!(results[0].contains(children[0]["execution_id"].as_str().unwrap()));
+
+    // One budget: the parent's totals are its own calls' and its children's.
+    assert_eq!(summary["input_tokens"], 2000 + 600 + 400, "{summary}");
+    assert_eq!(summary["output_tokens"], 200 + 60 + 40, "{summary}");
+    let child_cost: f64 = children
+        .iter()
+        .map(|c| {
+            replay_json(&db, c["execution_id"].as_str().unwrap())["cost_usd"]
+                .as_f64()
+                .unwrap()
+        })
+        .sum();
+    let own = 2.0 * (1000.0 + 100.0 * 10.0) / 1e6;
+    let cost = summary["cost_usd"].as_f64().unwrap();
+    assert!(
+        (cost - (own + child_cost)).abs() < 1e-9,
+        "{cost} vs {own} + {child_cost}"
+    );
+    let replayed = replay_json(&db, &parent);
+    assert_eq!(replayed["complete"], true);
+    assert!((replayed["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-9);
+    verify(&db, &parent);
+
+    // show prints the tree.
+    let shown = stdout(&nerve(&db, &["show", &parent]));
+    for child in &children {
+        let id = child["execution_id"].as_str().unwrap();
+        assert!(
+            shown.contains(&format!(
+                "└─ child {id} `{}`",
+                child["name"].as_str().unwrap()
+            )),
+            "{shown}"
+        );
+    }
+    let id = children[0]["execution_id"].as_str().unwrap();
+    let shown = stdout(&nerve(&db, &["show", id]));
+    assert!(
+        shown.contains(&format!("parent     {parent} (its call call_a)")),
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_child_past_its_budget_share_ends_budget_exhausted_and_the_parent_hears_it() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    // Budget 10,000 tokens; the parent's first call spends 1,000, so the child's share is
+    // half of the 9,000 left: 4,500. Its calls spend 3,000 each: the third is refused.
+    let lines = [
+        json!({"usage": usage(900, 100), "tool_calls": [
+            {"id": "call_big", "name": "delegate", "arguments": {"task": "Spend.", "name": "spender"}},
+        ]}),
+        json!({"agent": "spender", "usage": usage(2900, 100), "tool_calls": [
+            {"name": "shell", "arguments": {"command": "echo one"}},
+        ]}),
+        json!({"agent": "spender", "usage": usage(2900, 100), "tool_calls": [
+            {"name": "shell", "arguments": {"command": "echo two"}},
+        ]}),
+        json!({"agent": "spender", "text": "never reached"}),
+        json!({"usage": usage(900, 100), "text": "The subagent ran out of budget."}),
+    ];
+    let output = run(dir.path(), &db, &lines, &["--budget-tokens", "10000"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let summary = last_json(&output);
+    assert_eq!(summary["termination_reason"], "completed", "{summary}");
+    let parent = summary["execution_id"].as_str().unwrap().to_owned();
+    let events = events_json(&db, &parent);
+    let children = children_of(&events);
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0]["termination_reason"], "budget_exhausted");
+    assert_eq!(children[0]["usage"]["input_tokens"], 5800);
+    let result = events
+        .iter()
+        .find(|e| e["kind"] == "tool_call_finished")
+        .unwrap();
+    assert_eq!(result["payload"]["result"]["is_error"], true);
+    let content = result["payload"]["result"]["content"].as_str().unwrap();
+    assert!(content.contains("ended budget_exhausted"), "{content}");
+    let child = children[0]["execution_id"].as_str().unwrap();
+    let started = &events_json(&db, child)[0]["payload"];
+    assert_eq!(started["config"]["budget_tokens"], 4500);
+    assert_eq!(summary["input_tokens"], 900 + 5800 + 900, "{summary}");
+    verify(&db, child);
+    verify(&db, &parent);
+}
