@@ -28,6 +28,7 @@ fn usage(input: u64, output: u64) -> Value {
 }
 
 fn run(dir: &Path, db: &Path, lines: &[Value], extra: &[&str]) -> std::process::Output {
+    std::fs::create_dir_all(dir).unwrap();
     let workspace = dir.join("workspace");
     std::fs::create_dir_all(&workspace).unwrap();
     let script = dir.join("cassette.jsonl");
@@ -217,4 +218,102 @@ fn a_child_past_its_budget_share_ends_budget_exhausted_and_the_parent_hears_it()
     assert_eq!(summary["input_tokens"], 900 + 5800 + 900, "{summary}");
     verify(&db, child);
     verify(&db, &parent);
+}
+
+/// The largest prompt of `id`'s own model calls, in tokens: its peak context fill (the
+/// scripted provider counts the request it was sent when a line gives no usage).
+fn peak_prompt(db: &Path, id: &str) -> u64 {
+    events_json(db, id)
+        .iter()
+        .filter(|e| e["kind"] == "model_called")
+        .map(|e| e["payload"]["usage"]["input_tokens"].as_u64().unwrap())
+        .max()
+        .unwrap()
+}
+
+/// The benchmark bullet of issue 36: eight files of about 2,000 tokens each (under the
+/// size at which one output is offloaded at once) overflow a 16k window when one agent
+/// reads them all; delegating each read to a child keeps the parent's peak fill under half
+/// the window. Both figures are printed (docs/benchmarks.md, "Delegation").
+#[test]
+fn delegating_reads_keeps_the_parents_context_under_half_a_16k_window() {
+    if !sandbox_available() {
+        return;
+    }
+    const WINDOW: u64 = 16_000;
+    const FILES: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let write_files = |workspace: &Path| {
+        std::fs::create_dir_all(workspace.join("docs")).unwrap();
+        for n in 0..FILES {
+            let text: String = (0..130)
+                .map(|i| {
+                    format!(
+                        "part {n} line {i}: measure {} of sample {} holds value {}\n",
+                        i * 7 + n,
+                        i * 13,
+                        i * n + 3
+                    )
+                })
+                .collect();
+            std::fs::write(workspace.join(format!("docs/part{n}.txt")), text).unwrap();
+        }
+    };
+    let window = WINDOW.to_string();
+    let extra = ["--context-window", window.as_str(), "--max-turns", "30"];
+
+    // Alone: the parent reads every file itself.
+    let alone_dir = dir.path().join("alone");
+    write_files(&alone_dir.join("workspace"));
+    let mut lines: Vec<Value> = (0..FILES)
+        .map(|n| json!({"tool_calls": [{"name": "read_file", "arguments": {"path": format!("docs/part{n}.txt")}}]}))
+        .collect();
+    lines.push(json!({"text": "Every part holds eight measures a line."}));
+    let db = dir.path().join("alone.db");
+    let output = run(&alone_dir, &db, &lines, &extra);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let alone = last_json(&output);
+    let alone_peak = peak_prompt(&db, alone["execution_id"].as_str().unwrap());
+
+    // Delegating: one child per file, each answering in a line.
+    let delegated_dir = dir.path().join("delegated");
+    write_files(&delegated_dir.join("workspace"));
+    let calls: Vec<Value> = (0..FILES)
+        .map(|n| json!({"name": "delegate", "arguments": {"task": format!("Read docs/part{n}.txt and say what its lines hold."), "name": format!("reader-{n}")}}))
+        .collect();
+    let mut lines = vec![json!({"tool_calls": calls})];
+    for n in 0..FILES {
+        let agent = format!("reader-{n}");
+        lines.push(json!({"agent": agent, "tool_calls": [{"name": "read_file", "arguments": {"path": format!("docs/part{n}.txt")}}]}));
+        lines.push(json!({"agent": agent, "text": format!("docs/part{n}.txt: 130 lines, each a measure, a sample and a value.")}));
+    }
+    lines.push(json!({"text": "Every part holds a measure, a sample and a value a line."}));
+    let db = dir.path().join("delegated.db");
+    let output = run(&delegated_dir, &db, &lines, &extra);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let delegated = last_json(&output);
+    assert_eq!(delegated["termination_reason"], "completed", "{delegated}");
+    let parent = delegated["execution_id"].as_str().unwrap().to_owned();
+    let delegated_peak = peak_prompt(&db, &parent);
+    let children = children_of(&events_json(&db, &parent));
+    assert_eq!(children.len(), FILES);
+    let child_peak = children
+        .iter()
+        .map(|c| peak_prompt(&db, c["execution_id"].as_str().unwrap()))
+        .max()
+        .unwrap();
+
+    eprintln!(
+        "peak context fill of a {WINDOW}-token window: alone {alone_peak} ({}%, {} compaction(s)), delegating {delegated_peak} ({}%; children at most {child_peak})",
+        alone_peak * 100 / WINDOW,
+        alone["compactions"],
+        delegated_peak * 100 / WINDOW
+    );
+    // The transcript would overflow the window: alone, the agent needed compaction.
+    assert!(alone["compactions"].as_u64().unwrap() > 0, "{alone}");
+    assert!(delegated_peak < WINDOW / 2, "{delegated_peak}");
+    assert!(
+        delegated_peak < alone_peak,
+        "{delegated_peak} vs {alone_peak}"
+    );
 }

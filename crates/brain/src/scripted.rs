@@ -234,6 +234,17 @@ impl ScriptedProvider {
         }
     }
 
+    /// This cassette as a child named `name` reads it: the lines with `"agent": name`, from
+    /// the same tape (what [`Provider::for_agent`] gives, as its own type).
+    pub fn agent_view(&self, name: &str) -> Self {
+        Self {
+            name: self.name.clone(),
+            agent: Some(name.to_owned()),
+            tape: Arc::clone(&self.tape),
+            counter: CachedCounter::new(Estimate),
+        }
+    }
+
     /// Lines of `purpose` in the cassette (this view's agent's).
     pub fn len(&self, purpose: CallPurpose) -> usize {
         self.tape
@@ -310,12 +321,7 @@ impl Provider for ScriptedProvider {
     /// The lines with `"agent": name`, read from the same cassette (children of one name
     /// share them, in the order they ask).
     fn for_agent(&self, name: &str) -> Option<Arc<dyn Provider>> {
-        Some(Arc::new(Self {
-            name: self.name.clone(),
-            agent: Some(name.to_owned()),
-            tape: Arc::clone(&self.tape),
-            counter: CachedCounter::new(Estimate),
-        }))
+        Some(Arc::new(self.agent_view(name)))
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {

@@ -455,8 +455,14 @@ pub async fn provider_for(
     let spec = spec.unwrap_or(&started.provider);
     let model = (started.model != "scripted").then_some(started.model.as_str());
     if let Some(path) = spec.strip_prefix("script:") {
-        let scripted = nerve_brain::ScriptedProvider::from_file(Path::new(path))
+        let mut scripted = nerve_brain::ScriptedProvider::from_file(Path::new(path))
             .map_err(RuntimeError::provider)?;
+        // A child execution (a `delegate` call's) reads its name's lines.
+        if started.parent.is_some()
+            && let Some(agent) = started.config.get("agent").and_then(|a| a.as_str())
+        {
+            scripted = scripted.agent_view(agent);
+        }
         for (purpose, used) in &resumable.model_calls {
             scripted.skip(*purpose, *used);
         }
@@ -500,6 +506,13 @@ pub fn recorded_engine_config(
             user: None,
         },
         recorded_config: recorded.clone(),
+        // A child may not delegate in turn, resumed or not; its tools are the ones its
+        // start recorded.
+        delegation: if started.parent.is_some() {
+            nerve_brain::delegate::DelegationConfig::default()
+        } else {
+            config.engine_config()?.delegation
+        },
         ..config.engine_config()?
     })
 }
