@@ -10,7 +10,9 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::crash::{replay_json, verify};
-use crate::support::{events_json, last_json, nerve, sandbox_available, stderr, stdout};
+use crate::support::{
+    events_json, last_json, nerve, sandbox_available, spawn_nerve, stderr, stdout, wait_for_event,
+};
 
 const CONFIG: &str = r#"
 [delegation]
@@ -27,30 +29,36 @@ fn usage(input: u64, output: u64) -> Value {
     json!({"input_tokens": input, "output_tokens": output})
 }
 
-fn run(dir: &Path, db: &Path, lines: &[Value], extra: &[&str]) -> std::process::Output {
-    std::fs::create_dir_all(dir).unwrap();
-    let workspace = dir.join("workspace");
-    std::fs::create_dir_all(&workspace).unwrap();
+/// Writes the cassette and the configuration into `dir` and returns `nerve run`'s
+/// arguments on `dir/workspace` (before `extra`).
+fn run_args(dir: &Path, lines: &[Value], extra: &[&str]) -> Vec<String> {
+    std::fs::create_dir_all(dir.join("workspace")).unwrap();
     let script = dir.join("cassette.jsonl");
     let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
     std::fs::write(&script, text).unwrap();
     let config = dir.join("nerve.toml");
     std::fs::write(&config, CONFIG).unwrap();
-    let mut args = vec![
+    let mut args: Vec<String> = [
         "--config",
         config.to_str().unwrap(),
         "run",
         "--workspace",
-        workspace.to_str().unwrap(),
+        dir.join("workspace").to_str().unwrap(),
         "--task",
-        "Write a.txt and b.txt through two subagents.",
+        "Do it through subagents.",
         "--provider",
-    ];
-    let provider = format!("script:{}", script.display());
-    args.push(&provider);
-    args.push("--json");
-    args.extend_from_slice(extra);
-    nerve(db, &args)
+        &format!("script:{}", script.display()),
+        "--json",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
+}
+
+fn run(dir: &Path, db: &Path, lines: &[Value], extra: &[&str]) -> std::process::Output {
+    let args = run_args(dir, lines, extra);
+    nerve(db, &args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn children_of(events: &[Value]) -> Vec<Value> {
@@ -316,4 +324,107 @@ fn delegating_reads_keeps_the_parents_context_under_half_a_16k_window() {
         delegated_peak < alone_peak,
         "{delegated_peak} vs {alone_peak}"
     );
+}
+
+/// SIGKILL while a child's tool call runs, then `resume` of the parent: the child resumes
+/// first (its call in flight told to its model as in doubt, never run again), finishes, and
+/// its answer is the parent's call's result; the parent completes. Every call that ran ran
+/// once.
+#[test]
+fn a_parent_killed_during_its_childs_call_resumes_the_child_first() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let lines = [
+        json!({"tool_calls": [
+            {"id": "call_work", "name": "delegate", "arguments": {"task": "Log twice.", "name": "worker"}},
+        ]}),
+        json!({"agent": "worker", "tool_calls": [
+            {"name": "shell", "arguments": {"command": "echo one >> log.txt"}},
+        ]}),
+        json!({"agent": "worker", "tool_calls": [
+            {"name": "shell", "arguments": {"command": "sleep 30; echo two >> log.txt"}},
+        ]}),
+        json!({"agent": "worker", "text": "The worker is done."}),
+        json!({"text": "All done."}),
+    ];
+    let args = run_args(dir.path(), &lines, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut running = spawn_nerve(&db, &args);
+    let log = wait_for_event(&db, &mut running, "the child's sleep", |e| {
+        e.kind == "tool_call_started"
+            && e.payload["call"]["arguments"]["command"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("sleep"))
+    });
+    running.kill();
+    let parent = log
+        .iter()
+        .find(|e| e.kind == "started" && e.payload["parent"].is_null())
+        .unwrap()
+        .execution_id
+        .clone();
+    let child = log
+        .iter()
+        .find(|e| e.kind == "started" && e.payload["parent"] == parent.as_str())
+        .unwrap()
+        .execution_id
+        .clone();
+
+    let config = dir.path().join("nerve.toml");
+    let resumed = nerve(
+        &db,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "resume",
+            &parent,
+            "--json",
+        ],
+    );
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let summary = last_json(&resumed);
+    assert_eq!(summary["termination_reason"], "completed", "{summary}");
+    assert_eq!(summary["answer"], "All done.");
+    // The first command ran once; the one in flight at the kill never ran again.
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("workspace/log.txt")).unwrap(),
+        "one\n"
+    );
+    let child_events = events_json(&db, &child);
+    assert!(child_events.iter().any(|e| e["kind"] == "resumed"));
+    let notice = child_events
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_finished")
+        .map(|e| {
+            e["payload"]["result"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .find(|c| c.contains("effect is unknown"));
+    assert!(notice.is_some(), "{child_events:?}");
+    let started: Vec<&Value> = child_events
+        .iter()
+        .filter(|e| e["kind"] == "tool_call_started")
+        .collect();
+    assert_eq!(started.len(), 2, "each call started once: {started:?}");
+    assert_eq!(replay_json(&db, &child)["termination_reason"], "completed");
+    let children = children_of(&events_json(&db, &parent));
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0]["execution_id"], child.as_str());
+    assert_eq!(children[0]["termination_reason"], "completed");
+    let result = events_json(&db, &parent)
+        .into_iter()
+        .find(|e| e["kind"] == "tool_call_finished")
+        .unwrap();
+    let content = result["payload"]["result"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(content.contains("The worker is done."), "{content}");
+    verify(&db, &child);
+    verify(&db, &parent);
 }

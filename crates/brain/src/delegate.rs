@@ -108,6 +108,8 @@ pub struct ChildRequest {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChildOutcome {
     pub child: ExecutionId,
+    /// The child's name (the `delegate` call's, or [`DEFAULT_NAME`]).
+    pub name: String,
     pub reason: TerminationReason,
     /// Its last assistant message's text (possibly empty).
     pub answer: String,
@@ -123,6 +125,20 @@ pub trait Delegator: Send + Sync {
     /// Runs `request` to its end. `Err` when the child could not start at all (nothing
     /// recorded for it).
     async fn run_child(&self, request: ChildRequest) -> Result<ChildOutcome, String>;
+
+    /// For a resumed parent whose `delegate` call `call_id` was in flight: the child's
+    /// outcome, after resuming it when it had not ended. `None` when no child of that call
+    /// is known (it never started, or nothing reads the log): the call is then in doubt
+    /// like any other.
+    async fn resume_child(
+        &self,
+        parent: ExecutionId,
+        call_id: ToolCallId,
+        cancel: CancellationToken,
+    ) -> Option<Result<ChildOutcome, String>> {
+        let _ = (parent, call_id, cancel);
+        None
+    }
 }
 
 /// Shared by the turn and the engine.
@@ -191,11 +207,11 @@ pub(crate) fn share(limit: u64, spent: u64, percent: u32, children: usize) -> u6
 
 /// The tool result a child's ending becomes: its id and ending, then its answer (cut at
 /// `limit` bytes). An error result unless the child completed.
-pub(crate) fn result_text(name: &str, outcome: &ChildOutcome, limit: usize) -> (String, bool) {
+pub(crate) fn result_text(outcome: &ChildOutcome, limit: usize) -> (String, bool) {
     let reason = outcome.reason.as_str();
     let mut text = format!(
-        "[Subagent {name}: execution {} ended {reason} after {} turn(s)]",
-        outcome.child, outcome.turns
+        "[Subagent {}: execution {} ended {reason} after {} turn(s)]",
+        outcome.name, outcome.child, outcome.turns
     );
     if let Some(error) = &outcome.error
         && outcome.reason != TerminationReason::Completed
@@ -231,6 +247,7 @@ mod tests {
     fn a_childs_ending_as_the_parent_sees_it() {
         let outcome = ChildOutcome {
             child: ExecutionId::new(),
+            name: "reader".into(),
             reason: TerminationReason::Completed,
             answer: "  found it  ".into(),
             error: None,
@@ -238,7 +255,7 @@ mod tests {
             usage: TokenUsage::default(),
             cost: MicroUsd::ZERO,
         };
-        let (text, is_error) = result_text("reader", &outcome, 100);
+        let (text, is_error) = result_text(&outcome, 100);
         assert!(!is_error);
         assert_eq!(
             text,
@@ -253,7 +270,7 @@ mod tests {
             answer: "x".repeat(50),
             ..outcome
         };
-        let (text, is_error) = result_text("reader", &spent, 10);
+        let (text, is_error) = result_text(&spent, 10);
         assert!(is_error);
         assert!(text.contains("ended budget_exhausted"), "{text}");
         assert!(text.contains("[token budget exhausted]"), "{text}");

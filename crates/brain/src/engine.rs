@@ -131,6 +131,9 @@ pub struct AgentEngine {
     pub workspace: Option<Arc<dyn nerve_core::WorkspaceSnapshots>>,
     /// The user's hooks (run on the host by the runtime); `None`: none.
     pub hooks: Option<Arc<dyn nerve_core::Hooks>>,
+    /// Reads a resumed parent's children from the log; `None`: a `delegate` call in flight
+    /// at a crash is in doubt like any other call.
+    pub children: Option<Arc<dyn ChildLog>>,
     pub config: EngineConfig,
 }
 
@@ -161,6 +164,7 @@ impl AgentEngine {
             deltas: Arc::new(crate::stream::IgnoreDeltas),
             workspace: None,
             hooks: None,
+            children: None,
             config,
         }
     }
@@ -755,72 +759,179 @@ struct EngineDelegator {
     engine: AgentEngine,
 }
 
-#[async_trait::async_trait]
-impl crate::delegate::Delegator for EngineDelegator {
-    async fn run_child(
+impl EngineDelegator {
+    /// The engine a child named `name` runs on: this one, narrowed and limited.
+    fn child_engine(
         &self,
-        request: crate::delegate::ChildRequest,
-    ) -> Result<crate::delegate::ChildOutcome, String> {
+        limits: ChildLimits,
+        parent: ExecutionId,
+        call: ToolCallId,
+    ) -> AgentEngine {
         let mut engine = self.engine.clone();
-        if let Some(provider) = engine.provider.for_agent(&request.name) {
+        if let Some(provider) = engine.provider.for_agent(&limits.name) {
             engine.provider = provider;
         }
         engine.planner = None;
         engine.tools = Arc::new(crate::delegate::Subset {
             inner: Arc::clone(&engine.tools),
-            allowed: request.tools.clone(),
+            allowed: limits.tools.clone(),
         });
         engine.workspace = None;
         engine.deltas = Arc::new(crate::stream::IgnoreDeltas);
         let config = &mut engine.config;
         config.loop_type = LoopType::React;
         config.complexity = None;
-        config.max_turns = request.max_turns;
-        config.budget_tokens = request.budget_tokens;
-        config.budget_cost = request.budget_cost;
+        config.max_turns = limits.max_turns;
+        config.budget_tokens = limits.budget_tokens;
+        config.budget_cost = limits.budget_cost;
         config.delegation.enabled = false;
         config.lineage = crate::config::Lineage {
-            parent: Some(request.parent.to_string()),
-            call_id: Some(request.call_id.clone()),
+            parent: Some(parent.to_string()),
+            call_id: Some(call),
         };
         config.recorded_config = serde_json::json!({
-            "max_turns": request.max_turns,
+            "max_turns": limits.max_turns,
             "timeout_secs": config.timeout.map(|t| t.as_secs()),
-            "budget_tokens": request.budget_tokens,
-            "budget_usd": request.budget_cost.map(MicroUsd::as_usd),
+            "budget_tokens": limits.budget_tokens,
+            "budget_usd": limits.budget_cost.map(MicroUsd::as_usd),
             "context_window": config.context_window,
-            "agent": request.name,
-            "tools": request.tools,
+            "agent": limits.name,
+            "tools": limits.tools,
         });
+        engine
+    }
+}
+
+/// A child's name, tools and limits, from its `delegate` call or, resumed, its start.
+#[derive(Debug, Clone)]
+pub struct ChildLimits {
+    pub name: String,
+    pub tools: Option<Vec<String>>,
+    pub max_turns: u32,
+    pub budget_tokens: Option<u64>,
+    pub budget_cost: Option<MicroUsd>,
+}
+
+/// What the log says of a `delegate` call's child, for its resumed parent.
+#[derive(Debug)]
+pub enum ChildState {
+    /// The child ended (its parent did not record it): its outcome.
+    Ended(crate::delegate::ChildOutcome),
+    /// The child did not end: what resuming it takes.
+    Unfinished(Box<ChildResume>),
+}
+
+/// A child execution to resume.
+pub struct ChildResume {
+    pub child: ExecutionId,
+    pub limits: ChildLimits,
+    pub state: ResumeState,
+    /// Its provider when not the parent's view for its name (a cassette read on from
+    /// where the child's log stopped).
+    pub provider: Option<Arc<dyn Provider>>,
+}
+
+impl std::fmt::Debug for ChildResume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChildResume")
+            .field("child", &self.child)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The front end's reading of the log for children: the child a parent's `delegate` call
+/// started. Brain never reads the log itself.
+#[async_trait::async_trait]
+pub trait ChildLog: Send + Sync {
+    async fn child_of(&self, parent: ExecutionId, call: &ToolCallId) -> Option<ChildState>;
+}
+
+/// A child's ending as its parent hears it.
+fn child_outcome(
+    child: ExecutionId,
+    name: String,
+    result: ExecutionResult,
+) -> crate::delegate::ChildOutcome {
+    let answer = result
+        .context
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == nerve_core::MessageRole::Assistant)
+        .map(Message::text_content)
+        .unwrap_or_default();
+    crate::delegate::ChildOutcome {
+        child,
+        name,
+        reason: result.termination_reason,
+        answer,
+        error: result.error,
+        turns: result.context.turn_count(),
+        usage: result.context.usage,
+        cost: result.context.cost,
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::delegate::Delegator for EngineDelegator {
+    async fn run_child(
+        &self,
+        request: crate::delegate::ChildRequest,
+    ) -> Result<crate::delegate::ChildOutcome, String> {
+        let limits = ChildLimits {
+            name: request.name,
+            tools: request.tools,
+            max_turns: request.max_turns,
+            budget_tokens: request.budget_tokens,
+            budget_cost: request.budget_cost,
+        };
+        let name = limits.name.clone();
+        let engine = self.child_engine(limits, request.parent, request.call_id);
         let child = ExecutionId::new();
         let task = Task {
             id: TaskId::new(),
             description: request.task,
             metadata: serde_json::Value::Null,
             status: TaskStatus::Created,
-            workspace: config.delegation.workspace.clone(),
+            workspace: engine.config.delegation.workspace.clone(),
         };
         let result = engine
             .run(child, task, request.cancel)
             .await
             .map_err(|e| e.to_string())?;
-        let answer = result
-            .context
-            .messages
-            .iter()
-            .rev()
-            .find(|m| m.role == nerve_core::MessageRole::Assistant)
-            .map(Message::text_content)
-            .unwrap_or_default();
-        Ok(crate::delegate::ChildOutcome {
-            child,
-            reason: result.termination_reason,
-            answer,
-            error: result.error,
-            turns: result.context.turn_count(),
-            usage: result.context.usage,
-            cost: result.context.cost,
-        })
+        Ok(child_outcome(child, name, result))
+    }
+
+    async fn resume_child(
+        &self,
+        parent: ExecutionId,
+        call_id: ToolCallId,
+        cancel: CancellationToken,
+    ) -> Option<Result<crate::delegate::ChildOutcome, String>> {
+        let log = self.engine.children.as_ref()?;
+        match log.child_of(parent, &call_id).await? {
+            ChildState::Ended(outcome) => Some(Ok(outcome)),
+            ChildState::Unfinished(resume) => {
+                let ChildResume {
+                    child,
+                    limits,
+                    state,
+                    provider,
+                } = *resume;
+                let name = limits.name.clone();
+                let mut engine = self.child_engine(limits, parent, call_id);
+                if let Some(provider) = provider {
+                    engine.provider = provider;
+                }
+                let result = engine.resume(child, state, cancel).await;
+                Some(
+                    result
+                        .map(|result| child_outcome(child, name, result))
+                        .map_err(|e| e.to_string()),
+                )
+            }
+        }
     }
 }
 

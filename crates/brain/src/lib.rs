@@ -61,7 +61,10 @@ mod testing;
 pub use anthropic::{AnthropicConfig, AnthropicProvider};
 pub use config::{EngineConfig, Pricing};
 pub use context::{AgentContext, ExecutionResult};
-pub use engine::{AgentEngine, EngineError, FollowUp, ResumeState, Task};
+pub use engine::{
+    AgentEngine, ChildLimits, ChildLog, ChildResume, ChildState, EngineError, FollowUp,
+    ResumeState, Task,
+};
 pub use http::{ClientError, HttpConfig};
 pub use models::{ModelInfo, ModelOverride, ModelTable, ModelTableError};
 pub use openai::{OpenAiConfig, OpenAiProvider};

@@ -150,69 +150,64 @@ async fn delegate_all(
         running.spawn(async move {
             // A closed semaphore is never closed here; without a permit the child runs anyway.
             let _permit = slots.acquire_owned().await.ok();
-            let name = request.name.clone();
-            (at, name, delegator.run_child(request).await)
+            (at, delegator.run_child(request).await)
         });
     }
     // Ends: one join per child spawned above.
     while let Some(joined) = running.join_next().await {
-        let Ok((at, name, outcome)) = joined else {
+        let Ok((at, outcome)) = joined else {
             continue;
         };
-        let call = wanted[at];
-        answers[at] = Some(match outcome {
-            Ok(outcome) => {
-                run.caller.charge(outcome.usage, outcome.cost);
-                run.delegated.0 += outcome.usage;
-                run.delegated.1 += outcome.cost;
-                let (text, is_error) =
-                    crate::delegate::result_text(&name, &outcome, config.answer_bytes);
-                let text = run.config.trace.redactor.redact(&text).into_owned();
-                let ending = ChildEnding {
-                    execution_id: outcome.child.to_string(),
-                    name,
-                    termination_reason: outcome.reason,
-                    turns: outcome.turns,
-                    usage: outcome.usage,
-                    cost: outcome.cost,
-                };
-                (
-                    ToolResult {
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                        content: text,
-                        is_error,
-                    },
-                    Some(ending),
-                )
-            }
-            Err(why) => (
-                error_result(call, format!("the subagent could not start: {why}")),
-                None,
-            ),
-        });
+        answers[at] = Some(child_result(run, wanted[at], outcome));
     }
     let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut results = Vec::with_capacity(wanted.len());
     for (at, call) in wanted.iter().enumerate() {
-        let (result, child) = answers[at].take().unwrap_or_else(|| {
+        let answer = answers[at].take().unwrap_or_else(|| {
             (
                 error_result(call, "the subagent's task failed".into()),
                 None,
             )
         });
-        run.journal
-            .record(Event::ToolCallFinished(ToolCallFinished {
-                turn,
-                result: result.clone(),
-                duration_ms: millis,
-                interrupted: false,
-                child,
-            }));
-        run.push_message(Message::tool_result(result.clone()));
-        results.push(result);
+        results.push(record_ended(run, turn, answer, millis, false));
     }
     Ok(results)
+}
+
+/// A child's ending as its `delegate` call's result (and the record of the child), its
+/// spend charged to the parent.
+fn child_result(
+    run: &mut Run,
+    call: &ToolCall,
+    outcome: Result<crate::delegate::ChildOutcome, String>,
+) -> (ToolResult, Option<ChildEnding>) {
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(why) => {
+            let result = error_result(call, format!("the subagent could not start: {why}"));
+            return (result, None);
+        }
+    };
+    run.caller.charge(outcome.usage, outcome.cost);
+    run.delegated.0 += outcome.usage;
+    run.delegated.1 += outcome.cost;
+    let (text, is_error) =
+        crate::delegate::result_text(&outcome, run.config.delegation.answer_bytes);
+    let result = ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: run.config.trace.redactor.redact(&text).into_owned(),
+        is_error,
+    };
+    let ending = ChildEnding {
+        execution_id: outcome.child.to_string(),
+        name: outcome.name,
+        termination_reason: outcome.reason,
+        turns: outcome.turns,
+        usage: outcome.usage,
+        cost: outcome.cost,
+    };
+    (result, Some(ending))
 }
 
 fn error_result(call: &ToolCall, content: String) -> ToolResult {
@@ -553,13 +548,25 @@ fn record_result(
     duration_ms: u64,
     interrupted: bool,
 ) -> ToolResult {
+    record_ended(run, turn, (result, None), duration_ms, interrupted)
+}
+
+/// Records a call's end (with its child, for a `delegate` call) and puts its result in
+/// the conversation.
+fn record_ended(
+    run: &mut Run,
+    turn: u32,
+    (result, child): (ToolResult, Option<ChildEnding>),
+    duration_ms: u64,
+    interrupted: bool,
+) -> ToolResult {
     run.journal
         .record(Event::ToolCallFinished(ToolCallFinished {
             turn,
             result: result.clone(),
             duration_ms,
             interrupted,
-            child: None,
+            child,
         }));
     run.push_message(Message::tool_result(result.clone()));
     result
@@ -664,6 +671,22 @@ async fn settle_in(
     started: Instant,
 ) -> Result<usize, Stop> {
     for call in &pending {
+        // A child in flight is resumed (or its ending read): its call is not in doubt.
+        if turn.in_doubt.contains(&call.id)
+            && call.name == crate::delegate::TOOL
+            && let Some(delegator) = run.delegator.clone()
+        {
+            let started = Instant::now();
+            let resumed = delegator
+                .resume_child(run.execution_id, call.id.clone(), run.cancel.child_token())
+                .await;
+            if let Some(outcome) = resumed {
+                let answer = child_result(run, call, outcome);
+                let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                record_ended(run, turn.number, answer, millis, false);
+                continue;
+            }
+        }
         if turn.in_doubt.contains(&call.id) {
             let result = ToolResult {
                 call_id: call.id.clone(),

@@ -455,18 +455,7 @@ pub async fn provider_for(
     let spec = spec.unwrap_or(&started.provider);
     let model = (started.model != "scripted").then_some(started.model.as_str());
     if let Some(path) = spec.strip_prefix("script:") {
-        let mut scripted = nerve_brain::ScriptedProvider::from_file(Path::new(path))
-            .map_err(RuntimeError::provider)?;
-        // A child execution (a `delegate` call's) reads its name's lines.
-        if started.parent.is_some()
-            && let Some(agent) = started.config.get("agent").and_then(|a| a.as_str())
-        {
-            scripted = scripted.agent_view(agent);
-        }
-        for (purpose, used) in &resumable.model_calls {
-            scripted.skip(*purpose, *used);
-        }
-        return Ok(Arc::new(scripted) as Arc<dyn Provider>);
+        return Ok(Arc::new(scripted_for(Path::new(path), resumable)?) as Arc<dyn Provider>);
     }
     let settings = config.provider_settings(
         started
@@ -475,6 +464,26 @@ pub async fn provider_for(
             .and_then(serde_json::Value::as_u64),
     )?;
     crate::provider::build(spec, model, &settings).await
+}
+
+/// The cassette at `path` as `resumable` reads it on: after the lines its log recorded
+/// answers of, among its own lines (a child's, a `delegate` call's, are its name's).
+pub fn scripted_for(
+    path: &Path,
+    resumable: &Resumable,
+) -> Result<nerve_brain::ScriptedProvider, RuntimeError> {
+    let mut scripted =
+        nerve_brain::ScriptedProvider::from_file(path).map_err(RuntimeError::provider)?;
+    let started = &resumable.started;
+    if started.parent.is_some()
+        && let Some(agent) = started.config.get("agent").and_then(|a| a.as_str())
+    {
+        scripted = scripted.agent_view(agent);
+    }
+    for (purpose, used) in &resumable.model_calls {
+        scripted.skip(*purpose, *used);
+    }
+    Ok(scripted)
 }
 
 /// The engine settings an execution recorded at its start.

@@ -15,6 +15,7 @@
 //! is the front end's business. Its errors are [`RuntimeError`]s, whose kinds a front end
 //! maps onto exit codes or statuses; it logs through `tracing` only.
 
+mod children;
 mod error;
 
 pub mod config;
