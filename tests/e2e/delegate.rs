@@ -158,6 +158,14 @@ fn two_children_in_one_turn_work_in_the_workspace_and_report_back() {
     );
     let replayed = replay_json(&db, &parent);
     assert_eq!(replayed["complete"], true);
+    // The parent's replay scores its children.
+    let scored = replayed["children"].as_array().unwrap();
+    assert_eq!(scored.len(), 2, "{replayed}");
+    for (score, child) in scored.iter().zip(&children) {
+        assert_eq!(score["execution_id"], child["execution_id"]);
+        assert_eq!(score["complete"], true, "{score}");
+        assert_eq!(score["termination_reason"], "completed");
+    }
     assert!((replayed["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-9);
     verify(&db, &parent);
 

@@ -200,6 +200,8 @@ pub struct Replay {
     pub hooks: Vec<nerve_core::event::HookRan>,
     /// Every skill the model loaded, in order.
     pub skills: Vec<nerve_core::event::SkillLoaded>,
+    /// The child executions its `delegate` calls started, as they ended.
+    pub children: Vec<nerve_core::event::ChildEnding>,
     pub proxy: ProxyTally,
     pub checkpoints: Vec<CheckpointMark>,
     /// Every resume of this execution; its length is the number of attempts so far.
@@ -311,6 +313,7 @@ impl Replayer {
                 tool_protocol: None,
                 instructions: Vec::new(),
                 skills: Vec::new(),
+                children: Vec::new(),
                 hooks: Vec::new(),
                 proxy: ProxyTally::default(),
                 checkpoints: Vec::new(),
@@ -402,6 +405,9 @@ impl Replayer {
             Event::ToolCallFinished(finished) => {
                 self.open_calls
                     .retain(|(_, call)| call.id != finished.result.call_id);
+                if let Some(child) = finished.child {
+                    self.out.children.push(child);
+                }
             }
             Event::TurnCompleted(turn) => {
                 if turn.turn == 0 {
