@@ -181,6 +181,18 @@ fn two_children_in_one_turn_work_in_the_workspace_and_report_back() {
             "{shown}"
         );
     }
+    // The page pictures the children under the parent's turn.
+    let page = dir.path().join("page.html");
+    let html = nerve(&db, &["show", &parent, "--html", page.to_str().unwrap()]);
+    assert!(html.status.success(), "{}", stderr(&html));
+    let page = std::fs::read_to_string(page).unwrap();
+    for child in &children {
+        let id = child["execution_id"].as_str().unwrap();
+        assert!(
+            page.contains(&format!("child {id}")),
+            "{id} not on the page"
+        );
+    }
     let id = children[0]["execution_id"].as_str().unwrap();
     let shown = stdout(&nerve(&db, &["show", id]));
     assert!(

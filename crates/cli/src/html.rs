@@ -71,6 +71,15 @@ pub(crate) fn page(events: &[StoredEvent], replayed: &Replay) -> String {
             }
             Event::ToolCallFinished(finished) => {
                 let turn = current(&mut turns, finished.turn);
+                // A `delegate` call's child, under the parent's turn (the tree).
+                if let Some(child) = &finished.child {
+                    turn.notes.push((
+                        "child",
+                        nerve_runtime::views::transcript::child_line(child)
+                            .trim_start()
+                            .to_owned(),
+                    ));
+                }
                 if let Some(slot) = turn
                     .tools
                     .iter_mut()

@@ -350,6 +350,12 @@ impl Display {
                         .enumerate()
                         .map(|(i, l)| (if i == 0 { style } else { Style::Dim }, l)),
                 );
+                if let Some(child) = &finished.child {
+                    lines.push((
+                        Style::Note,
+                        nerve_runtime::views::transcript::child_line(child),
+                    ));
+                }
             }
             Event::TurnCompleted(turn) => {
                 status.turn = turn.turn;
