@@ -165,6 +165,23 @@ fn a_fork_at_turn_four_replays_the_parents_turns_on_turn_fours_workspace() {
     );
     verify(&db, &id);
 
+    // /fork in chat: the conversation's execution forked, the id said.
+    let chat = crate::support::chat_piped(
+        &db,
+        &[&parent],
+        &dir.path().join("state"),
+        b"/fork 3\n/exit\n",
+    );
+    assert_eq!(chat.status.code(), Some(0), "{}", stderr(&chat));
+    let text = stdout(&chat);
+    let said = text
+        .split("forked turn 3 into execution ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{text}"));
+    let from_chat = said.split_whitespace().next().unwrap();
+    assert_eq!(replay_json(&db, from_chat)["total_turns"], 3);
+    verify(&db, from_chat);
+
     // A turn the parent does not have is refused as a usage error.
     let refused = nerve(&db, &["fork", &parent, "--turn", "12"]);
     assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
