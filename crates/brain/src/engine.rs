@@ -1011,6 +1011,67 @@ mod tests {
         Outcome { result, sink }
     }
 
+    /// Two `delegate` calls in one answer: two children, each reading its agent's lines,
+    /// whose answers come back as the calls' results; the parent's totals are its own and
+    /// the children's; a child is offered no `delegate` of its own.
+    #[tokio::test]
+    async fn delegate_runs_children_that_report_back_on_one_budget() {
+        let cassette = r#"{"usage":{"input_tokens":10,"output_tokens":1},"tool_calls":[{"id":"d1","name":"delegate","arguments":{"task":"one","name":"a"}},{"id":"d2","name":"delegate","arguments":{"task":"two","name":"b","max_turns":50}}]}
+{"agent":"b","usage":{"input_tokens":7,"output_tokens":1},"text":"B done"}
+{"agent":"a","usage":{"input_tokens":5,"output_tokens":1},"text":"A done"}
+{"usage":{"input_tokens":10,"output_tokens":1},"text":"all done"}"#;
+        let mut config = EngineConfig::default();
+        config.delegation.enabled = true;
+        let outcome = run_with(cassette, config, serde_json::Value::Null, false).await;
+        let result = outcome.result.unwrap();
+        assert_eq!(result.termination_reason, TerminationReason::Completed);
+        assert_eq!(result.context.usage, TokenUsage::new(32, 4));
+        let results = outcome.sink.tool_results();
+        assert_eq!(results.len(), 2);
+        assert!(
+            results[0].content.contains("Subagent a:") && results[0].content.contains("A done")
+        );
+        assert!(
+            results[1].content.contains("Subagent b:") && results[1].content.contains("B done")
+        );
+        let events = outcome.sink.events();
+        let started: Vec<&Started> = events
+            .iter()
+            .filter_map(|e| {
+                if let Event::Started(s) = e {
+                    Some(s)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(started.len(), 3);
+        assert_eq!(started[0].parent, None);
+        let parent = started[1].parent.clone().unwrap();
+        assert_eq!(started[2].parent.as_deref(), Some(parent.as_str()));
+        let calls: Vec<_> = started[1..]
+            .iter()
+            .map(|s| s.call_id.clone().unwrap().0)
+            .collect();
+        assert!(calls.contains(&"d1".to_owned()) && calls.contains(&"d2".to_owned()));
+        // A child asking for more turns than the bound gets the bound.
+        assert!(
+            started[1..].iter().all(|s| s.max_turns == 10),
+            "{started:?}"
+        );
+        let offered: Vec<bool> = events
+            .iter()
+            .filter_map(|e| {
+                if let Event::ContextCreated(c) = e {
+                    Some(c.tools.iter().any(|t| t == "delegate"))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(offered, [true, false, false]);
+    }
+
     async fn check(
         cassette: &str,
         config: EngineConfig,
