@@ -111,6 +111,10 @@ async fn delegate_all(
             children,
         ))
     });
+    let turns_left = run
+        .config
+        .max_turns
+        .saturating_sub(run.progress.turn_count());
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_parallel.max(1)));
     let mut running = tokio::task::JoinSet::new();
     let mut answers: Vec<Option<(ToolResult, Option<ChildEnding>)>> = vec![None; wanted.len()];
@@ -137,10 +141,11 @@ async fn delegate_all(
             task: args.task,
             name,
             tools: args.tools,
+            // At most the bound, and at most the parent's turns left (at least one).
             max_turns: args
                 .max_turns
                 .unwrap_or(config.max_turns)
-                .clamp(1, config.max_turns.max(1)),
+                .clamp(1, config.max_turns.min(turns_left).max(1)),
             budget_tokens,
             budget_cost,
             cancel: run.cancel.child_token(),
