@@ -102,7 +102,7 @@ pub(crate) async fn chat(
         display: Arc::clone(&display),
         jsonl: None,
         approver: Some(Arc::new(approver)),
-        children: std::sync::Mutex::default(),
+        children: nerve_runtime::observer::Children::default(),
     };
     let session = launch.open(Arc::new(screen)).await?;
     let chat = Chat {

@@ -183,7 +183,7 @@ async fn go(
             )))
         }),
         approver: None,
-        children: std::sync::Mutex::default(),
+        children: nerve_runtime::observer::Children::default(),
     };
     let session = launch.open(Arc::new(screen)).await?;
     let id = session.execution_id();

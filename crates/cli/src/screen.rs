@@ -25,7 +25,7 @@ pub(crate) struct Screen {
     pub(crate) approver: Option<Arc<dyn Approver>>,
     /// Child executions (a `delegate` call's) seen so far: their events are not drawn as
     /// the execution's own; the parent's call and result lines say what they did.
-    pub(crate) children: std::sync::Mutex<std::collections::HashSet<ExecutionId>>,
+    pub(crate) children: nerve_runtime::observer::Children,
 }
 
 #[async_trait]
@@ -36,15 +36,8 @@ impl Observer for Screen {
                 output::line(&line);
             }
         }
-        if let Ok(mut children) = self.children.lock() {
-            if let Some(Event::Started(started)) = events.first()
-                && started.parent.is_some()
-            {
-                children.insert(execution);
-            }
-            if children.contains(&execution) {
-                return;
-            }
+        if self.children.of_child(execution, events) {
+            return;
         }
         for event in events {
             self.display.observe(event);
