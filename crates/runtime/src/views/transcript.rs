@@ -317,15 +317,18 @@ pub fn skill_line(loaded: &nerve_core::event::SkillLoaded) -> String {
         .as_ref()
         .map_or_else(String::new, |file| format!(", file {file}"));
     format!(
-        "skill loaded: {} ({source}{what}, {} bytes{}, sha256 {})",
+        "skill loaded: {} ({source}{what}, {})",
         loaded.name,
-        loaded.bytes,
-        if loaded.truncated {
-            ", cut at the bound"
-        } else {
-            ""
-        },
-        loaded.sha256.get(..12).unwrap_or(&loaded.sha256)
+        given(loaded.bytes, loaded.truncated, &loaded.sha256)
+    )
+}
+
+/// What the model was given, in brief: its size, whether it was cut, its hash's start.
+fn given(bytes: u64, truncated: bool, sha256: &str) -> String {
+    let cut = if truncated { ", cut at the bound" } else { "" };
+    format!(
+        "{bytes} bytes{cut}, sha256 {}",
+        sha256.get(..12).unwrap_or(sha256)
     )
 }
 
@@ -341,15 +344,9 @@ fn source_name(source: nerve_core::event::InstructionsSource) -> &'static str {
 pub fn instructions_file(file: &nerve_core::event::InstructionsFile) -> String {
     let source = source_name(file.source);
     format!(
-        "{} ({source}, {} bytes{}, sha256 {})",
+        "{} ({source}, {})",
         file.path,
-        file.bytes,
-        if file.truncated {
-            ", cut at the bound"
-        } else {
-            ""
-        },
-        file.sha256.get(..12).unwrap_or(&file.sha256)
+        given(file.bytes, file.truncated, &file.sha256)
     )
 }
 
