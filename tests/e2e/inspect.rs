@@ -25,6 +25,9 @@ fn log_with(db: &Path, ids: &[&str]) {
             model: "scripted".into(),
             max_turns: 20,
             config: serde_json::Value::Null,
+            parent: None,
+            call_id: None,
+            fork: None,
         });
         store.append(&id, &[started], &Redactor::new()).unwrap();
     }

@@ -27,7 +27,7 @@ fn edit(path: &str, old: &str, new: &str) -> Value {
 }
 
 /// The ten tool turns, each with the paths it adds, modifies and deletes.
-fn turns() -> Vec<(Value, BTreeSet<&'static str>)> {
+pub(crate) fn turns() -> Vec<(Value, BTreeSet<&'static str>)> {
     let set = |paths: &[&'static str]| paths.iter().copied().collect::<BTreeSet<_>>();
     vec![
         (write("src/main.py", "print('a')\n"), set(&["src/main.py"])),
@@ -87,7 +87,7 @@ fn atime(path: &Path) -> SystemTime {
 }
 
 /// Runs `lines` as a scripted run on `workspace`; returns the execution id.
-fn run(dir: &Path, db: &Path, workspace: &Path, lines: &[Value]) -> String {
+pub(crate) fn run(dir: &Path, db: &Path, workspace: &Path, lines: &[Value]) -> String {
     run_exiting(dir, db, workspace, lines, 0)
 }
 
@@ -132,7 +132,7 @@ fn run_with(
 }
 
 /// The `workspace_snapshot` events of a log: turn → tree.
-fn snapshots(events: &[Value]) -> BTreeMap<u64, String> {
+pub(crate) fn snapshots(events: &[Value]) -> BTreeMap<u64, String> {
     events
         .iter()
         .filter(|e| e["kind"] == "workspace_snapshot")
@@ -154,7 +154,7 @@ fn diffed_paths(diff: &str) -> BTreeSet<String> {
 }
 
 /// Every file the snapshots cover: all but `build/`.
-fn covered(workspace: &Path) -> BTreeMap<String, Vec<u8>> {
+pub(crate) fn covered(workspace: &Path) -> BTreeMap<String, Vec<u8>> {
     tree(workspace)
         .into_iter()
         .filter(|(path, _)| !path.starts_with("build"))

@@ -547,6 +547,7 @@ async fn commit_latency(url: &str) -> Result<Commits> {
                         },
                         duration_ms: 1,
                         interrupted: false,
+                        child: None,
                     }),
                     Event::TurnCompleted(TurnCompleted {
                         turn,

@@ -136,6 +136,8 @@ struct Ears {
     mode: Mutex<Mode>,
     /// Rules the person allowed for the rest of the session ("allow always").
     always: Mutex<HashSet<String>>,
+    /// Child executions (`delegate`): not drawn as the session's own turns.
+    children: nerve_runtime::observer::Children,
 }
 
 impl Ears {
@@ -159,7 +161,10 @@ impl Ears {
 
 #[async_trait]
 impl Observer for Ears {
-    fn events(&self, _execution: ExecutionId, events: &[Event]) {
+    fn events(&self, execution: ExecutionId, events: &[Event]) {
+        if self.children.of_child(execution, events) {
+            return;
+        }
         let updates = self.with_updates(|updates| {
             events
                 .iter()
@@ -189,6 +194,9 @@ impl Observer for Ears {
             }
             Notice::NoSnapshots { reason } => {
                 tracing::warn!(%reason, "no workspace snapshots for this session");
+            }
+            Notice::SkillSkipped { path, reason } => {
+                tracing::warn!(path = %path.display(), %reason, "skill skipped");
             }
         }
     }
@@ -546,6 +554,7 @@ impl Agent {
             )),
             mode: Mutex::new(Mode::Ask),
             always: Mutex::new(HashSet::new()),
+            children: nerve_runtime::observer::Children::default(),
         });
         let session = launch
             .open(Arc::clone(&ears) as Arc<dyn Observer>)

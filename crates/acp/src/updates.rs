@@ -122,7 +122,8 @@ impl Updates {
             | Event::WorkspaceRewound(_)
             | Event::ToolProtocolSwitched(_)
             | Event::InstructionsLoaded(_)
-            | Event::HookRan(_) => Vec::new(),
+            | Event::HookRan(_)
+            | Event::SkillLoaded(_) => Vec::new(),
         }
     }
 
@@ -386,6 +387,7 @@ mod tests {
             },
             duration_ms: 1,
             interrupted: false,
+            child: None,
         }));
         let finished = json(&finished);
         assert_eq!(finished[0]["sessionUpdate"], "tool_call_update");

@@ -108,7 +108,7 @@ pub(crate) struct SubmitPlanArgs {
 /// The schema of `T` as the model sees it, generated as hands generates its tools' (an
 /// optional field is not required and also admits `null`), but inline (no `$defs`, which
 /// some servers refuse in tool schemas) and without `$schema`, title or type description.
-fn schema<T: JsonSchema>() -> serde_json::Value {
+pub(crate) fn schema<T: JsonSchema>() -> serde_json::Value {
     let generator = schemars::generate::SchemaSettings::draft2020_12()
         .with(|settings| settings.inline_subschemas = true)
         .into_generator();

@@ -161,6 +161,17 @@ impl ModelCaller {
         self.deadline
     }
 
+    /// Adds what a child execution spent (a `delegate` call's): one budget.
+    pub(crate) fn charge(&mut self, usage: TokenUsage, cost: MicroUsd) {
+        self.usage += usage;
+        self.cost += cost;
+    }
+
+    /// The budgets as they stand: the limits, and what is spent.
+    pub(crate) fn budgets(&self) -> (Option<u64>, Option<MicroUsd>) {
+        (self.config.tokens, self.config.cost)
+    }
+
     /// The cost of `usage` at this execution's prices.
     pub(crate) fn price(&self, usage: TokenUsage) -> MicroUsd {
         self.config.pricing.cost(usage)

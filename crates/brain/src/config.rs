@@ -81,6 +81,13 @@ pub struct EngineConfig {
     pub trace: TraceConfig,
     /// Which project instructions (`AGENTS.md`, the user's file) the model is given.
     pub instructions: crate::instructions::InstructionsConfig,
+    /// The skills the model may load (`skill`); their names and descriptions join the
+    /// system prompt. None by default: a front end finds them.
+    pub skills: Vec<crate::skills::Skill>,
+    /// A child execution's parent and the call that started it (recorded in `started`).
+    pub lineage: Lineage,
+    /// Whether and how the model may hand work to child executions (`delegate`).
+    pub delegation: crate::delegate::DelegationConfig,
 }
 
 impl Default for EngineConfig {
@@ -112,6 +119,17 @@ impl Default for EngineConfig {
             recorded_config: serde_json::Value::Null,
             trace: TraceConfig::default(),
             instructions: crate::instructions::InstructionsConfig::default(),
+            skills: Vec::new(),
+            lineage: Lineage::default(),
+            delegation: crate::delegate::DelegationConfig::default(),
         }
     }
+}
+
+/// Whose child an execution is: the parent's execution id and its `delegate` call's id,
+/// both `None` for an execution of its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lineage {
+    pub parent: Option<String>,
+    pub call_id: Option<nerve_core::ToolCallId>,
 }

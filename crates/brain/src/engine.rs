@@ -131,6 +131,9 @@ pub struct AgentEngine {
     pub workspace: Option<Arc<dyn nerve_core::WorkspaceSnapshots>>,
     /// The user's hooks (run on the host by the runtime); `None`: none.
     pub hooks: Option<Arc<dyn nerve_core::Hooks>>,
+    /// Reads a resumed parent's children from the log; `None`: a `delegate` call in flight
+    /// at a crash is in doubt like any other call.
+    pub children: Option<Arc<dyn ChildLog>>,
     pub config: EngineConfig,
 }
 
@@ -161,6 +164,7 @@ impl AgentEngine {
             deltas: Arc::new(crate::stream::IgnoreDeltas),
             workspace: None,
             hooks: None,
+            children: None,
             config,
         }
     }
@@ -181,6 +185,13 @@ impl AgentEngine {
             definitions.extend(context_tool_definitions(
                 self.config.compaction.agent_controlled,
             ));
+        }
+        if !self.config.skills.is_empty() {
+            definitions.push(crate::skills::definition());
+        }
+        let delegates = self.config.delegation.enabled && self.config.lineage.parent.is_none();
+        if delegates {
+            definitions.push(crate::delegate::definition());
         }
         let tool_tokens = counter.count_tools(&definitions);
         let tool_protocol = self.provider.tool_protocol();
@@ -225,6 +236,12 @@ impl AgentEngine {
             text_repairs: Vec::new(),
             instructions,
             hooks: self.hooks.clone(),
+            delegator: delegates.then(|| {
+                Arc::new(EngineDelegator {
+                    engine: self.clone(),
+                }) as crate::delegate::SharedDelegator
+            }),
+            delegated: (TokenUsage::default(), MicroUsd::ZERO),
         }
     }
 
@@ -291,6 +308,9 @@ impl AgentEngine {
             model: self.provider.model().to_owned(),
             max_turns: self.config.max_turns,
             config: recorded,
+            parent: self.config.lineage.parent.clone(),
+            call_id: self.config.lineage.call_id.clone(),
+            fork: None,
         }));
         if run.progress.task_status == TaskStatus::Created {
             run.transition(TaskStatus::Assigned)?;
@@ -318,6 +338,9 @@ impl AgentEngine {
                     files: instructions.into_iter().map(|l| l.file).collect(),
                 },
             ));
+        }
+        if !self.config.skills.is_empty() {
+            system.push_str(&crate::skills::system_section(&self.config.skills));
         }
         run.push_message(Message::system(system));
         crate::hooks::at(run, HookPoint::SessionStart, 0, None, serde_json::json!({})).await;
@@ -727,6 +750,191 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
     result(run, outcome.reason, error)
 }
 
+/// The engine's [`Delegator`](crate::delegate::Delegator): a child is this engine run
+/// again as an execution of its own, on the same sandbox (its tools, narrowed to the
+/// request's), log, archive, approver and hooks, with its own provider view (a cassette's
+/// lines for its name), budget share and turn limit, no snapshots of its own (the parent's
+/// turn takes the workspace's) and no streamed deltas; it may not delegate in turn.
+struct EngineDelegator {
+    engine: AgentEngine,
+}
+
+impl EngineDelegator {
+    /// The engine a child named `name` runs on: this one, narrowed and limited.
+    fn child_engine(
+        &self,
+        limits: ChildLimits,
+        parent: ExecutionId,
+        call: ToolCallId,
+    ) -> AgentEngine {
+        let mut engine = self.engine.clone();
+        if let Some(provider) = engine.provider.for_agent(&limits.name) {
+            engine.provider = provider;
+        }
+        engine.planner = None;
+        engine.tools = Arc::new(crate::delegate::Subset {
+            inner: Arc::clone(&engine.tools),
+            allowed: limits.tools.clone(),
+        });
+        engine.workspace = None;
+        engine.deltas = Arc::new(crate::stream::IgnoreDeltas);
+        let config = &mut engine.config;
+        config.loop_type = LoopType::React;
+        config.complexity = None;
+        config.max_turns = limits.max_turns;
+        config.budget_tokens = limits.budget_tokens;
+        config.budget_cost = limits.budget_cost;
+        config.delegation.enabled = false;
+        config.lineage = crate::config::Lineage {
+            parent: Some(parent.to_string()),
+            call_id: Some(call),
+        };
+        config.recorded_config = serde_json::json!({
+            "max_turns": limits.max_turns,
+            "timeout_secs": config.timeout.map(|t| t.as_secs()),
+            "budget_tokens": limits.budget_tokens,
+            "budget_usd": limits.budget_cost.map(MicroUsd::as_usd),
+            "context_window": config.context_window,
+            "agent": limits.name,
+            "tools": limits.tools,
+        });
+        engine
+    }
+}
+
+/// A child's name, tools and limits, from its `delegate` call or, resumed, its start.
+#[derive(Debug, Clone)]
+pub struct ChildLimits {
+    pub name: String,
+    pub tools: Option<Vec<String>>,
+    pub max_turns: u32,
+    pub budget_tokens: Option<u64>,
+    pub budget_cost: Option<MicroUsd>,
+}
+
+/// What the log says of a `delegate` call's child, for its resumed parent.
+#[derive(Debug)]
+pub enum ChildState {
+    /// The child ended (its parent did not record it): its outcome.
+    Ended(crate::delegate::ChildOutcome),
+    /// The child did not end: what resuming it takes.
+    Unfinished(Box<ChildResume>),
+}
+
+/// A child execution to resume.
+pub struct ChildResume {
+    pub child: ExecutionId,
+    pub limits: ChildLimits,
+    pub state: ResumeState,
+    /// Its provider when not the parent's view for its name (a cassette read on from
+    /// where the child's log stopped).
+    pub provider: Option<Arc<dyn Provider>>,
+}
+
+impl std::fmt::Debug for ChildResume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChildResume")
+            .field("child", &self.child)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The front end's reading of the log for children: the child a parent's `delegate` call
+/// started. Brain never reads the log itself.
+#[async_trait::async_trait]
+pub trait ChildLog: Send + Sync {
+    async fn child_of(&self, parent: ExecutionId, call: &ToolCallId) -> Option<ChildState>;
+}
+
+/// A child's ending as its parent hears it.
+fn child_outcome(
+    child: ExecutionId,
+    name: String,
+    result: ExecutionResult,
+) -> crate::delegate::ChildOutcome {
+    let answer = result
+        .context
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == nerve_core::MessageRole::Assistant)
+        .map(Message::text_content)
+        .unwrap_or_default();
+    crate::delegate::ChildOutcome {
+        child,
+        name,
+        reason: result.termination_reason,
+        answer,
+        error: result.error,
+        turns: result.context.turn_count(),
+        usage: result.context.usage,
+        cost: result.context.cost,
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::delegate::Delegator for EngineDelegator {
+    async fn run_child(
+        &self,
+        request: crate::delegate::ChildRequest,
+    ) -> Result<crate::delegate::ChildOutcome, String> {
+        let limits = ChildLimits {
+            name: request.name,
+            tools: request.tools,
+            max_turns: request.max_turns,
+            budget_tokens: request.budget_tokens,
+            budget_cost: request.budget_cost,
+        };
+        let name = limits.name.clone();
+        let engine = self.child_engine(limits, request.parent, request.call_id);
+        let child = ExecutionId::new();
+        let task = Task {
+            id: TaskId::new(),
+            description: request.task,
+            metadata: serde_json::Value::Null,
+            status: TaskStatus::Created,
+            workspace: engine.config.delegation.workspace.clone(),
+        };
+        let result = engine
+            .run(child, task, request.cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(child_outcome(child, name, result))
+    }
+
+    async fn resume_child(
+        &self,
+        parent: ExecutionId,
+        call_id: ToolCallId,
+        cancel: CancellationToken,
+    ) -> Option<Result<crate::delegate::ChildOutcome, String>> {
+        let log = self.engine.children.as_ref()?;
+        match log.child_of(parent, &call_id).await? {
+            ChildState::Ended(outcome) => Some(Ok(outcome)),
+            ChildState::Unfinished(resume) => {
+                let ChildResume {
+                    child,
+                    limits,
+                    state,
+                    provider,
+                } = *resume;
+                let name = limits.name.clone();
+                let mut engine = self.child_engine(limits, parent, call_id);
+                if let Some(provider) = provider {
+                    engine.provider = provider;
+                }
+                let result = engine.resume(child, state, cancel).await;
+                Some(
+                    result
+                        .map(|result| child_outcome(child, name, result))
+                        .map_err(|e| e.to_string()),
+                )
+            }
+        }
+    }
+}
+
 /// What the caller gets back: the run's state and why it stopped.
 fn result(
     run: Run,
@@ -801,6 +1009,67 @@ mod tests {
         }
         let result = engine.run(ExecutionId::new(), task, token).await;
         Outcome { result, sink }
+    }
+
+    /// Two `delegate` calls in one answer: two children, each reading its agent's lines,
+    /// whose answers come back as the calls' results; the parent's totals are its own and
+    /// the children's; a child is offered no `delegate` of its own.
+    #[tokio::test]
+    async fn delegate_runs_children_that_report_back_on_one_budget() {
+        let cassette = r#"{"usage":{"input_tokens":10,"output_tokens":1},"tool_calls":[{"id":"d1","name":"delegate","arguments":{"task":"one","name":"a"}},{"id":"d2","name":"delegate","arguments":{"task":"two","name":"b","max_turns":50}}]}
+{"agent":"b","usage":{"input_tokens":7,"output_tokens":1},"text":"B done"}
+{"agent":"a","usage":{"input_tokens":5,"output_tokens":1},"text":"A done"}
+{"usage":{"input_tokens":10,"output_tokens":1},"text":"all done"}"#;
+        let mut config = EngineConfig::default();
+        config.delegation.enabled = true;
+        let outcome = run_with(cassette, config, serde_json::Value::Null, false).await;
+        let result = outcome.result.unwrap();
+        assert_eq!(result.termination_reason, TerminationReason::Completed);
+        assert_eq!(result.context.usage, TokenUsage::new(32, 4));
+        let results = outcome.sink.tool_results();
+        assert_eq!(results.len(), 2);
+        assert!(
+            results[0].content.contains("Subagent a:") && results[0].content.contains("A done")
+        );
+        assert!(
+            results[1].content.contains("Subagent b:") && results[1].content.contains("B done")
+        );
+        let events = outcome.sink.events();
+        let started: Vec<&Started> = events
+            .iter()
+            .filter_map(|e| {
+                if let Event::Started(s) = e {
+                    Some(s)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(started.len(), 3);
+        assert_eq!(started[0].parent, None);
+        let parent = started[1].parent.clone().unwrap();
+        assert_eq!(started[2].parent.as_deref(), Some(parent.as_str()));
+        let calls: Vec<_> = started[1..]
+            .iter()
+            .map(|s| s.call_id.clone().unwrap().0)
+            .collect();
+        assert!(calls.contains(&"d1".to_owned()) && calls.contains(&"d2".to_owned()));
+        // A child asking for more turns than the bound gets the bound.
+        assert!(
+            started[1..].iter().all(|s| s.max_turns == 10),
+            "{started:?}"
+        );
+        let offered: Vec<bool> = events
+            .iter()
+            .filter_map(|e| {
+                if let Event::ContextCreated(c) = e {
+                    Some(c.tools.iter().any(|t| t == "delegate"))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(offered, [true, false, false]);
     }
 
     async fn check(

@@ -15,6 +15,7 @@ pub mod compaction;
 mod compactor;
 pub mod config;
 pub mod context;
+pub mod delegate;
 pub mod engine;
 pub mod epistemic;
 mod hooks;
@@ -34,6 +35,7 @@ pub mod retry;
 mod runaway;
 mod runner;
 pub mod scripted;
+pub mod skills;
 pub mod sse;
 pub mod stagnation;
 mod stop;
@@ -59,7 +61,10 @@ mod testing;
 pub use anthropic::{AnthropicConfig, AnthropicProvider};
 pub use config::{EngineConfig, Pricing};
 pub use context::{AgentContext, ExecutionResult};
-pub use engine::{AgentEngine, EngineError, FollowUp, ResumeState, Task};
+pub use engine::{
+    AgentEngine, ChildLimits, ChildLog, ChildResume, ChildState, EngineError, FollowUp,
+    ResumeState, Task,
+};
 pub use http::{ClientError, HttpConfig};
 pub use models::{ModelInfo, ModelOverride, ModelTable, ModelTableError};
 pub use openai::{OpenAiConfig, OpenAiProvider};

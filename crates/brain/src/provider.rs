@@ -43,6 +43,14 @@ pub trait Provider: Send + Sync {
     fn tool_protocol(&self) -> ToolProtocol {
         ToolProtocol::Native
     }
+
+    /// The provider a child execution named `name` (a `delegate` call's) asks: `None`, the
+    /// default, when it asks this one. The scripted provider gives a view of its cassette
+    /// that reads the lines with `"agent": name`.
+    fn for_agent(&self, name: &str) -> Option<std::sync::Arc<dyn Provider>> {
+        let _ = name;
+        None
+    }
 }
 
 #[cfg(test)]

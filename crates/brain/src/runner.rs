@@ -109,6 +109,10 @@ pub(crate) struct Run {
     pub(crate) instructions: crate::instructions::Tracker,
     /// The user's hooks, when any are configured.
     pub(crate) hooks: Option<Arc<dyn nerve_core::Hooks>>,
+    /// Runs `delegate` calls' children; `None` when the execution does not delegate.
+    pub(crate) delegator: Option<crate::delegate::SharedDelegator>,
+    /// What this turn's children spent (charged already), for its turn record.
+    pub(crate) delegated: (nerve_core::TokenUsage, nerve_core::MicroUsd),
 }
 
 impl Run {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -39,6 +39,8 @@ struct Line {
     delay_ms: u64,
     #[serde(default)]
     call: Option<String>,
+    #[serde(default)]
+    agent: Option<String>,
     #[serde(default)]
     error: Option<String>,
     #[serde(default)]
@@ -106,12 +108,25 @@ fn not_a_line(error: &serde_json::Error) -> String {
     )
 }
 
-/// Replays a cassette. Each call takes the next unused line of its purpose.
+/// Whose lines, of which purpose: the parent's (no `agent`) or a named child's.
+type Lane = (Option<String>, CallPurpose);
+
+/// A cassette's lines and how far each lane has read, shared by the parent's provider and
+/// its children's views of it.
+#[derive(Debug)]
+struct Tape {
+    entries: HashMap<Lane, Vec<Entry>>,
+    cursors: Mutex<HashMap<Lane, usize>>,
+}
+
+/// Replays a cassette. Each call takes the next unused line of its purpose, among the
+/// lines of its agent: none for an execution of its own, the child's name for a child's
+/// view ([`Provider::for_agent`]).
 #[derive(Debug)]
 pub struct ScriptedProvider {
     name: String,
-    entries: HashMap<CallPurpose, Vec<Entry>>,
-    cursors: Mutex<HashMap<CallPurpose, usize>>,
+    agent: Option<String>,
+    tape: Arc<Tape>,
     /// Estimates usage a line does not give; cached, so a long run stays cheap per turn.
     counter: CachedCounter<Estimate>,
 }
@@ -130,7 +145,7 @@ impl ScriptedProvider {
 
     /// Parses cassette text; `path` only names it in errors and in the provider name.
     pub fn parse(path: &str, text: &str) -> Result<Self, ScriptError> {
-        let mut entries: HashMap<CallPurpose, Vec<Entry>> = HashMap::new();
+        let mut entries: HashMap<Lane, Vec<Entry>> = HashMap::new();
         for (index, raw) in text.lines().enumerate() {
             let number = index + 1;
             let trimmed = raw.trim();
@@ -188,7 +203,10 @@ impl ScriptedProvider {
                     delay,
                 },
             };
-            entries.entry(purpose).or_default().push(entry);
+            entries
+                .entry((line.agent, purpose))
+                .or_default()
+                .push(entry);
         }
         if entries.is_empty() {
             return Err(ScriptError {
@@ -199,8 +217,11 @@ impl ScriptedProvider {
         }
         Ok(Self {
             name: format!("script:{path}"),
-            entries,
-            cursors: Mutex::new(HashMap::new()),
+            agent: None,
+            tape: Arc::new(Tape {
+                entries,
+                cursors: Mutex::new(HashMap::new()),
+            }),
             counter: CachedCounter::new(Estimate),
         })
     }
@@ -208,21 +229,40 @@ impl ScriptedProvider {
     /// Marks the first `used` lines of `purpose` as consumed: a resumed execution continues
     /// after the last response its log recorded.
     pub fn skip(&self, purpose: CallPurpose, used: usize) {
-        if let Ok(mut cursors) = self.cursors.lock() {
-            cursors.insert(purpose, used);
+        if let Ok(mut cursors) = self.tape.cursors.lock() {
+            cursors.insert((self.agent.clone(), purpose), used);
         }
     }
 
-    /// Lines of `purpose` in the cassette.
+    /// This cassette as a child named `name` reads it: the lines with `"agent": name`, from
+    /// the same tape (what [`Provider::for_agent`] gives, as its own type).
+    pub fn agent_view(&self, name: &str) -> Self {
+        Self {
+            name: self.name.clone(),
+            agent: Some(name.to_owned()),
+            tape: Arc::clone(&self.tape),
+            counter: CachedCounter::new(Estimate),
+        }
+    }
+
+    /// Lines of `purpose` in the cassette (this view's agent's).
     pub fn len(&self, purpose: CallPurpose) -> usize {
-        self.entries.get(&purpose).map_or(0, Vec::len)
+        self.tape
+            .entries
+            .get(&(self.agent.clone(), purpose))
+            .map_or(0, Vec::len)
     }
 
     fn next(&self, purpose: CallPurpose) -> Option<Entry> {
-        let mut cursors = self.cursors.lock().ok()?;
-        let cursor = cursors.entry(purpose).or_insert(0);
-        let entry = self.entries.get(&purpose)?.get(*cursor)?.clone();
-        *cursor += 1;
+        let lane = (self.agent.clone(), purpose);
+        let mut cursors = self.tape.cursors.lock().ok()?;
+        let entry = self
+            .tape
+            .entries
+            .get(&lane)?
+            .get(*cursors.get(&lane).unwrap_or(&0))?
+            .clone();
+        *cursors.entry(lane).or_insert(0) += 1;
         Some(entry)
     }
 }
@@ -276,6 +316,12 @@ impl Provider for ScriptedProvider {
 
     fn model(&self) -> &str {
         "scripted"
+    }
+
+    /// The lines with `"agent": name`, read from the same cassette (children of one name
+    /// share them, in the order they ask).
+    fn for_agent(&self, name: &str) -> Option<Arc<dyn Provider>> {
+        Some(Arc::new(self.agent_view(name)))
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
@@ -379,7 +425,7 @@ mod tests {
         );
         check_err(
             "{\"txt\":\"a\"}",
-            "cassette c.jsonl line 1: not a valid cassette line: unknown field `txt`, expected one of `text`, `tool_calls`, `usage`, `finish`, `delay_ms`, `call`, `error`, `retry_after_ms` (column 6)",
+            "cassette c.jsonl line 1: not a valid cassette line: unknown field `txt`, expected one of `text`, `tool_calls`, `usage`, `finish`, `delay_ms`, `call`, `agent`, `error`, `retry_after_ms` (column 6)",
         );
         check_err(
             "# only a comment\n\n",
@@ -437,6 +483,47 @@ mod tests {
         assert!(
             provider
                 .complete(request(CallPurpose::Summary))
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_reads_the_lines_of_its_agent_only() {
+        let provider = ScriptedProvider::parse(
+            "c",
+            r#"{"text":"parent one"}
+{"text":"a one","agent":"a"}
+{"text":"b one","agent":"b"}
+{"text":"a two","agent":"a"}
+{"text":"parent two"}"#,
+        )
+        .unwrap();
+        let a = provider.for_agent("a").unwrap();
+        let b = provider.for_agent("b").unwrap();
+        let request = ModelRequest {
+            messages: &[],
+            tools: &[],
+            purpose: CallPurpose::Agent,
+        };
+        let text = |r: Result<ModelResponse, ProviderError>| r.unwrap().message.text_content();
+        assert_eq!(text(b.complete(request).await), "b one");
+        assert_eq!(text(a.complete(request).await), "a one");
+        assert_eq!(text(provider.complete(request).await), "parent one");
+        // A second view of `a` shares its lane.
+        let again = provider.for_agent("a").unwrap();
+        assert_eq!(text(again.complete(request).await), "a two");
+        assert_eq!(text(provider.complete(request).await), "parent two");
+        assert_eq!(
+            a.complete(request).await.unwrap_err().kind(),
+            "script_exhausted"
+        );
+        assert!(b.complete(request).await.is_err());
+        assert!(
+            provider
+                .for_agent("none")
+                .unwrap()
+                .complete(request)
                 .await
                 .is_err()
         );

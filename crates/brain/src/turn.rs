@@ -16,12 +16,13 @@
 
 use std::time::{Duration, Instant};
 
+use nerve_core::Message;
 use nerve_core::event::{
-    ApprovalDecided, ApprovalDecision, ApprovalRequested, CompactionTrigger, Decider, HookPoint,
-    ToolCallFinished, ToolCallStarted, TurnCompleted,
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, ChildEnding, CompactionTrigger, Decider,
+    HookPoint, ToolCallFinished, ToolCallStarted, TurnCompleted,
 };
 use nerve_core::{
-    Event, FinishReason, Message, MessagePart, MessageRole, TerminationReason, TokenUsage,
+    Event, FinishReason, MessagePart, MessageRole, MicroUsd, TerminationReason, TokenUsage,
     ToolCall, ToolCallId, ToolError, ToolExecutor, ToolOutput, ToolResult, TurnRecord,
 };
 use tokio_util::sync::CancellationToken;
@@ -47,8 +48,17 @@ pub(crate) async fn run_calls(
     turn: u32,
     calls: &[ToolCall],
 ) -> Result<Vec<ToolResult>, Stop> {
+    let mut delegated = if run.cancel.is_cancelled() {
+        Vec::new()
+    } else {
+        delegate_all(run, turn, calls).await?
+    };
     let mut results = Vec::with_capacity(calls.len());
     for call in calls {
+        if let Some(at) = delegated.iter().position(|r| r.call_id == call.id) {
+            results.push(delegated.swap_remove(at));
+            continue;
+        }
         let result = if run.cancel.is_cancelled() {
             not_run(run, turn, call)
         } else {
@@ -57,6 +67,161 @@ pub(crate) async fn run_calls(
         results.push(result);
     }
     Ok(results)
+}
+
+/// Runs the turn's `delegate` calls, all at once (at most `max_parallel` children at a
+/// time), before its other calls: each call's intent is durable before any child starts,
+/// each child gets an even part of the parent's budget share, and each ends as its call's
+/// result (recorded in the order of the calls) with its spend charged to the parent.
+async fn delegate_all(
+    run: &mut Run,
+    turn: u32,
+    calls: &[ToolCall],
+) -> Result<Vec<ToolResult>, Stop> {
+    let Some(delegator) = run.delegator.clone() else {
+        return Ok(Vec::new());
+    };
+    let wanted: Vec<&ToolCall> = calls
+        .iter()
+        .filter(|c| c.name == crate::delegate::TOOL)
+        .collect();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    for call in &wanted {
+        let repaired = run.take_text_repair(&call.id);
+        run.journal.record(Event::ToolCallStarted(ToolCallStarted {
+            turn,
+            call: (*call).clone(),
+            repaired,
+        }));
+    }
+    run.journal.flush().await?;
+    let config = run.config.delegation.clone();
+    let (token_limit, cost_limit) = run.caller.budgets();
+    let percent = config.budget_share_percent;
+    let children = wanted.len();
+    let budget_tokens = token_limit
+        .map(|limit| crate::delegate::share(limit, run.caller.usage().total(), percent, children));
+    let budget_cost = cost_limit.map(|limit| {
+        MicroUsd(crate::delegate::share(
+            limit.0,
+            run.caller.cost().0,
+            percent,
+            children,
+        ))
+    });
+    let turns_left = run
+        .config
+        .max_turns
+        .saturating_sub(run.progress.turn_count());
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_parallel.max(1)));
+    let mut running = tokio::task::JoinSet::new();
+    let mut answers: Vec<Option<(ToolResult, Option<ChildEnding>)>> = vec![None; wanted.len()];
+    let started = Instant::now();
+    for (at, call) in wanted.iter().enumerate() {
+        let args: crate::delegate::DelegateArgs =
+            match serde_json::from_value(call.arguments.clone()) {
+                Ok(args) => args,
+                Err(e) => {
+                    answers[at] = Some((
+                        error_result(call, format!("invalid arguments for `delegate`: {e}")),
+                        None,
+                    ));
+                    continue;
+                }
+            };
+        let name = args
+            .name
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| crate::delegate::DEFAULT_NAME.to_owned());
+        let request = crate::delegate::ChildRequest {
+            parent: run.execution_id,
+            call_id: call.id.clone(),
+            task: args.task,
+            name,
+            tools: args.tools,
+            // At most the bound, and at most the parent's turns left (at least one).
+            max_turns: args
+                .max_turns
+                .unwrap_or(config.max_turns)
+                .clamp(1, config.max_turns.min(turns_left).max(1)),
+            budget_tokens,
+            budget_cost,
+            cancel: run.cancel.child_token(),
+        };
+        let delegator = std::sync::Arc::clone(&delegator);
+        let slots = std::sync::Arc::clone(&slots);
+        running.spawn(async move {
+            // A closed semaphore is never closed here; without a permit the child runs anyway.
+            let _permit = slots.acquire_owned().await.ok();
+            (at, delegator.run_child(request).await)
+        });
+    }
+    // Ends: one join per child spawned above.
+    while let Some(joined) = running.join_next().await {
+        let Ok((at, outcome)) = joined else {
+            continue;
+        };
+        answers[at] = Some(child_result(run, wanted[at], outcome));
+    }
+    let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let mut results = Vec::with_capacity(wanted.len());
+    for (at, call) in wanted.iter().enumerate() {
+        let answer = answers[at].take().unwrap_or_else(|| {
+            (
+                error_result(call, "the subagent's task failed".into()),
+                None,
+            )
+        });
+        results.push(record_ended(run, turn, answer, millis, false));
+    }
+    Ok(results)
+}
+
+/// A child's ending as its `delegate` call's result (and the record of the child), its
+/// spend charged to the parent.
+fn child_result(
+    run: &mut Run,
+    call: &ToolCall,
+    outcome: Result<crate::delegate::ChildOutcome, String>,
+) -> (ToolResult, Option<ChildEnding>) {
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(why) => {
+            let result = error_result(call, format!("the subagent could not start: {why}"));
+            return (result, None);
+        }
+    };
+    run.caller.charge(outcome.usage, outcome.cost);
+    run.delegated.0 += outcome.usage;
+    run.delegated.1 += outcome.cost;
+    let (text, is_error) =
+        crate::delegate::result_text(&outcome, run.config.delegation.answer_bytes);
+    let result = ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: run.config.trace.redactor.redact(&text).into_owned(),
+        is_error,
+    };
+    let ending = ChildEnding {
+        execution_id: outcome.child.to_string(),
+        name: outcome.name,
+        termination_reason: outcome.reason,
+        turns: outcome.turns,
+        usage: outcome.usage,
+        cost: outcome.cost,
+    };
+    (result, Some(ending))
+}
+
+fn error_result(call: &ToolCall, content: String) -> ToolResult {
+    ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content,
+        is_error: true,
+    }
 }
 
 /// A call the run was stopped before: the model is told it did not run.
@@ -89,8 +254,9 @@ async fn through_gate(
         };
         return Ok(finish_tool(run, turn, result, 0));
     }
-    if context_tool(&run.config, call).is_some() {
-        // recall and compress_context act on the conversation, not the workspace.
+    if context_tool(&run.config, call).is_some() || is_skill(run, call) {
+        // recall and compress_context act on the conversation, not the workspace; skill
+        // reads what the execution was given at its start.
         return execute_tool(run, turn, call).await;
     }
     let (action, rule) = run.config.policy.evaluate(call);
@@ -221,9 +387,16 @@ async fn execute_tool(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolR
     result
 }
 
+/// Whether `call` is the `skill` tool of an execution that has skills.
+fn is_skill(run: &Run, call: &ToolCall) -> bool {
+    call.name == crate::skills::TOOL && !run.config.skills.is_empty()
+}
+
 async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<ToolResult, Stop> {
     let context = context_tool(&run.config, call);
+    let skill = is_skill(run, call);
     if context.is_none()
+        && !skill
         && let Some(why) = crate::hooks::at(
             run,
             HookPoint::PreToolUse,
@@ -250,6 +423,13 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
     let started = Instant::now();
     let mut interrupted = false;
     let (content, is_error) = match context {
+        None if skill => {
+            let (content, is_error, loaded) = crate::skills::answer(&run.config.skills, call, turn);
+            if let Some(loaded) = loaded {
+                run.journal.record(Event::SkillLoaded(loaded));
+            }
+            (content, is_error)
+        }
         Some(tool) => {
             run_context_tool(
                 tool,
@@ -287,7 +467,7 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
         is_error,
     };
     let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    if context.is_none() {
+    if context.is_none() && !skill {
         let outcome = serde_json::json!({
             "result": {"content": result.content, "is_error": result.is_error},
         });
@@ -310,6 +490,7 @@ async fn execute_tool_in(run: &mut Run, turn: u32, call: &ToolCall) -> Result<To
             result: result.clone(),
             duration_ms: millis,
             interrupted,
+            child: None,
         }));
     let before = run.window.fill() + run.window.counter().count_text(&result.content);
     let kept = ToolResult {
@@ -372,12 +553,25 @@ fn record_result(
     duration_ms: u64,
     interrupted: bool,
 ) -> ToolResult {
+    record_ended(run, turn, (result, None), duration_ms, interrupted)
+}
+
+/// Records a call's end (with its child, for a `delegate` call) and puts its result in
+/// the conversation.
+fn record_ended(
+    run: &mut Run,
+    turn: u32,
+    (result, child): (ToolResult, Option<ChildEnding>),
+    duration_ms: u64,
+    interrupted: bool,
+) -> ToolResult {
     run.journal
         .record(Event::ToolCallFinished(ToolCallFinished {
             turn,
             result: result.clone(),
             duration_ms,
             interrupted,
+            child,
         }));
     run.push_message(Message::tool_result(result.clone()));
     result
@@ -393,10 +587,12 @@ pub(crate) async fn complete(
     calls: &[ToolCall],
     started: Instant,
 ) {
+    // The turn's children spent too, and were charged already: the record says so.
+    let (child_usage, child_cost) = std::mem::take(&mut run.delegated);
     let record = TurnRecord {
         turn: number,
-        usage,
-        cost: run.caller.price(usage),
+        usage: usage + child_usage,
+        cost: run.caller.price(usage) + child_cost,
         tool_calls: calls.to_vec(),
         finish,
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -412,7 +608,9 @@ pub(crate) async fn complete(
     run.progress.turns.push(record);
     // Context tools (recall, compress_context, submit_plan) never touch the workspace.
     let may_have_changed = calls.iter().any(|call| {
-        context_tool(&run.config, call).is_none() && run.hands.tools.may_change_workspace(call)
+        call.name == crate::delegate::TOOL
+            || (context_tool(&run.config, call).is_none()
+                && run.hands.tools.may_change_workspace(call))
     });
     run.workspace
         .after_turn(&mut run.journal, number, may_have_changed)
@@ -478,6 +676,22 @@ async fn settle_in(
     started: Instant,
 ) -> Result<usize, Stop> {
     for call in &pending {
+        // A child in flight is resumed (or its ending read): its call is not in doubt.
+        if turn.in_doubt.contains(&call.id)
+            && call.name == crate::delegate::TOOL
+            && let Some(delegator) = run.delegator.clone()
+        {
+            let started = Instant::now();
+            let resumed = delegator
+                .resume_child(run.execution_id, call.id.clone(), run.cancel.child_token())
+                .await;
+            if let Some(outcome) = resumed {
+                let answer = child_result(run, call, outcome);
+                let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                record_ended(run, turn.number, answer, millis, false);
+                continue;
+            }
+        }
         if turn.in_doubt.contains(&call.id) {
             let result = ToolResult {
                 call_id: call.id.clone(),

@@ -200,6 +200,31 @@ pub(crate) enum Command {
     /// workspace), --config, the environment (NERVE_PROVIDER, NERVE_MODEL, NERVE_APPROVAL,
     /// NERVE_CONTEXT_WINDOW) and the flags given here.
     Config(ConfigArgs),
+    /// A new execution whose history is another's first N turns, on a workspace restored
+    /// from turn N's snapshot (a new directory, or the parent's rewound with --in-place).
+    Fork {
+        /// The execution id, or a unique prefix of it.
+        id: String,
+        /// The last turn taken from the parent.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        turn: u32,
+        /// Rewind the parent's workspace to turn N (as `rewind` does) and fork on it.
+        #[arg(long, conflicts_with = "into")]
+        in_place: bool,
+        /// The fork's workspace: a new or empty directory (default: the parent's path
+        /// with `-fork-<id>` appended).
+        #[arg(long, value_name = "DIR")]
+        into: Option<PathBuf>,
+        /// Continue the fork at once with this message (as `run --continue` does).
+        #[arg(long, value_name = "TEXT")]
+        task: Option<String>,
+        /// The provider that continues it with --task (default: the parent's).
+        #[arg(long, value_name = "SPEC", requires = "task")]
+        provider: Option<String>,
+        /// Print one JSON object (`{"execution_id"}`; with --task, the run's summary).
+        #[arg(long)]
+        json: bool,
+    },
     /// Decide the pending approvals of a parked execution.
     Approve {
         /// The execution id, or a unique prefix of it.

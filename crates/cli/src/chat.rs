@@ -42,6 +42,7 @@ const HELP: &[&str] = &[
     "  /plan      plan the next message first (plan-execute), then carry it out",
     "  /diff      what the agent changed in the workspace (/diff last: the last turn that changed it; /diff N: turn N)",
     "  /undo      put the workspace back as it was before the last change (/undo force: over your own edits too)",
+    "  /fork N    a new execution from this one's first N turns, on a copy of the workspace as it was then",
     "  /exit      end the session (or Ctrl-D)",
     "keys:",
     "  Enter      send the message",
@@ -152,6 +153,7 @@ async fn converse(
         display: Arc::clone(&display),
         jsonl: None,
         approver: Some(Arc::new(approver)),
+        children: nerve_runtime::observer::Children::default(),
     };
     let mut session = launch.open(Arc::new(screen)).await?;
     let mut chat = Chat {
@@ -342,7 +344,7 @@ impl Chat<'_> {
                         let lines = workspace_command(db, execution_id, started, command).await;
                         display.lines(&lines);
                     }
-                    "undo" => {
+                    "undo" | "fork" => {
                         let lines = workspace_command(db, execution_id, started, command).await;
                         display.lines(&lines);
                     }
@@ -545,8 +547,25 @@ async fn workspace_command(
             )
             .await
         }
+        (Some("fork"), Some(turn), None) if turn.parse::<u32>().is_ok_and(|t| t > 0) => {
+            let request = nerve_runtime::fork::ForkRequest {
+                id: id.clone(),
+                turn: turn.parse::<u32>().unwrap_or(1),
+                in_place: false,
+                into: None,
+            };
+            nerve_runtime::fork::fork(db, &request).await.map(|forked| {
+                vec![format!(
+                    "forked turn {} into execution {} on {}: `nerve chat {}` takes it up",
+                    forked.turn,
+                    forked.execution_id,
+                    forked.workspace.display(),
+                    forked.execution_id
+                )]
+            })
+        }
         _ => Err(RuntimeError::usage(
-            "usage: /diff, /diff last, /diff N, /undo or /undo force",
+            "usage: /diff, /diff last, /diff N, /undo, /undo force or /fork N",
         )),
     };
     match outcome {

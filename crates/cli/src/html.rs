@@ -79,6 +79,15 @@ pub(crate) fn page(
             }
             Event::ToolCallFinished(finished) => {
                 let turn = current(&mut turns, finished.turn);
+                // A `delegate` call's child, under the parent's turn (the tree).
+                if let Some(child) = &finished.child {
+                    turn.notes.push((
+                        "child",
+                        nerve_runtime::views::transcript::child_line(child)
+                            .trim_start()
+                            .to_owned(),
+                    ));
+                }
                 if let Some(slot) = turn
                     .tools
                     .iter_mut()
@@ -158,7 +167,8 @@ pub(crate) fn page(
             | Event::WorkspaceRewound(_)
             | Event::ToolProtocolSwitched(_)
             | Event::InstructionsLoaded(_)
-            | Event::HookRan(_) => {}
+            | Event::HookRan(_)
+            | Event::SkillLoaded(_) => {}
         }
     }
 

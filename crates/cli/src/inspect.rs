@@ -71,13 +71,36 @@ async fn load(db: &Path, id: &str) -> Result<(Reader, ExecutionId, Vec<StoredEve
 
 pub(crate) async fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failure> {
     let execution: ExecutionId = id.parse().map_err(Failure::usage)?;
-    let replayed = reader(db)
-        .await?
-        .replay(execution)
-        .await
-        .map_err(Failure::usage)?;
+    let store = reader(db).await?;
+    let replayed = store.replay(execution).await.map_err(Failure::usage)?;
+    // A parent's replay scores its children too (each replayed from its own log).
+    let mut children = Vec::new();
+    // Ends: one replay per child the parent recorded.
+    for child in &replayed.children {
+        let Ok(id) = child.execution_id.parse::<ExecutionId>() else {
+            continue;
+        };
+        let scored = store.replay(id).await.map_err(Failure::usage)?;
+        children.push((child, scored));
+    }
     if json {
-        output::json(&replay_json(&replayed));
+        let mut value = replay_json(&replayed);
+        if !children.is_empty() {
+            value["children"] = children
+                .iter()
+                .map(|(child, scored)| {
+                    serde_json::json!({
+                        "execution_id": child.execution_id,
+                        "name": child.name,
+                        "completeness": scored.completeness(),
+                        "complete": scored.complete,
+                        "termination_reason": scored.termination_reason,
+                        "gaps": scored.gaps,
+                    })
+                })
+                .collect();
+        }
+        output::json(&value);
     } else {
         output::line(&format!("execution  {}", replayed.execution_id));
         if let Some(started) = &replayed.started {
@@ -117,6 +140,15 @@ pub(crate) async fn replay(db: &Path, id: &str, json: bool) -> Result<u8, Failur
         ));
         for gap in &replayed.gaps {
             output::line(&format!("gap        {}", gap.detail));
+        }
+        for (child, scored) in &children {
+            output::line(&format!(
+                "child      {} `{}`: complete {:.2}{}",
+                child.execution_id,
+                child.name,
+                scored.completeness(),
+                if scored.complete { "" } else { " (incomplete)" }
+            ));
         }
     }
     Ok(0)
@@ -313,7 +345,31 @@ pub(crate) async fn verify(db: &Path, id: &str) -> Result<u8, Failure> {
     match store.verify(execution).await.map_err(Failure::usage)? {
         Ok(count) => {
             output::line(&format!("ok: {count} events, hash chain intact"));
-            Ok(0)
+            use nerve_runtime::fork::Origin;
+            match nerve_runtime::fork::check_origin(db, id).await? {
+                Origin::None => Ok(0),
+                Origin::ParentAbsent(origin) => {
+                    output::line(&format!(
+                        "fork of {} at turn {}: the parent is not in this log to compare with",
+                        origin.parent, origin.turn
+                    ));
+                    Ok(0)
+                }
+                Origin::Matches(origin) => {
+                    output::line(&format!(
+                        "fork of {} at turn {}: its history is the parent's up to event {}",
+                        origin.parent, origin.turn, origin.seq
+                    ));
+                    Ok(0)
+                }
+                Origin::Differs(origin, why) => {
+                    output::error_line(&format!(
+                        "nerve: fork of {} at turn {}: {why}",
+                        origin.parent, origin.turn
+                    ));
+                    Ok(1)
+                }
+            }
         }
         Err(broken) => {
             output::error_line(&format!("nerve: {broken}"));

@@ -166,6 +166,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Approve { .. }
         | Command::Diff { .. }
         | Command::Rewind { .. }
+        | Command::Fork { .. }
         | Command::Mcp { .. }
         | Command::Config(_)
         | Command::Token { .. } => false,
@@ -187,6 +188,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Cancel { id }
         | Command::Diff { id, .. }
         | Command::Rewind { id, .. }
+        | Command::Fork { id, .. }
         | Command::Export { id } => *id = inspect::resolve(&db, id).await?,
         Command::Run(args) => {
             args.settle_continue();
@@ -270,6 +272,24 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Diff { id, turn } => rewind::diff(&db, &id, turn).await,
         Command::Rewind { id, turn, force } => rewind::rewind(&db, &id, turn, force).await,
+        Command::Fork {
+            id,
+            turn,
+            in_place,
+            into,
+            task,
+            provider,
+            json,
+        } => {
+            let request = nerve_runtime::fork::ForkRequest {
+                id,
+                turn,
+                in_place,
+                into,
+            };
+            let then = task.map(|task| (task, provider));
+            rewind::fork(&db, cli.config.as_deref(), &request, then, json).await
+        }
         Command::Reap { all, id } => reap::reap(&db, all, id.as_deref()).await,
         Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
         Command::Serve(args) => serve::serve(args, db, cli.config.as_deref()).await,

@@ -392,6 +392,12 @@ impl Display {
                         .enumerate()
                         .map(|(i, l)| (if i == 0 { style } else { Style::Dim }, l)),
                 );
+                if let Some(child) = &finished.child {
+                    lines.push((
+                        Style::Note,
+                        nerve_runtime::views::transcript::child_line(child),
+                    ));
+                }
             }
             Event::TurnCompleted(turn) => {
                 status.turn = turn.turn;
@@ -510,6 +516,10 @@ impl Display {
                     ));
                 }
             }
+            Event::SkillLoaded(loaded) => lines.push((
+                Style::Note,
+                format!("· {}", nerve_runtime::views::transcript::skill_line(loaded)),
+            )),
             Event::WorkspaceRewound(rewound) => lines.push((
                 Style::Note,
                 format!(
@@ -795,6 +805,7 @@ mod tests {
                     },
                     duration_ms: 3,
                     interrupted: false,
+                    child: None,
                 }),
                 Event::TurnCompleted(TurnCompleted {
                     turn: 1,

@@ -61,6 +61,34 @@ pub(crate) fn flags(args: &RunArgs) -> nerve_runtime::settings::Flags {
     }
 }
 
+/// Execution `id` continued with `message` in a fresh sandbox on its workspace, as
+/// `run --continue ID` does with the run's defaults (`nerve fork --task`).
+pub(crate) async fn continue_with(
+    db: &Path,
+    config_path: Option<&Path>,
+    id: &str,
+    message: String,
+    provider: Option<String>,
+    json: bool,
+) -> Result<u8, Failure> {
+    let workspace = nerve_runtime::resume::workspace_of(db, id).await?;
+    let flags = nerve_runtime::settings::Flags {
+        provider: provider.clone(),
+        ..nerve_runtime::settings::Flags::default()
+    };
+    let config = crate::settings::load(config_path, workspace.as_deref(), flags)?;
+    let request = ContinueRequest {
+        message,
+        workspace: None,
+        provider,
+        loop_type: LoopType::React,
+        max_turns: 20,
+        image: None,
+    };
+    let (launch, start) = nerve_runtime::launch::continued(request, db, &config, id).await?;
+    go(launch, start, Mode::detect(json, false), false, config_path).await
+}
+
 /// The runtime's request for `args`, its workspace and task checked (in that order).
 pub(crate) fn request(args: &RunArgs, config: &Config) -> Result<RunRequest, Failure> {
     let workspace = args.workspace.as_deref().unwrap_or_else(|| Path::new("."));
@@ -179,6 +207,7 @@ async fn go(
             )))
         }),
         approver: None,
+        children: nerve_runtime::observer::Children::default(),
     };
     let session = launch.open(Arc::new(screen)).await?;
     let id = session.execution_id();

@@ -23,6 +23,9 @@ pub(crate) struct Screen {
     pub(crate) jsonl: Option<Arc<Jsonl>>,
     /// Who answers `ask` rules; `None`: nobody, the execution parks.
     pub(crate) approver: Option<Arc<dyn Approver>>,
+    /// Child executions (a `delegate` call's) seen so far: their events are not drawn as
+    /// the execution's own; the parent's call and result lines say what they did.
+    pub(crate) children: nerve_runtime::observer::Children,
 }
 
 #[async_trait]
@@ -32,6 +35,9 @@ impl Observer for Screen {
             for line in jsonl.event_lines(execution, events) {
                 output::line(&line);
             }
+        }
+        if self.children.of_child(execution, events) {
+            return;
         }
         for event in events {
             self.display.observe(event);
@@ -52,9 +58,8 @@ impl Observer for Screen {
     fn notice(&self, notice: Notice) {
         // `--json` and `--jsonl` keep stderr for errors.
         if self.display.mode() == Mode::Silent {
-            if let Notice::NoSnapshots { reason } = notice {
-                tracing::warn!(%reason, "no workspace snapshots for this run");
-            }
+            // The warnings go to the stderr log, as an unattended execution's do.
+            nerve_runtime::observer::Unobserved.notice(notice);
             return;
         }
         let line = match notice {
@@ -72,6 +77,9 @@ impl Observer for Screen {
             }
             Notice::NoSnapshots { reason } => {
                 format!("warning: no workspace snapshots for this run: {reason}")
+            }
+            Notice::SkillSkipped { path, reason } => {
+                format!("warning: skill {} skipped: {reason}", path.display())
             }
         };
         output::error_line(&line);

@@ -39,6 +39,30 @@ pub struct Started {
     /// The effective settings, for explaining a run later. Never holds secrets.
     #[serde(default)]
     pub config: serde_json::Value,
+    /// A child execution's parent (a `delegate` call): the parent's execution id. Absent
+    /// for an execution of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// With `parent`: the id of the parent's `delegate` call that started this execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<ToolCallId>,
+    /// A fork's origin (`nerve fork`): the execution and turn its history is taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkOrigin>,
+}
+
+/// Where a fork's history comes from: the parent's chain head at the end of `turn` (its
+/// event `seq` and that event's `hash`), so that a fork's copied prefix can be checked
+/// against the parent's log for as long as the parent is in it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkOrigin {
+    /// The parent's execution id.
+    pub parent: String,
+    /// The last turn taken from the parent.
+    pub turn: u32,
+    /// The parent's last event taken (its sequence number), and its hash.
+    pub seq: u64,
+    pub hash: String,
 }
 
 /// The conversation was created.
@@ -80,6 +104,22 @@ pub struct ToolCallFinished {
     /// then. Absent (false) otherwise, and in logs written before it existed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupted: bool,
+    /// A `delegate` call's child execution and how it ended. Absent for every other call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<ChildEnding>,
+}
+
+/// How a child execution (a `delegate` call's) ended, as its parent records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildEnding {
+    pub execution_id: String,
+    /// Its name (the scripted cassette's `agent`).
+    pub name: String,
+    pub termination_reason: TerminationReason,
+    pub turns: u32,
+    /// What it spent, which the parent's totals include.
+    pub usage: TokenUsage,
+    pub cost: MicroUsd,
 }
 
 /// One model call answered (or failed); lets a resumed scripted run continue where it left off.
@@ -452,6 +492,31 @@ pub struct InstructionsLoaded {
     pub files: Vec<InstructionsFile>,
 }
 
+/// The model loaded a skill (the `skill` tool): its instructions, or one file of its
+/// folder. The text the model got is in the call's `tool_call_finished`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkillLoaded {
+    pub turn: u32,
+    pub call_id: ToolCallId,
+    /// The skill's name.
+    pub name: String,
+    /// The user's skill folders or the workspace's.
+    pub source: InstructionsSource,
+    /// Its `SKILL.md`: relative to the workspace root for a workspace skill, the host path
+    /// for the user's.
+    pub path: String,
+    /// The file of the skill's folder that was read (relative to it); absent when the
+    /// instructions were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// SHA-256 (hex) of the text the model was given (after the size bound).
+    pub sha256: String,
+    /// Bytes of the text the model was given.
+    pub bytes: u64,
+    /// The text was longer than the bound and was cut.
+    pub truncated: bool,
+}
+
 /// Where a user's hook runs (`[[hooks.<point>]]` in the settings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -542,6 +607,7 @@ pub enum Event {
     ToolProtocolSwitched(ToolProtocolSwitched),
     InstructionsLoaded(InstructionsLoaded),
     HookRan(HookRan),
+    SkillLoaded(SkillLoaded),
 }
 
 /// The `kind` tag of an [`Event`], as stored in the log's `kind` column.
@@ -569,11 +635,12 @@ pub enum EventKind {
     ToolProtocolSwitched,
     InstructionsLoaded,
     HookRan,
+    SkillLoaded,
 }
 
 impl EventKind {
     /// Every kind, in the order `docs/events.md` documents them.
-    pub const ALL: [Self; 22] = [
+    pub const ALL: [Self; 23] = [
         Self::Started,
         Self::ContextCreated,
         Self::MessageAppended,
@@ -596,6 +663,7 @@ impl EventKind {
         Self::ToolProtocolSwitched,
         Self::InstructionsLoaded,
         Self::HookRan,
+        Self::SkillLoaded,
     ];
 
     /// The payload version this build writes for this kind.
@@ -622,7 +690,8 @@ impl EventKind {
             | Self::WorkspaceRewound
             | Self::ToolProtocolSwitched
             | Self::InstructionsLoaded
-            | Self::HookRan => EVENT_VERSION,
+            | Self::HookRan
+            | Self::SkillLoaded => EVENT_VERSION,
         }
     }
 
@@ -655,6 +724,7 @@ impl EventKind {
             Self::ToolProtocolSwitched => "tool_protocol_switched",
             Self::InstructionsLoaded => "instructions_loaded",
             Self::HookRan => "hook_ran",
+            Self::SkillLoaded => "skill_loaded",
         }
     }
 }
@@ -684,6 +754,7 @@ impl Event {
             Self::ToolProtocolSwitched(_) => EventKind::ToolProtocolSwitched,
             Self::InstructionsLoaded(_) => EventKind::InstructionsLoaded,
             Self::HookRan(_) => EventKind::HookRan,
+            Self::SkillLoaded(_) => EventKind::SkillLoaded,
         }
     }
 }

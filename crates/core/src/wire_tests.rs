@@ -12,8 +12,8 @@ use crate::event::{
 };
 use crate::event::{
     ChangeKind, HookPoint, HookRan, HookVerdict, InstructionsFile, InstructionsLoaded,
-    InstructionsSource, ToolProtocolSwitched, ToolTransport, WorkspaceChange, WorkspaceRewound,
-    WorkspaceSnapshot,
+    InstructionsSource, SkillLoaded, ToolProtocolSwitched, ToolTransport, WorkspaceChange,
+    WorkspaceRewound, WorkspaceSnapshot,
 };
 use crate::{
     BlockId, Complexity, ExecutionStatus, LoopType, Message, MessagePart, MessageRole, MicroUsd,
@@ -128,6 +128,9 @@ fn events() {
             model: "scripted".into(),
             max_turns: 20,
             config: json!({"timeout_secs": null}),
+            parent: None,
+            call_id: None,
+            fork: None,
         }),
         Event::ContextCreated(ContextCreated {
             context_window: Some(128_000),
@@ -155,6 +158,7 @@ fn events() {
             result: result(),
             duration_ms: 7,
             interrupted: false,
+            child: None,
         }),
         Event::TurnCompleted(TurnCompleted {
             turn: 1,
@@ -299,6 +303,17 @@ fn events() {
             verdict: HookVerdict::Block,
             stderr: "no rm here".into(),
             duration_ms: 12,
+        }),
+        Event::SkillLoaded(SkillLoaded {
+            turn: 1,
+            call_id: "call_2".into(),
+            name: "pdf".into(),
+            source: InstructionsSource::User,
+            path: "/home/u/.config/nerve/skills/pdf/SKILL.md".into(),
+            file: None,
+            sha256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".into(),
+            bytes: 4,
+            truncated: false,
         }),
     ];
     let mut kinds: Vec<&str> = events.iter().map(|e| e.kind().as_str()).collect();

@@ -54,6 +54,57 @@ pub struct Config {
     /// The user's files only: run the hooks of a workspace's `.nerve/config.toml` too
     /// (without it they are ignored; see `settings`).
     pub trust_project_hooks: Option<bool>,
+    /// `[delegation]`: the `delegate` tool and its children's limits (docs/cli.md).
+    #[serde(default)]
+    pub delegation: DelegationSection,
+}
+
+/// `[delegation]`: whether the model may hand work to child executions, and their limits.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DelegationSection {
+    /// Offer the `delegate` tool (default false).
+    pub enabled: Option<bool>,
+    /// Children of one turn that run at once (default 4).
+    pub max_parallel: Option<usize>,
+    /// A child's turns when the call names none, and the most it may name (default 10).
+    pub max_turns: Option<u32>,
+    /// The share (percent, 1 to 100) of the parent's remaining budgets the children of one
+    /// turn get together (default 50).
+    pub budget_share_percent: Option<u32>,
+    /// The longest answer a child hands back, in bytes (default 8192).
+    pub answer_bytes: Option<usize>,
+}
+
+impl DelegationSection {
+    fn build(&self) -> Result<nerve_brain::delegate::DelegationConfig, RuntimeError> {
+        let defaults = nerve_brain::delegate::DelegationConfig::default();
+        let share = self
+            .budget_share_percent
+            .unwrap_or(defaults.budget_share_percent);
+        if !(1..=100).contains(&share) {
+            return Err(RuntimeError::config(format!(
+                "[delegation] budget_share_percent = {share}: give 1 to 100"
+            )));
+        }
+        let positive = |value: Option<u64>, key: &str| match value {
+            Some(0) => Err(RuntimeError::config(format!(
+                "[delegation] {key} = 0: give at least 1"
+            ))),
+            _ => Ok(()),
+        };
+        positive(self.max_parallel.map(|n| n as u64), "max_parallel")?;
+        positive(self.max_turns.map(u64::from), "max_turns")?;
+        positive(self.answer_bytes.map(|n| n as u64), "answer_bytes")?;
+        Ok(nerve_brain::delegate::DelegationConfig {
+            enabled: self.enabled.unwrap_or(defaults.enabled),
+            max_parallel: self.max_parallel.unwrap_or(defaults.max_parallel),
+            max_turns: self.max_turns.unwrap_or(defaults.max_turns),
+            budget_share_percent: share,
+            answer_bytes: self.answer_bytes.unwrap_or(defaults.answer_bytes),
+            workspace: String::new(),
+        })
+    }
 }
 
 /// `[mcp]`: the `[[mcp.servers]]` list.
@@ -429,6 +480,7 @@ impl Config {
             stagnation: guards.stagnation.unwrap_or(defaults.stagnation),
             compaction: self.compaction.unwrap_or(defaults.compaction),
             policy,
+            delegation: self.delegation.build()?,
             ..defaults
         })
     }

@@ -455,12 +455,7 @@ pub async fn provider_for(
     let spec = spec.unwrap_or(&started.provider);
     let model = (started.model != "scripted").then_some(started.model.as_str());
     if let Some(path) = spec.strip_prefix("script:") {
-        let scripted = nerve_brain::ScriptedProvider::from_file(Path::new(path))
-            .map_err(RuntimeError::provider)?;
-        for (purpose, used) in &resumable.model_calls {
-            scripted.skip(*purpose, *used);
-        }
-        return Ok(Arc::new(scripted) as Arc<dyn Provider>);
+        return Ok(Arc::new(scripted_for(Path::new(path), resumable)?) as Arc<dyn Provider>);
     }
     let settings = config.provider_settings(
         started
@@ -469,6 +464,26 @@ pub async fn provider_for(
             .and_then(serde_json::Value::as_u64),
     )?;
     crate::provider::build(spec, model, &settings).await
+}
+
+/// The cassette at `path` as `resumable` reads it on: after the lines its log recorded
+/// answers of, among its own lines (a child's, a `delegate` call's, are its name's).
+pub fn scripted_for(
+    path: &Path,
+    resumable: &Resumable,
+) -> Result<nerve_brain::ScriptedProvider, RuntimeError> {
+    let mut scripted =
+        nerve_brain::ScriptedProvider::from_file(path).map_err(RuntimeError::provider)?;
+    let started = &resumable.started;
+    if started.parent.is_some()
+        && let Some(agent) = started.config.get("agent").and_then(|a| a.as_str())
+    {
+        scripted = scripted.agent_view(agent);
+    }
+    for (purpose, used) in &resumable.model_calls {
+        scripted.skip(*purpose, *used);
+    }
+    Ok(scripted)
 }
 
 /// The engine settings an execution recorded at its start.
@@ -500,6 +515,13 @@ pub fn recorded_engine_config(
             user: None,
         },
         recorded_config: recorded.clone(),
+        // A child may not delegate in turn, resumed or not; its tools are the ones its
+        // start recorded.
+        delegation: if started.parent.is_some() {
+            nerve_brain::delegate::DelegationConfig::default()
+        } else {
+            config.engine_config()?.delegation
+        },
         ..config.engine_config()?
     })
 }
@@ -580,6 +602,9 @@ mod tests {
             model: "m".into(),
             max_turns: 7,
             config,
+            parent: None,
+            call_id: None,
+            fork: None,
         }
     }
 

@@ -15,12 +15,14 @@
 //! is the front end's business. Its errors are [`RuntimeError`]s, whose kinds a front end
 //! maps onto exit codes or statuses; it logs through `tracing` only.
 
+mod children;
 mod error;
 
 pub mod config;
 #[cfg(test)]
 mod config_doc_test;
 mod environment;
+pub mod fork;
 pub mod hooks;
 pub mod instructions;
 pub mod launch;
@@ -33,6 +35,7 @@ pub mod reap;
 pub mod resume;
 pub mod session;
 pub mod settings;
+pub mod skills;
 pub mod snapshots;
 pub mod tokens;
 pub mod transfer;

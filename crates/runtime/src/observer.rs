@@ -34,6 +34,12 @@ pub enum Notice {
     /// The workspace's snapshot store cannot be opened: the execution goes on without
     /// snapshots, and `diff`/`rewind` have nothing for it.
     NoSnapshots { reason: String },
+    /// A skill's `SKILL.md` could not be used (malformed, too large, a name taken): the
+    /// execution goes on without it.
+    SkillSkipped {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 /// A front end's ears. Every method has a default that ignores what it hears, and none may
@@ -76,12 +82,38 @@ impl Observer for Unobserved {
             Notice::NoSnapshots { reason } => {
                 tracing::warn!(%reason, "no workspace snapshots for this run");
             }
+            Notice::SkillSkipped { path, reason } => {
+                tracing::warn!(path = %path.display(), %reason, "skill skipped");
+            }
             Notice::BuildingDefaultImage { .. }
             | Notice::BuildingImage { .. }
             | Notice::BuildOutput(_)
             | Notice::McpWarning(_)
             | Notice::McpNoTools { .. } => {}
         }
+    }
+}
+
+/// The child executions (a `delegate` call's) an observer has heard of: a front end that
+/// draws one execution leaves their events out (the parent's call and result say what
+/// they did). A child is known by its first batch, which starts with its `started`
+/// naming a parent.
+#[derive(Debug, Default)]
+pub struct Children(std::sync::Mutex<std::collections::HashSet<ExecutionId>>);
+
+impl Children {
+    /// Whether `events` of `execution` are a child's.
+    pub fn of_child(&self, execution: ExecutionId, events: &[Event]) -> bool {
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(Event::Started(started)) = events.first()
+            && started.parent.is_some()
+        {
+            known.insert(execution);
+        }
+        known.contains(&execution)
     }
 }
 
@@ -220,5 +252,36 @@ mod tests {
             arguments: serde_json::json!({}),
         };
         assert_eq!(ears.decide(&call, "rule").await, None);
+    }
+
+    #[test]
+    fn a_child_is_known_by_its_first_batch_and_stays_known() {
+        let started = |parent: Option<&str>| {
+            Event::Started(nerve_core::event::Started {
+                task_id: nerve_core::TaskId::new(),
+                task: "t".into(),
+                workspace: "/w".into(),
+                loop_type: nerve_core::LoopType::React,
+                provider: "p".into(),
+                model: "m".into(),
+                max_turns: 1,
+                config: serde_json::Value::Null,
+                parent: parent.map(str::to_owned),
+                call_id: None,
+                fork: None,
+            })
+        };
+        let children = Children::default();
+        let (parent, child) = (ExecutionId::new(), ExecutionId::new());
+        assert!(!children.of_child(parent, &[started(None)]));
+        assert!(children.of_child(child, &[started(Some("p"))]));
+        let later = Event::Retry(nerve_core::event::Retry {
+            turn: 1,
+            attempt: 1,
+            error: "e".into(),
+            delay_ms: 1,
+        });
+        assert!(children.of_child(child, std::slice::from_ref(&later)));
+        assert!(!children.of_child(parent, &[later]));
     }
 }

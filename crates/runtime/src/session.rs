@@ -164,6 +164,12 @@ impl Launch<'_> {
             .map_err(RuntimeError::sandbox)?;
         let mut engine_config = self.engine_config;
         engine_config.context_window = context_window;
+        let skills = crate::skills::discover(&self.workspace);
+        for (path, reason) in skills.skipped {
+            observer.notice(Notice::SkillSkipped { path, reason });
+        }
+        engine_config.skills = skills.skills;
+        engine_config.delegation.workspace = self.workspace.display().to_string();
         engine_config.pricing = pricing;
         // Spans go through the same redactor as the log.
         engine_config.trace = nerve_brain::TraceConfig {
@@ -220,6 +226,10 @@ impl Launch<'_> {
             .map_or(builtin, |mcp| mcp as Arc<dyn nerve_core::ToolExecutor>);
         let per_message_turns = engine_config.max_turns;
         let mut engine = AgentEngine::new(self.provider, tools, sink, engine_config);
+        // A resumed parent resumes the child its `delegate` call had in flight.
+        engine.children = Some(Arc::new(crate::children::LogChildren {
+            db: self.db.to_path_buf(),
+        }));
         // Compaction archives into the log, so `recall` survives a crash and a resume.
         engine.archive = Arc::clone(&log) as Arc<dyn nerve_core::ContextArchive>;
         let ears = Arc::new(Ears(observer));

@@ -96,6 +96,9 @@ fn started() -> Event {
         model: "scripted".into(),
         max_turns: 100_000,
         config: serde_json::json!({"timeout_secs": null, "context_window": 128_000}),
+        parent: None,
+        call_id: None,
+        fork: None,
     })
 }
 
@@ -149,6 +152,7 @@ fn turn_events(turn: u32, index: u32) -> Vec<Event> {
             result: result.clone(),
             duration_ms: 840,
             interrupted: false,
+            child: None,
         }),
         Event::MessageAppended(MessageAppended {
             index: index + 1,

@@ -309,7 +309,8 @@ pub(crate) fn index_update(event: &Event, redactor: &Redactor) -> IndexUpdate {
         | Event::WorkspaceRewound(_)
         | Event::ToolProtocolSwitched(_)
         | Event::InstructionsLoaded(_)
-        | Event::HookRan(_) => IndexUpdate::Nothing,
+        | Event::HookRan(_)
+        | Event::SkillLoaded(_) => IndexUpdate::Nothing,
     }
 }
 

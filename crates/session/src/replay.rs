@@ -198,6 +198,10 @@ pub struct Replay {
     pub instructions: Vec<InstructionsLoaded>,
     /// Every run of a user's hook.
     pub hooks: Vec<nerve_core::event::HookRan>,
+    /// Every skill the model loaded, in order.
+    pub skills: Vec<nerve_core::event::SkillLoaded>,
+    /// The child executions its `delegate` calls started, as they ended.
+    pub children: Vec<nerve_core::event::ChildEnding>,
     pub proxy: ProxyTally,
     pub checkpoints: Vec<CheckpointMark>,
     /// Every resume of this execution; its length is the number of attempts so far.
@@ -308,6 +312,8 @@ impl Replayer {
                 stagnation: Vec::new(),
                 tool_protocol: None,
                 instructions: Vec::new(),
+                skills: Vec::new(),
+                children: Vec::new(),
                 hooks: Vec::new(),
                 proxy: ProxyTally::default(),
                 checkpoints: Vec::new(),
@@ -399,6 +405,9 @@ impl Replayer {
             Event::ToolCallFinished(finished) => {
                 self.open_calls
                     .retain(|(_, call)| call.id != finished.result.call_id);
+                if let Some(child) = finished.child {
+                    self.out.children.push(child);
+                }
             }
             Event::TurnCompleted(turn) => {
                 if turn.turn == 0 {
@@ -494,6 +503,7 @@ impl Replayer {
             Event::ToolProtocolSwitched(switched) => out.tool_protocol = Some(switched),
             Event::InstructionsLoaded(loaded) => out.instructions.push(loaded),
             Event::HookRan(ran) => out.hooks.push(ran),
+            Event::SkillLoaded(loaded) => out.skills.push(loaded),
         }
     }
 
@@ -647,6 +657,9 @@ fn decode(kind: EventKind, version: u32, payload: &str) -> Option<Event> {
             read::<InstructionsLoaded>(payload, Event::InstructionsLoaded)
         }
         EventKind::HookRan => read::<nerve_core::event::HookRan>(payload, Event::HookRan),
+        EventKind::SkillLoaded => {
+            read::<nerve_core::event::SkillLoaded>(payload, Event::SkillLoaded)
+        }
     }
 }
 

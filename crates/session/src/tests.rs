@@ -29,6 +29,9 @@ fn started() -> Event {
         model: "scripted".into(),
         max_turns: 20,
         config: serde_json::Value::Null,
+        parent: None,
+        call_id: None,
+        fork: None,
     })
 }
 
@@ -96,6 +99,7 @@ fn tool_finished(n: u32, id: &str) -> Event {
         },
         duration_ms: 1,
         interrupted: false,
+        child: None,
     })
 }
 
@@ -718,7 +722,8 @@ fn expected_gaps(prefix: &[Event]) -> Vec<GapKind> {
             | Event::WorkspaceRewound(_)
             | Event::ToolProtocolSwitched(_)
             | Event::InstructionsLoaded(_)
-            | Event::HookRan(_) => {}
+            | Event::HookRan(_)
+            | Event::SkillLoaded(_) => {}
         }
     }
     let mut gaps = vec![GapKind::ToolCallInDoubt; open.len()];

@@ -43,6 +43,9 @@ fn start_events() -> Vec<Event> {
             model: "scripted".into(),
             max_turns: 50,
             config: serde_json::json!({}),
+            parent: None,
+            call_id: None,
+            fork: None,
         }),
         Event::ContextCreated(ContextCreated {
             context_window: Some(16_000),
@@ -86,6 +89,7 @@ fn turn_events(turn: u32) -> Vec<Event> {
             },
             duration_ms: 3,
             interrupted: false,
+            child: None,
         }),
         Event::MessageAppended(MessageAppended {
             index: turn - 1,

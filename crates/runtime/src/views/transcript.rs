@@ -23,6 +23,19 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
             snake(&started.loop_type)
         ));
         out.push(format!("workspace  {}", started.workspace));
+        if let Some(parent) = &started.parent {
+            let call = started
+                .call_id
+                .as_ref()
+                .map_or_else(String::new, |id| format!(" (its call {id})"));
+            out.push(format!("parent     {parent}{call}"));
+        }
+        if let Some(fork) = &started.fork {
+            out.push(format!(
+                "forked     from {} at turn {} (its event {})",
+                fork.parent, fork.turn, fork.seq
+            ));
+        }
         // The degraded sandbox is said, never only logged.
         if let Ok(crate::ExecutorUse::PerCall { reason }) =
             serde_json::from_value(started.config["sandbox_executor"].clone())
@@ -112,6 +125,9 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
                     .map(|at| pending.remove(at));
                 lines.push(call_line(call.as_ref(), &finished.result.name));
                 lines.push(outcome_line(&finished.result));
+                if let Some(child) = &finished.child {
+                    lines.push(child_line(child));
+                }
             }
             Event::Compaction(compaction) => {
                 shown = None;
@@ -156,6 +172,7 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
                     ));
                 }
             }
+            Event::SkillLoaded(loaded) => lines.push(format!("  ({})", skill_line(&loaded))),
             Event::WorkspaceRewound(rewound) => lines.push(format!(
                 "  (workspace rewound to turn {}: {} path(s))",
                 rewound.turn,
@@ -277,23 +294,59 @@ fn call_line(call: Option<&ToolCall>, name: &str) -> String {
     }
 }
 
+/// A child execution in a line, under the `delegate` call that started it (the tree of
+/// `show`): its name, id, ending, turns and spend.
+pub fn child_line(child: &nerve_core::event::ChildEnding) -> String {
+    format!(
+        "    └─ child {} `{}`: {} after {} turn(s), {} tokens, ${:.4}",
+        child.execution_id,
+        child.name,
+        child.termination_reason.as_str(),
+        child.turns,
+        child.usage.total(),
+        child.cost.as_usd()
+    )
+}
+
+/// A skill the model loaded, in a line: its name, where it came from, the file when one
+/// was read, and the size and start of the hash of what the model got.
+pub fn skill_line(loaded: &nerve_core::event::SkillLoaded) -> String {
+    let source = source_name(loaded.source);
+    let what = loaded
+        .file
+        .as_ref()
+        .map_or_else(String::new, |file| format!(", file {file}"));
+    format!(
+        "skill loaded: {} ({source}{what}, {})",
+        loaded.name,
+        given(loaded.bytes, loaded.truncated, &loaded.sha256)
+    )
+}
+
+/// What the model was given, in brief: its size, whether it was cut, its hash's start.
+fn given(bytes: u64, truncated: bool, sha256: &str) -> String {
+    let cut = if truncated { ", cut at the bound" } else { "" };
+    format!(
+        "{bytes} bytes{cut}, sha256 {}",
+        sha256.get(..12).unwrap_or(sha256)
+    )
+}
+
+fn source_name(source: nerve_core::event::InstructionsSource) -> &'static str {
+    match source {
+        nerve_core::event::InstructionsSource::User => "user",
+        nerve_core::event::InstructionsSource::Workspace => "workspace",
+    }
+}
+
 /// One file of project instructions in a line: its path, size and the start of its hash
 /// (the whole hash is in the log's `instructions_loaded`).
 pub fn instructions_file(file: &nerve_core::event::InstructionsFile) -> String {
-    let source = match file.source {
-        nerve_core::event::InstructionsSource::User => "user",
-        nerve_core::event::InstructionsSource::Workspace => "workspace",
-    };
+    let source = source_name(file.source);
     format!(
-        "{} ({source}, {} bytes{}, sha256 {})",
+        "{} ({source}, {})",
         file.path,
-        file.bytes,
-        if file.truncated {
-            ", cut at the bound"
-        } else {
-            ""
-        },
-        file.sha256.get(..12).unwrap_or(&file.sha256)
+        given(file.bytes, file.truncated, &file.sha256)
     )
 }
 
