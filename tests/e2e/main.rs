@@ -37,6 +37,8 @@ mod sandbox;
 mod sandbox_env;
 mod sandbox_python;
 mod serve;
+mod serve_browser;
+mod serve_tls;
 mod stream;
 mod support;
 mod traces;

@@ -465,7 +465,8 @@ fn bench(area: Option<&str>) -> Result<()> {
 }
 
 /// Debian's static busybox (for the sandbox image), debootstrap (for the Python image), tmux
-/// (for the terminal tests), Debian's chromium (for the HTML page test) and a running Docker
+/// (for the terminal tests), Debian's chromium and chromium-driver (for the HTML page and the
+/// web view's browser tests) and a running Docker
 /// engine. Installed
 /// or started when missing and we are root; otherwise a clear explanation.
 fn ensure_prerequisites() -> Result<()> {
@@ -509,16 +510,19 @@ fn ensure_prerequisites() -> Result<()> {
         }
         apt_install(&["tmux"])?;
     }
-    // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium.
+    // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium; the
+    // web view's browser test drives it through chromium-driver (WebDriver).
     let chromium_ok = Command::new("sh")
-        .args(["-c", "command -v chromium"])
+        .args(["-c", "command -v chromium && command -v chromedriver"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !chromium_ok {
         if !is_root {
-            bail!("the HTML page test needs Debian's chromium: sudo apt-get install chromium");
+            bail!(
+                "the HTML page and web view tests need Debian's chromium and chromium-driver: sudo apt-get install chromium chromium-driver"
+            );
         }
-        apt_install(&["chromium"])?;
+        apt_install(&["chromium", "chromium-driver"])?;
     }
     if docker_answers() {
         return Ok(());
