@@ -375,7 +375,8 @@ fn slow_cassette(dir: &Path) -> std::path::PathBuf {
     let mut lines = vec![
         json!({
             "text": format!("Checking the key {SECRET}."),
-            "tool_calls": [{"name": "shell", "arguments": {"command": format!("echo {SECRET}")}}],
+            // Into a workspace file too: the page's diff of the turn holds it.
+            "tool_calls": [{"name": "shell", "arguments": {"command": format!("echo {SECRET} | tee key.txt")}}],
             "delay_ms": 300,
         })
         .to_string(),
@@ -553,7 +554,14 @@ fn an_execution_made_over_the_api_streams_resumes_exactly_once_and_leaks_no_secr
         page.contains("fix greet.sh") && page.contains("<dd class=\"state\">completed</dd>"),
         "{page}"
     );
-    let everything = [first_raw, rest_raw, list, show, page].join("\n");
+    assert!(
+        page.contains("key.txt"),
+        "the diff of the turn that wrote it: {page}"
+    );
+    let (status, _, home) = raw_request(addr, "GET", "/", &[("Cookie", cookie.as_str())], None);
+    assert_eq!(status, 200);
+    assert!(home.contains("fix greet.sh"), "{home}");
+    let everything = [first_raw, rest_raw, list, show, page, home].join("\n");
     assert!(everything.contains("[REDACTED"), "nothing was redacted");
     assert!(
         !everything.contains(SECRET),
