@@ -16,7 +16,7 @@
 //! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
 //!   `~/.cache/nerve/` when missing, and print where it is
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
-//!   stream, sandbox, proxy, checkpoint, e2e, fleet, mcp)
+//!   stream, sandbox, proxy, checkpoint, e2e, fleet, mcp, serve)
 //! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
 //!   of: session, brain, executor, glob, proxy, config, engine, compaction), each pass with a
 //!   fresh seed it names
@@ -26,6 +26,7 @@
 mod bench_e2e;
 mod bench_fleet;
 mod bench_fleet_engine;
+mod bench_serve;
 mod eval;
 mod fuzz;
 mod install_check;
@@ -40,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | eval [--tasks GLOB] [--max-turns N] [--no-peer] [--no-nerve] [--check-tasks] | image [python] | install-check [release] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
+const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | eval [--tasks GLOB] [--max-turns N] [--no-peer] [--no-nerve] [--check-tasks] | image [python] | install-check [release] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp|serve] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -413,6 +414,10 @@ fn bench(area: Option<&str>) -> Result<()> {
     // checkpointer (bench_fleet.rs).
     if area == Some("fleet") {
         return bench_fleet::bench();
+    }
+    // `nerve serve` under load: 200 event streams and 1,000 GETs a second (bench_serve.rs).
+    if area == Some("serve") {
+        return bench_serve::bench();
     }
     // (package, bench target); `None` runs every bench of the package.
     let selected: Vec<(&str, Option<&str>)> = match area {
