@@ -11,7 +11,7 @@ use axum::Form;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use nerve_core::Event;
+use nerve_core::{Event, TerminationReason};
 use nerve_runtime::log::{Replay, StoredEvent};
 use nerve_runtime::snapshots::Scope as DiffScope;
 use nerve_runtime::tokens::Scope;
@@ -139,7 +139,9 @@ fn facts(events: &[StoredEvent], replayed: &Replay, live: bool) -> String {
         ),
     );
     if let Some(error) = &replayed.error {
-        fact("Error", "error", error);
+        // A parked execution's "error" says what it waits for.
+        let parked = replayed.termination_reason == Some(TerminationReason::Parked);
+        fact(if parked { "Waiting" } else { "Error" }, "error", error);
     }
     out.push_str("</dl>");
     if replayed.gaps.is_empty() {
