@@ -39,6 +39,8 @@ mod sandbox;
 mod sandbox_env;
 mod sandbox_python;
 mod serve;
+mod serve_browser;
+mod serve_tls;
 mod settings;
 mod skills;
 mod stream;

@@ -36,7 +36,7 @@ fn phoenix_executable() -> Result<PathBuf, String> {
 }
 
 /// A free loopback port (bound, then released for Phoenix to take).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -18,21 +18,22 @@ use crate::support::{
 const SECRET: &str = "sk-serve-e2e-0123456789abcdefghijklmnopqrstuv";
 
 /// A running `nerve serve` and its address.
-struct Served {
-    process: Running,
-    addr: String,
+pub(crate) struct Served {
+    pub(crate) process: Running,
+    pub(crate) addr: String,
 }
 
-fn serve(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
-    let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
+pub(crate) fn serve(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
+    let mut all = vec!["serve"];
+    if !args.contains(&"--listen") {
+        all.extend(["--listen", "127.0.0.1:0"]);
+    }
     all.extend_from_slice(args);
     let mut process = spawn_nerve_env(db, &all, env);
-    process.wait_for_stderr("the server's address", |e| {
-        e.contains("listening on http://")
-    });
+    process.wait_for_stderr("the server's address", |e| e.contains("://"));
     let stderr = process.stderr_so_far();
     let addr = stderr
-        .split("listening on http://")
+        .split("://")
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap()
@@ -40,7 +41,20 @@ fn serve(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
     Served { process, addr }
 }
 
-fn token(db: &Path, name: &str, scope: &str) -> String {
+/// `nerve serve` with `root` as its workspace root, `provider` as its provider, and
+/// `extra` options.
+pub(crate) fn serve_scripted(db: &Path, root: &Path, provider: &str, extra: &[&str]) -> Served {
+    let mut args = vec![
+        "--workspace-root",
+        root.to_str().unwrap(),
+        "--provider",
+        provider,
+    ];
+    args.extend_from_slice(extra);
+    serve(db, &args, &[])
+}
+
+pub(crate) fn token(db: &Path, name: &str, scope: &str) -> String {
     let created = nerve(db, &["token", "create", "--name", name, "--scope", scope]);
     assert!(created.status.success(), "{}", stderr(&created));
     let token = stdout(&created);
@@ -70,15 +84,27 @@ fn request(
 }
 
 /// One request with these headers; the status, the response's head and its body.
-fn raw_request(
+pub(crate) fn raw_request(
     addr: &str,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> (u16, String, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
+    let stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    exchange(stream, addr, method, path, headers, body)
+}
+
+/// One request on `stream` (plain or TLS); the status, the response's head and its body.
+pub(crate) fn exchange(
+    mut stream: impl Read + Write,
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, String, String) {
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
@@ -126,7 +152,18 @@ fn dechunk(mut body: &str) -> String {
     out
 }
 
-fn json_of(body: &str) -> Value {
+/// Starts an execution of "fix greet.sh" in `workspace` over the API; its id.
+fn start_execution(addr: &str, token: &str, workspace: &Path) -> String {
+    let body = json!({ "workspace": workspace, "task": "fix greet.sh" }).to_string();
+    let (status, answer) = request(addr, "POST", "/api/v1/executions", Some(token), Some(&body));
+    assert_eq!(status, 201, "{answer}");
+    json_of(&answer)["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+pub(crate) fn json_of(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
@@ -338,7 +375,8 @@ fn slow_cassette(dir: &Path) -> std::path::PathBuf {
     let mut lines = vec![
         json!({
             "text": format!("Checking the key {SECRET}."),
-            "tool_calls": [{"name": "shell", "arguments": {"command": format!("echo {SECRET}")}}],
+            // Into a workspace file too: the page's diff of the turn holds it.
+            "tool_calls": [{"name": "shell", "arguments": {"command": format!("echo {SECRET} | tee key.txt")}}],
             "delay_ms": 300,
         })
         .to_string(),
@@ -351,6 +389,83 @@ fn slow_cassette(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("slow.jsonl");
     std::fs::write(&path, lines.join("\n")).unwrap();
     path
+}
+
+/// The demo's cassette with every answer delayed by `delay_ms`, so that a client acts
+/// while the execution runs.
+pub(crate) fn slowed_demo(dir: &Path, delay_ms: u64) -> std::path::PathBuf {
+    let demo = std::fs::read_to_string(root().join("examples/demo/cassette.jsonl")).unwrap();
+    let lines: Vec<String> = demo
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .take(5)
+        .map(|line| {
+            let mut answer: Value = serde_json::from_str(line).unwrap();
+            answer["delay_ms"] = json!(delay_ms);
+            answer.to_string()
+        })
+        .collect();
+    let path = dir.join(format!("slowed-{delay_ms}.jsonl"));
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    path
+}
+
+#[test]
+fn a_revoked_token_ends_its_open_event_stream_at_once() {
+    if !docker_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let workspace = copy_example("demo", dir.path());
+    // Five answers a second apart: the run outlasts the revocation by seconds.
+    let provider = format!("script:{}", slowed_demo(dir.path(), 1000).display());
+    let run = token(&db, "runner", "run");
+    let watcher = token(&db, "watcher", "read");
+    let served = serve_scripted(&db, dir.path(), &provider, &[]);
+    let addr = &served.addr;
+    let id = start_execution(addr, &run, &workspace);
+
+    let mut stream = TcpStream::connect(addr.as_str()).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let head = format!(
+        "GET /api/v1/executions/{id}/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {watcher}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    let mut kinds = Vec::new();
+    let mut revoked = false;
+    let deadline = Instant::now() + PATIENCE;
+    // Ends: when the server closes the stream, or at the deadline (a failure).
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the stream did not end: {kinds:?}"
+        );
+        line.clear();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if let Some(data) = line.strip_prefix("data: ") {
+            let event: Value = serde_json::from_str(data.trim()).unwrap();
+            kinds.push(event["kind"].as_str().unwrap().to_owned());
+            if !revoked {
+                // The first event came: revoke the token whose stream this is.
+                assert!(nerve(&db, &["token", "revoke", "watcher"]).status.success());
+                revoked = true;
+            }
+        }
+    }
+    assert!(revoked, "no event came");
+    assert!(
+        !kinds.iter().any(|k| k == "finish"),
+        "the stream outlived its token: {kinds:?}"
+    );
+    // The execution itself ran on to its end.
+    let (all, _) = events(addr, &id, &run, None, None);
+    assert_eq!(all.last().unwrap().1["kind"], "finish");
+    assert!(all.len() > kinds.len(), "{} <= {}", all.len(), kinds.len());
 }
 
 #[test]
@@ -426,7 +541,7 @@ fn an_execution_made_over_the_api_streams_resumes_exactly_once_and_leaks_no_secr
     // The secret was there to leak (in the model's text, the tool's output and the
     // task), and reached no answer.
     // The web view's page of it: the transcript, escaped and redacted.
-    let cookie = format!("nerve_token={run}");
+    let cookie = login(addr, &run);
     let (status, _, page) = raw_request(
         addr,
         "GET",
@@ -436,10 +551,17 @@ fn an_execution_made_over_the_api_streams_resumes_exactly_once_and_leaks_no_secr
     );
     assert_eq!(status, 200);
     assert!(
-        page.contains("fix greet.sh") && page.contains("EventSource"),
+        page.contains("fix greet.sh") && page.contains("<dd class=\"state\">completed</dd>"),
         "{page}"
     );
-    let everything = [first_raw, rest_raw, list, show, page].join("\n");
+    assert!(
+        page.contains("key.txt"),
+        "the diff of the turn that wrote it: {page}"
+    );
+    let (status, _, home) = raw_request(addr, "GET", "/", &[("Cookie", cookie.as_str())], None);
+    assert_eq!(status, 200);
+    assert!(home.contains("fix greet.sh"), "{home}");
+    let everything = [first_raw, rest_raw, list, show, page, home].join("\n");
     assert!(everything.contains("[REDACTED"), "nothing was redacted");
     assert!(
         !everything.contains(SECRET),
@@ -468,26 +590,14 @@ fn a_parked_call_is_approved_over_the_api_and_runs() {
     );
     let run = token(&db, "runner", "run");
     let approve = token(&db, "approver", "approve");
-    let served = serve(
+    let served = serve_scripted(
         &db,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--workspace-root",
-            dir.path().to_str().unwrap(),
-            "--provider",
-            &provider,
-        ],
-        &[],
+        dir.path(),
+        &provider,
+        &["--config", config.to_str().unwrap()],
     );
     let addr = &served.addr;
-    let body = json!({ "workspace": workspace, "task": "fix greet.sh" }).to_string();
-    let (status, answer) = request(addr, "POST", "/api/v1/executions", Some(&run), Some(&body));
-    assert_eq!(status, 201, "{answer}");
-    let id = json_of(&answer)["execution_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = start_execution(addr, &run, &workspace);
     let (parked, _) = events(addr, &id, &run, None, None);
     let (parked_at, finish) = parked.last().unwrap();
     assert_eq!(
@@ -581,24 +691,9 @@ fn a_running_execution_is_cancelled_over_the_api() {
     let workspace = copy_example("demo", dir.path());
     let provider = format!("script:{}", slow_cassette(dir.path()).display());
     let run = token(&db, "runner", "run");
-    let served = serve(
-        &db,
-        &[
-            "--workspace-root",
-            dir.path().to_str().unwrap(),
-            "--provider",
-            &provider,
-        ],
-        &[],
-    );
+    let served = serve_scripted(&db, dir.path(), &provider, &[]);
     let addr = &served.addr;
-    let body = json!({ "workspace": workspace, "task": "fix greet.sh" }).to_string();
-    let (status, answer) = request(addr, "POST", "/api/v1/executions", Some(&run), Some(&body));
-    assert_eq!(status, 201, "{answer}");
-    let id = json_of(&answer)["execution_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = start_execution(addr, &run, &workspace);
     let (first, _) = events(addr, &id, &run, None, Some(3));
     let cancel = format!("/api/v1/executions/{id}/cancel");
     let (status, answer) = request(addr, "POST", &cancel, Some(&run), None);
@@ -626,8 +721,46 @@ fn a_running_execution_is_cancelled_over_the_api() {
     }
 }
 
+/// The web view's login form posted with `token` from this server's own page; the
+/// session cookie (`nerve_session=ID`) to send back.
+pub(crate) fn login(addr: &str, token: &str) -> String {
+    let origin = format!("http://{addr}");
+    let (status, head, page) = raw_request(
+        addr,
+        "POST",
+        "/login",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", origin.as_str()),
+        ],
+        Some(&format!("token={token}")),
+    );
+    assert_eq!(status, 303, "{head}{page}");
+    let cookie = set_cookie(&head);
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains(token),
+        "the cookie holds a session, not the token"
+    );
+    cookie.split(';').next().unwrap().trim().to_owned()
+}
+
+/// The `Set-Cookie` header's value in a response head.
+pub(crate) fn set_cookie(head: &str) -> String {
+    head.lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("set-cookie")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no Set-Cookie in {head}"))
+}
+
 #[test]
-fn the_web_view_logs_in_with_a_token_in_a_strict_cookie_that_only_reads() {
+fn the_web_view_logs_in_with_a_token_in_a_strict_session_cookie() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("nerve.db");
     let read = token(&db, "viewer", "read");
@@ -638,32 +771,32 @@ fn the_web_view_logs_in_with_a_token_in_a_strict_cookie_that_only_reads() {
         &[],
     );
     let addr = &served.addr;
+    let origin = format!("http://{addr}");
 
     let (status, _, page) = raw_request(addr, "GET", "/", &[], None);
     assert_eq!(status, 200);
     assert!(page.contains("name=\"token\""), "{page}");
-    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let form = [
+        ("Content-Type", "application/x-www-form-urlencoded"),
+        ("Origin", origin.as_str()),
+    ];
     let (status, _, page) = raw_request(addr, "POST", "/login", &form, Some("token=nerve_00"));
     assert_eq!(status, 401);
     assert!(page.contains("unknown or revoked"), "{page}");
-
-    let (status, head, _) = raw_request(
+    // A login form posted from another site is refused (login CSRF).
+    let (status, _, page) = raw_request(
         addr,
         "POST",
         "/login",
-        &form,
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", "http://evil.example"),
+        ],
         Some(&format!("token={read}")),
     );
-    assert_eq!(status, 303, "{head}");
-    let cookie_line = head
-        .lines()
-        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
-        .unwrap();
-    assert!(
-        cookie_line.contains("HttpOnly") && cookie_line.contains("SameSite=Strict"),
-        "{cookie_line}"
-    );
-    let cookie = format!("nerve_token={read}");
+    assert_eq!(status, 403, "{page}");
+
+    let cookie = login(addr, &read);
     let with_cookie = [("Cookie", cookie.as_str())];
     let (status, _, page) = raw_request(addr, "GET", "/", &with_cookie, None);
     assert_eq!(status, 200);
@@ -671,11 +804,14 @@ fn the_web_view_logs_in_with_a_token_in_a_strict_cookie_that_only_reads() {
         page.contains("<h1>Executions</h1>") && !page.contains(&read),
         "{page}"
     );
-    // The cookie reads the API too, and never authorizes a change (no CSRF).
+    // A read token gets no form that starts an execution.
+    assert!(!page.contains("action=\"/executions\""), "{page}");
+    // The cookie reads the API too, and never authorizes the API's changes.
     let (status, _, _) = raw_request(addr, "GET", "/api/v1/executions", &with_cookie, None);
     assert_eq!(status, 200);
     let mut post = with_cookie.to_vec();
     post.push(("Content-Type", "application/json"));
+    post.push(("Origin", origin.as_str()));
     let (status, _, _) = raw_request(
         addr,
         "POST",
@@ -684,26 +820,62 @@ fn the_web_view_logs_in_with_a_token_in_a_strict_cookie_that_only_reads() {
         Some(r#"{"workspace":"/","task":"t"}"#),
     );
     assert_eq!(status, 401);
-    // An admin's cookie does not either.
-    let admin_cookie = format!("nerve_token={admin}");
-    let (status, _, _) = raw_request(
-        addr,
-        "POST",
-        "/api/v1/executions",
-        &[
-            ("Cookie", admin_cookie.as_str()),
-            ("Content-Type", "application/json"),
-        ],
-        Some(r#"{"workspace":"/","task":"t"}"#),
-    );
-    assert_eq!(status, 401);
 
-    // Logging out clears the cookie; a revoked token's cookie is back at the login form.
-    let (status, head, _) = raw_request(addr, "POST", "/logout", &with_cookie, Some(""));
+    // An admin's session starts executions through the form, from this server's page only.
+    let admin_cookie = login(addr, &admin);
+    let (status, _, page) =
+        raw_request(addr, "GET", "/", &[("Cookie", admin_cookie.as_str())], None);
+    assert_eq!(status, 200);
+    assert!(page.contains("action=\"/executions\""), "{page}");
+    // The start form counts only from this server's own page and for a run scope; then
+    // the server's own rules answer (/ is under no root).
+    let start = "workspace=%2F&task=t";
+    for (session, from, why) in [
+        (&admin_cookie, None, "no Origin header"),
+        (
+            &admin_cookie,
+            Some("http://evil.example"),
+            "is not this server",
+        ),
+        (
+            &admin_cookie,
+            Some(origin.as_str()),
+            "not under a --workspace-root",
+        ),
+        (&cookie, Some(origin.as_str()), "needs run"),
+    ] {
+        let mut headers = vec![
+            ("Cookie", session.as_str()),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ];
+        headers.extend(from.map(|o| ("Origin", o)));
+        let (status, _, page) = raw_request(addr, "POST", "/executions", &headers, Some(start));
+        assert_eq!(status, 403, "{from:?}: {page}");
+        assert!(page.contains(why), "{page}");
+    }
+    let read_form = [
+        ("Cookie", cookie.as_str()),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+        ("Origin", origin.as_str()),
+    ];
+
+    // Logging out ends the session: its cookie is refused from then on, even if kept,
+    // while the token itself still works.
+    let (status, head, _) = raw_request(addr, "POST", "/logout", &read_form, Some(""));
     assert_eq!(status, 303);
-    assert!(head.contains("Max-Age=0"), "{head}");
-    assert!(nerve(&db, &["token", "revoke", "viewer"]).status.success());
+    assert!(set_cookie(&head).contains("Max-Age=0"), "{head}");
     let (status, _, page) = raw_request(addr, "GET", "/", &with_cookie, None);
+    assert_eq!(status, 401);
+    assert!(page.contains("name=\"token\""), "{page}");
+    let (status, _, _) = raw_request(addr, "GET", "/api/v1/executions", &with_cookie, None);
+    assert_eq!(status, 401);
+    let (status, _) = request(addr, "GET", "/api/v1/executions", Some(&read), None);
+    assert_eq!(status, 200);
+    // A revoked token's session is back at the login form on the next page.
+    let again = login(addr, &read);
+    assert_ne!(again, cookie);
+    assert!(nerve(&db, &["token", "revoke", "viewer"]).status.success());
+    let (status, _, page) = raw_request(addr, "GET", "/", &[("Cookie", again.as_str())], None);
     assert_eq!(status, 401);
     assert!(page.contains("name=\"token\""), "{page}");
 }

@@ -16,7 +16,7 @@
 //! - `phoenix`       make the Python venv with Arize Phoenix (the tracing test's backend) under
 //!   `~/.cache/nerve/` when missing, and print where it is
 //! - `bench [AREA]`  run the benchmarks (all, or one of: core, session, brain, compaction,
-//!   stream, sandbox, proxy, checkpoint, e2e, fleet, mcp)
+//!   stream, sandbox, proxy, checkpoint, e2e, fleet, mcp, serve)
 //! - `fuzz [--minutes N] [TARGET]`  run the proptest fuzz targets for a time (all, or one
 //!   of: session, brain, executor, glob, proxy, config, engine, compaction), each pass with a
 //!   fresh seed it names
@@ -27,6 +27,7 @@ mod bench_acp;
 mod bench_e2e;
 mod bench_fleet;
 mod bench_fleet_engine;
+mod bench_serve;
 mod eval;
 mod fuzz;
 mod install_check;
@@ -41,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | eval [--tasks GLOB] [--max-turns N] [--no-peer] [--no-nerve] [--check-tasks] | image [python] | install-check [release] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp|acp] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
+const USAGE: &str = "usage: cargo xtask <ci | test [cargo test args] | test-sandbox | test-real [filter] | eval [--tasks GLOB] [--max-turns N] [--no-peer] [--no-nerve] [--check-tasks] | image [python] | install-check [release] | demo | phoenix | bench [core|session|brain|compaction|stream|sandbox|proxy|checkpoint|e2e|fleet|mcp|acp|serve] | fuzz [--minutes N] [session|brain|executor|glob|proxy|config|engine|compaction]>";
 
 /// The target triple the executor is built for: `--target` keeps `+crt-static` away from
 /// build scripts and proc macros, which must stay dynamic.
@@ -419,6 +420,10 @@ fn bench(area: Option<&str>) -> Result<()> {
     if area == Some("fleet") {
         return bench_fleet::bench();
     }
+    // `nerve serve` under load: 200 event streams and 1,000 GETs a second (bench_serve.rs).
+    if area == Some("serve") {
+        return bench_serve::bench();
+    }
     // (package, bench target); `None` runs every bench of the package.
     let selected: Vec<(&str, Option<&str>)> = match area {
         None => vec![
@@ -470,7 +475,8 @@ fn bench(area: Option<&str>) -> Result<()> {
 }
 
 /// Debian's static busybox (for the sandbox image), debootstrap (for the Python image), tmux
-/// (for the terminal tests), Debian's chromium (for the HTML page test) and a running Docker
+/// (for the terminal tests), Debian's chromium and chromium-driver (for the HTML page and the
+/// web view's browser tests) and a running Docker
 /// engine. Installed
 /// or started when missing and we are root; otherwise a clear explanation.
 fn ensure_prerequisites() -> Result<()> {
@@ -514,16 +520,19 @@ fn ensure_prerequisites() -> Result<()> {
         }
         apt_install(&["tmux"])?;
     }
-    // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium.
+    // The e2e test of `nerve show --html` reads the page's DOM with headless Chromium; the
+    // web view's browser test drives it through chromium-driver (WebDriver).
     let chromium_ok = Command::new("sh")
-        .args(["-c", "command -v chromium"])
+        .args(["-c", "command -v chromium && command -v chromedriver"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !chromium_ok {
         if !is_root {
-            bail!("the HTML page test needs Debian's chromium: sudo apt-get install chromium");
+            bail!(
+                "the HTML page and web view tests need Debian's chromium and chromium-driver: sudo apt-get install chromium chromium-driver"
+            );
         }
-        apt_install(&["chromium"])?;
+        apt_install(&["chromium", "chromium-driver"])?;
     }
     if docker_answers() {
         return Ok(());

@@ -615,6 +615,12 @@ pub(crate) struct ServeArgs {
     /// Listen on a non-loopback address without TLS (behind a TLS-terminating proxy).
     #[arg(long)]
     pub(crate) insecure_http: bool,
+    /// Serve HTTPS with this certificate chain (PEM; with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
     /// The largest request body, in bytes (larger: 413).
     #[arg(long, value_name = "BYTES", default_value_t = nerve_serve::DEFAULT_BODY_LIMIT)]
     pub(crate) max_body: usize,

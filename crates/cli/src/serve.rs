@@ -29,6 +29,10 @@ pub(crate) async fn serve(
         listen: args.listen,
         workspace_roots: args.workspace_roots,
         insecure_http: args.insecure_http,
+        tls: args
+            .tls_cert
+            .zip(args.tls_key)
+            .map(|(cert, key)| nerve_serve::TlsFiles { cert, key }),
         body_limit: args.max_body,
         allowed_providers: args.allowed_providers,
         run: nerve_serve::RunDefaults {
@@ -47,8 +51,11 @@ pub(crate) async fn serve(
     let server = nerve_serve::Server::bind(db, config, settings)
         .await
         .map_err(serve_failure)?;
-    let addr = server.local_addr().map_err(serve_failure)?;
-    output::error_line(&format!("nerve serve: listening on http://{addr}"));
+    let addr = server.local_addr();
+    output::error_line(&format!(
+        "nerve serve: listening on {}://{addr}",
+        server.scheme()
+    ));
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {

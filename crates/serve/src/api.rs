@@ -10,14 +10,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use nerve_core::ExecutionId;
-use nerve_runtime::launch::{ContinueRequest, RunRequest};
+use nerve_runtime::launch::ContinueRequest;
 use nerve_runtime::resume::Approved;
 use nerve_runtime::tokens::Scope;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::Settings;
+use crate::actions::{create_execution, decide, refuse_running};
 use crate::app::{ApiError, App, execution_id, read};
 use crate::auth::{authorize, authorize_read};
 
@@ -33,7 +32,10 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/v1/executions/{id}/approvals", post(approval))
         .route("/api/v1/executions/{id}/events", get(crate::events::stream))
         .route("/", get(crate::web::home))
+        .route("/executions", post(crate::web::start))
         .route("/executions/{id}", get(crate::web::execution))
+        .route("/executions/{id}/approvals", post(crate::web::decide))
+        .route("/assets/live.js", get(crate::web::live_js))
         .route("/login", post(crate::web::login))
         .route("/logout", post(crate::web::logout))
         .fallback(not_found)
@@ -95,75 +97,10 @@ async fn create(
     let answer = async {
         authorize(&app, &headers, Scope::Run)?;
         let Json(body) = body?;
-        let workspace = nerve_runtime::launch::validate_workspace(&body.workspace)?;
-        let settings = &app.settings;
-        if !settings
-            .workspace_roots
-            .iter()
-            .any(|root| workspace.starts_with(root))
-        {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "workspace {} is not under a --workspace-root of this server (roots: {})",
-                    workspace.display(),
-                    roots(settings)
-                ),
-            ));
-        }
-        let run = &settings.run;
-        let provider = match body.provider {
-            None => run.provider.clone(),
-            Some(asked) if asked == run.provider || settings.allowed_providers.contains(&asked) => {
-                asked
-            }
-            Some(asked) => {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    format!(
-                        "provider {asked:?} is not allowed by this server's settings (--provider, --allow-provider)"
-                    ),
-                ));
-            }
-        };
-        if body.task.trim().is_empty() {
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, "the task is empty"));
-        }
-        let request = RunRequest {
-            workspace,
-            task: body.task,
-            provider,
-            model: run.model.clone(),
-            loop_type: run.loop_type,
-            complexity: run.complexity,
-            max_turns: run.max_turns,
-            timeout_secs: run.timeout_secs,
-            budget_usd: run.budget_usd,
-            budget_tokens: run.budget_tokens,
-            context_window: run.context_window,
-            image: run.image.clone(),
-            // The workspace's AGENTS.md reaches the model, as under `nerve run`.
-            project_instructions: true,
-        };
-        let execution = ExecutionId::new();
-        let (launch, start) =
-            nerve_runtime::launch::fresh(&request, app.db, app.config, execution).await?;
-        app.runs.start(launch, start).await;
+        let execution = create_execution(&app, &body.workspace, body.task, body.provider).await?;
         Ok((StatusCode::CREATED, json!({ "execution_id": execution })))
     };
     app.respond(answer.await)
-}
-
-fn roots(settings: &Settings) -> String {
-    if settings.workspace_roots.is_empty() {
-        return "none".to_owned();
-    }
-    settings
-        .workspace_roots
-        .iter()
-        .map(|root| root.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[derive(Debug, Deserialize)]
@@ -207,18 +144,6 @@ async fn message(
         Ok((StatusCode::ACCEPTED, json!({ "execution_id": execution })))
     };
     app.respond(answer.await)
-}
-
-/// 409 while `execution` runs in this server (after waiting a little for one that is
-/// closing its sandbox after its finish event).
-async fn refuse_running(app: &App, execution: ExecutionId) -> Result<(), ApiError> {
-    if !app.runs.ended(execution, crate::runs::CLOSING).await {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("execution {execution} is running: wait for its finish event"),
-        ));
-    }
-    Ok(())
 }
 
 async fn cancel(
@@ -280,31 +205,10 @@ async fn approval(
         let execution = execution_id(&id)?;
         let Json(body) = body?;
         let deny = matches!(body.decision, Decided::Deny);
-        // Parked a moment ago: its sandbox may still be closing.
-        refuse_running(&app, execution).await?;
         let reason = body
             .reason
             .unwrap_or_else(|| format!("decided through the HTTP API (token {token})"));
-        let (_, next) = nerve_runtime::resume::approve_call(
-            app.db,
-            &execution.to_string(),
-            &body.call_id,
-            deny,
-            Some(reason),
-        )
-        .await?;
-        // Decided in full: this server resumes it (a fleet's worker does, once requeued).
-        let resumed = match next {
-            Some(Approved::ToResume) => {
-                let resumable =
-                    nerve_runtime::resume::resumable(app.db, &execution.to_string()).await?;
-                let (launch, start) =
-                    nerve_runtime::launch::resumed(app.db, app.config, resumable, None, None)
-                        .await?;
-                app.runs.start(launch, start).await
-            }
-            Some(Approved::Requeued) | None => false,
-        };
+        let (next, resumed) = decide(&app, execution, &body.call_id, deny, reason).await?;
         Ok((
             StatusCode::OK,
             json!({

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 use crate::Settings;
 use crate::runs::Runs;
+use crate::sessions::Sessions;
 
 /// What every route shares.
 #[derive(Debug)]
@@ -29,6 +30,8 @@ pub(crate) struct App {
     /// The configuration's secrets: every answer goes through it.
     pub(crate) redactor: Arc<Redactor>,
     pub(crate) runs: Runs,
+    /// The web view's logins.
+    pub(crate) sessions: Sessions,
 }
 
 /// A refused or failed request: its status and one line saying why.
@@ -44,6 +47,14 @@ impl ApiError {
             status,
             message: message.to_string(),
         }
+    }
+
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 }
 

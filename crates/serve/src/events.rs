@@ -1,6 +1,7 @@
 //! `GET /api/v1/executions/{id}/events`: the execution's events as Server-Sent Events,
 //! each with `id:` its sequence number and `data:` the event as `events --json` lists it
-//! (through the redactor). `Last-Event-ID` resumes after that sequence number. The
+//! (through the redactor). `Last-Event-ID` resumes after that sequence number (so does
+//! `?after=N`, for a browser's `EventSource`, which cannot send the header at first). The
 //! stream ends after the execution's `finish` event; an execution this server has just
 //! started is waited for until its first event. A SQLite log is read every
 //! [`POLL`] through a read-only connection, which never blocks the writer.
@@ -9,7 +10,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -19,22 +21,43 @@ use nerve_runtime::log::SessionError;
 use tokio::sync::mpsc;
 
 use crate::app::{ApiError, App, execution_id};
-use crate::auth::authorize_read;
+use crate::auth::{Credential, authorize_read};
 
 /// How often the log is read for new events.
 const POLL: Duration = Duration::from_millis(200);
 /// Events buffered for a slow client before the reader waits for it.
 const BUFFER: usize = 256;
+/// How often a stream checks that its token (or web session) still holds: a revocation or
+/// a logout ends the streams it authorized within this.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// `?after=N`: where a stream starts when no `Last-Event-ID` says.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StreamFrom {
+    after: Option<u64>,
+}
 
 pub(crate) async fn stream(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     UrlPath(id): UrlPath<String>,
+    from: Result<Query<StreamFrom>, QueryRejection>,
 ) -> Response {
     let opened = async {
         authorize_read(&app, &headers)?;
         let execution = execution_id(&id)?;
-        let after = last_event_id(&headers)?;
+        let Query(from) = from.map_err(|_| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "the query is not ?after=SEQUENCE_NUMBER",
+            )
+        })?;
+        let after = if headers.contains_key("last-event-id") {
+            last_event_id(&headers)?
+        } else {
+            from.after.unwrap_or(0)
+        };
         // Known before the stream starts: a 404 is a status, not an empty stream.
         let known = app.runs.is_running(execution)
             || crate::app::read(app.db, move |reader| async move {
@@ -51,9 +74,15 @@ pub(crate) async fn stream(
                 format!("no execution with id {execution}"),
             ));
         }
-        Ok((execution, after))
+        let credential = Credential::of(&headers).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "no credential to follow the stream with",
+            )
+        })?;
+        Ok((execution, after, credential))
     };
-    let (execution, after) = match opened.await {
+    let (execution, after, credential) = match opened.await {
         Ok(opened) => opened,
         Err(error) => return app.respond(Err(error)),
     };
@@ -63,7 +92,7 @@ pub(crate) async fn stream(
     // and ends with the stream: at the finish event, or when the client goes away.
     tokio::task::spawn_blocking(move || {
         let handle = tokio::runtime::Handle::current();
-        handle.block_on(follow(&follower, execution, after, &sender));
+        handle.block_on(follow(&follower, execution, after, &credential, &sender));
     });
     let events = tokio_stream(receiver).map(Ok::<_, Infallible>);
     Sse::new(events)
@@ -96,8 +125,15 @@ fn last_event_id(headers: &HeaderMap) -> Result<u64, ApiError> {
 }
 
 /// Sends the events after `after` as they are appended, until the finish event, the
-/// client's leaving, or an execution that stopped running here without one.
-async fn follow(app: &App, execution: ExecutionId, mut after: u64, sender: &mpsc::Sender<Event>) {
+/// client's leaving, an execution that stopped running here without one, or the end of
+/// the `credential` that authorized the stream.
+async fn follow(
+    app: &App,
+    execution: ExecutionId,
+    mut after: u64,
+    credential: &Credential,
+    sender: &mpsc::Sender<Event>,
+) {
     let reader = match nerve_runtime::log::reader(app.db).await {
         Ok(reader) => reader,
         Err(error) => {
@@ -115,10 +151,18 @@ async fn follow(app: &App, execution: ExecutionId, mut after: u64, sender: &mpsc
                 seen.first()
                     .is_some_and(|e| e.seq == after && e.kind == "finish")
             });
+    let mut checked = std::time::Instant::now();
     // Ends: at the finish event, when the client is gone (a send fails or the channel
-    // closed), or when the execution does not run here and the client has seen its finish
-    // (or it has no event at all).
+    // closed), when the credential no longer holds, or when the execution does not run
+    // here and the client has seen its finish (or it has no event at all).
     loop {
+        if checked.elapsed() >= RECHECK {
+            if !credential.still_valid(app) {
+                tracing::debug!(%execution, "an event stream's token was revoked or its session ended");
+                return;
+            }
+            checked = std::time::Instant::now();
+        }
         let running = app.runs.is_running(execution);
         let new = match reader.events_after(execution, after).await {
             Ok(new) => new,

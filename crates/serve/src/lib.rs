@@ -4,22 +4,29 @@
 //! through the runtime's reader, and every answer goes out through the configuration's
 //! redactor. Routing, extraction, body limits and Server-Sent Events are axum's.
 //!
-//! - `api`: the routes of `/api/v1`.
+//! - `actions`: what the API and the web view both do (start, refuse while running, decide).
+//! - `api`: the routes of `/api/v1`, and the router of every route.
 //! - `app`: what the routes share: the state, errors as JSON, the redacted answers.
 //! - `auth`: `Authorization: Bearer` tokens checked against the log's `api_tokens`.
 //! - `runs`: the executions this server runs, by id, for `cancel` and for a stream to wait
 //!   on an execution that has not written its first event yet.
 //! - `events`: an execution's events as a resumable `text/event-stream`.
-//! - `web`: the web view: a token login, the executions, one execution's transcript.
+//! - `sessions`: the web view's logins (a random id in the cookie stands for the token).
+//! - `tls`: HTTPS with the server's own certificate (rustls).
+//! - `web`: the web view: a token login, the executions and a form that starts one, an
+//!   execution's page (transcript, live events, approvals, totals, the diff per turn).
 //!
 //! The security model is in docs/api.md: no route without a token, scopes that include
-//! one another, no CORS, bounded bodies, loopback unless `--insecure-http`.
+//! one another, no CORS, bounded bodies, loopback unless TLS or `--insecure-http`.
 
+mod actions;
 mod api;
 mod app;
 mod auth;
 mod events;
 mod runs;
+mod sessions;
+mod tls;
 mod web;
 
 use std::net::SocketAddr;
@@ -30,6 +37,8 @@ use nerve_core::{Complexity, LoopType};
 use nerve_runtime::RuntimeError;
 use nerve_runtime::config::Config;
 use tokio_util::sync::CancellationToken;
+
+pub use crate::tls::TlsFiles;
 
 /// The largest request body a route reads; larger ones get 413.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
@@ -42,6 +51,8 @@ pub struct Settings {
     pub workspace_roots: Vec<PathBuf>,
     /// Listening on a non-loopback address without TLS was asked for explicitly.
     pub insecure_http: bool,
+    /// Serve HTTPS with this certificate and key (`--tls-cert`, `--tls-key`).
+    pub tls: Option<TlsFiles>,
     pub body_limit: usize,
     /// The run options of the executions the server creates.
     pub run: RunDefaults,
@@ -82,21 +93,31 @@ pub enum ServeError {
 /// A bound server, not yet serving.
 #[derive(Debug)]
 pub struct Server {
-    listener: tokio::net::TcpListener,
+    listener: Listener,
+    local: SocketAddr,
     app: Arc<app::App>,
+}
+
+/// Plain HTTP, or HTTPS with the server's own certificate.
+#[derive(Debug)]
+enum Listener {
+    Plain(tokio::net::TcpListener),
+    Tls(tls::TlsListener),
 }
 
 impl Server {
     /// Checks the settings, opens the log (creating and migrating it, for its tokens) and
     /// binds the address.
     pub async fn bind(db: PathBuf, config: Config, settings: Settings) -> Result<Self, ServeError> {
-        if !settings.listen.ip().is_loopback() && !settings.insecure_http {
+        if !settings.listen.ip().is_loopback() && settings.tls.is_none() && !settings.insecure_http
+        {
             return Err(RuntimeError::usage(format!(
-                "refusing to listen on {} without TLS: tokens would cross the network in clear text; listen on 127.0.0.1, or pass --insecure-http behind a TLS-terminating proxy",
+                "refusing to listen on {} without TLS: tokens would cross the network in clear text; give --tls-cert and --tls-key, listen on 127.0.0.1, or pass --insecure-http behind a TLS-terminating proxy",
                 settings.listen
             ))
             .into());
         }
+        let tls = settings.tls.as_ref().map(tls::server_config).transpose()?;
         if settings.workspace_roots.is_empty() {
             tracing::warn!("no --workspace-root: executions cannot be created, only read");
         }
@@ -107,9 +128,18 @@ impl Server {
             .collect::<Result<Vec<_>, _>>()?;
         let tokens = nerve_runtime::tokens::open(&db)?;
         let redactor = nerve_runtime::launch::config_redactor(&config)?;
-        let listener = tokio::net::TcpListener::bind(settings.listen)
+        let tcp = tokio::net::TcpListener::bind(settings.listen)
             .await
             .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", settings.listen)))?;
+        let local = tcp
+            .local_addr()
+            .map_err(|e| ServeError::Io(e.to_string()))?;
+        let listener = match tls {
+            Some(config) => Listener::Tls(
+                tls::TlsListener::new(tcp, config).map_err(|e| ServeError::Io(e.to_string()))?,
+            ),
+            None => Listener::Plain(tcp),
+        };
         // One server per process, alive until it exits: the executions it launches borrow
         // the log's path and the configuration for as long as they run.
         let db: &'static Path = Box::leak(db.into_boxed_path());
@@ -124,15 +154,26 @@ impl Server {
             tokens: std::sync::Mutex::new(tokens),
             redactor,
             runs: runs::Runs::default(),
+            sessions: sessions::Sessions::default(),
         });
-        Ok(Self { listener, app })
+        Ok(Self {
+            listener,
+            local,
+            app,
+        })
     }
 
     /// The address it listens on (the port the system chose for port 0).
-    pub fn local_addr(&self) -> Result<SocketAddr, ServeError> {
-        self.listener
-            .local_addr()
-            .map_err(|e| ServeError::Io(e.to_string()))
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// `https` with a certificate of its own, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        match self.listener {
+            Listener::Plain(_) => "http",
+            Listener::Tls(_) => "https",
+        }
     }
 
     /// Serves until `shutdown` is cancelled; then stops the executions it runs (at once, as
@@ -140,10 +181,20 @@ impl Server {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServeError> {
         let router = api::router(Arc::clone(&self.app));
         let stop = shutdown.clone();
-        axum::serve(self.listener, router)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-            .map_err(|e| ServeError::Io(format!("the listener failed: {e}")))?;
+        let stopped = async move { stop.cancelled().await };
+        match self.listener {
+            Listener::Plain(listener) => {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+            Listener::Tls(listener) => {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+        }
+        .map_err(|e| ServeError::Io(format!("the listener failed: {e}")))?;
         self.app.runs.stop_all().await;
         Ok(())
     }
