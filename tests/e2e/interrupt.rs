@@ -137,7 +137,7 @@ fn two_ctrl_c_abort_at_once_with_a_log_that_replays_and_resumes() {
             // It ignores SIGINT, and the grace before SIGKILL is long (the config below), so
             // the first Ctrl-C leaves the run waiting for it, however slow the machine, when
             // the second one comes.
-            json!({"tool_calls": [{"name": "shell", "arguments": {"command": "trap '' INT; sleep 30"}}]}),
+            json!({"tool_calls": [{"name": "shell", "arguments": {"command": "trap '' INT; touch running; sleep 30"}}]}),
             write("b.txt", "two\n"),
             json!({"text": "done"}),
         ],
@@ -151,6 +151,9 @@ fn two_ctrl_c_abort_at_once_with_a_log_that_replays_and_resumes() {
     wait_for_event(&db, &mut running, "the start of turn 2's sleep", |e| {
         is_turn_event(e, "tool_call_started", 2)
     });
+    // The call's start is durable before its command runs: a Ctrl-C in between would stop
+    // the call before it ran, and the run would end before the second one.
+    running.wait_for_file("the sleep to run", &workspace.join("running"));
     running.signal("INT");
     // The second Ctrl-C only once the first was seen: two signals in quick succession may
     // reach the process as one.
@@ -215,7 +218,7 @@ fn sigterm_interrupts_the_running_command_and_the_run_resumes() {
     let (workspace, db, provider) = setup(
         dir.path(),
         &[
-            json!({"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 10 && touch slept.txt"}}]}),
+            json!({"tool_calls": [{"name": "shell", "arguments": {"command": "touch running; sleep 10 && touch slept.txt"}}]}),
             json!({"text": "done"}),
         ],
     );
@@ -225,6 +228,7 @@ fn sigterm_interrupts_the_running_command_and_the_run_resumes() {
     wait_for_event(&db, &mut running, "the start of the sleep", |e| {
         is_turn_event(e, "tool_call_started", 1)
     });
+    running.wait_for_file("the sleep to run", &workspace.join("running"));
     let sent = std::time::Instant::now();
     running.signal("TERM");
     let log = wait_for_event(&db, &mut running, "the sleep's end", |e| {

@@ -292,6 +292,18 @@ impl Running {
         }
     }
 
+    /// Waits until `path` exists (a command in the sandbox made it), within [`PATIENCE`]:
+    /// what a test needs to know before it interrupts a command, since a call's
+    /// `tool_call_started` is durable before the command starts.
+    pub(crate) fn wait_for_file(&mut self, what: &str, path: &Path) {
+        let deadline = Instant::now() + PATIENCE;
+        while !path.exists() {
+            self.assert_alive(what);
+            assert!(Instant::now() < deadline, "gave up waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Waits for the process to exit, within [`PATIENCE`] (killed after that), and returns
     /// its exit status and output.
     pub(crate) fn wait(mut self) -> Output {
