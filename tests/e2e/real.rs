@@ -23,6 +23,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -277,7 +278,7 @@ fn run_task(
     let env = route.env(&recorder.base, &route.key, &config);
     let args = run_args(workspace.to_str().unwrap(), route, task, max_turns);
     let output = wait_long(spawn_nerve_env(db, &args, &as_env(&env)));
-    (output, recorder.exchanges())
+    (output, recorder.settled_exchanges())
 }
 
 /// Waits for `running` to exit within [`RUN_PATIENCE`] (a real model is slow).
@@ -1152,6 +1153,9 @@ struct Recorder {
     /// The upstream base URL with this proxy's address in place of the upstream's.
     base: String,
     exchanges: Arc<Mutex<Vec<Exchange>>>,
+    /// Connections accepted and not yet recorded: an exchange is recorded once its
+    /// upstream side closed, which may come after the client already went on (or exited).
+    in_flight: Arc<AtomicUsize>,
     hold: Arc<Hold>,
 }
 
@@ -1203,6 +1207,8 @@ impl Recorder {
         let base = format!("http://{}{path}", listener.local_addr().unwrap());
         let exchanges = Arc::new(Mutex::new(Vec::new()));
         let recorded = Arc::clone(&exchanges);
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let counting = Arc::clone(&in_flight);
         let hold = Arc::new(Hold::default());
         let holding = Arc::clone(&hold);
         // The thread ends with the test process; it holds nothing but the listener.
@@ -1210,18 +1216,33 @@ impl Recorder {
             for client in listener.incoming().flatten() {
                 let recorded = Arc::clone(&recorded);
                 let holding = Arc::clone(&holding);
+                let counting = Arc::clone(&counting);
+                counting.fetch_add(1, Ordering::SeqCst);
                 std::thread::spawn(move || {
                     if let Some(exchange) = forward(client, upstream, &holding) {
                         recorded.lock().unwrap().push(exchange);
                     }
+                    counting.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
         Self {
             base,
             exchanges,
+            in_flight,
             hold,
         }
+    }
+
+    /// Every exchange, once no connection is still being passed on (within a minute):
+    /// for a run that has ended, whose last answers may still be closing upstream.
+    fn settled_exchanges(&self) -> Vec<Exchange> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // Ends: when nothing is in flight, or at the deadline.
+        while self.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.exchanges()
     }
 
     /// The exchanges so far, in the order they finished.
