@@ -448,3 +448,147 @@ fn a_parent_killed_during_its_childs_call_resumes_the_child_first() {
     verify(&db, &child);
     verify(&db, &parent);
 }
+
+/// A child is a child also when it is resumed on its own: `nerve resume CHILD` keeps the
+/// tools its `delegate` call gave it (a call of another is refused as a result, and does
+/// nothing), `list` shows it under its parent, and the parent's resume afterwards takes
+/// the child's ending from the log instead of running it again.
+#[test]
+fn a_child_resumed_on_its_own_keeps_its_tools_and_is_listed_under_its_parent() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    child_resumed_on_its_own(dir.path(), &db);
+}
+
+/// The same on a PostgreSQL log: the parent's resume finds its child there too.
+#[test]
+fn on_a_postgresql_log_a_child_is_found_listed_and_resumed_with_its_tools() {
+    if !sandbox_available() {
+        return;
+    }
+    let Some(pg) = crate::transfer::postgres_url() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    child_resumed_on_its_own(dir.path(), Path::new(&pg));
+}
+
+/// The parent and child ids once the child's `sleep` has started, read through `nerve`
+/// itself (so on either backend).
+fn wait_for_childs_sleep(db: &Path, running: &mut crate::support::Running) -> (String, String) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    // Ends: at the deadline, or when the run dies (both fail the test).
+    loop {
+        let listed = nerve(db, &["list", "--json"]);
+        if let Ok(Value::Array(listed)) = serde_json::from_str::<Value>(&stdout(&listed))
+            && let Some(child) = listed.iter().find(|e| e["parent"].is_string())
+        {
+            let id = child["execution_id"].as_str().unwrap().to_owned();
+            let events = nerve(db, &["events", &id, "--json"]);
+            let events: Value = serde_json::from_str(&stdout(&events)).unwrap_or(Value::Null);
+            let sleeping = events.as_array().is_some_and(|events| {
+                events.iter().any(|e| {
+                    e["kind"] == "tool_call_started"
+                        && e["payload"]["call"]["arguments"]["command"]
+                            .as_str()
+                            .is_some_and(|c| c.starts_with("sleep"))
+                })
+            });
+            if sleeping {
+                return (child["parent"].as_str().unwrap().to_owned(), id);
+            }
+        }
+        running.assert_alive("the child's sleep");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gave up waiting for the child's sleep"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn child_resumed_on_its_own(dir: &Path, db: &Path) {
+    let lines = [
+        json!({"tool_calls": [
+            {"id": "call_work", "name": "delegate",
+             "arguments": {"task": "Log once.", "name": "worker", "tools": ["shell"]}},
+        ]}),
+        json!({"agent": "worker", "tool_calls": [
+            {"name": "shell", "arguments": {"command": "sleep 30; echo one >> log.txt"}},
+        ]}),
+        json!({"agent": "worker", "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "outside.txt", "content": "x"}},
+        ]}),
+        json!({"agent": "worker", "text": "The worker is done."}),
+        json!({"text": "All done."}),
+    ];
+    let args = run_args(dir, &lines, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut running = spawn_nerve(db, &args);
+    let (parent, child) = wait_for_childs_sleep(db, &mut running);
+    running.kill();
+
+    // The index knows the tree: `list --json` names the parent and the call, the table
+    // prints the child right under its parent.
+    let listed = nerve(db, &["list", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let listed: Value = serde_json::from_str(&stdout(&listed)).unwrap();
+    let entry = |id: &str| {
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["execution_id"] == id)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(entry(&child)["parent"], parent.as_str());
+    assert_eq!(entry(&child)["call_id"], "call_work");
+    assert!(entry(&parent).get("parent").is_none(), "{listed}");
+    let table = stdout(&nerve(db, &["list"]));
+    let rows: Vec<&str> = table.lines().collect();
+    let at = |id: &str| rows.iter().position(|r| r.starts_with(id)).unwrap();
+    assert_eq!(at(&child), at(&parent) + 1, "{table}");
+    assert!(rows[at(&child)].contains("└─ Log once."), "{table}");
+
+    let config = dir.join("nerve.toml");
+    let config = config.to_str().unwrap();
+    let resumed = nerve(db, &["--config", config, "resume", &child, "--json"]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert_eq!(last_json(&resumed)["termination_reason"], "completed");
+    assert!(
+        !dir.join("workspace/outside.txt").exists(),
+        "a tool the child was not given ran"
+    );
+    let refused = events_json(db, &child)
+        .into_iter()
+        .filter(|e| e["kind"] == "tool_call_finished")
+        .filter_map(|e| {
+            e["payload"]["result"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .find(|c| c.contains("`write_file` is not one of this subagent's tools"));
+    assert!(refused.is_some(), "{:?}", events_json(db, &child));
+    verify(db, &child);
+
+    let resumed = nerve(db, &["--config", config, "resume", &parent, "--json"]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert_eq!(last_json(&resumed)["answer"], "All done.");
+    let child_events = events_json(db, &child);
+    assert_eq!(
+        child_events
+            .iter()
+            .filter(|e| e["kind"] == "resumed")
+            .count(),
+        1,
+        "the ended child ran again"
+    );
+    let children = children_of(&events_json(db, &parent));
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0]["termination_reason"], "completed");
+    verify(db, &parent);
+}

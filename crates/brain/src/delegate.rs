@@ -151,6 +151,15 @@ pub(crate) struct Subset {
     pub(crate) allowed: Option<Vec<String>>,
 }
 
+/// `inner` narrowed to `allowed` (all of it for `None`): a child's tools, also when the
+/// child is resumed or continued on its own rather than through its parent.
+pub fn narrowed(
+    inner: Arc<dyn ToolExecutor>,
+    allowed: Option<Vec<String>>,
+) -> Arc<dyn ToolExecutor> {
+    Arc::new(Subset { inner, allowed })
+}
+
 impl Subset {
     fn allows(&self, name: &str) -> bool {
         self.allowed

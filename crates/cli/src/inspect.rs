@@ -176,7 +176,7 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
             "{:<36}  {:<12}  {:<16}  {:>6}  {:<WORKSPACE_WIDTH$}  TASK",
             "ID", "STARTED", "STATUS", "EVENTS", "WORKSPACE"
         ));
-        for e in executions {
+        for (e, child) in with_children_under_parents(executions) {
             let started = time::OffsetDateTime::parse(
                 &e.started_at,
                 &time::format_description::well_known::Rfc3339,
@@ -194,14 +194,59 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
                     .unwrap_or("unfinished"),
                 e.events,
                 short_workspace(e.workspace.as_deref().unwrap_or("-"), home.as_deref()),
-                e.task
-                    .as_deref()
-                    .and_then(|t| t.lines().next())
-                    .unwrap_or_default()
+                format!(
+                    "{}{}",
+                    match (child, e.parent.as_deref()) {
+                        (true, _) => "└─ ".to_owned(),
+                        (false, Some(parent)) => format!("(child of {}) ", short_id(parent)),
+                        (false, None) => String::new(),
+                    },
+                    e.task
+                        .as_deref()
+                        .and_then(|t| t.lines().next())
+                        .unwrap_or_default()
+                )
             ));
         }
     }
     Ok(0)
+}
+
+/// `executions` in their order, except that a child execution (a `delegate` call's) comes
+/// right after its parent, marked `true`; a child whose parent is not listed stays where
+/// it was, unmarked.
+fn with_children_under_parents(
+    executions: Vec<nerve_runtime::log::ExecutionSummary>,
+) -> Vec<(nerve_runtime::log::ExecutionSummary, bool)> {
+    let listed: std::collections::HashSet<String> =
+        executions.iter().map(|e| e.execution_id.clone()).collect();
+    let (children, top): (Vec<_>, Vec<_>) = executions
+        .into_iter()
+        .partition(|e| e.parent.as_ref().is_some_and(|p| listed.contains(p)));
+    let mut by_parent: std::collections::HashMap<
+        String,
+        Vec<nerve_runtime::log::ExecutionSummary>,
+    > = std::collections::HashMap::new();
+    for child in children {
+        by_parent
+            .entry(child.parent.clone().unwrap_or_default())
+            .or_default()
+            .push(child);
+    }
+    let mut ordered = Vec::with_capacity(listed.len());
+    for e in top {
+        let mut under = by_parent.remove(&e.execution_id).unwrap_or_default();
+        // Oldest child first: ids are UUID v7, ordered by time.
+        under.sort_by(|a, b| a.execution_id.cmp(&b.execution_id));
+        ordered.push((e, false));
+        ordered.extend(under.into_iter().map(|c| (c, true)));
+    }
+    ordered
+}
+
+/// The first 8 characters of an execution id, as a reader shortens it.
+fn short_id(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
 }
 
 /// `list --status queued`: the task queue's waiting executions (a SQLite log has no queue),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use nerve_brain::{ChildLimits, ChildLog, ChildResume, ChildState, Provider};
-use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, ToolCallId};
+use nerve_core::{ExecutionId, MessageRole, MicroUsd, ToolCallId};
 
 /// The log at `db`, read for children.
 pub(crate) struct LogChildren {
@@ -77,50 +77,37 @@ impl ChildLog for LogChildren {
 }
 
 impl LogChildren {
-    /// The execution whose `started` names `parent` and `call`: among the executions
-    /// started after the parent (ids are UUID v7, ordered by time), oldest first. A
-    /// SQLite log only (read on the blocking pool: its reader is not `Sync`).
+    /// The execution whose `started` names `parent` and `call`, from the log's index (its
+    /// `parent` and `call_id` come from each execution's `started`); the oldest if more
+    /// than one did (ids are UUID v7, ordered by time).
     async fn find(&self, parent: ExecutionId, call: &ToolCallId) -> Option<ExecutionId> {
-        if crate::log::is_postgres(&self.db) {
-            return None;
-        }
-        let db = self.db.clone();
-        let call = call.clone();
-        tokio::task::spawn_blocking(move || find_in(&db, parent, &call))
+        let summaries = if crate::log::is_postgres(&self.db) {
+            let crate::log::Reader::Postgres(store) = crate::log::reader(&self.db).await.ok()?
+            else {
+                return None;
+            };
+            nerve_session::EventStore::executions(&store).await.ok()?
+        } else {
+            // On the blocking pool: the SQLite reader is not `Sync`.
+            let db = self.db.clone();
+            tokio::task::spawn_blocking(move || {
+                nerve_session::Store::open_read_only(&db)
+                    .ok()?
+                    .executions()
+                    .ok()
+            })
             .await
             .ok()
-            .flatten()
+            .flatten()?
+        };
+        let parent = parent.to_string();
+        summaries
+            .into_iter()
+            .filter(|s| {
+                s.parent.as_deref() == Some(parent.as_str())
+                    && s.call_id.as_deref() == Some(call.0.as_str())
+            })
+            .filter_map(|s| s.execution_id.parse::<ExecutionId>().ok())
+            .min()
     }
-}
-
-fn find_in(db: &std::path::Path, parent: ExecutionId, call: &ToolCallId) -> Option<ExecutionId> {
-    let store = nerve_session::Store::open_read_only(db).ok()?;
-    let parent_id = parent.to_string();
-    let mut later: Vec<String> = store
-        .executions()
-        .ok()?
-        .into_iter()
-        .map(|summary| summary.execution_id)
-        .filter(|id| *id > parent_id)
-        .collect();
-    later.sort();
-    // Ends: one look at each later execution's first event.
-    for id in later {
-        let Ok(execution) = id.parse::<ExecutionId>() else {
-            continue;
-        };
-        let Ok(events) = store.events(&execution) else {
-            continue;
-        };
-        let Some(first) = events.first() else {
-            continue;
-        };
-        if let Ok(Event::Started(started)) = serde_json::from_str::<Event>(&first.payload)
-            && started.parent.as_deref() == Some(parent_id.as_str())
-            && started.call_id.as_ref() == Some(call)
-        {
-            return Some(execution);
-        }
-    }
-    None
 }

@@ -515,6 +515,11 @@ pub fn recorded_engine_config(
             user: None,
         },
         recorded_config: recorded.clone(),
+        // A child stays a child: its session narrows its tools to those its start recorded.
+        lineage: nerve_brain::config::Lineage {
+            parent: started.parent.clone(),
+            call_id: started.call_id.clone(),
+        },
         // A child may not delegate in turn, resumed or not; its tools are the ones its
         // start recorded.
         delegation: if started.parent.is_some() {

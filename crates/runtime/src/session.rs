@@ -224,6 +224,19 @@ impl Launch<'_> {
         let tools = mcp
             .clone()
             .map_or(builtin, |mcp| mcp as Arc<dyn nerve_core::ToolExecutor>);
+        // A child resumed or continued on its own (not through its parent) keeps the tools
+        // its `delegate` call gave it.
+        let tools = if engine_config.lineage.parent.is_some() {
+            let allowed = engine_config
+                .recorded_config
+                .get("tools")
+                .cloned()
+                .and_then(|tools| serde_json::from_value::<Option<Vec<String>>>(tools).ok())
+                .flatten();
+            nerve_brain::delegate::narrowed(tools, allowed)
+        } else {
+            tools
+        };
         let per_message_turns = engine_config.max_turns;
         let mut engine = AgentEngine::new(self.provider, tools, sink, engine_config);
         // A resumed parent resumes the child its `delegate` call had in flight.

@@ -141,6 +141,10 @@ const SUMMARY_COLUMNS: &str = "execution_id, started_at, updated_at, head_seq, t
      model, task_status, termination_reason, error, total_turns, input_tokens, output_tokens, \
      cost_micro_usd, resumes, \
      (SELECT w.payload::jsonb->>'workspace' FROM events w \
+       WHERE w.execution_id = executions.execution_id AND w.seq = 1 AND w.kind = 'started'), \
+     (SELECT w.payload::jsonb->>'parent' FROM events w \
+       WHERE w.execution_id = executions.execution_id AND w.seq = 1 AND w.kind = 'started'), \
+     (SELECT w.payload::jsonb->>'call_id' FROM events w \
        WHERE w.execution_id = executions.execution_id AND w.seq = 1 AND w.kind = 'started')";
 /// The summary columns of the executions the queue holds without events (submitted, not
 /// started: queued, claimed a moment ago, cancelled or failed before a worker started
@@ -155,7 +159,7 @@ const QUEUED_SUMMARIES: &str = "SELECT q.execution_id,
               ELSE 'created' END,
          NULL::text, q.error, 0::int8, 0::int8, 0::int8, 0::int8, 0::int8,
          COALESCE(q.spec::jsonb->'workspace'->>'path', q.spec::jsonb->'workspace'->'git'->>'url'),
-         q.state
+         NULL::text, NULL::text, q.state
      FROM queue q
      WHERE NOT EXISTS (SELECT 1 FROM executions e
                        WHERE e.execution_id = q.execution_id AND e.head_seq > 0)";
@@ -752,6 +756,8 @@ fn summary(row: &Row) -> Result<ExecutionSummary, tokio_postgres::Error> {
         cost_micro_usd: count(13)?,
         resumes: u32::try_from(count(14)?).unwrap_or(u32::MAX),
         workspace: row.try_get(15)?,
+        parent: row.try_get(16)?,
+        call_id: row.try_get(17)?,
         queue_state: None,
     })
 }
@@ -956,7 +962,7 @@ impl EventStore for PgStore {
         rows.iter()
             .map(|row| {
                 let mut listed = summary(row)?;
-                listed.queue_state = row.try_get(16)?;
+                listed.queue_state = row.try_get(18)?;
                 Ok(listed)
             })
             .collect::<Result<Vec<_>, tokio_postgres::Error>>()

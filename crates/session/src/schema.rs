@@ -68,6 +68,10 @@ macro_rules! with_last_event {
         concat!(
             "SELECT x.*, l.ts, l.seq,
                 (SELECT json_extract(w.payload, '$.workspace') FROM events w
+                  WHERE w.execution_id = x.execution_id AND w.seq = 1 AND w.kind = 'started'),
+                (SELECT json_extract(w.payload, '$.parent') FROM events w
+                  WHERE w.execution_id = x.execution_id AND w.seq = 1 AND w.kind = 'started'),
+                (SELECT json_extract(w.payload, '$.call_id') FROM events w
                   WHERE w.execution_id = x.execution_id AND w.seq = 1 AND w.kind = 'started')
              FROM ",
             $source,
@@ -102,6 +106,10 @@ macro_rules! with_last_keyed_event {
             ",
                 x.resumes, l.ts, l.seq,
                 (SELECT json_extract(w.payload, '$.workspace') FROM events w
+                  WHERE w.execution = k.key AND w.seq = 1 AND w.kind = 'started'),
+                (SELECT json_extract(w.payload, '$.parent') FROM events w
+                  WHERE w.execution = k.key AND w.seq = 1 AND w.kind = 'started'),
+                (SELECT json_extract(w.payload, '$.call_id') FROM events w
                   WHERE w.execution = k.key AND w.seq = 1 AND w.kind = 'started')
              FROM executions x
              JOIN execution_keys k ON k.execution_id = x.execution_id

@@ -63,6 +63,12 @@ pub struct ExecutionSummary {
     /// that event when read: no column holds it); for a submission not started yet, its
     /// path or `--git` URL.
     pub workspace: Option<String>,
+    /// A child execution's parent (a `delegate` call's) and that call's id, from its
+    /// `started` event; absent for an execution of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
     pub loop_type: Option<String>,
     pub model: Option<String>,
     pub task_status: Option<String>,
@@ -100,6 +106,8 @@ impl ExecutionSummary {
             updated_at: ts.to_owned(),
             task: None,
             workspace: None,
+            parent: None,
+            call_id: None,
             loop_type: None,
             model: None,
             task_status: None,
@@ -1256,6 +1264,8 @@ fn summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
         updated_at: row.get(13)?,
         events: to_u64(row.get(14)?),
         workspace: row.get(15)?,
+        parent: row.get(16)?,
+        call_id: row.get(17)?,
         queue_state: None,
     })
 }
