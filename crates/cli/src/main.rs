@@ -293,7 +293,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Reap { all, id } => reap::reap(&db, all, id.as_deref()).await,
         Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
         Command::Serve(args) => serve::serve(args, db, cli.config.as_deref()).await,
-        Command::Token { command } => serve::token(command, &db),
+        Command::Token { command } => serve::token(command, &db).await,
         Command::Config(args) => settings::show(args, cli.config.as_deref()),
     }
 }

@@ -52,7 +52,7 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
 
 async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let answer = async {
-        authorize_read(&app, &headers)?;
+        authorize_read(&app, &headers).await?;
         let executions = read(
             app.db,
             |reader| async move { Ok(reader.executions().await?) },
@@ -69,7 +69,7 @@ async fn show(
     UrlPath(id): UrlPath<String>,
 ) -> Response {
     let answer = async {
-        authorize_read(&app, &headers)?;
+        authorize_read(&app, &headers).await?;
         let execution = execution_id(&id)?;
         let replayed = read(app.db, move |reader| async move {
             let replayed = reader.replay(execution).await?;
@@ -95,7 +95,7 @@ async fn create(
     body: Result<Json<Create>, JsonRejection>,
 ) -> Response {
     let answer = async {
-        authorize(&app, &headers, Scope::Run)?;
+        authorize(&app, &headers, Scope::Run).await?;
         let Json(body) = body?;
         let execution = create_execution(&app, &body.workspace, body.task, body.provider).await?;
         Ok((StatusCode::CREATED, json!({ "execution_id": execution })))
@@ -116,7 +116,7 @@ async fn message(
     body: Result<Json<Message>, JsonRejection>,
 ) -> Response {
     let answer = async {
-        authorize(&app, &headers, Scope::Run)?;
+        authorize(&app, &headers, Scope::Run).await?;
         let execution = execution_id(&id)?;
         let Json(body) = body?;
         if body.text.trim().is_empty() {
@@ -152,7 +152,7 @@ async fn cancel(
     UrlPath(id): UrlPath<String>,
 ) -> Response {
     let answer = async {
-        authorize(&app, &headers, Scope::Run)?;
+        authorize(&app, &headers, Scope::Run).await?;
         let execution = execution_id(&id)?;
         if app.runs.cancel(execution) {
             return Ok((
@@ -201,7 +201,7 @@ async fn approval(
     body: Result<Json<Decision>, JsonRejection>,
 ) -> Response {
     let answer = async {
-        let token = authorize(&app, &headers, Scope::Approve)?;
+        let token = authorize(&app, &headers, Scope::Approve).await?;
         let execution = execution_id(&id)?;
         let Json(body) = body?;
         let deny = matches!(body.decision, Decided::Deny);

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -25,8 +25,8 @@ pub(crate) struct App {
     pub(crate) db: &'static Path,
     pub(crate) config: &'static Config,
     pub(crate) settings: Settings,
-    /// The log's database, for the tokens (one connection: each use is one short statement).
-    pub(crate) tokens: Mutex<nerve_runtime::tokens::TokenStore>,
+    /// The log's database, for the tokens.
+    pub(crate) tokens: nerve_runtime::tokens::TokenStore,
     /// The configuration's secrets: every answer goes through it.
     pub(crate) redactor: Arc<Redactor>,
     pub(crate) runs: Runs,

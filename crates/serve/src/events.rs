@@ -45,7 +45,7 @@ pub(crate) async fn stream(
     from: Result<Query<StreamFrom>, QueryRejection>,
 ) -> Response {
     let opened = async {
-        authorize_read(&app, &headers)?;
+        authorize_read(&app, &headers).await?;
         let execution = execution_id(&id)?;
         let Query(from) = from.map_err(|_| {
             ApiError::new(
@@ -157,7 +157,7 @@ async fn follow(
     // here and the client has seen its finish (or it has no event at all).
     loop {
         if checked.elapsed() >= RECHECK {
-            if !credential.still_valid(app) {
+            if !credential.still_valid(app).await {
                 tracing::debug!(%execution, "an event stream's token was revoked or its session ended");
                 return;
             }

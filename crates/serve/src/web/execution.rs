@@ -29,7 +29,7 @@ pub(crate) async fn execution(
     headers: HeaderMap,
     UrlPath(id): UrlPath<String>,
 ) -> Response {
-    let scope = match logged_in(&app, &headers) {
+    let scope = match logged_in(&app, &headers).await {
         Ok(scope) => scope,
         Err(form) => return *form,
     };
@@ -278,7 +278,7 @@ pub(crate) async fn decide(
 ) -> Response {
     let decided = async {
         same_origin(&headers)?;
-        let (name, _) = session(&app, &headers, Scope::Approve)?;
+        let (name, _) = session(&app, &headers, Scope::Approve).await?;
         let execution = execution_id(&id)?;
         let deny = match form.decision.as_str() {
             "allow" => false,
