@@ -125,6 +125,13 @@ async fn message(
                 "the message is empty",
             ));
         }
+        if nerve_runtime::log::is_postgres(app.db) {
+            // As `nerve run --continue` (the CLI refuses it on a PostgreSQL log).
+            return Err(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "continuing an execution with a message on a PostgreSQL log is not built yet: `nerve export` it and `nerve import` it into a SQLite log to continue it there",
+            ));
+        }
         refuse_running(&app, execution).await?;
         let run = &app.settings.run;
         let request = ContinueRequest {
