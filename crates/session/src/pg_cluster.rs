@@ -58,7 +58,13 @@ pub async fn test_database() -> Result<String, ClusterError> {
             .unwrap_or_default(),
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
-    let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+    // The store's own reading of the URL: a server named with `sslmode=verify-full` is
+    // reached as the store will reach it.
+    let (config, security) =
+        crate::pg::tls::parse_url(&admin).map_err(|e| ClusterError(e.to_string()))?;
+    let tls = crate::pg::tls::connector(&security).map_err(ClusterError)?;
+    let (client, connection) = config
+        .connect(tls.make)
         .await
         .map_err(|e| ClusterError(format!("cannot connect to the test server: {e}")))?;
     let driver = tokio::spawn(connection);
