@@ -15,9 +15,9 @@ use crate::RuntimeError;
 #[derive(Debug)]
 pub enum TokenStore {
     /// A SQLite connection of its own: each use is one short statement.
-    Sqlite(Mutex<Store>),
-    /// The PostgreSQL log, through its pool.
-    Postgres(PgStore),
+    Sqlite(Box<Mutex<Store>>),
+    /// The PostgreSQL log, through its pool (which a server's reads share: [`Self::reader`]).
+    Postgres(Arc<PgStore>),
 }
 
 /// What a token may do; each scope includes the ones before it.
@@ -84,9 +84,9 @@ fn check_name(name: &str) -> Result<(), RuntimeError> {
 pub async fn open(db: &Path) -> Result<TokenStore, RuntimeError> {
     if let Some(url) = db.to_str().filter(|_| crate::log::is_postgres(db)) {
         let store = PgStore::connect(url, Arc::new(Redactor::new())).await?;
-        return Ok(TokenStore::Postgres(store));
+        return Ok(TokenStore::Postgres(Arc::new(store)));
     }
-    Ok(TokenStore::Sqlite(Mutex::new(Store::open(db)?)))
+    Ok(TokenStore::Sqlite(Box::new(Mutex::new(Store::open(db)?))))
 }
 
 /// A new token named `name` with `scope`: returned once, stored hashed.
@@ -122,6 +122,16 @@ fn blocking<T>(store: &Mutex<Store>, work: impl FnOnce(&Store) -> T) -> T {
 }
 
 impl TokenStore {
+    /// A reader of the same PostgreSQL log, on the same pool: a server that holds this store
+    /// reads through it instead of connecting (and checking the schema) for every request.
+    /// `None` for a SQLite log, whose connection is not shared (open a reader of its own).
+    pub fn reader(&self) -> Option<crate::log::Reader> {
+        match self {
+            Self::Postgres(store) => Some(crate::log::Reader::Postgres(Arc::clone(store))),
+            Self::Sqlite(_) => None,
+        }
+    }
+
     /// A new token named `name` with `scope`: returned once, stored hashed.
     pub async fn create(&self, name: &str, scope: Scope) -> Result<String, RuntimeError> {
         check_name(name)?;

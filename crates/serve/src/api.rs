@@ -53,11 +53,7 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
 async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let answer = async {
         authorize_read(&app, &headers).await?;
-        let executions = read(
-            app.db,
-            |reader| async move { Ok(reader.executions().await?) },
-        )
-        .await?;
+        let executions = read(&app, |reader| async move { Ok(reader.executions().await?) }).await?;
         Ok((StatusCode::OK, json!({ "executions": executions })))
     };
     app.respond(answer.await)
@@ -71,7 +67,7 @@ async fn show(
     let answer = async {
         authorize_read(&app, &headers).await?;
         let execution = execution_id(&id)?;
-        let replayed = read(app.db, move |reader| async move {
+        let replayed = read(&app, move |reader| async move {
             let replayed = reader.replay(execution).await?;
             Ok(nerve_runtime::views::json::replay_json(&replayed))
         })

@@ -37,7 +37,7 @@ pub(crate) async fn execution(
         Ok(execution) => execution,
         Err(error) => return refused(&app, &error),
     };
-    let found = read(app.db, move |reader| async move {
+    let found = read(&app, move |reader| async move {
         let events = reader.events(execution).await?;
         let replayed = reader.replay(execution).await?;
         Ok((events, replayed))

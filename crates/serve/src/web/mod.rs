@@ -125,11 +125,7 @@ pub(crate) async fn home(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
         Ok(scope) => scope,
         Err(form) => return *form,
     };
-    let executions = match read(
-        app.db,
-        |reader| async move { Ok(reader.executions().await?) },
-    )
-    .await
+    let executions = match read(&app, |reader| async move { Ok(reader.executions().await?) }).await
     {
         Ok(executions) => executions,
         Err(error) => return refused(&app, &error),
