@@ -334,6 +334,8 @@ pub(crate) fn explain(
         if let Some(tls) = tls {
             return Some(handshake(tls, security, host));
         }
+        // The driver says this in a bare string (no type to match): the server answered
+        // the TLS request with "no" under a mode that needs TLS.
         if error.to_string() == "server does not support TLS" {
             return Some(if security.explicit {
                 format!(
