@@ -534,6 +534,57 @@ mod tests {
         }
     }
 
+    /// A server that declines TLS (it answers the driver's TLS request with `N`, as
+    /// PostgreSQL with `ssl = off` does), under a mode that needs TLS: the URL's, or
+    /// Nerve's default for a host off this machine (`db.internal`, reached at the loopback
+    /// through `hostaddr`).
+    #[tokio::test]
+    async fn a_server_without_tls_is_refused_when_the_mode_needs_it() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            // Ends: after the two connections below.
+            for _ in 0..2 {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut request = [0u8; 8];
+                socket.read_exact(&mut request).await.unwrap();
+                socket.write_all(b"N").await.unwrap();
+            }
+        });
+        let refused = |url: String| async move {
+            let redactor = Arc::new(nerve_core::Redactor::new());
+            super::super::PgStore::connect(&url, redactor)
+                .await
+                .unwrap_err()
+                .to_string()
+        };
+        let asked = refused(format!(
+            "postgres://u:hunter2@127.0.0.1:{port}/d?sslmode=require"
+        ))
+        .await;
+        assert_eq!(
+            asked,
+            format!(
+                "cannot connect to postgres://u@127.0.0.1:{port}/d: the server does not accept TLS connections, and sslmode=require needs TLS"
+            )
+        );
+        let by_default = refused(format!(
+            "postgres://u:hunter2@db.internal:{port}/d?hostaddr=127.0.0.1"
+        ))
+        .await;
+        assert_eq!(
+            by_default,
+            format!(
+                "cannot connect to postgres://u@db.internal:{port}/d: the server does not accept TLS connections, which Nerve asks for when the server is not on this machine: add sslmode=disable to the URL to talk plain text over a network you trust"
+            )
+        );
+        tokio::time::timeout(std::time::Duration::from_secs(10), server)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
     #[test]
     fn a_root_file_must_hold_a_ca() {
         let dir = tempfile::tempdir().unwrap();
