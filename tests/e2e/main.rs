@@ -27,6 +27,7 @@ mod killpoints;
 mod loops;
 mod mcp;
 mod parked;
+mod pg_tls;
 mod phoenix;
 mod proxy;
 #[cfg(feature = "real-servers")]

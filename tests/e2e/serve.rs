@@ -341,6 +341,90 @@ fn every_route_refuses_without_a_token_with_a_weak_scope_or_once_revoked() {
     served.process.assert_alive("the end of the test");
 }
 
+/// The same tokens on a PostgreSQL log: made by `nerve --db postgres://… token create`,
+/// checked by a server on that log (scopes as on SQLite), their use recorded, and a
+/// revocation refused at once by the running server.
+#[test]
+fn tokens_on_a_postgres_log_authorize_and_are_revoked_at_once() {
+    let Some(pg) = crate::transfer::postgres_url() else {
+        return;
+    };
+    let db = Path::new(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let read = token(db, "pg-reader", "read");
+    let cassette = slowed_demo(dir.path(), 0);
+    let provider = format!("script:{}", cassette.display());
+    let mut served = serve_scripted(db, dir.path(), &provider, &[]);
+    let addr = served.addr.clone();
+    let (status, _) = request(&addr, "GET", "/api/v1/executions", None, None);
+    assert_eq!(status, 401);
+    let (status, answer) = request(&addr, "GET", "/api/v1/executions", Some(&read), None);
+    assert_eq!(
+        (status, json_of(&answer)),
+        (200, json!({ "executions": [] }))
+    );
+    let id = "01a2213d-f2a1-76d4-9b21-7fda99b76c0c";
+    let (status, answer) = request(
+        &addr,
+        "POST",
+        &format!("/api/v1/executions/{id}/cancel"),
+        Some(&read),
+        None,
+    );
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer.contains("needs run"), "{answer}");
+    // A message continues an execution: not on a PostgreSQL log yet (as `run --continue`).
+    let run = token(db, "pg-runner", "run");
+    let (status, answer) = request(
+        &addr,
+        "POST",
+        &format!("/api/v1/executions/{id}/messages"),
+        Some(&run),
+        Some(r#"{"text":"more"}"#),
+    );
+    assert_eq!(status, 501, "{answer}");
+    assert!(answer.contains("not built yet"), "{answer}");
+    // An execution made over the API runs and is recorded in the PostgreSQL log.
+    if docker_available() {
+        let workspace = copy_example("demo", dir.path());
+        let made = start_execution(&addr, &run, &workspace);
+        let (seen, _) = events(&addr, &made, &read, None, None);
+        let finish = &seen.last().unwrap().1;
+        assert_eq!(finish["kind"], "finish");
+        assert_eq!(
+            finish["payload"]["termination_reason"], "completed",
+            "{finish}"
+        );
+        let (status, answer) = request(&addr, "GET", "/api/v1/executions", Some(&read), None);
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(
+            json_of(&answer)["executions"][0]["execution_id"],
+            made.as_str()
+        );
+    }
+
+    let revoked = nerve(db, &["token", "revoke", "pg-reader"]);
+    assert!(revoked.status.success(), "{}", stderr(&revoked));
+    let (status, _) = request(&addr, "GET", "/api/v1/executions", Some(&read), None);
+    assert_eq!(status, 401);
+    let listed = nerve(db, &["token", "list", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let listed = json_of(&stdout(&listed));
+    let reader = &listed.as_array().unwrap()[0];
+    assert_eq!(reader["name"], "pg-reader", "oldest first: {listed}");
+    assert!(
+        reader["revoked_at"].is_string() && reader["last_used_at"].is_string(),
+        "{reader}"
+    );
+    // Names stay taken, as on SQLite.
+    let again = nerve(
+        db,
+        &["token", "create", "--name", "pg-reader", "--scope", "read"],
+    );
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+    served.process.assert_alive("the end of the test");
+}
+
 #[test]
 fn serve_refuses_a_network_address_without_tls_and_bad_token_input() {
     let dir = tempfile::tempdir().unwrap();

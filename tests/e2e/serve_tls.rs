@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rcgen::{CertificateParams, KeyPair};
 use rustls::pki_types::ServerName;
 
 use crate::serve::{exchange, json_of, serve, set_cookie, token};
@@ -17,14 +17,7 @@ use crate::support::{PATIENCE, nerve, stderr};
 /// A CA named `ca` and a server certificate for `localhost` signed by it, as PEM files in
 /// `dir`; the CA's certificate (DER) to trust.
 fn certificates(dir: &Path, ca: &str) -> rustls::pki_types::CertificateDer<'static> {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, ca);
-    let ca_key = KeyPair::generate().unwrap();
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
+    let (ca, issuer) = crate::pg_tls::ca(ca);
     let leaf_key = KeyPair::generate().unwrap();
     let leaf = CertificateParams::new(vec!["localhost".to_owned()])
         .unwrap()

@@ -509,13 +509,18 @@ pub(crate) fn sandbox_available() -> bool {
     if nerve_hands::locate_executor().is_some() {
         return true;
     }
-    let reason = "no nerve-executor binary: build it with `cargo xtask image`";
+    skip_unless_required("no nerve-executor binary: build it with `cargo xtask image`");
+    false
+}
+
+/// A test that cannot run here for `reason`: a failure under `NERVE_REQUIRE_DOCKER=1`
+/// (CI, where everything must run), else said on stderr (the test then returns).
+pub(crate) fn skip_unless_required(reason: &str) {
     assert!(
         !std::env::var("NERVE_REQUIRE_DOCKER").is_ok_and(|v| v == "1"),
         "{reason}"
     );
     eprintln!("skipping: {reason}");
-    false
 }
 
 /// The program `program` of a Python virtual environment at `venv` with `requirement`

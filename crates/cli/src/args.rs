@@ -1,6 +1,6 @@
 //! The command line, as clap parses it. Validation beyond syntax happens in the commands.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -14,9 +14,15 @@ use crate::Failure;
 )]
 pub(crate) struct Cli {
     /// The event log: a SQLite file (default: $XDG_STATE_HOME/nerve/nerve.db), or a
-    /// PostgreSQL server as postgres://user@host:port/dbname.
-    #[arg(long, global = true, env = "NERVE_DB", value_name = "PATH|URL")]
+    /// PostgreSQL server as postgres://user@host:port/dbname[?sslmode=…]. Env: NERVE_DB.
+    // Not clap's `env`: the command line must beat both variables (see `db_path`), and
+    // clap would print a URL's password in `--help`.
+    #[arg(long, global = true, value_name = "PATH|URL")]
     pub(crate) db: Option<PathBuf>,
+    /// A file whose first line is the log's path or URL: a password kept off the command
+    /// line and out of the environment. Env: NERVE_DB_FILE.
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "db")]
+    pub(crate) db_file: Option<PathBuf>,
     /// A TOML configuration file.
     #[arg(long, global = true, env = "NERVE_CONFIG", value_name = "PATH")]
     pub(crate) config: Option<PathBuf>,
@@ -26,12 +32,42 @@ pub(crate) struct Cli {
 }
 
 impl Cli {
+    /// The log: `--db`, else `--db-file`'s, else `NERVE_DB`, else `NERVE_DB_FILE`'s, else
+    /// the default (an empty variable counts as unset).
     pub(crate) fn db_path(&self) -> Result<PathBuf, Failure> {
-        match &self.db {
-            Some(db) => Ok(db.clone()),
-            None => Ok(nerve_runtime::log::default_db()?),
+        let var = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
+        if let Some(db) = &self.db {
+            Ok(db.clone())
+        } else if let Some(file) = &self.db_file {
+            db_from_file("--db-file", file)
+        } else if let Some(db) = var("NERVE_DB") {
+            Ok(PathBuf::from(db))
+        } else if let Some(file) = var("NERVE_DB_FILE") {
+            db_from_file("NERVE_DB_FILE", Path::new(&file))
+        } else {
+            Ok(nerve_runtime::log::default_db()?)
         }
     }
+}
+
+/// The log named by the first line of `file` (what `from`, the flag or variable, names).
+/// The line is never shown: it may hold a password.
+fn db_from_file(from: &str, file: &Path) -> Result<PathBuf, Failure> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        Failure::usage(format!(
+            "{from} {}: {}",
+            file.display(),
+            nerve_runtime::launch::describe_io(&e)
+        ))
+    })?;
+    let line = text.lines().next().map(str::trim).unwrap_or_default();
+    if line.is_empty() {
+        return Err(Failure::usage(format!(
+            "{from} {}: its first line is empty: it should be the log's path or postgres:// URL",
+            file.display()
+        )));
+    }
+    Ok(PathBuf::from(line))
 }
 
 #[derive(Debug, Subcommand)]

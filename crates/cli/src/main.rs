@@ -170,11 +170,12 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         | Command::Mcp { .. }
         | Command::Config(_)
         | Command::Token { .. } => false,
-        Command::Serve(_) => true,
+        // Its messages route refuses a PostgreSQL log itself; everything else it does works there.
+        Command::Serve(_) => false,
     };
     if nerve_runtime::log::is_postgres(&db) && continues {
         return Err(Failure::usage(
-            "chat, acp, serve and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
+            "chat, acp and --continue do not read a PostgreSQL log yet: `nerve export` the execution and `nerve import` it into a SQLite log to continue it there",
         ));
     }
     // Every id a person types may be a unique prefix, or `last`.
@@ -293,7 +294,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Reap { all, id } => reap::reap(&db, all, id.as_deref()).await,
         Command::Mcp { command } => mcp::command(command, cli.config.as_deref()).await,
         Command::Serve(args) => serve::serve(args, db, cli.config.as_deref()).await,
-        Command::Token { command } => serve::token(command, &db),
+        Command::Token { command } => serve::token(command, &db).await,
         Command::Config(args) => settings::show(args, cli.config.as_deref()),
     }
 }

@@ -92,15 +92,15 @@ async fn wait_for_signal() {
     }
 }
 
-pub(crate) fn token(command: TokenCommand, db: &Path) -> Result<u8, Failure> {
+pub(crate) async fn token(command: TokenCommand, db: &Path) -> Result<u8, Failure> {
     match command {
         TokenCommand::Create { name, scope } => {
             let scope: Scope = scope.parse()?;
-            let token = nerve_runtime::tokens::create(db, &name, scope)?;
+            let token = nerve_runtime::tokens::create(db, &name, scope).await?;
             output::line(&token);
         }
         TokenCommand::List { json } => {
-            let tokens = nerve_runtime::tokens::list(db)?;
+            let tokens = nerve_runtime::tokens::list(db).await?;
             if json {
                 output::json(&serde_json::json!(tokens));
             } else {
@@ -121,7 +121,7 @@ pub(crate) fn token(command: TokenCommand, db: &Path) -> Result<u8, Failure> {
             }
         }
         TokenCommand::Revoke { name } => {
-            nerve_runtime::tokens::revoke(db, &name)?;
+            nerve_runtime::tokens::revoke(db, &name).await?;
             output::line(&format!("revoked {name}"));
         }
     }

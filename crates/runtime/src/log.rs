@@ -84,8 +84,9 @@ pub async fn writer(db: &Path, redactor: Arc<Redactor>) -> Result<Arc<dyn Log>, 
 /// created, migrated or locked against a writer); a PostgreSQL log through its store.
 #[derive(Debug)]
 pub enum Reader {
-    Sqlite(Store),
-    Postgres(PgStore),
+    Sqlite(Box<Store>),
+    /// Shared: a server's reads all go through one pool ([`crate::tokens::TokenStore::reader`]).
+    Postgres(Arc<PgStore>),
 }
 
 /// Opens `db` for reading; a SQLite file must exist.
@@ -94,7 +95,7 @@ pub async fn reader(db: &Path) -> Result<Reader, RuntimeError> {
         let store = PgStore::connect(url, Arc::new(Redactor::new()))
             .await
             .map_err(RuntimeError::from)?;
-        return Ok(Reader::Postgres(store));
+        return Ok(Reader::Postgres(Arc::new(store)));
     }
     if !db.exists() {
         return Err(RuntimeError::NotFound(format!(
@@ -102,9 +103,9 @@ pub async fn reader(db: &Path) -> Result<Reader, RuntimeError> {
             db.display()
         )));
     }
-    Ok(Reader::Sqlite(
+    Ok(Reader::Sqlite(Box::new(
         Store::open_read_only(db).map_err(RuntimeError::from)?,
-    ))
+    )))
 }
 
 impl Reader {

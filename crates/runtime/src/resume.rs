@@ -39,7 +39,7 @@ pub async fn load(
         let crate::log::Reader::Postgres(store) = crate::log::reader(db).await? else {
             return Err(RuntimeError::log("not a PostgreSQL log"));
         };
-        EventStore::verified_events(&store, execution).await
+        EventStore::verified_events(&*store, execution).await
     } else {
         if !db.exists() {
             return Err(RuntimeError::NotFound(format!(

@@ -1,16 +1,24 @@
 //! The API tokens of `nerve serve` (`nerve token create|list|revoke`), in the log's
-//! database: what a token may do ([`Scope`]), and creating, listing, revoking and
-//! checking tokens through the log. Only a SQLite log holds them for now.
+//! database, SQLite or PostgreSQL alike: what a token may do ([`Scope`]), and creating,
+//! listing, revoking and checking tokens through the log.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-use nerve_session::Store;
+use nerve_core::Redactor;
+use nerve_session::{PgStore, Store};
 pub use nerve_session::{TOKEN_PREFIX, TokenRecord};
 
-/// The log's database opened for its tokens ([`open`]).
-pub type TokenStore = Store;
-
 use crate::RuntimeError;
+
+/// The log's database opened for its tokens ([`open`]).
+#[derive(Debug)]
+pub enum TokenStore {
+    /// A SQLite connection of its own: each use is one short statement.
+    Sqlite(Box<Mutex<Store>>),
+    /// The PostgreSQL log, through its pool (which a server's reads share: [`Self::reader`]).
+    Postgres(Arc<PgStore>),
+}
 
 /// What a token may do; each scope includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -73,51 +81,103 @@ fn check_name(name: &str) -> Result<(), RuntimeError> {
 }
 
 /// The log's database, opened (and migrated) for its tokens.
-pub fn open(db: &Path) -> Result<Store, RuntimeError> {
-    if crate::log::is_postgres(db) {
-        return Err(RuntimeError::usage(
-            "API tokens live in a SQLite log for now: run `nerve serve` and `nerve token` with --db on a SQLite file",
-        ));
+pub async fn open(db: &Path) -> Result<TokenStore, RuntimeError> {
+    if let Some(url) = db.to_str().filter(|_| crate::log::is_postgres(db)) {
+        let store = PgStore::connect(url, Arc::new(Redactor::new())).await?;
+        return Ok(TokenStore::Postgres(Arc::new(store)));
     }
-    Store::open(db).map_err(RuntimeError::from)
+    Ok(TokenStore::Sqlite(Box::new(Mutex::new(Store::open(db)?))))
 }
 
 /// A new token named `name` with `scope`: returned once, stored hashed.
-pub fn create(db: &Path, name: &str, scope: Scope) -> Result<String, RuntimeError> {
+pub async fn create(db: &Path, name: &str, scope: Scope) -> Result<String, RuntimeError> {
     check_name(name)?;
-    open(db)?
-        .create_token(name, scope.name())
-        .map_err(RuntimeError::from)?
-        .ok_or_else(|| {
+    open(db).await?.create(name, scope).await
+}
+
+/// Every token, oldest first (never the tokens themselves).
+pub async fn list(db: &Path) -> Result<Vec<TokenRecord>, RuntimeError> {
+    open(db).await?.list().await
+}
+
+/// Revokes the token named `name`; it stops working at once.
+pub async fn revoke(db: &Path, name: &str) -> Result<(), RuntimeError> {
+    open(db).await?.revoke(name).await
+}
+
+/// Runs a short SQLite statement: off the async workers where the runtime has others
+/// (`block_in_place` needs a multi-threaded runtime), else in place.
+fn blocking<T>(store: &Mutex<Store>, work: impl FnOnce(&Store) -> T) -> T {
+    let run = || {
+        work(
+            &store
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    };
+    match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
+        _ => run(),
+    }
+}
+
+impl TokenStore {
+    /// A reader of the same PostgreSQL log, on the same pool: a server that holds this store
+    /// reads through it instead of connecting (and checking the schema) for every request.
+    /// `None` for a SQLite log, whose connection is not shared (open a reader of its own).
+    pub fn reader(&self) -> Option<crate::log::Reader> {
+        match self {
+            Self::Postgres(store) => Some(crate::log::Reader::Postgres(Arc::clone(store))),
+            Self::Sqlite(_) => None,
+        }
+    }
+
+    /// A new token named `name` with `scope`: returned once, stored hashed.
+    pub async fn create(&self, name: &str, scope: Scope) -> Result<String, RuntimeError> {
+        check_name(name)?;
+        let made = match self {
+            Self::Sqlite(store) => blocking(store, |s| s.create_token(name, scope.name()))?,
+            Self::Postgres(store) => store.create_token(name, scope.name()).await?,
+        };
+        made.ok_or_else(|| {
             RuntimeError::conflict(format!(
                 "a token named {name} exists (revoked tokens keep their names): choose another name"
             ))
         })
-}
-
-/// Every token, oldest first (never the tokens themselves).
-pub fn list(db: &Path) -> Result<Vec<TokenRecord>, RuntimeError> {
-    open(db)?.tokens().map_err(RuntimeError::from)
-}
-
-/// Revokes the token named `name`; it stops working at once.
-pub fn revoke(db: &Path, name: &str) -> Result<(), RuntimeError> {
-    if open(db)?.revoke_token(name).map_err(RuntimeError::from)? {
-        Ok(())
-    } else {
-        Err(RuntimeError::NotFound(format!(
-            "no live token named {name} (see `nerve token list`)"
-        )))
     }
-}
 
-/// The scope of the live token `token` in `store`, its use recorded; `None` when it is
-/// unknown or revoked (or names a scope this nerve does not know).
-pub fn check(store: &Store, token: &str) -> Result<Option<(String, Scope)>, RuntimeError> {
-    let Some(record) = store.use_token(token).map_err(RuntimeError::from)? else {
-        return Ok(None);
-    };
-    Ok(record.scope.parse().ok().map(|scope| (record.name, scope)))
+    /// Every token, oldest first (never the tokens themselves).
+    pub async fn list(&self) -> Result<Vec<TokenRecord>, RuntimeError> {
+        Ok(match self {
+            Self::Sqlite(store) => blocking(store, Store::tokens)?,
+            Self::Postgres(store) => store.tokens().await?,
+        })
+    }
+
+    /// Revokes the token named `name`; it stops working at once.
+    pub async fn revoke(&self, name: &str) -> Result<(), RuntimeError> {
+        let revoked = match self {
+            Self::Sqlite(store) => blocking(store, |s| s.revoke_token(name))?,
+            Self::Postgres(store) => store.revoke_token(name).await?,
+        };
+        if revoked {
+            Ok(())
+        } else {
+            Err(RuntimeError::NotFound(format!(
+                "no live token named {name} (see `nerve token list`)"
+            )))
+        }
+    }
+
+    /// The name and scope of the live token `token`, its use recorded; `None` when it is
+    /// unknown or revoked (or names a scope this nerve does not know).
+    pub async fn check(&self, token: &str) -> Result<Option<(String, Scope)>, RuntimeError> {
+        let found = match self {
+            Self::Sqlite(store) => blocking(store, |s| s.use_token(token))?,
+            Self::Postgres(store) => store.use_token(token).await?,
+        };
+        Ok(found.and_then(|record| record.scope.parse().ok().map(|scope| (record.name, scope))))
+    }
 }
 
 #[cfg(test)]
@@ -137,21 +197,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn tokens_are_created_checked_and_revoked_by_name() {
+    #[tokio::test]
+    async fn tokens_are_created_checked_and_revoked_by_name() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("nerve.db");
-        let token = create(&db, "ci-bot", Scope::Run).unwrap();
-        assert!(create(&db, "ci-bot", Scope::Read).is_err());
-        assert!(create(&db, "no spaces", Scope::Read).is_err());
-        let store = open(&db).unwrap();
+        let token = create(&db, "ci-bot", Scope::Run).await.unwrap();
+        assert!(create(&db, "ci-bot", Scope::Read).await.is_err());
+        assert!(create(&db, "no spaces", Scope::Read).await.is_err());
+        let store = open(&db).await.unwrap();
         assert_eq!(
-            check(&store, &token).unwrap(),
+            store.check(&token).await.unwrap(),
             Some(("ci-bot".to_owned(), Scope::Run))
         );
-        revoke(&db, "ci-bot").unwrap();
-        assert_eq!(check(&store, &token).unwrap(), None);
-        assert!(revoke(&db, "ci-bot").is_err());
-        assert_eq!(list(&db).unwrap().len(), 1);
+        revoke(&db, "ci-bot").await.unwrap();
+        assert_eq!(store.check(&token).await.unwrap(), None);
+        assert!(revoke(&db, "ci-bot").await.is_err());
+        assert_eq!(list(&db).await.unwrap().len(), 1);
     }
 }

@@ -52,12 +52,8 @@ async fn not_found(State(app): State<Arc<App>>) -> Response {
 
 async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let answer = async {
-        authorize_read(&app, &headers)?;
-        let executions = read(
-            app.db,
-            |reader| async move { Ok(reader.executions().await?) },
-        )
-        .await?;
+        authorize_read(&app, &headers).await?;
+        let executions = read(&app, |reader| async move { Ok(reader.executions().await?) }).await?;
         Ok((StatusCode::OK, json!({ "executions": executions })))
     };
     app.respond(answer.await)
@@ -69,9 +65,9 @@ async fn show(
     UrlPath(id): UrlPath<String>,
 ) -> Response {
     let answer = async {
-        authorize_read(&app, &headers)?;
+        authorize_read(&app, &headers).await?;
         let execution = execution_id(&id)?;
-        let replayed = read(app.db, move |reader| async move {
+        let replayed = read(&app, move |reader| async move {
             let replayed = reader.replay(execution).await?;
             Ok(nerve_runtime::views::json::replay_json(&replayed))
         })
@@ -95,7 +91,7 @@ async fn create(
     body: Result<Json<Create>, JsonRejection>,
 ) -> Response {
     let answer = async {
-        authorize(&app, &headers, Scope::Run)?;
+        authorize(&app, &headers, Scope::Run).await?;
         let Json(body) = body?;
         let execution = create_execution(&app, &body.workspace, body.task, body.provider).await?;
         Ok((StatusCode::CREATED, json!({ "execution_id": execution })))
@@ -116,13 +112,20 @@ async fn message(
     body: Result<Json<Message>, JsonRejection>,
 ) -> Response {
     let answer = async {
-        authorize(&app, &headers, Scope::Run)?;
+        authorize(&app, &headers, Scope::Run).await?;
         let execution = execution_id(&id)?;
         let Json(body) = body?;
         if body.text.trim().is_empty() {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "the message is empty",
+            ));
+        }
+        if nerve_runtime::log::is_postgres(app.db) {
+            // As `nerve run --continue` (the CLI refuses it on a PostgreSQL log).
+            return Err(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "continuing an execution with a message on a PostgreSQL log is not built yet: `nerve export` it and `nerve import` it into a SQLite log to continue it there",
             ));
         }
         refuse_running(&app, execution).await?;
@@ -152,7 +155,7 @@ async fn cancel(
     UrlPath(id): UrlPath<String>,
 ) -> Response {
     let answer = async {
-        authorize(&app, &headers, Scope::Run)?;
+        authorize(&app, &headers, Scope::Run).await?;
         let execution = execution_id(&id)?;
         if app.runs.cancel(execution) {
             return Ok((
@@ -201,7 +204,7 @@ async fn approval(
     body: Result<Json<Decision>, JsonRejection>,
 ) -> Response {
     let answer = async {
-        let token = authorize(&app, &headers, Scope::Approve)?;
+        let token = authorize(&app, &headers, Scope::Approve).await?;
         let execution = execution_id(&id)?;
         let Json(body) = body?;
         let deny = matches!(body.decision, Decided::Deny);

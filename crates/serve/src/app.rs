@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -25,8 +25,8 @@ pub(crate) struct App {
     pub(crate) db: &'static Path,
     pub(crate) config: &'static Config,
     pub(crate) settings: Settings,
-    /// The log's database, for the tokens (one connection: each use is one short statement).
-    pub(crate) tokens: Mutex<nerve_runtime::tokens::TokenStore>,
+    /// The log's database, for the tokens.
+    pub(crate) tokens: nerve_runtime::tokens::TokenStore,
     /// The configuration's secrets: every answer goes through it.
     pub(crate) redactor: Arc<Redactor>,
     pub(crate) runs: Runs,
@@ -116,18 +116,30 @@ pub(crate) fn execution_id(id: &str) -> Result<ExecutionId, ApiError> {
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("execution id {id:?}: {e}")))
 }
 
+impl App {
+    /// The log's reader: the server's PostgreSQL pool, shared, or a SQLite connection of
+    /// its own.
+    pub(crate) async fn reader(&self) -> Result<Reader, RuntimeError> {
+        match self.tokens.reader() {
+            Some(shared) => Ok(shared),
+            None => nerve_runtime::log::reader(self.db).await,
+        }
+    }
+}
+
 /// Runs `read` with the log's reader on a blocking thread: the SQLite reader holds a
 /// connection that is not `Sync`, so its futures cannot run on the async workers.
-pub(crate) async fn read<T, F, Fut>(db: &'static Path, read: F) -> Result<T, ApiError>
+pub(crate) async fn read<T, F, Fut>(app: &Arc<App>, read: F) -> Result<T, ApiError>
 where
     T: Send + 'static,
     F: FnOnce(Reader) -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, ApiError>>,
 {
     let handle = tokio::runtime::Handle::current();
+    let app = Arc::clone(app);
     tokio::task::spawn_blocking(move || {
         handle.block_on(async move {
-            let reader = nerve_runtime::log::reader(db).await?;
+            let reader = app.reader().await?;
             read(reader).await
         })
     })

@@ -1,5 +1,5 @@
 //! Who may call a route: the `Authorization: Bearer TOKEN` header, looked up (hashed) in
-//! the log's `api_tokens` on every request, so that a revoked token stops at once; its
+//! the log's `api_tokens` (SQLite or PostgreSQL) on every request, so that a revoked token stops at once; its
 //! use is recorded. No token, an unknown or a revoked one: 401. A scope below the
 //! route's: 403. The web view's session cookie stands for the header on reading routes,
 //! and on the web view's own forms when they come from its own page ([`same_origin`]).
@@ -27,7 +27,7 @@ pub(crate) fn session_cookie(headers: &HeaderMap) -> Option<&str> {
 
 /// The token and scope of the request's web session, at least `needed`: 401 without a
 /// session (or an ended one, or a revoked token), 403 for a weaker scope.
-pub(crate) fn session(
+pub(crate) async fn session(
     app: &App,
     headers: &HeaderMap,
     needed: Scope,
@@ -40,16 +40,18 @@ pub(crate) fn session(
                 "no web session (or it ended): log in again",
             )
         })?;
-    check_scope(app, token.expose_secret(), needed)
+    check_scope(app, token.expose_secret(), needed).await
 }
 
 /// [`authorize`] for the routes that only read (`GET`): the web view's session cookie will
 /// do instead of the header.
-pub(crate) fn authorize_read(app: &App, headers: &HeaderMap) -> Result<String, ApiError> {
+pub(crate) async fn authorize_read(app: &App, headers: &HeaderMap) -> Result<String, ApiError> {
     if session_cookie(headers).is_some() && !headers.contains_key(header::AUTHORIZATION) {
-        return session(app, headers, Scope::Read).map(|(name, _)| name);
+        return session(app, headers, Scope::Read)
+            .await
+            .map(|(name, _)| name);
     }
-    authorize(app, headers, Scope::Read)
+    authorize(app, headers, Scope::Read).await
 }
 
 /// What authorized a reading request, kept by a long answer (an event stream) to check
@@ -75,12 +77,15 @@ impl Credential {
     }
 
     /// Whether it still authorizes reading.
-    pub(crate) fn still_valid(&self, app: &App) -> bool {
+    pub(crate) async fn still_valid(&self, app: &App) -> bool {
         let token = match self {
             Self::Bearer(token) => Some(token.clone()),
             Self::Session(id) => app.sessions.token(id),
         };
-        token.is_some_and(|token| check(app, token.expose_secret(), Scope::Read).is_ok())
+        match token {
+            Some(token) => check(app, token.expose_secret(), Scope::Read).await.is_ok(),
+            None => false,
+        }
     }
 }
 
@@ -119,7 +124,11 @@ pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// The token's name when the request's token is live and its scope at least `needed`.
-pub(crate) fn authorize(app: &App, headers: &HeaderMap, needed: Scope) -> Result<String, ApiError> {
+pub(crate) async fn authorize(
+    app: &App,
+    headers: &HeaderMap,
+    needed: Scope,
+) -> Result<String, ApiError> {
     let unauthorized = |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, why);
     let token = headers
         .get(header::AUTHORIZATION)
@@ -132,31 +141,28 @@ pub(crate) fn authorize(app: &App, headers: &HeaderMap, needed: Scope) -> Result
         .map(str::trim)
         .filter(|token| !token.is_empty())
         .ok_or_else(|| unauthorized("the Authorization header is not `Bearer TOKEN`"))?;
-    check(app, token, needed)
+    check(app, token, needed).await
 }
 
 /// The name of `token` when it is live and its scope at least `needed`.
-pub(crate) fn check(app: &App, token: &str, needed: Scope) -> Result<String, ApiError> {
-    check_scope(app, token, needed).map(|(name, _)| name)
+pub(crate) async fn check(app: &App, token: &str, needed: Scope) -> Result<String, ApiError> {
+    check_scope(app, token, needed).await.map(|(name, _)| name)
 }
 
 /// The name and scope of `token` when it is live and its scope at least `needed`.
-pub(crate) fn check_scope(
+pub(crate) async fn check_scope(
     app: &App,
     token: &str,
     needed: Scope,
 ) -> Result<(String, Scope), ApiError> {
     let unauthorized = |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, why);
-    // A short SQLite statement (an update of the token's last use) on a connection of
-    // its own, off the async workers.
-    let found = tokio::task::block_in_place(|| {
-        let store = app
-            .tokens
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        nerve_runtime::tokens::check(&store, token)
-    })
-    .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error))?;
+    // A read of the log's token table (and, once a minute, an update of the token's last
+    // use): SQLite on a connection of its own off the async workers, or PostgreSQL's pool.
+    let found = app
+        .tokens
+        .check(token)
+        .await
+        .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error))?;
     let Some((name, scope)) = found else {
         return Err(unauthorized("the token is unknown or revoked"));
     };

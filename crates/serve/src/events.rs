@@ -45,7 +45,7 @@ pub(crate) async fn stream(
     from: Result<Query<StreamFrom>, QueryRejection>,
 ) -> Response {
     let opened = async {
-        authorize_read(&app, &headers)?;
+        authorize_read(&app, &headers).await?;
         let execution = execution_id(&id)?;
         let Query(from) = from.map_err(|_| {
             ApiError::new(
@@ -60,7 +60,7 @@ pub(crate) async fn stream(
         };
         // Known before the stream starts: a 404 is a status, not an empty stream.
         let known = app.runs.is_running(execution)
-            || crate::app::read(app.db, move |reader| async move {
+            || crate::app::read(&app, move |reader| async move {
                 match reader.events_after(execution, 0).await {
                     Ok(events) => Ok(!events.is_empty()),
                     Err(SessionError::UnknownExecution(_)) => Ok(false),
@@ -134,7 +134,7 @@ async fn follow(
     credential: &Credential,
     sender: &mpsc::Sender<Event>,
 ) {
-    let reader = match nerve_runtime::log::reader(app.db).await {
+    let reader = match app.reader().await {
         Ok(reader) => reader,
         Err(error) => {
             tracing::warn!(%error, "an event stream cannot read the log");
@@ -157,7 +157,7 @@ async fn follow(
     // here and the client has seen its finish (or it has no event at all).
     loop {
         if checked.elapsed() >= RECHECK {
-            if !credential.still_valid(app) {
+            if !credential.still_valid(app).await {
                 tracing::debug!(%execution, "an event stream's token was revoked or its session ended");
                 return;
             }

@@ -126,7 +126,7 @@ impl Server {
             .iter()
             .map(|root| nerve_runtime::launch::validate_workspace(root))
             .collect::<Result<Vec<_>, _>>()?;
-        let tokens = nerve_runtime::tokens::open(&db)?;
+        let tokens = nerve_runtime::tokens::open(&db).await?;
         let redactor = nerve_runtime::launch::config_redactor(&config)?;
         let tcp = tokio::net::TcpListener::bind(settings.listen)
             .await
@@ -151,7 +151,7 @@ impl Server {
                 workspace_roots: roots,
                 ..settings
             },
-            tokens: std::sync::Mutex::new(tokens),
+            tokens,
             redactor,
             runs: runs::Runs::default(),
             sessions: sessions::Sessions::default(),

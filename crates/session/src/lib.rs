@@ -25,6 +25,7 @@ pub use archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
 pub use chain::{ChainError, GENESIS_HASH, StoredEvent, verify_events};
 pub use encode::redacted_json;
 pub use event_store::EventStore;
+pub use pg::tls::SslMode;
 pub use pg::{PgStore, is_postgres_url};
 pub use pg_queue::{Cancelled, Claim, LeaseState, Listener, QueueEntry};
 pub use replay::{
@@ -56,6 +57,12 @@ pub enum SessionError {
     /// a retry helps depends on the cause (a server restarting, yes; a bad URL, no).
     #[error("event log {log}: {message}")]
     Database { log: String, message: String },
+    /// The first connection to a database server failed: it is down or unreachable, it
+    /// refused the user, or TLS could not be agreed (the message says which check the
+    /// server's certificate failed). `log` names it without its password. Returned by
+    /// [`PgStore::connect`]; retryable when the server was only down.
+    #[error("cannot connect to {log}: {message}")]
+    Connect { log: String, message: String },
     /// The database was written by a newer Nerve. Returned by [`Store::open`].
     #[error(
         "event log {path} has schema version {found}, newer than this nerve understands ({supported})"
@@ -107,6 +114,7 @@ impl From<SessionError> for nerve_core::SinkError {
             SessionError::Corrupt(_) | SessionError::BrokenChain(_) => Self::Corrupt(message),
             SessionError::Sqlite { .. }
             | SessionError::Database { .. }
+            | SessionError::Connect { .. }
             | SessionError::SchemaTooNew { .. }
             | SessionError::UnknownExecution(_)
             | SessionError::Write(_) => Self::Write(message),

@@ -20,7 +20,7 @@ use nerve_core::{
     RecallHit, Redactor, SinkError, Snapshot,
 };
 use tokio::sync::{mpsc, oneshot};
-use tokio_postgres::{GenericClient, NoTls, Row};
+use tokio_postgres::{GenericClient, Row};
 
 use crate::SessionError;
 use crate::archive::{ArchiveBlock, ArchiveHit, NewBlock, searchable_text};
@@ -34,12 +34,14 @@ use crate::replay::{Replay, replay};
 use crate::store::{ExecutionSummary, ResumePoint, StoredCheckpoint, to_i64, to_u64};
 use crate::transfer::{ExecutionLog, LoggedEvent};
 
+pub(crate) mod tls;
+mod tokens;
 mod writer;
 
 use writer::{BlockColumns, EventColumns, run_writer, update_heads};
 
 /// The schema version this Nerve writes.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 /// The most writes committed in one transaction.
 const MAX_BATCH: usize = 1024;
 /// Connections for reads (the writer holds one more).
@@ -134,6 +136,18 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE queue DROP CONSTRAINT queue_state_check;
     ALTER TABLE queue ADD CONSTRAINT queue_state_check
         CHECK (state IN ('queued', 'claimed', 'finished', 'cancelled', 'failed'));
+    ",
+    // 4: the API tokens of `nerve serve`, as the SQLite log keeps them (`pg/tokens.rs`):
+    // only a token's SHA-256 is stored; a revoked token keeps its row and its name.
+    r"
+    CREATE TABLE api_tokens (
+        name         TEXT PRIMARY KEY,
+        hash         TEXT NOT NULL UNIQUE,
+        scope        TEXT NOT NULL,
+        created_at   TEXT NOT NULL,
+        last_used_at TEXT,
+        revoked_at   TEXT
+    );
     ",
 ];
 
@@ -299,6 +313,8 @@ pub struct PgStore {
     shown: String,
     /// Where a listening connection of its own goes (`events --follow`, idle workers).
     pub(crate) config: tokio_postgres::Config,
+    /// How every connection speaks TLS (the URL's `sslmode` and `sslrootcert`).
+    pub(crate) tls: tls::Connector,
     pub(crate) leases: Leases,
     failures: Arc<Failures>,
 }
@@ -318,15 +334,12 @@ pub fn is_postgres_url(db: &str) -> bool {
 }
 
 impl PgStore {
-    /// Connects to the log at `url` (`postgres://user[:password]@host[:port]/dbname`),
-    /// creating or migrating its tables, and starts the writer task on the current Tokio
-    /// runtime. Every payload, snapshot and archived message passes through `redactor`.
+    /// Connects to the log at `url` (`postgres://user[:password]@host[:port]/dbname`, with
+    /// libpq's `sslmode` and `sslrootcert` among its parameters: see [`tls`]), creating or
+    /// migrating its tables, and starts the writer task on the current Tokio runtime.
+    /// Every payload, snapshot and archived message passes through `redactor`.
     pub async fn connect(url: &str, redactor: Arc<Redactor>) -> Result<Self, SessionError> {
-        let mut config: tokio_postgres::Config =
-            url.parse().map_err(|e| SessionError::Database {
-                log: "postgres://…".into(),
-                message: format!("not a PostgreSQL URL: {}", with_causes(&e)),
-            })?;
+        let (mut config, security) = tls::parse_url(url)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -335,9 +348,13 @@ impl PgStore {
             log: shown.clone(),
             message: with_causes(e),
         };
+        let connector = tls::connector(&security).map_err(|message| SessionError::Connect {
+            log: shown.clone(),
+            message,
+        })?;
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            connector.make.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -347,7 +364,20 @@ impl PgStore {
             .build()
             .map_err(|e| err(&e))?;
         {
-            let mut client = pool.get().await.map_err(|e| err(&e))?;
+            let mut client = pool.get().await.map_err(|e| {
+                // The driver's error, not the pool's wrapping of it.
+                let cause: &(dyn std::error::Error + 'static) =
+                    if let deadpool_postgres::PoolError::Backend(inner) = &e {
+                        inner
+                    } else {
+                        &e
+                    };
+                SessionError::Connect {
+                    log: shown.clone(),
+                    message: tls::explain(cause, &security, &host_of(&config))
+                        .unwrap_or_else(|| with_causes(cause)),
+                }
+            })?;
             let found = migrate(&mut client).await.map_err(|e| err(&e))?;
             if found > SCHEMA_VERSION {
                 return Err(SessionError::SchemaTooNew {
@@ -373,6 +403,7 @@ impl PgStore {
             jobs,
             shown,
             config,
+            tls: connector,
             leases,
             failures,
         })
@@ -677,16 +708,21 @@ fn with_causes(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// `postgres://user@host:port/dbname`, never the password.
-fn shown_url(config: &tokio_postgres::Config) -> String {
-    let host = config
+/// The first host of `config`, as the URL names it.
+fn host_of(config: &tokio_postgres::Config) -> String {
+    config
         .get_hosts()
         .first()
         .map(|host| match host {
             tokio_postgres::config::Host::Tcp(name) => name.clone(),
             tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// `postgres://user@host:port/dbname`, never the password.
+fn shown_url(config: &tokio_postgres::Config) -> String {
+    let host = host_of(config);
     let port = config.get_ports().first().copied().unwrap_or(5432);
     format!(
         "postgres://{}@{host}:{port}/{}",

@@ -58,7 +58,13 @@ pub async fn test_database() -> Result<String, ClusterError> {
             .unwrap_or_default(),
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
-    let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+    // The store's own reading of the URL: a server named with `sslmode=verify-full` is
+    // reached as the store will reach it.
+    let (config, security) =
+        crate::pg::tls::parse_url(&admin).map_err(|e| ClusterError(e.to_string()))?;
+    let tls = crate::pg::tls::connector(&security).map_err(ClusterError)?;
+    let (client, connection) = config
+        .connect(tls.make)
         .await
         .map_err(|e| ClusterError(format!("cannot connect to the test server: {e}")))?;
     let driver = tokio::spawn(connection);
@@ -86,10 +92,32 @@ fn with_database(url: &str, name: &str) -> String {
     }
 }
 
+/// How a throwaway cluster is set up beyond the defaults (no TLS, no password, `trust`).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterConfig {
+    /// Serve TLS with this certificate chain and key (PEM files, copied into the cluster's
+    /// data directory, where the server's account owns them and the key is private).
+    pub tls: Option<ServerTls>,
+    /// Refuse TCP connections without TLS (`pg_hba.conf`: `hostssl`, and `hostnossl …
+    /// reject`). Needs `tls`.
+    pub tls_only: bool,
+    /// The superuser's password: TCP connections must give it (SCRAM-SHA-256, with
+    /// channel binding over TLS); without it, they are trusted.
+    pub password: Option<String>,
+}
+
+/// The server's certificate chain and its private key, PEM files.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// A running throwaway cluster. Dropping it stops the server and removes its files.
 #[derive(Debug)]
 pub struct PgCluster {
     port: u16,
+    password: Option<String>,
     /// Closing it (drop) tells the watchdog to stop the server.
     watchdog_stdin: Option<ChildStdin>,
     watchdog: Child,
@@ -98,6 +126,14 @@ pub struct PgCluster {
 impl PgCluster {
     /// Initialises and starts a cluster; returns once it accepts connections.
     pub fn start() -> Result<Self, ClusterError> {
+        Self::start_with(&ClusterConfig::default())
+    }
+
+    /// [`PgCluster::start`] as `setup` says: TLS, TLS only, a password.
+    pub fn start_with(setup: &ClusterConfig) -> Result<Self, ClusterError> {
+        if setup.tls_only && setup.tls.is_none() {
+            return Err(ClusterError("tls_only needs a certificate (tls)".into()));
+        }
         let bin = server_bindir()?;
         let owner = account()?;
         let dir = fresh_dir()?;
@@ -115,19 +151,32 @@ impl PgCluster {
             command.current_dir(&dir);
             command
         };
-        let initdb = run(&bin.join("initdb"))
+        let mut initdb = run(&bin.join("initdb"));
+        initdb
             .arg("-D")
             .arg(&data)
             .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--no-sync"])
-            .args(["--locale=C.UTF-8", "--no-instructions"])
+            .args(["--locale=C.UTF-8", "--no-instructions"]);
+        if let Some(password) = &setup.password {
+            let file = dir.join("pwfile");
+            std::fs::write(&file, format!("{password}\n"))
+                .map_err(|e| ClusterError(format!("cannot write {}: {e}", file.display())))?;
+            initdb.arg(format!("--pwfile={}", file.display()));
+        }
+        let initdb = initdb
             .output()
             .map_err(|e| ClusterError(format!("cannot run initdb: {e}")))?;
+        let _ = std::fs::remove_file(dir.join("pwfile"));
         if !initdb.status.success() {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(ClusterError(format!(
                 "initdb failed: {}",
                 String::from_utf8_lossy(&initdb.stderr).trim()
             )));
+        }
+        if let Err(error) = configure(&data, setup, owner) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(error);
         }
         let port = free_port()?;
         let log = dir.join("server.log");
@@ -157,6 +206,7 @@ impl PgCluster {
         let watchdog_stdin = watchdog.stdin.take();
         let cluster = Self {
             port,
+            password: setup.password.clone(),
             watchdog_stdin,
             watchdog,
         };
@@ -164,9 +214,18 @@ impl PgCluster {
         Ok(cluster)
     }
 
-    /// The URL of database `name` on this cluster, as the superuser.
+    /// The URL of database `name` on this cluster, as the superuser (with its password,
+    /// when it has one).
     pub fn url(&self, name: &str) -> String {
-        format!("postgres://{SUPERUSER}@127.0.0.1:{}/{name}", self.port)
+        let password = self
+            .password
+            .as_ref()
+            .map(|p| format!(":{p}"))
+            .unwrap_or_default();
+        format!(
+            "postgres://{SUPERUSER}{password}@127.0.0.1:{}/{name}",
+            self.port
+        )
     }
 
     pub fn port(&self) -> u16 {
@@ -212,6 +271,60 @@ impl Drop for PgCluster {
         }
         let _ = self.watchdog.wait();
     }
+}
+
+/// The server's TLS files and its `pg_hba.conf`, as `setup` asks, in the data directory
+/// `initdb` made.
+fn configure(
+    data: &Path,
+    setup: &ClusterConfig,
+    owner: Option<(u32, u32)>,
+) -> Result<(), ClusterError> {
+    let failed = |what: &Path, e: std::io::Error| {
+        ClusterError(format!("cannot set up {}: {e}", what.display()))
+    };
+    let mut settings = String::new();
+    if let Some(tls) = &setup.tls {
+        for (from, name, mode) in [
+            (&tls.cert, "server.crt", 0o644),
+            (&tls.key, "server.key", 0o600),
+        ] {
+            let to = data.join(name);
+            std::fs::copy(from, &to).map_err(|e| failed(from, e))?;
+            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .map_err(|e| failed(&to, e))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(&to, Some(uid), Some(gid)).map_err(|e| failed(&to, e))?;
+            }
+        }
+        settings.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+    }
+    if setup.tls.is_some() || setup.password.is_some() {
+        let method = if setup.password.is_some() {
+            "scram-sha-256"
+        } else {
+            "trust"
+        };
+        let tcp = if setup.tls_only {
+            format!(
+                "hostssl all all 127.0.0.1/32 {method}\nhostnossl all all 127.0.0.1/32 reject\n"
+            )
+        } else {
+            format!("host all all 127.0.0.1/32 {method}\n")
+        };
+        let hba = data.join("pg_hba.conf");
+        std::fs::write(&hba, format!("local all all trust\n{tcp}")).map_err(|e| failed(&hba, e))?;
+    }
+    if !settings.is_empty() {
+        let conf = data.join("postgresql.conf");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&conf)
+            .map_err(|e| failed(&conf, e))?;
+        file.write_all(settings.as_bytes())
+            .map_err(|e| failed(&conf, e))?;
+    }
+    Ok(())
 }
 
 /// The directory of Debian's server binaries (`/usr/lib/postgresql/<major>/bin`), newest

@@ -346,7 +346,7 @@ impl PgStore {
     pub async fn listen(&self, channel: &str) -> Result<Listener, SessionError> {
         let (client, mut connection) = self
             .config
-            .connect(tokio_postgres::NoTls)
+            .connect(self.tls.make.clone())
             .await
             .map_err(|e| self.db_err(&e))?;
         let (tx, rx) = mpsc::unbounded_channel();

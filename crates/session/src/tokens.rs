@@ -1,4 +1,5 @@
-//! The API tokens of `nerve serve`, kept in the SQLite log's `api_tokens` table: made here
+//! The API tokens of `nerve serve`, kept in the log's `api_tokens` table (the SQLite log's
+//! here, the PostgreSQL log's in `pg/tokens.rs`, alike in every respect): made here
 //! from 32 bytes of the operating system's randomness, shown once to whoever created them,
 //! and stored only as their SHA-256. A request's token is hashed and looked up; a revoked
 //! token keeps its row (so its name stays taken) and stops matching at once, since every
@@ -31,11 +32,32 @@ pub struct TokenRecord {
 }
 
 /// The stored form of `token`: its SHA-256, in hex.
-fn digest(token: &str) -> String {
+pub(crate) fn digest(token: &str) -> String {
     hex::encode(ring::digest::digest(
         &ring::digest::SHA256,
         token.as_bytes(),
     ))
+}
+
+/// A new token: the prefix and 32 bytes of the operating system's randomness, in hex.
+pub(crate) fn new_token() -> Result<String, SessionError> {
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| {
+            SessionError::Corrupt("the operating system gave no randomness for a token".into())
+        })?;
+    Ok(format!("{TOKEN_PREFIX}{}", hex::encode(bytes)))
+}
+
+/// Whether a token last used at `last_used` (`None`: never) should have this use
+/// recorded at `now`, and the time to record.
+pub(crate) fn use_to_record(last_used: Option<&str>) -> Option<String> {
+    let now = time::OffsetDateTime::now_utc();
+    let stale = rfc3339(now - USE_RECORDED_EVERY);
+    last_used
+        .is_none_or(|used| *used < *stale)
+        .then(|| rfc3339(now))
 }
 
 impl Store {
@@ -49,13 +71,7 @@ impl Store {
     /// Makes a token named `name` with `scope` and returns it (the only time it exists
     /// outside the caller); `None` when a token (live or revoked) has that name.
     pub fn create_token(&self, name: &str, scope: &str) -> Result<Option<String>, SessionError> {
-        let mut bytes = [0u8; 32];
-        ring::rand::SystemRandom::new()
-            .fill(&mut bytes)
-            .map_err(|_| {
-                SessionError::Corrupt("the operating system gave no randomness for a token".into())
-            })?;
-        let token = format!("{TOKEN_PREFIX}{}", hex::encode(bytes));
+        let token = new_token()?;
         let inserted = self
             .conn
             .execute(
@@ -128,14 +144,7 @@ impl Store {
         let Some(mut record) = found else {
             return Ok(None);
         };
-        let now = time::OffsetDateTime::now_utc();
-        let stale = rfc3339(now - USE_RECORDED_EVERY);
-        if record
-            .last_used_at
-            .as_deref()
-            .is_none_or(|used| *used < *stale)
-        {
-            let used = rfc3339(now);
+        if let Some(used) = use_to_record(record.last_used_at.as_deref()) {
             self.conn
                 .execute(
                     "UPDATE api_tokens SET last_used_at = ?2 WHERE hash = ?1",

@@ -29,7 +29,7 @@ pub(crate) async fn execution(
     headers: HeaderMap,
     UrlPath(id): UrlPath<String>,
 ) -> Response {
-    let scope = match logged_in(&app, &headers) {
+    let scope = match logged_in(&app, &headers).await {
         Ok(scope) => scope,
         Err(form) => return *form,
     };
@@ -37,7 +37,7 @@ pub(crate) async fn execution(
         Ok(execution) => execution,
         Err(error) => return refused(&app, &error),
     };
-    let found = read(app.db, move |reader| async move {
+    let found = read(&app, move |reader| async move {
         let events = reader.events(execution).await?;
         let replayed = reader.replay(execution).await?;
         Ok((events, replayed))
@@ -278,7 +278,7 @@ pub(crate) async fn decide(
 ) -> Response {
     let decided = async {
         same_origin(&headers)?;
-        let (name, _) = session(&app, &headers, Scope::Approve)?;
+        let (name, _) = session(&app, &headers, Scope::Approve).await?;
         let execution = execution_id(&id)?;
         let deny = match form.decision.as_str() {
             "allow" => false,

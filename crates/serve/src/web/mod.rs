@@ -104,11 +104,12 @@ fn login_form(app: &App, status: StatusCode, message: Option<&str>) -> Response 
 }
 
 /// The scope of the request's live session, or the login form to answer with.
-pub(crate) fn logged_in(app: &App, headers: &HeaderMap) -> Result<Scope, Box<Response>> {
+pub(crate) async fn logged_in(app: &App, headers: &HeaderMap) -> Result<Scope, Box<Response>> {
     if session_cookie(headers).is_none() {
         return Err(Box::new(login_form(app, StatusCode::OK, None)));
     }
     session(app, headers, Scope::Read)
+        .await
         .map(|(_, scope)| scope)
         .map_err(|_| {
             Box::new(login_form(
@@ -120,15 +121,11 @@ pub(crate) fn logged_in(app: &App, headers: &HeaderMap) -> Result<Scope, Box<Res
 }
 
 pub(crate) async fn home(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let scope = match logged_in(&app, &headers) {
+    let scope = match logged_in(&app, &headers).await {
         Ok(scope) => scope,
         Err(form) => return *form,
     };
-    let executions = match read(
-        app.db,
-        |reader| async move { Ok(reader.executions().await?) },
-    )
-    .await
+    let executions = match read(&app, |reader| async move { Ok(reader.executions().await?) }).await
     {
         Ok(executions) => executions,
         Err(error) => return refused(&app, &error),
@@ -229,7 +226,7 @@ pub(crate) async fn start(
 ) -> Response {
     let started = async {
         same_origin(&headers)?;
-        session(&app, &headers, Scope::Run)?;
+        session(&app, &headers, Scope::Run).await?;
         crate::actions::create_execution(&app, &form.workspace, form.task, None).await
     };
     to_execution(&app, started.await)
@@ -257,7 +254,7 @@ pub(crate) async fn login(
         return refused(&app, &error);
     }
     let token = login.token.trim();
-    if check_scope(&app, token, Scope::Read).is_err() {
+    if check_scope(&app, token, Scope::Read).await.is_err() {
         return login_form(
             &app,
             StatusCode::UNAUTHORIZED,
@@ -310,7 +307,7 @@ pub(crate) async fn logout(State(app): State<Arc<App>>, headers: HeaderMap) -> R
 
 /// `GET /assets/live.js`, for a logged-in page only (no route without authentication).
 pub(crate) async fn live_js(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    if let Err(error) = session(&app, &headers, Scope::Read) {
+    if let Err(error) = session(&app, &headers, Scope::Read).await {
         return app.respond(Err(error));
     }
     let mut response = LIVE_JS.into_response();

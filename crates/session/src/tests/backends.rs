@@ -1033,3 +1033,50 @@ async fn a_failed_batch_dooms_the_batches_queued_behind_it_until_it_is_seen() {
     assert_eq!(store.append(id, context()).await.unwrap(), 2);
     assert_eq!(store.verify(id).await.unwrap(), Ok(2));
 }
+
+/// `nerve serve`'s tokens on PostgreSQL, as on SQLite (`tokens.rs`): stored as their
+/// SHA-256 only, names unique (a revoked one's too), use recorded, revocation at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_api_tokens_hashed_used_and_revocable() {
+    let Some(store) = postgres(Redactor::new()).await else {
+        return;
+    };
+    let token = store.create_token("ci", "read").await.unwrap().unwrap();
+    assert!(
+        token.starts_with(crate::TOKEN_PREFIX) && token.len() == crate::TOKEN_PREFIX.len() + 64
+    );
+    assert_eq!(store.create_token("ci", "admin").await.unwrap(), None);
+    let (client, connection) = tokio_postgres::connect(store.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    let stored: String = client
+        .query_one("SELECT hash FROM api_tokens", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, crate::tokens::digest(&token));
+    assert_ne!(stored, token);
+    drop(client);
+    let _ = driver.await;
+
+    assert_eq!(store.tokens().await.unwrap()[0].last_used_at, None);
+    let used = store.use_token(&token).await.unwrap().unwrap();
+    assert_eq!((used.name.as_str(), used.scope.as_str()), ("ci", "read"));
+    assert!(used.last_used_at.is_some());
+    // Within the minute, a use writes nothing.
+    let again = store.use_token(&token).await.unwrap().unwrap();
+    assert_eq!(again.last_used_at, used.last_used_at);
+    assert_eq!(
+        store.tokens().await.unwrap()[0].last_used_at,
+        used.last_used_at
+    );
+    assert_eq!(store.use_token("nerve_00").await.unwrap(), None);
+
+    assert!(store.revoke_token("ci").await.unwrap());
+    assert!(!store.revoke_token("ci").await.unwrap());
+    assert_eq!(store.use_token(&token).await.unwrap(), None);
+    let listed = store.tokens().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].revoked_at.is_some());
+}
