@@ -20,7 +20,8 @@ use nerve_core::{
 use tracing::Span;
 use tracing::field::Empty;
 
-use crate::provider::{FinishReason, ModelResponse, ProviderError};
+use crate::provider::model_call::{ModelResponse, ProviderError};
+use nerve_core::FinishReason;
 
 /// Attribute names. The semantic-conventions crate has deprecated its GenAI constants, so
 /// Nerve keeps its own; the `gen_ai.*` ones follow the GenAI conventions, `nerve.*` are ours.
@@ -756,7 +757,7 @@ mod tests {
             };
             let span = chat_span(info, &config, &[]);
             let error = ProviderError::permanent(
-                crate::provider::kind::AUTH,
+                crate::provider::model_call::kind::AUTH,
                 format!("key {SECRET} refused"),
             );
             record_chat_result(&span, &config, "gpt-4o", &Err(error), MicroUsd::ZERO);

@@ -15,18 +15,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use nerve_brain::anthropic::REDACTED_THINKING;
-use nerve_brain::retry::RetryPolicy;
+use nerve_brain::provider::anthropic::REDACTED_THINKING;
+use nerve_brain::provider::retry::RetryPolicy;
 use nerve_brain::{
-    AgentEngine, AnthropicConfig, AnthropicProvider, Delta, EngineConfig, FinishReason, HttpConfig,
-    ModelRequest, ModelResponse, ModelStream, OpenAiConfig, OpenAiProvider, Provider,
-    ProviderError, ScriptedProvider, StreamChunk, Task,
+    AgentEngine, AnthropicConfig, AnthropicProvider, Delta, EngineConfig, HttpConfig, ModelRequest,
+    ModelResponse, ModelStream, OpenAiConfig, OpenAiProvider, Provider, ProviderError,
+    ScriptedProvider, StreamChunk, Task,
 };
 use nerve_core::event::CallPurpose;
 use nerve_core::{
-    Event, EventSink, ExecutionId, Message, MessagePart, MessageRole, SinkError, TaskId,
-    TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId, ToolDefinition, ToolError,
-    ToolExecutor, ToolOutput, ToolResult,
+    Event, EventSink, ExecutionId, FinishReason, Message, MessagePart, MessageRole, SinkError,
+    TaskId, TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId, ToolDefinition,
+    ToolError, ToolExecutor, ToolOutput, ToolResult,
 };
 use secrecy::SecretString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1561,7 +1561,7 @@ async fn the_output_limit_learns_the_servers_count_of_the_prompt() {
             "usage": {"prompt_tokens": input, "completion_tokens": 1, "total_tokens": input + 1}})
     };
     let (messages, tools) = (conversation(), tools());
-    let estimate = nerve_brain::tokens::counter_for_model("smollm2");
+    let estimate = nerve_brain::provider::tokens::counter_for_model("smollm2");
     let estimated = estimate.count_messages(&messages) + estimate.count_tools(&tools);
     let server = TestServer::start(vec![
         json(200, reported(estimated * 2)),
@@ -1590,7 +1590,7 @@ async fn the_output_limit_learns_the_servers_count_of_the_prompt() {
 #[tokio::test]
 async fn a_refusal_that_states_the_servers_count_calibrates_the_output_limit() {
     let (messages, tools) = (conversation(), tools());
-    let estimate = nerve_brain::tokens::counter_for_model("smollm2");
+    let estimate = nerve_brain::provider::tokens::counter_for_model("smollm2");
     let estimated = estimate.count_messages(&messages) + estimate.count_tools(&tools);
     let refusal = |stated: u64| {
         json(

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 /// agent) implements [`Observer`] without depending on brain.
 pub use nerve_brain::Delta;
 use nerve_brain::DeltaObserver;
-pub use nerve_brain::approval::Approval;
-use nerve_brain::approval::Approver;
+pub use nerve_brain::guards::approval::Approval;
+use nerve_brain::guards::approval::Approver;
 use nerve_core::event::CallPurpose;
 use nerve_core::{Enqueued, Event, EventSink, ExecutionId, SinkError, Snapshot, ToolCall};
 

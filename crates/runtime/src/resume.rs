@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use nerve_brain::ResumeState;
-use nerve_brain::approval::Approval;
+use nerve_brain::guards::approval::Approval;
 use nerve_core::event::{ApprovalDecided, ApprovalDecision, CallPurpose, Decider, Started};
 use nerve_core::{
     Event, EventSink, ExecutionId, MAX_RESUMES, MessageRole, Redactor, TaskStatus,
