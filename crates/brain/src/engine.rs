@@ -978,7 +978,7 @@ mod tests {
 
     use super::*;
     use crate::provider::scripted::ScriptedProvider;
-    use crate::testing::{EchoTools, MemorySink};
+    use nerve_core::testing::{EchoTools, MemorySink};
 
     struct Outcome {
         result: Result<ExecutionResult, EngineError>,

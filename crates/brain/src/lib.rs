@@ -21,8 +21,6 @@ pub(crate) mod stop;
 pub mod telemetry;
 
 #[cfg(test)]
-mod testing;
-#[cfg(test)]
 mod tests;
 
 pub use config::EngineConfig;

@@ -934,8 +934,8 @@ mod tests {
     fn engine(cassette: &str, config: crate::EngineConfig) -> crate::AgentEngine {
         crate::AgentEngine::new(
             Arc::new(crate::ScriptedProvider::parse("test", cassette).unwrap()),
-            Arc::new(crate::testing::EchoTools::default()),
-            Arc::new(crate::testing::MemorySink::default()),
+            Arc::new(nerve_core::testing::EchoTools::default()),
+            Arc::new(nerve_core::testing::MemorySink::default()),
             config,
         )
     }

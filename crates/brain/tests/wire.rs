@@ -23,10 +23,11 @@ use nerve_brain::{
     ScriptedProvider, StreamChunk, Task,
 };
 use nerve_core::event::CallPurpose;
+use nerve_core::testing::MemorySink;
 use nerve_core::{
-    Event, EventSink, ExecutionId, FinishReason, Message, MessagePart, MessageRole, SinkError,
-    TaskId, TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId, ToolDefinition,
-    ToolError, ToolExecutor, ToolOutput, ToolResult,
+    Event, EventSink, ExecutionId, FinishReason, Message, MessagePart, MessageRole, TaskId,
+    TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId, ToolDefinition, ToolError,
+    ToolExecutor, ToolOutput, ToolResult,
 };
 use secrecy::SecretString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1285,18 +1286,6 @@ async fn anthropic_errors_and_broken_streams() {
 // ---------------------------------------------------------------------------------------
 // Through the engine: retries are logged, bad arguments become an error result.
 
-#[derive(Default)]
-struct MemorySink(Mutex<Vec<Event>>);
-
-#[async_trait]
-impl EventSink for MemorySink {
-    async fn append(&self, _: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        let mut events = self.0.lock().unwrap();
-        events.push(event);
-        Ok(events.len() as u64)
-    }
-}
-
 /// A shell tool that reads its arguments the way the real tool layer does.
 struct StrictShell;
 
@@ -1349,7 +1338,7 @@ async fn run_engine(provider: Arc<dyn Provider>) -> (TerminationReason, Vec<Even
         .await
         .unwrap();
     assert_eq!(result.error, None);
-    let events = sink.0.lock().unwrap().clone();
+    let events = sink.events();
     (result.termination_reason, events)
 }
 
@@ -1723,7 +1712,7 @@ async fn run_engine_with(
         .run(ExecutionId::new(), task, CancellationToken::new())
         .await
         .unwrap();
-    let events = sink.0.lock().unwrap().clone();
+    let events = sink.events();
     (result.termination_reason, events, result.error)
 }
 
@@ -1997,7 +1986,7 @@ async fn run_geometry(
         .run(ExecutionId::new(), task, CancellationToken::new())
         .await
         .unwrap();
-    let events = sink.0.lock().unwrap().clone();
+    let events = sink.events();
     let calls = tools.calls.lock().unwrap().clone();
     (result.termination_reason, events, calls)
 }

@@ -539,7 +539,7 @@ mod tests {
     use crate::provider::openai::ChatStreamDecoder;
     use crate::provider::stream::{Delta, MemorySource, ModelStream};
     use crate::provider::tokens::{Estimate, UsageEstimate};
-    use crate::testing::{EchoTools, MemorySink};
+    use nerve_core::testing::{EchoTools, MemorySink};
 
     /// Streams one canned Chat Completions body per call, in order.
     struct Streams(Mutex<VecDeque<&'static str>>);

@@ -18,7 +18,7 @@ use crate::context::compaction_plan::{CompactionConfig, digest, masked};
 use crate::context::memory_archive::MemoryArchive;
 use crate::engine::{AgentEngine, Task};
 use crate::provider::scripted::ScriptedProvider;
-use crate::testing::{EchoTools, MemorySink};
+use nerve_core::testing::{EchoTools, MemorySink};
 
 struct Outcome {
     result: ExecutionResult,
@@ -434,7 +434,7 @@ fn random_script(turns: &[(u8, bool)]) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: crate::testing::proptest_cases(24), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::tests::proptest_cases(24), ..ProptestConfig::default() })]
 
     /// Over random runs: no compaction grows the context; the task and the last turns
     /// survive every sequence of compactions; every archived block is retrievable.

@@ -25,7 +25,7 @@ use crate::engine::{AgentEngine, Task};
 use crate::provider::retry::RetryPolicy;
 use crate::provider::scripted::ScriptedProvider;
 use crate::provider::tokens::TokenCounter;
-use crate::testing::{EchoTools, MemorySink};
+use nerve_core::testing::{EchoTools, MemorySink};
 
 /// One line of a random cassette.
 #[derive(Debug, Clone)]
@@ -362,7 +362,7 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig {
         // A few in `cargo test` (each run is a whole execution); the fuzz passes set more.
-        cases: crate::testing::proptest_cases(16),
+        cases: crate::tests::proptest_cases(16),
         ..ProptestConfig::default()
     })]
 

@@ -15,7 +15,7 @@ use crate::config::EngineConfig;
 use crate::engine::{AgentEngine, ResumeState, Task};
 use crate::guards::approval::{Approval, PolicyAction, PolicyRule, ToolPolicy};
 use crate::provider::scripted::ScriptedProvider;
-use crate::testing::{EchoTools, MemorySink};
+use nerve_core::testing::{EchoTools, MemorySink};
 
 struct Outcome {
     result: ExecutionResult,

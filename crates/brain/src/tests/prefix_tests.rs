@@ -19,7 +19,7 @@ use crate::provider::model_call::{ModelRequest, ModelResponse, ProviderError};
 use crate::provider::openai::{OpenAiConfig, OpenAiProvider};
 use crate::provider::port::Provider;
 use crate::provider::scripted::ScriptedProvider;
-use crate::testing::EchoTools;
+use nerve_core::testing::EchoTools;
 
 /// One agent request as it would leave Nerve.
 #[derive(Debug, Clone)]

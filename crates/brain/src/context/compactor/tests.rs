@@ -12,7 +12,7 @@ use crate::config::EngineConfig;
 use crate::engine::{AgentEngine, Task};
 use crate::provider::scripted::ScriptedProvider;
 use crate::run::builtin_tools::RecallArgs;
-use crate::testing::{EchoTools, MemorySink};
+use nerve_core::testing::{EchoTools, MemorySink};
 
 /// A compactor over a window of `capacity` tokens holding only the system prompt, whose
 /// summary calls `provider` answers, run to its end by `body` on a thread of its own:

@@ -1,38 +1,47 @@
-//! In-memory fakes of the core ports, for the loops' unit tests.
+//! In-memory fakes of the ports, published once for every crate's tests, benches and
+//! xtask (the `testing` feature; a dev-dependency turns it on, a release build never
+//! has it): an event sink that keeps what it is given ([`MemorySink`]) or drops it
+//! ([`DiscardSink`]), and tool executors that echo their arguments ([`EchoTools`]) or
+//! answer every call the same ([`CannedTools`]). A fake of another shape (one that fails
+//! on cue, times what passes through) stays beside the test that needs it.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
-use nerve_core::{
+
+use crate::{
     Enqueued, Event, EventSink, ExecutionId, SinkError, Snapshot, ToolCall, ToolDefinition,
-    ToolError, ToolExecutor, ToolOutput,
+    ToolError, ToolExecutor, ToolOutput, ToolResult,
 };
+
+/// A lock that a panicking test left poisoned still holds the data the next check reads.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Records every event in memory, and the kinds of each commit.
 #[derive(Debug, Default)]
-pub(crate) struct MemorySink {
-    pub(crate) events: Mutex<Vec<Event>>,
-    pub(crate) commits: Mutex<Vec<Vec<&'static str>>>,
+pub struct MemorySink {
+    pub events: Mutex<Vec<Event>>,
+    pub commits: Mutex<Vec<Vec<&'static str>>>,
     /// The commit (counted from 0) that fails, as a full disk would.
-    pub(crate) fail_commit: Option<usize>,
+    pub fail_commit: Option<usize>,
 }
 
 impl MemorySink {
-    pub(crate) fn kinds(&self) -> Vec<&'static str> {
-        self.events
-            .lock()
-            .unwrap()
+    pub fn kinds(&self) -> Vec<&'static str> {
+        lock(&self.events)
             .iter()
             .map(|e| e.kind().as_str())
             .collect()
     }
 
-    pub(crate) fn events(&self) -> Vec<Event> {
-        self.events.lock().unwrap().clone()
+    pub fn events(&self) -> Vec<Event> {
+        lock(&self.events).clone()
     }
 
     /// The results of the tool calls, in order, as the events recorded them.
-    pub(crate) fn tool_results(&self) -> Vec<nerve_core::ToolResult> {
+    pub fn tool_results(&self) -> Vec<ToolResult> {
         self.events()
             .into_iter()
             .filter_map(|e| {
@@ -49,7 +58,7 @@ impl MemorySink {
 #[async_trait]
 impl EventSink for MemorySink {
     async fn append(&self, _execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        let mut events = self.events.lock().unwrap();
+        let mut events = lock(&self.events);
         events.push(event);
         Ok(events.len() as u64)
     }
@@ -77,14 +86,57 @@ impl EventSink for MemorySink {
 
 impl MemorySink {
     fn write(&self, _execution: ExecutionId, events: Vec<Event>) -> Result<Option<u64>, SinkError> {
-        let mut commits = self.commits.lock().unwrap();
+        let mut commits = lock(&self.commits);
         if self.fail_commit == Some(commits.len()) {
             commits.push(Vec::new());
             return Err(SinkError::Write("disk full".into()));
         }
         commits.push(events.iter().map(|e| e.kind().as_str()).collect());
-        self.events.lock().unwrap().extend(events);
+        lock(&self.events).extend(events);
         Ok(None)
+    }
+}
+
+/// Drops every event: for code that must be given a sink and whose events nobody reads.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DiscardSink;
+
+#[async_trait]
+impl EventSink for DiscardSink {
+    async fn append(&self, _execution: ExecutionId, _event: Event) -> Result<u64, SinkError> {
+        Ok(0)
+    }
+}
+
+/// A tool executor that offers `definitions` and answers every call with `output`.
+#[derive(Debug, Default, Clone)]
+pub struct CannedTools {
+    pub definitions: Vec<ToolDefinition>,
+    pub output: String,
+}
+
+impl CannedTools {
+    /// One tool, `name`, whose every call answers `output`.
+    pub fn one(name: &str, output: impl Into<String>) -> Self {
+        Self {
+            definitions: vec![ToolDefinition {
+                name: name.to_owned(),
+                description: name.to_owned(),
+                parameters: serde_json::json!({"type": "object"}),
+            }],
+            output: output.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl ToolExecutor for CannedTools {
+    fn definitions(&self) -> Vec<ToolDefinition> {
+        self.definitions.clone()
+    }
+
+    async fn execute(&self, _call: &ToolCall) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::ok(self.output.clone()))
     }
 }
 
@@ -93,13 +145,13 @@ impl MemorySink {
 /// `{"freeze": N}` N pinned packages like `pip freeze`, `orjson==3.9.104` among them (a
 /// fact its arguments do not state).
 #[derive(Debug, Default)]
-pub(crate) struct EchoTools {
-    pub(crate) fail: bool,
-    pub(crate) calls: Mutex<Vec<ToolCall>>,
+pub struct EchoTools {
+    pub fail: bool,
+    pub calls: Mutex<Vec<ToolCall>>,
 }
 
 /// `lines` numbered lines mentioning `fact` once in the middle.
-pub(crate) fn big_output(lines: u64, fact: &str) -> String {
+pub fn big_output(lines: u64, fact: &str) -> String {
     (0..lines)
         .map(|i| {
             if i == lines / 2 {
@@ -123,7 +175,7 @@ impl ToolExecutor for EchoTools {
     }
 
     async fn execute(&self, call: &ToolCall) -> Result<ToolOutput, ToolError> {
-        self.calls.lock().unwrap().push(call.clone());
+        lock(&self.calls).push(call.clone());
         if let Some(n) = call
             .arguments
             .get("freeze")
@@ -167,13 +219,4 @@ impl ToolExecutor for EchoTools {
             ToolOutput::ok(text)
         })
     }
-}
-
-/// `PROPTEST_CASES` when set (the fuzz passes set it), else `default`: for properties whose
-/// cases are whole runs, too slow for proptest's 256 in an ordinary `cargo test`.
-pub(crate) fn proptest_cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(default)
 }
