@@ -30,7 +30,7 @@ use nerve_brain::run::system_prompt::PromptProfile;
 use nerve_brain::{
     AgentEngine, EngineConfig, ModelRequest, ModelResponse, Provider, ProviderError, ResumeState,
 };
-use nerve_core::event::{CallPurpose, CompactionStrategy};
+use nerve_core::event::{CallPurpose, CompactionStrategy, ModelErrorKind};
 use nerve_core::{
     Event, EventSink, ExecutionId, FinishReason, Message, MessagePart, MessageRole, MicroUsd,
     SinkError, TaskId, TaskStatus, TokenUsage, ToolCall, ToolDefinition, ToolError, ToolExecutor,
@@ -108,7 +108,7 @@ impl Provider for Model {
             CallPurpose::Summary => match &self.summary {
                 Some(summary) => Ok(answer(summary)),
                 None => Err(ProviderError::Permanent {
-                    kind: "server_error",
+                    kind: ModelErrorKind::ServerError,
                     message: "no summary in this scenario".into(),
                 }),
             },

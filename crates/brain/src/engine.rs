@@ -975,6 +975,7 @@ mod tests {
     use std::time::Duration;
 
     use nerve_core::Event;
+    use nerve_core::event::{CallOutcome, ModelErrorKind};
 
     use super::*;
     use crate::provider::scripted::ScriptedProvider;
@@ -1176,7 +1177,7 @@ mod tests {
             })
             .collect();
         assert_eq!(retries.len(), 1);
-        assert_eq!(retries[0].error, "rate_limited");
+        assert_eq!(retries[0].error, ModelErrorKind::RateLimited);
         assert!(retries[0].delay_ms >= 5);
     }
 
@@ -1368,7 +1369,7 @@ mod tests {
                 }
             })
             .collect();
-        assert_eq!(called, ["cancelled"]);
+        assert_eq!(called, [CallOutcome::Cancelled]);
     }
 
     #[tokio::test]

@@ -390,7 +390,7 @@ pub fn record_chat_result(
                 );
             }
         }
-        Err(error) => record_chat_error(span, config, error.kind(), &error.to_string()),
+        Err(error) => record_chat_error(span, config, error.kind().as_str(), &error.to_string()),
     }
 }
 
@@ -567,6 +567,7 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
+    use nerve_core::event::ModelErrorKind;
     use secrecy::SecretString;
     use tracing::Subscriber;
     use tracing::field::{Field, Visit};
@@ -756,10 +757,8 @@ mod tests {
                 attempt: 2,
             };
             let span = chat_span(info, &config, &[]);
-            let error = ProviderError::permanent(
-                crate::provider::model_call::kind::AUTH,
-                format!("key {SECRET} refused"),
-            );
+            let error =
+                ProviderError::permanent(ModelErrorKind::Auth, format!("key {SECRET} refused"));
             record_chat_result(&span, &config, "gpt-4o", &Err(error), MicroUsd::ZERO);
         });
         let fields = &spans[0].1;

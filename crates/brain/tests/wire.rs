@@ -395,8 +395,8 @@ fn transient(error: &ProviderError) -> (&'static str, Option<Duration>) {
     match error {
         ProviderError::Transient {
             kind, retry_after, ..
-        } => (kind, *retry_after),
-        ProviderError::ContextOverflow(_) | ProviderError::Permanent { .. } => {
+        } => (kind.as_str(), *retry_after),
+        ProviderError::ContextOverflow { .. } | ProviderError::Permanent { .. } => {
             panic!("not transient: {error}")
         }
     }
@@ -885,12 +885,12 @@ async fn openai_rate_limits_and_server_errors() {
         transient(&call().await.unwrap_err()),
         ("server_error", None)
     );
-    assert_eq!(call().await.unwrap_err().kind(), "auth");
+    assert_eq!(call().await.unwrap_err().kind().as_str(), "auth");
     assert!(matches!(
         call().await.unwrap_err(),
-        ProviderError::ContextOverflow(_)
+        ProviderError::ContextOverflow { .. }
     ));
-    assert_eq!(call().await.unwrap_err().kind(), "quota");
+    assert_eq!(call().await.unwrap_err().kind().as_str(), "quota");
 }
 
 #[tokio::test]
@@ -1264,7 +1264,7 @@ async fn anthropic_errors_and_broken_streams() {
     );
     assert!(matches!(
         call().await.unwrap_err(),
-        ProviderError::ContextOverflow(_)
+        ProviderError::ContextOverflow { .. }
     ));
     let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
     assert_eq!(
@@ -1347,7 +1347,7 @@ fn retries(events: &[Event]) -> Vec<(String, u64)> {
         .iter()
         .filter_map(|e| {
             if let Event::Retry(retry) = e {
-                Some((retry.error.clone(), retry.delay_ms))
+                Some((retry.error.to_string(), retry.delay_ms))
             } else {
                 None
             }
@@ -1606,8 +1606,12 @@ async fn a_refusal_that_states_the_servers_count_calibrates_the_output_limit() {
             provider.complete(request(&messages, &tools)).await
         };
         match first {
-            Err(ProviderError::ContextOverflow(message)) => {
+            Err(ProviderError::ContextOverflow {
+                message,
+                stated_tokens,
+            }) => {
                 assert!(message.contains("in the messages"), "{message}");
+                assert!(stated_tokens.is_some(), "{message}");
             }
             other => panic!("stream {stream}: {other:?}"),
         }

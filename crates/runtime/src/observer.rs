@@ -261,7 +261,7 @@ mod tests {
         let later = Event::Retry(nerve_core::event::Retry {
             turn: 1,
             attempt: 1,
-            error: "e".into(),
+            error: nerve_core::event::ModelErrorKind::Timeout,
             delay_ms: 1,
         });
         assert!(children.of_child(child, std::slice::from_ref(&later)));

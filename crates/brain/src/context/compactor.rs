@@ -1184,7 +1184,7 @@ impl Compactor<'_> {
                 }
             }
             // A summary that runs away falls back to the extractive one.
-            Err(CallError::Overflow(_) | CallError::Runaway(_)) => Err(SummaryFailure::Failed),
+            Err(CallError::Overflow { .. } | CallError::Runaway(_)) => Err(SummaryFailure::Failed),
             Err(CallError::Stop(stop)) => match stop.reason {
                 // A failed summary call falls back to the extractive summary; the run's
                 // own limits still stop it.

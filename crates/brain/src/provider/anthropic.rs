@@ -20,6 +20,7 @@
 //! result. `max_tokens` fits the window: at most the model's limit, and at most what the
 //! window leaves after the prompt.
 
+use nerve_core::event::ModelErrorKind;
 use std::borrow::Cow;
 use std::collections::VecDeque;
 
@@ -32,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::provider::endpoint::{Endpoint, RawArguments, output_limit, safe_call_id};
 use crate::provider::http::{self, ClientError, HttpConfig};
 use crate::provider::json_text::{Text, text};
-use crate::provider::model_call::{ModelRequest, ModelResponse, ProviderError, ToolChoice, kind};
+use crate::provider::model_call::{ModelRequest, ModelResponse, ProviderError, ToolChoice};
 use crate::provider::port::Provider;
 use crate::provider::sse::SseEvent;
 use crate::provider::stream::{
@@ -554,7 +555,7 @@ fn stop_reason(reason: &str) -> Result<FinishReason, ProviderError> {
         "tool_use" => Ok(FinishReason::ToolCalls),
         "max_tokens" | "model_context_window_exceeded" => Ok(FinishReason::MaxTokens),
         "refusal" => Err(ProviderError::permanent(
-            kind::CONTENT_FILTER,
+            ModelErrorKind::ContentFilter,
             "the model refused to answer (stop_reason: refusal)",
         )),
         other => {
@@ -630,7 +631,7 @@ pub(crate) fn decode_response(
 ) -> Result<ModelResponse, ProviderError> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
         ProviderError::permanent(
-            kind::INVALID_RESPONSE,
+            ModelErrorKind::InvalidResponse,
             format!("not a Messages API response: {e}"),
         )
     })?;
@@ -639,7 +640,7 @@ pub(crate) fn decode_response(
     }
     let Some(content) = value.get("content").and_then(serde_json::Value::as_array) else {
         return Err(ProviderError::permanent(
-            kind::INVALID_RESPONSE,
+            ModelErrorKind::InvalidResponse,
             "the response has no content array",
         ));
     };
@@ -851,7 +852,7 @@ impl StreamDecoder for MessagesStreamDecoder {
     fn finish(&mut self, done: bool) -> Result<ModelResponse, ProviderError> {
         if !done && self.stop.is_none() {
             return Err(ProviderError::transient(
-                kind::TRUNCATED_STREAM,
+                ModelErrorKind::TruncatedStream,
                 "the stream ended before the model finished (no stop_reason, no message_stop)",
             ));
         }
@@ -938,14 +939,14 @@ mod tests {
             decode_response(error.to_string().as_bytes(), &estimate(), None)
                 .unwrap_err()
                 .kind(),
-            "overloaded"
+            ModelErrorKind::Overloaded
         );
         let refusal = serde_json::json!({"content": [], "stop_reason": "refusal"});
         assert_eq!(
             decode_response(refusal.to_string().as_bytes(), &estimate(), None)
                 .unwrap_err()
                 .kind(),
-            "content_filter"
+            ModelErrorKind::ContentFilter
         );
         let odd = serde_json::json!({"content": [{"type": "text", "text": "x"}], "stop_reason": "brand_new"});
         assert_eq!(
@@ -1021,9 +1022,9 @@ mod tests {
         assert_eq!(deltas.len(), 4);
         // An error event mid-stream, and a stream that stops early.
         let (_, end) = stream(&[events[0].clone(), serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})]).await;
-        assert_eq!(end.unwrap_err().kind(), "overloaded");
+        assert_eq!(end.unwrap_err().kind(), ModelErrorKind::Overloaded);
         let (_, end) = stream(&events[..4]).await;
-        assert_eq!(end.unwrap_err().kind(), "truncated_stream");
+        assert_eq!(end.unwrap_err().kind(), ModelErrorKind::TruncatedStream);
     }
 
     #[test]

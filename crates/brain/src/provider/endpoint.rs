@@ -3,6 +3,7 @@
 //! the window ([`output_limit`]), tool-call arguments kept as the server wrote them
 //! ([`RawArguments`]), and tool-call ids a strict API accepts ([`safe_call_id`]).
 
+use nerve_core::event::ModelErrorKind;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -128,8 +129,10 @@ impl Endpoint {
     /// calibrates the estimate: the next output limit, after the engine has compacted,
     /// then leaves room by the server's count.
     fn learn(&self, estimate: &UsageEstimate, error: &ProviderError) {
-        if let ProviderError::ContextOverflow(message) = error
-            && let Some(stated) = http::stated_prompt_tokens(message)
+        if let ProviderError::ContextOverflow {
+            stated_tokens: Some(stated),
+            ..
+        } = *error
         {
             self.calibration.observe(estimate.input, stated);
         }
@@ -181,7 +184,7 @@ fn not_streamed(streamed: &[u8]) -> Result<Bytes, ProviderError> {
     let last = |needle: &[u8]| streamed.windows(needle.len()).rposition(|w| w == needle);
     let Some(at) = last(STREAM) else {
         return Err(ProviderError::permanent(
-            crate::provider::model_call::kind::BAD_REQUEST,
+            ModelErrorKind::BadRequest,
             "cannot ask for the answer whole: the request has no \"stream\":true",
         ));
     };

@@ -2,6 +2,7 @@
 //! provider, timeouts, and the mapping of every way a call can fail (status codes,
 //! Retry-After, error bodies, broken connections) onto [`ProviderError`].
 
+use nerve_core::event::ModelErrorKind;
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +14,7 @@ use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderValue};
 use tokio::time::{Instant, Sleep};
 
-use crate::provider::model_call::{ProviderError, kind};
+use crate::provider::model_call::ProviderError;
 use crate::provider::stream::ByteSource;
 
 /// Timeouts and transport choices of a provider's HTTP client.
@@ -162,7 +163,7 @@ impl HttpClient {
             Ok(sent) => sent.map_err(send_error)?,
             Err(_) => {
                 return Err(ProviderError::transient(
-                    kind::TIMEOUT,
+                    ModelErrorKind::Timeout,
                     format!(
                         "no response from the server in time: silent for {:?}",
                         self.idle_timeout
@@ -191,7 +192,7 @@ impl HttpClient {
 pub(crate) fn encode(body: &impl serde::Serialize) -> Result<Bytes, ProviderError> {
     serde_json::to_vec(body).map(Bytes::from).map_err(|e| {
         ProviderError::permanent(
-            crate::provider::model_call::kind::BAD_REQUEST,
+            ModelErrorKind::BadRequest,
             format!("cannot encode the request: {e}"),
         )
     })
@@ -213,7 +214,7 @@ pub(crate) async fn read_body(mut source: ResponseSource) -> Result<Vec<u8>, Pro
     while let Some(chunk) = source.chunk().await? {
         if body.len() + chunk.len() > RESPONSE_BODY_LIMIT {
             return Err(ProviderError::permanent(
-                kind::INVALID_RESPONSE,
+                ModelErrorKind::InvalidResponse,
                 format!("the response is larger than {RESPONSE_BODY_LIMIT} bytes"),
             ));
         }
@@ -276,7 +277,7 @@ impl ByteSource for ResponseSource {
                 Poll::Pending => {
                     return match self.idle.poll_silence(cx) {
                         Poll::Ready(()) => Poll::Ready(Err(ProviderError::transient(
-                            kind::TIMEOUT,
+                            ModelErrorKind::Timeout,
                             format!(
                                 "no data from the server in time: silent for {:?}",
                                 self.idle.limit
@@ -367,11 +368,11 @@ fn chain(error: &dyn std::error::Error) -> String {
 fn send_error(error: reqwest::Error) -> ProviderError {
     let message = chain(&error);
     if error.is_timeout() {
-        ProviderError::transient(kind::TIMEOUT, message)
+        ProviderError::transient(ModelErrorKind::Timeout, message)
     } else if error.is_builder() || error.is_redirect() {
-        ProviderError::permanent(kind::BAD_REQUEST, message)
+        ProviderError::permanent(ModelErrorKind::BadRequest, message)
     } else {
-        ProviderError::transient(kind::CONNECTION, message)
+        ProviderError::transient(ModelErrorKind::Connection, message)
     }
 }
 
@@ -380,12 +381,12 @@ fn body_error(error: reqwest::Error) -> ProviderError {
     let message = chain(&error);
     if error.is_timeout() {
         ProviderError::transient(
-            kind::TIMEOUT,
+            ModelErrorKind::Timeout,
             format!("no data from the server in time: {message}"),
         )
     } else {
         ProviderError::transient(
-            kind::TRUNCATED_STREAM,
+            ModelErrorKind::TruncatedStream,
             format!("the response broke off: {message}"),
         )
     }
@@ -548,6 +549,15 @@ impl ErrorDetails {
                 "template",
                 "has no attribute",
             ])
+    }
+}
+
+/// A refusal of a prompt too large for the window, with the server's count of it when
+/// `message` states one.
+pub(crate) fn context_overflow(message: String) -> ProviderError {
+    ProviderError::ContextOverflow {
+        stated_tokens: stated_prompt_tokens(&message),
+        message,
     }
 }
 
@@ -728,7 +738,7 @@ pub(crate) fn one_line(text: &str) -> String {
 
 /// Maps a non-2xx status (and what its body says) onto a [`ProviderError`]: by what
 /// retrying can change. 400, 401, 403, 404, 422 and 501 are permanent; 408, 409, 429 and
-/// 5xx are transient, except that a 5xx blaming the request is [`kind::SERVER_REJECTED`]
+/// 5xx are transient, except that a 5xx blaming the request is [`ModelErrorKind::ServerRejected`]
 /// (retried at most once, see `RetryPolicy::next_delay`).
 pub(crate) fn error_from_status(
     provider: &str,
@@ -748,21 +758,21 @@ pub(crate) fn error_from_status(
         retry_after,
     };
     match status {
-        429 if details.is_quota() => ProviderError::permanent(kind::QUOTA, message),
-        429 => transient(kind::RATE_LIMITED),
-        408 => transient(kind::TIMEOUT),
-        409 => transient(kind::SERVER_ERROR),
-        401 | 403 => ProviderError::permanent(kind::AUTH, message),
-        413 => ProviderError::ContextOverflow(message),
-        400..=599 if details.is_context_overflow() => ProviderError::ContextOverflow(message),
+        429 if details.is_quota() => ProviderError::permanent(ModelErrorKind::Quota, message),
+        429 => transient(ModelErrorKind::RateLimited),
+        408 => transient(ModelErrorKind::Timeout),
+        409 => transient(ModelErrorKind::ServerError),
+        401 | 403 => ProviderError::permanent(ModelErrorKind::Auth, message),
+        413 => context_overflow(message),
+        400..=599 if details.is_context_overflow() => context_overflow(message),
         400..=499 if details.is_content_filter() => {
-            ProviderError::permanent(kind::CONTENT_FILTER, message)
+            ProviderError::permanent(ModelErrorKind::ContentFilter, message)
         }
-        404 | 501 => ProviderError::permanent(kind::NOT_FOUND, message),
-        503 | 529 => transient(kind::OVERLOADED),
-        500..=599 if details.blames_the_request() => transient(kind::SERVER_REJECTED),
-        500..=599 => transient(kind::SERVER_ERROR),
-        _ => ProviderError::permanent(kind::BAD_REQUEST, message),
+        404 | 501 => ProviderError::permanent(ModelErrorKind::NotFound, message),
+        503 | 529 => transient(ModelErrorKind::Overloaded),
+        500..=599 if details.blames_the_request() => transient(ModelErrorKind::ServerRejected),
+        500..=599 => transient(ModelErrorKind::ServerError),
+        _ => ProviderError::permanent(ModelErrorKind::BadRequest, message),
     }
 }
 
@@ -779,19 +789,19 @@ pub(crate) fn error_from_event(provider: &str, value: &serde_json::Value) -> Pro
         format!("{provider}: {}", details.message)
     };
     if details.is_context_overflow() {
-        ProviderError::ContextOverflow(message)
+        context_overflow(message)
     } else if details.mentions(&["rate_limit", "rate limit"]) {
-        ProviderError::transient(kind::RATE_LIMITED, message)
+        ProviderError::transient(ModelErrorKind::RateLimited, message)
     } else if details.mentions(&["overloaded"]) {
-        ProviderError::transient(kind::OVERLOADED, message)
+        ProviderError::transient(ModelErrorKind::Overloaded, message)
     } else if details.mentions(&["authentication", "permission", "invalid_api_key"]) {
-        ProviderError::permanent(kind::AUTH, message)
+        ProviderError::permanent(ModelErrorKind::Auth, message)
     } else if details.is_content_filter() {
-        ProviderError::permanent(kind::CONTENT_FILTER, message)
+        ProviderError::permanent(ModelErrorKind::ContentFilter, message)
     } else if details.mentions(&["invalid_request"]) {
-        ProviderError::permanent(kind::BAD_REQUEST, message)
+        ProviderError::permanent(ModelErrorKind::BadRequest, message)
     } else {
-        ProviderError::transient(kind::SERVER_ERROR, message)
+        ProviderError::transient(ModelErrorKind::ServerError, message)
     }
 }
 
@@ -841,7 +851,7 @@ mod tests {
                 ..
             } => format!(" after {}s", after.as_secs()),
             ProviderError::Transient { .. }
-            | ProviderError::ContextOverflow(_)
+            | ProviderError::ContextOverflow { .. }
             | ProviderError::Permanent { .. } => String::new(),
         };
         assert_eq!(

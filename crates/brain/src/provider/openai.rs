@@ -14,6 +14,7 @@
 //! call (a JSON object, `<tool_call>` tags) stays text: only the structured `tool_calls`
 //! field asks for a tool.
 
+use nerve_core::event::ModelErrorKind;
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::provider::endpoint::{Endpoint, RawArguments, output_limit, safe_call_id};
 use crate::provider::http::{self, ClientError, HttpConfig};
 use crate::provider::json_text::{Arguments, Content, Text, text};
-use crate::provider::model_call::{ModelRequest, ModelResponse, ProviderError, ToolChoice, kind};
+use crate::provider::model_call::{ModelRequest, ModelResponse, ProviderError, ToolChoice};
 use crate::provider::port::Provider;
 use crate::provider::sse::SseEvent;
 use crate::provider::stream::{
@@ -479,7 +480,7 @@ fn finish_reason(reason: &str) -> Result<FinishReason, ProviderError> {
         "length" | "max_tokens" => Ok(FinishReason::MaxTokens),
         "tool_calls" | "function_call" | "tool_use" => Ok(FinishReason::ToolCalls),
         "content_filter" => Err(ProviderError::permanent(
-            kind::CONTENT_FILTER,
+            ModelErrorKind::ContentFilter,
             "the answer was withheld by the provider's content filter",
         )),
         other => {
@@ -618,7 +619,7 @@ pub(crate) fn decode_response(
 ) -> Result<ModelResponse, ProviderError> {
     let response: WireResponse = serde_json::from_slice(body).map_err(|e| {
         ProviderError::permanent(
-            kind::INVALID_RESPONSE,
+            ModelErrorKind::InvalidResponse,
             format!("not a Chat Completions response: {e}"),
         )
     })?;
@@ -726,7 +727,7 @@ impl StreamDecoder for ChatStreamDecoder {
     fn finish(&mut self, done: bool) -> Result<ModelResponse, ProviderError> {
         if !done && self.finish.is_none() {
             return Err(ProviderError::transient(
-                kind::TRUNCATED_STREAM,
+                ModelErrorKind::TruncatedStream,
                 "the stream ended before the model finished (no finish_reason, no [DONE])",
             ));
         }
@@ -836,18 +837,18 @@ mod tests {
         assert!(empty.message.parts.is_empty());
         assert_eq!(empty.finish, FinishReason::Stop);
         assert_eq!(decode(serde_json::json!({"choices": [{"message": {"content": "x"}, "finish_reason": "length"}]})).unwrap().finish, FinishReason::MaxTokens);
-        assert_eq!(decode(serde_json::json!({"choices": [{"message": {"content": "x"}, "finish_reason": "content_filter"}]})).unwrap_err().kind(), "content_filter");
+        assert_eq!(decode(serde_json::json!({"choices": [{"message": {"content": "x"}, "finish_reason": "content_filter"}]})).unwrap_err().kind(), ModelErrorKind::ContentFilter);
         assert_eq!(
             decode(serde_json::json!({"error": {"message": "boom", "type": "server_error"}}))
                 .unwrap_err()
                 .kind(),
-            "server_error"
+            ModelErrorKind::ServerError
         );
         assert_eq!(
             decode_response(b"<html>", &estimate(), None)
                 .unwrap_err()
                 .kind(),
-            "invalid_response"
+            ModelErrorKind::InvalidResponse
         );
     }
 
@@ -913,7 +914,7 @@ mod tests {
                 .1
                 .unwrap_err()
                 .kind(),
-            "truncated_stream"
+            ModelErrorKind::TruncatedStream
         );
         // [DONE] without a finish reason: lenient stop.
         assert_eq!(
@@ -929,7 +930,7 @@ mod tests {
             serde_json::json!({"error": {"message": "overloaded", "type": "overloaded_error"}});
         let (deltas, end) = stream(&[text.clone(), error], true).await;
         assert_eq!(deltas, vec![Delta::Text("hi".into())]);
-        assert_eq!(end.unwrap_err().kind(), "overloaded");
+        assert_eq!(end.unwrap_err().kind(), ModelErrorKind::Overloaded);
         // Garbage events and empty choices are skipped.
         let (_, end) = stream(
             &[

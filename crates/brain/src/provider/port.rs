@@ -53,9 +53,8 @@ pub trait Provider: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::model_call::kind;
     use crate::provider::stream::{Delta, StreamChunk};
-    use nerve_core::event::CallPurpose;
+    use nerve_core::event::{CallPurpose, ModelErrorKind};
     use nerve_core::{
         FinishReason, Message, MessagePart, MessageRole, TokenUsage, ToolCall, ToolCallId,
     };
@@ -134,7 +133,7 @@ mod tests {
             ]
         );
 
-        let error = ProviderError::permanent(kind::AUTH, "no key");
+        let error = ProviderError::permanent(ModelErrorKind::Auth, "no key");
         let chunks = drain(Fixed(Err(error.clone())).stream(request).await).await;
         assert_eq!(chunks, vec![StreamChunk::End(Err(error))]);
     }
@@ -142,10 +141,14 @@ mod tests {
     #[test]
     fn kinds_and_transience() {
         assert_eq!(
-            ProviderError::ContextOverflow("x".into()).kind(),
-            "context_overflow"
+            ProviderError::ContextOverflow {
+                message: "x".into(),
+                stated_tokens: None
+            }
+            .kind(),
+            ModelErrorKind::ContextOverflow
         );
-        assert!(ProviderError::transient(kind::TIMEOUT, "slow").is_transient());
-        assert!(!ProviderError::permanent(kind::AUTH, "no").is_transient());
+        assert!(ProviderError::transient(ModelErrorKind::Timeout, "slow").is_transient());
+        assert!(!ProviderError::permanent(ModelErrorKind::Auth, "no").is_transient());
     }
 }

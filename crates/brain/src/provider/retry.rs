@@ -4,9 +4,8 @@
 //! 5xx that blames the request is retried once; everything else follows the general
 //! schedule.
 
+use nerve_core::event::ModelErrorKind;
 use std::time::Duration;
-
-use crate::provider::model_call::kind;
 
 /// How hard to retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,7 +16,7 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
     /// Sleep no more than this in total across the retries of one call.
     pub max_total_delay: Duration,
-    /// Attempts in all for a refused or reset connection ([`kind::CONNECTION`]): a server
+    /// Attempts in all for a refused or reset connection ([`ModelErrorKind::Connection`]): a server
     /// restarting (LiteLLM takes 7 to 20 s) refuses connections until it listens again.
     pub connection_attempts: u32,
     /// The first wait after a connection failure; each later one doubles, up to
@@ -58,17 +57,17 @@ impl RetryPolicy {
         &self,
         attempt: u32,
         slept: Duration,
-        kind: &str,
+        kind: ModelErrorKind,
         retry_after: Option<Duration>,
     ) -> Option<Duration> {
-        let (limit, delay) = if kind == kind::CONNECTION {
+        let (limit, delay) = if kind == ModelErrorKind::Connection {
             let ceiling = self.ceiling(self.connection_base_delay, attempt);
             let half = ceiling / 2;
             (
                 self.connection_attempts,
                 half + random_up_to(ceiling - half),
             )
-        } else if kind == kind::SERVER_REJECTED {
+        } else if kind == ModelErrorKind::ServerRejected {
             (self.max_attempts.min(2), self.delay(attempt, retry_after))
         } else {
             (self.max_attempts, self.delay(attempt, retry_after))
@@ -112,7 +111,7 @@ mod tests {
     }
 
     /// Every wait of one call until the policy gives up.
-    fn schedule(policy: &RetryPolicy, kind: &str) -> Vec<Duration> {
+    fn schedule(policy: &RetryPolicy, kind: ModelErrorKind) -> Vec<Duration> {
         let mut waits = Vec::new();
         let mut slept = Duration::ZERO;
         let mut attempt = 1;
@@ -128,7 +127,7 @@ mod tests {
     fn connection_failures_wait_out_a_restart() {
         let policy = RetryPolicy::default();
         for _ in 0..200 {
-            let waits = schedule(&policy, kind::CONNECTION);
+            let waits = schedule(&policy, ModelErrorKind::Connection);
             let total: Duration = waits.iter().sum();
             assert_eq!(waits.len(), 7, "{waits:?}");
             assert!(total >= Duration::from_secs(45), "{total:?}");
@@ -140,9 +139,9 @@ mod tests {
     fn each_kind_gets_its_number_of_attempts() {
         let policy = RetryPolicy::default();
         for _ in 0..50 {
-            assert_eq!(schedule(&policy, kind::SERVER_REJECTED).len(), 1);
-            assert_eq!(schedule(&policy, kind::SERVER_ERROR).len(), 4);
-            assert_eq!(schedule(&policy, kind::RATE_LIMITED).len(), 4);
+            assert_eq!(schedule(&policy, ModelErrorKind::ServerRejected).len(), 1);
+            assert_eq!(schedule(&policy, ModelErrorKind::ServerError).len(), 4);
+            assert_eq!(schedule(&policy, ModelErrorKind::RateLimited).len(), 4);
         }
         // The total bound holds whatever the kind.
         let tight = RetryPolicy {
@@ -150,12 +149,15 @@ mod tests {
             ..policy
         };
         assert!(
-            schedule(&tight, kind::CONNECTION).iter().sum::<Duration>() <= Duration::from_secs(2)
+            schedule(&tight, ModelErrorKind::Connection)
+                .iter()
+                .sum::<Duration>()
+                <= Duration::from_secs(2)
         );
         let wait = policy.next_delay(
             1,
             Duration::ZERO,
-            kind::RATE_LIMITED,
+            ModelErrorKind::RateLimited,
             Some(Duration::from_secs(9)),
         );
         assert!(

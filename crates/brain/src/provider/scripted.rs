@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use nerve_core::event::CallPurpose;
+use nerve_core::event::ModelErrorKind;
 use nerve_core::{Message, MessagePart, MessageRole, TokenUsage, ToolCall, ToolCallId};
 use serde::Deserialize;
 
@@ -272,36 +273,22 @@ impl ScriptedProvider {
 fn scripted_error(kind: &str, retry_after_ms: Option<u64>) -> Result<ProviderError, String> {
     let retry_after = retry_after_ms.map(Duration::from_millis);
     let message = "scripted error".to_owned();
+    let transient = |kind| ProviderError::Transient {
+        kind,
+        message: message.clone(),
+        retry_after,
+    };
     Ok(match kind {
-        "rate_limited" => ProviderError::Transient {
-            kind: "rate_limited",
+        "rate_limited" => transient(ModelErrorKind::RateLimited),
+        "overloaded" => transient(ModelErrorKind::Overloaded),
+        "server_error" => transient(ModelErrorKind::ServerError),
+        "timeout" => transient(ModelErrorKind::Timeout),
+        "context_overflow" => ProviderError::ContextOverflow {
             message,
-            retry_after,
+            stated_tokens: None,
         },
-        "overloaded" => ProviderError::Transient {
-            kind: "overloaded",
-            message,
-            retry_after,
-        },
-        "server_error" => ProviderError::Transient {
-            kind: "server_error",
-            message,
-            retry_after,
-        },
-        "timeout" => ProviderError::Transient {
-            kind: "timeout",
-            message,
-            retry_after,
-        },
-        "context_overflow" => ProviderError::ContextOverflow(message),
-        "auth" => ProviderError::Permanent {
-            kind: "auth",
-            message,
-        },
-        "bad_request" => ProviderError::Permanent {
-            kind: "bad_request",
-            message,
-        },
+        "auth" => ProviderError::permanent(ModelErrorKind::Auth, message),
+        "bad_request" => ProviderError::permanent(ModelErrorKind::BadRequest, message),
         other => {
             return Err(format!(
                 "unknown error `{other}` (expected rate_limited, overloaded, server_error, timeout, context_overflow, auth or bad_request)"
@@ -329,7 +316,7 @@ impl Provider for ScriptedProvider {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ProviderError> {
         let Some(entry) = self.next(request.purpose) else {
             return Err(ProviderError::Permanent {
-                kind: "script_exhausted",
+                kind: ModelErrorKind::ScriptExhausted,
                 message: format!(
                     "script exhausted: the cassette has no {:?} line left",
                     request.purpose
@@ -464,7 +451,7 @@ mod tests {
         assert_eq!(
             err,
             ProviderError::Transient {
-                kind: "rate_limited",
+                kind: ModelErrorKind::RateLimited,
                 message: "scripted error".into(),
                 retry_after: Some(Duration::from_millis(20))
             }
@@ -481,7 +468,7 @@ mod tests {
             .complete(request(CallPurpose::Agent))
             .await
             .unwrap_err();
-        assert_eq!(exhausted.kind(), "script_exhausted");
+        assert_eq!(exhausted.kind(), ModelErrorKind::ScriptExhausted);
         assert!(
             provider
                 .complete(request(CallPurpose::Summary))
@@ -518,7 +505,7 @@ mod tests {
         assert_eq!(text(provider.complete(request).await), "parent two");
         assert_eq!(
             a.complete(request).await.unwrap_err().kind(),
-            "script_exhausted"
+            ModelErrorKind::ScriptExhausted
         );
         assert!(b.complete(request).await.is_err());
         assert!(

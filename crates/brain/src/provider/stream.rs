@@ -9,6 +9,7 @@
 //! answer with the same [`Assembler`], which is also what the non-streaming paths use, so a
 //! streamed and a whole answer of the same content are the same `ModelResponse`.
 
+use nerve_core::event::ModelErrorKind;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::task::{Context, Poll, ready};
@@ -16,7 +17,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use nerve_core::{Message, MessagePart, MessageRole, ToolCall, ToolCallId};
 
-use crate::provider::model_call::{ModelResponse, ProviderError, kind};
+use crate::provider::model_call::{ModelResponse, ProviderError};
 use crate::provider::sse::{SseEvent, SseParser};
 use nerve_core::FinishReason;
 
@@ -281,7 +282,7 @@ impl ModelStream {
             }
         }
         Err(ProviderError::transient(
-            kind::TRUNCATED_STREAM,
+            ModelErrorKind::TruncatedStream,
             "the stream was already consumed",
         ))
     }
@@ -311,7 +312,7 @@ impl Live {
                     && terminal.is_none()
                 {
                     *terminal = Some(Err(ProviderError::permanent(
-                        kind::INVALID_RESPONSE,
+                        ModelErrorKind::InvalidResponse,
                         error.to_string(),
                     )));
                 }
@@ -341,7 +342,7 @@ impl Live {
         terminal: &Result<ModelResponse, ProviderError>,
     ) -> Option<WholeAnswer> {
         let gave_nothing = match terminal {
-            Err(error) => !self.evented && error.kind() == kind::TRUNCATED_STREAM,
+            Err(error) => !self.evented && error.kind() == ModelErrorKind::TruncatedStream,
             Ok(response) => !self.delivered && response.message.parts.is_empty(),
         };
         if gave_nothing {
@@ -708,7 +709,10 @@ mod tests {
         ) -> Result<Flow, ProviderError> {
             match event.data.as_str() {
                 "[DONE]" => Ok(Flow::Done),
-                "fail" => Err(ProviderError::transient(kind::SERVER_ERROR, "boom")),
+                "fail" => Err(ProviderError::transient(
+                    ModelErrorKind::ServerError,
+                    "boom",
+                )),
                 data => {
                     self.text.push_str(data);
                     deltas.push_back(Delta::Text(data.to_owned()));
@@ -720,7 +724,7 @@ mod tests {
         fn finish(&mut self, done: bool) -> Result<ModelResponse, ProviderError> {
             if !done {
                 return Err(ProviderError::transient(
-                    kind::TRUNCATED_STREAM,
+                    ModelErrorKind::TruncatedStream,
                     "no done marker",
                 ));
             }
@@ -742,7 +746,7 @@ mod tests {
             Poll::Ready(match self.0.pop_front() {
                 Some(bytes) => Ok(Some(bytes)),
                 None => Err(ProviderError::transient(
-                    kind::TRUNCATED_STREAM,
+                    ModelErrorKind::TruncatedStream,
                     "connection reset",
                 )),
             })
@@ -801,14 +805,14 @@ mod tests {
         ))
         .await;
         assert_eq!(deltas.len(), 1);
-        assert_eq!(end.unwrap_err().kind(), "server_error");
+        assert_eq!(end.unwrap_err().kind(), ModelErrorKind::ServerError);
         // The body ends without the done marker.
         let (_, end) = run(ModelStream::new(
             MemorySource(chunks(&["data: a\n\n"])),
             echo(),
         ))
         .await;
-        assert_eq!(end.unwrap_err().kind(), "truncated_stream");
+        assert_eq!(end.unwrap_err().kind(), ModelErrorKind::TruncatedStream);
         // The connection breaks.
         let (deltas, end) = run(ModelStream::new(
             Broken(chunks(&["data: a\n\ndata: b"])),
@@ -816,7 +820,7 @@ mod tests {
         ))
         .await;
         assert_eq!(deltas, vec![Delta::Text("a".into())]);
-        assert_eq!(end.unwrap_err().kind(), "truncated_stream");
+        assert_eq!(end.unwrap_err().kind(), ModelErrorKind::TruncatedStream);
         // Nothing at all.
         let (deltas, end) = run(ModelStream::new(MemorySource::default(), echo())).await;
         assert!(deltas.is_empty());

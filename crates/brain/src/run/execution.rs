@@ -13,6 +13,7 @@
 //! Compaction borrows the window, the journal and the caller for one operation
 //! ([`Run::compactor`]); nothing else changes the conversation besides appending to it.
 
+use nerve_core::event::ModelErrorKind;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -245,7 +246,7 @@ impl Run {
         // runaway answer is asked again at most RUNAWAY_RETRIES times.
         let mut runaways = 0;
         loop {
-            let message = match self.call_once(turn, purpose, tools).await {
+            let (message, stated) = match self.call_once(turn, purpose, tools).await {
                 Ok(response) => return Ok(self.read_text_calls(turn, tools, response)),
                 Err(CallError::Stop(stop)) => return Err(stop),
                 Err(CallError::Runaway(why)) => {
@@ -261,7 +262,7 @@ impl Run {
                     self.journal.record(Event::Retry(nerve_core::event::Retry {
                         turn,
                         attempt: runaways,
-                        error: crate::provider::model_call::kind::RUNAWAY.to_owned(),
+                        error: ModelErrorKind::Runaway,
                         delay_ms: 0,
                     }));
                     self.push_message(Message::user(format!(
@@ -276,15 +277,17 @@ impl Run {
                 }
                 // A summary call never compacts for itself (the compactor calls the caller
                 // directly); kept for the purpose's sake.
-                Err(CallError::Overflow(message)) if purpose == CallPurpose::Summary => {
+                Err(CallError::Overflow { message, .. }) if purpose == CallPurpose::Summary => {
                     return Err(Stop::new(
                         TerminationReason::Error,
                         format!("provider error: context_overflow: {message}"),
                     ));
                 }
-                Err(CallError::Overflow(message)) => message,
+                Err(CallError::Overflow {
+                    message,
+                    stated_tokens,
+                }) => (message, stated_tokens),
             };
-            let stated = crate::provider::http::stated_prompt_tokens(&message);
             if compactions > 0 && (stated.is_none() || compactions == OVERFLOW_COMPACTIONS) {
                 return Err(Stop::new(
                     TerminationReason::Error,

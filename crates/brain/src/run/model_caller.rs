@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nerve_core::event::{CallPurpose, ModelCalled, Retry};
+use nerve_core::event::{CallOutcome, CallPurpose, ModelCalled, ModelErrorKind, Retry};
 use nerve_core::{
     Event, ExecutionId, Message, MicroUsd, TerminationReason, TokenUsage, ToolDefinition,
 };
@@ -38,15 +38,16 @@ use crate::run::journal::Journal;
 use crate::stop::Stop;
 use crate::telemetry::{self, TraceConfig};
 
-/// The outcome of a model call abandoned because the run was stopped.
-pub(crate) const CANCELLED: &str = "cancelled";
-
 /// A model call that failed: a stop, or a context overflow the caller may compact for.
 #[derive(Debug)]
 pub(crate) enum CallError {
     Stop(Stop),
-    Overflow(String),
-    /// The answer ran away and was stopped (what repeated, in a line): see `kind::RUNAWAY`.
+    Overflow {
+        message: String,
+        /// The server's count of the refused prompt, when the refusal stated it.
+        stated_tokens: Option<u64>,
+    },
+    /// The answer ran away and was stopped (what repeated, in a line): see `ModelErrorKind::Runaway`.
     Runaway(String),
 }
 
@@ -274,7 +275,7 @@ impl ModelCaller {
                         journal.record(Event::ModelCalled(ModelCalled {
                             turn,
                             purpose,
-                            outcome: CANCELLED.to_owned(),
+                            outcome: CallOutcome::Cancelled,
                             usage: TokenUsage::default(),
                             time_to_first_token_ms: None,
                             tokens_per_second: None,
@@ -284,13 +285,13 @@ impl ModelCaller {
                 }
             };
             let (outcome, usage) = match &result {
-                Ok(response) => ("ok", response.usage),
-                Err(error) => (error.kind(), TokenUsage::default()),
+                Ok(response) => (CallOutcome::Ok, response.usage),
+                Err(error) => (CallOutcome::Failed(error.kind()), TokenUsage::default()),
             };
             journal.record(Event::ModelCalled(ModelCalled {
                 turn,
                 purpose,
-                outcome: outcome.to_owned(),
+                outcome,
                 usage,
                 time_to_first_token_ms: timing.time_to_first_token_ms,
                 tokens_per_second: timing.tokens_per_second,
@@ -302,7 +303,7 @@ impl ModelCaller {
                     return Ok(response);
                 }
                 Err(ProviderError::Transient {
-                    kind: crate::provider::model_call::kind::RUNAWAY,
+                    kind: ModelErrorKind::Runaway,
                     message,
                     ..
                 }) => return Err(CallError::Runaway(message)),
@@ -334,8 +335,14 @@ impl ModelCaller {
                     slept += delay;
                     attempt += 1;
                 }
-                Err(ProviderError::ContextOverflow(message)) => {
-                    return Err(CallError::Overflow(message));
+                Err(ProviderError::ContextOverflow {
+                    message,
+                    stated_tokens,
+                }) => {
+                    return Err(CallError::Overflow {
+                        message,
+                        stated_tokens,
+                    });
                 }
                 Err(error @ ProviderError::Permanent { .. }) => {
                     return Err(Stop::new(
@@ -388,14 +395,14 @@ impl ModelCaller {
                 telemetry::record_chat_error(
                     &span,
                     &self.trace,
-                    crate::provider::model_call::kind::TIMEOUT,
+                    ModelErrorKind::Timeout.as_str(),
                     why,
                 );
                 return Err(Stop::new(TerminationReason::TimedOut, why));
             }
             () = self.cancel.cancelled() => {
                 let why = "the execution was stopped during a model call";
-                telemetry::record_chat_error(&span, &self.trace, CANCELLED, why);
+                telemetry::record_chat_error(&span, &self.trace, CallOutcome::Cancelled.as_str(), why);
                 return Err(Stop::shutdown());
             }
         };
@@ -444,7 +451,7 @@ impl ModelCaller {
         };
         let result = end.unwrap_or_else(|| {
             Err(ProviderError::transient(
-                crate::provider::model_call::kind::TRUNCATED_STREAM,
+                ModelErrorKind::TruncatedStream,
                 "the stream ended without a terminal chunk",
             ))
         });
@@ -485,8 +492,7 @@ async fn drain(
                 if let Some(why) = guard.as_mut().and_then(|g| g.observe(&delta)) {
                     // Dropping the stream closes the connection: the server stops too.
                     tracing::warn!(%why, "stopped a runaway answer");
-                    let error =
-                        ProviderError::transient(crate::provider::model_call::kind::RUNAWAY, why);
+                    let error = ProviderError::transient(ModelErrorKind::Runaway, why);
                     return (Some(Err(error)), first);
                 }
             }
@@ -651,12 +657,15 @@ mod tests {
             })
             .collect();
         assert_eq!(calls.len(), 2);
-        assert_eq!(calls[0].outcome, "truncated_stream");
+        assert_eq!(
+            calls[0].outcome,
+            CallOutcome::Failed(ModelErrorKind::TruncatedStream)
+        );
         assert_eq!(
             calls[0].time_to_first_token_ms, None,
             "failed calls are not timed"
         );
-        assert_eq!(calls[1].outcome, "ok");
+        assert_eq!(calls[1].outcome, CallOutcome::Ok);
         assert_eq!(calls[1].usage, TokenUsage::new(10, 3));
         assert!(calls[1].time_to_first_token_ms.is_some(), "{:?}", calls[1]);
         assert!(sink.kinds().contains(&"retry"));

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use nerve_core::event::{CallPurpose, CompactionStrategy, CompactionTrigger};
+use nerve_core::event::{
+    CallOutcome, CallPurpose, CompactionStrategy, CompactionTrigger, ModelErrorKind,
+};
 use nerve_core::{
     BlockId, ContextArchive, Event, EventSink, ExecutionId, Message, MessagePart, MessageRole,
     TaskId, TaskStatus, TerminationReason, ToolResult,
@@ -667,7 +669,7 @@ impl crate::Provider for Windowed {
         if prompt > self.window || again {
             self.rejected
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            return Err(crate::ProviderError::ContextOverflow(
+            return Err(crate::provider::http::context_overflow(
                 if self.states_count {
                     format!(
                         "This model's maximum context length is {} tokens. However, you requested {} tokens ({prompt} in the messages, 256 in the completion).",
@@ -823,7 +825,8 @@ async fn an_overflow_that_states_the_servers_count_is_compacted_to_fit_that_coun
         provider.rejected() >= 1,
         "the server never refused: the test shows nothing"
     );
-    let calls: Vec<String> = outcome
+    const OVERFLOW: CallOutcome = CallOutcome::Failed(ModelErrorKind::ContextOverflow);
+    let calls: Vec<CallOutcome> = outcome
         .sink
         .events()
         .into_iter()
@@ -840,7 +843,7 @@ async fn an_overflow_that_states_the_servers_count_is_compacted_to_fit_that_coun
     assert!(
         calls
             .windows(2)
-            .all(|pair| !(pair[0] == "context_overflow" && pair[1] == "context_overflow")),
+            .all(|pair| !(pair[0] == OVERFLOW && pair[1] == OVERFLOW)),
         "a retry after the compaction was refused again: {calls:?}"
     );
 }

@@ -184,7 +184,7 @@ impl crate::Provider for Server {
         }
         let counted = prompt * self.scale_permille / 1000;
         if counted > self.window {
-            return Err(crate::ProviderError::ContextOverflow(
+            return Err(crate::provider::http::context_overflow(
                 if self.states_count {
                     format!(
                         "This model's maximum context length is {} tokens. However, you requested {} tokens ({counted} in the messages, 16 in the completion).",

@@ -1,6 +1,7 @@
 //! The loops end to end in-process: scripted provider, in-memory sink, echo tools. One
 //! test per behaviour the design promises; `nerve run` drives the same code for real.
 
+use nerve_core::event::ModelErrorKind;
 use std::sync::Arc;
 
 use nerve_core::event::CallPurpose;
@@ -1842,7 +1843,7 @@ async fn a_runaway_answer_is_stopped_and_asked_again_with_a_note() {
         .into_iter()
         .filter_map(|e| {
             if let Event::ModelCalled(called) = &e {
-                Some(called.outcome.clone())
+                Some(called.outcome.to_string())
             } else if let Event::Retry(retry) = &e {
                 Some(format!("retry {}", retry.error))
             } else {
@@ -1916,7 +1917,7 @@ async fn a_runaway_retry_is_fitted_again_with_its_note_at_a_small_window() {
         let events = outcome.events();
         let Some(ran_away) = events
             .iter()
-            .position(|e| matches!(e, Event::Retry(r) if r.error == "runaway"))
+            .position(|e| matches!(e, Event::Retry(r) if r.error == ModelErrorKind::Runaway))
         else {
             continue;
         };
