@@ -1,6 +1,6 @@
 //! In-memory fakes of the ports, published once for every crate's tests, benches and
-//! xtask (the `testing` feature; a dev-dependency turns it on, a release build never
-//! has it): an event sink that keeps what it is given ([`MemorySink`]) or drops it
+//! xtask (the `testing` feature; a dev-dependency turns it on, and no library or front
+//! end asks for it): an event sink that keeps what it is given ([`MemorySink`]) or drops it
 //! ([`DiscardSink`]), and tool executors that echo their arguments ([`EchoTools`]) or
 //! answer every call the same ([`CannedTools`]). A fake of another shape (one that fails
 //! on cue, times what passes through) stays beside the test that needs it.
