@@ -14,10 +14,10 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use futures_util::StreamExt;
 use nerve_core::event::{ProxyDecision, ProxyVerdict};
-use nerve_core::{Event, EventSink, ExecutionId, SinkError, ToolCall, ToolCallId, ToolExecutor};
+use nerve_core::testing::MemorySink;
+use nerve_core::{Event, EventSink, ExecutionId, ToolCall, ToolCallId, ToolExecutor};
 use nerve_hands::proxy::{Credential, HostPattern, ProxyConfig, ProxyRule, UpstreamScheme};
 use nerve_hands::{Proxy, Sandbox, SandboxConfig, SandboxTools};
 use secrecy::SecretString;
@@ -106,20 +106,6 @@ fn serve_one(
     let _ = stream.write_all(response.as_bytes());
 }
 
-/// Collects the proxy's decisions.
-#[derive(Default)]
-struct Decisions(Mutex<Vec<ProxyDecision>>);
-
-#[async_trait]
-impl EventSink for Decisions {
-    async fn append(&self, _execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        if let Event::ProxyDecision(decision) = event {
-            self.0.lock().unwrap().push(decision);
-        }
-        Ok(0)
-    }
-}
-
 fn canary_rule(echo: &Server) -> ProxyRule {
     ProxyRule {
         upstream_scheme: UpstreamScheme::Http,
@@ -171,7 +157,7 @@ fn the_canary_stays_on_the_host_and_the_proxy_is_the_only_way_out() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let decisions = Arc::new(Decisions::default());
+        let decisions = Arc::new(MemorySink::default());
         let proxy = Proxy::start(
             ProxyConfig::new(vec![canary_rule(&echo)]),
             Arc::clone(&decisions) as Arc<dyn EventSink>,
@@ -266,7 +252,17 @@ fn the_canary_stays_on_the_host_and_the_proxy_is_the_only_way_out() {
         }
         assert!(!contains_bytes(&filesystem, CANARY.as_bytes()), "the canary is in the container's filesystem");
 
-        let decisions = decisions.0.lock().unwrap().clone();
+        let decisions: Vec<ProxyDecision> = decisions
+            .events()
+            .into_iter()
+            .filter_map(|event| {
+                if let Event::ProxyDecision(decision) = event {
+                    Some(decision)
+                } else {
+                    None
+                }
+            })
+            .collect();
         let json = serde_json::to_string(&decisions).unwrap();
         assert_clean("the proxy's events", &json);
         let injected = decisions

@@ -1,5 +1,6 @@
 //! The layout of Nerve's crates, read from their sources: no crate's modules import each
-//! other in a circle, and brain's parts sit below its loops and its engine.
+//! other in a circle, and brain's folders sit on their floors (its parts below its loops
+//! and its engine).
 //!
 //! A module is a source file (`src/a/b.rs` and `src/a/b/mod.rs` are `a::b`). Every
 //! `crate::` and `super::` path in a file's library code (before its test module, outside
@@ -293,33 +294,135 @@ fn no_crates_modules_import_each_other_in_a_circle() {
     );
 }
 
+/// The modules of `graph` that `from` reaches and `allowed` does not admit.
+fn reached_outside(graph: &Graph, from: &str, allowed: impl Fn(&str) -> bool) -> Vec<String> {
+    reachable(graph, from)
+        .into_iter()
+        .filter(|m| !allowed(m))
+        .collect()
+}
+
+fn in_folder(folder: &str, module: &str) -> bool {
+    module.starts_with(&format!("{folder}::"))
+}
+
+/// Brain's floors, by folder (ARCHITECTURE.md): `provider` reaches nothing outside it;
+/// `guards` only `provider`; the parts of a run (`context`, `run`) and `config`, `stop`,
+/// `telemetry` reach no loop and not the engine; `context` and the run's own parts reach
+/// neither the running execution (`run::execution`) nor the turn's tool side.
 #[test]
-fn brains_parts_and_config_sit_below_its_loops_and_engine() {
+fn brains_folders_sit_on_their_floors() {
     let brain = workspace().join("crates/brain/src");
     let graph = graph(&crate_modules(&brain));
-    assert!(graph.len() > 20, "{} modules read", graph.len());
-    // The edges the floors rest on are seen at all.
-    assert!(graph["engine"].contains("react"), "{:?}", graph["engine"]);
-    assert!(
-        graph["runner"].contains("compactor"),
-        "{:?}",
-        graph["runner"]
-    );
-    for part in [
-        "config",
-        "journal",
-        "window",
-        "caller",
-        "compactor",
-        "turn",
-        "runner",
-    ] {
-        let above: Vec<String> = reachable(&graph, part)
-            .into_iter()
-            .filter(|m| ["engine", "react", "plan"].contains(&m.as_str()))
-            .collect();
-        assert!(above.is_empty(), "{part} reaches {above:?}");
+    assert!(graph.len() > 40, "{} modules read", graph.len());
+    for folder in ["provider", "guards", "context", "run", "loops"] {
+        assert!(
+            graph.keys().any(|m| in_folder(folder, m)),
+            "no module in {folder}/"
+        );
     }
+    // The edges the floors rest on are seen at all.
+    for (from, to) in [
+        ("engine", "loops::react"),
+        ("loops::react", "run::tool_calls"),
+        ("run::execution", "context::compactor"),
+        ("context::compactor", "run::model_caller"),
+        ("run::model_caller", "provider::port"),
+        ("guards::runaway", "provider::stream"),
+    ] {
+        assert!(graph[from].contains(to), "{from}: {:?}", graph[from]);
+    }
+    let mut breaches = Vec::new();
+    for module in graph.keys() {
+        let outside = if in_folder("provider", module) {
+            reached_outside(&graph, module, |m| in_folder("provider", m))
+        } else if in_folder("guards", module) {
+            reached_outside(&graph, module, |m| {
+                in_folder("guards", m) || in_folder("provider", m)
+            })
+        } else if in_folder("loops", module) || module == "engine" || module.is_empty() {
+            Vec::new()
+        } else {
+            reached_outside(&graph, module, |m| {
+                !(m == "engine" || m == "loops::react" || m == "loops::plan_execute")
+            })
+        };
+        if !outside.is_empty() {
+            breaches.push(format!("{module} reaches {outside:?}"));
+        }
+    }
+    for part in graph.keys().filter(|m| {
+        in_folder("context", m)
+            || [
+                "run::journal",
+                "run::model_caller",
+                "run::workspace_tracker",
+                "config",
+            ]
+            .contains(&m.as_str())
+    }) {
+        let above = reached_outside(&graph, part, |m| {
+            m != "run::execution" && m != "run::tool_calls"
+        });
+        if !above.is_empty() {
+            breaches.push(format!("{part} reaches {above:?}"));
+        }
+    }
+    assert!(breaches.is_empty(), "{}", breaches.join("\n"));
+}
+
+/// Brain's folders (`mod.rs`) only declare their files, and no library code imports from
+/// the crate root's re-exports, so every edge the graph reads is one the code has: an
+/// import through a folder's or the root's `pub use` would hide the module it comes from.
+#[test]
+fn brains_imports_name_the_module_that_defines_what_they_import() {
+    let brain = workspace().join("crates/brain/src");
+    let modules = crate_modules(&brain);
+    let names: BTreeSet<String> = modules.iter().map(|m| m.path.clone()).collect();
+    let folders: BTreeSet<&str> = names
+        .iter()
+        .filter(|m| !m.is_empty() && names.iter().any(|c| is_ancestor(m, c) && c != *m))
+        .map(String::as_str)
+        .collect();
+    let test_only: BTreeSet<String> = modules.iter().flat_map(test_only_children).collect();
+    let mut found = Vec::new();
+    for module in &modules {
+        if test_only
+            .iter()
+            .any(|t| *t == module.path || is_ancestor(t, &module.path))
+        {
+            continue;
+        }
+        // A top folder's `mod.rs`; a file with a folder of its own beside it (`a.rs` and
+        // `a/`) is a module with code and children, which import from it by `super::`.
+        if folders.contains(module.path.as_str()) && !module.path.contains("::") {
+            let extra: Vec<&str> = library_code(&module.source)
+                .map(str::trim)
+                .filter(|line| {
+                    !(line.is_empty()
+                        || line.starts_with("//!")
+                        || line.starts_with("pub mod ")
+                        || line.starts_with("pub(crate) mod "))
+                })
+                .collect();
+            if !extra.is_empty() {
+                found.push(format!(
+                    "{}/mod.rs holds more than declarations: {extra:?}",
+                    module.path
+                ));
+            }
+        }
+        for path in library_code(&module.source).flat_map(|line| named_paths(line, &module.path)) {
+            if !path.is_empty() && resolve(&path, &names).is_empty() {
+                found.push(format!(
+                    "{} imports crate::{}",
+                    module.path,
+                    path.join("::")
+                ));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
 fn module(path: &str, source: &str) -> Module {

@@ -525,7 +525,7 @@ async fn commit_latency(url: &str) -> Result<Commits> {
                     Event::ModelCalled(ModelCalled {
                         turn,
                         purpose: CallPurpose::Agent,
-                        outcome: "ok".into(),
+                        outcome: nerve_core::event::CallOutcome::Ok,
                         usage: TokenUsage::new(100, 10),
                         time_to_first_token_ms: None,
                         tokens_per_second: None,

@@ -19,9 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use nerve_brain::{AgentEngine, EngineConfig, ScriptedProvider, Task};
+use nerve_core::testing::CannedTools;
 use nerve_core::{
     Enqueued, Event, EventSink, ExecutionId, Redactor, SinkError, Snapshot, TaskId, TaskStatus,
-    TerminationReason, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
+    TerminationReason, ToolDefinition,
 };
 use nerve_runtime::queue::Claim;
 use nerve_runtime::worker::{Handled, Outcome, Quiet, Runner, Worker};
@@ -267,7 +268,7 @@ impl Runner for InProcess {
             max_turns: self.max_turns,
             ..EngineConfig::default()
         };
-        let engine = AgentEngine::new(Arc::new(provider), Arc::new(ReadFile), sink, config);
+        let engine = AgentEngine::new(Arc::new(provider), Arc::new(read_file()), sink, config);
         let task = Task {
             id: TaskId::new(),
             description: "Read every file.".into(),
@@ -304,12 +305,9 @@ pub(crate) fn cassette(turns: usize) -> String {
 }
 
 /// The anchor's tool: 200 bytes, at once, in process.
-struct ReadFile;
-
-#[async_trait]
-impl ToolExecutor for ReadFile {
-    fn definitions(&self) -> Vec<ToolDefinition> {
-        vec![ToolDefinition {
+fn read_file() -> CannedTools {
+    CannedTools {
+        definitions: vec![ToolDefinition {
             name: "read_file".into(),
             description: "Read a file.".into(),
             parameters: serde_json::json!({
@@ -317,11 +315,8 @@ impl ToolExecutor for ReadFile {
                 "properties": {"path": {"type": "string"}},
                 "required": ["path"],
             }),
-        }]
-    }
-
-    async fn execute(&self, _call: &ToolCall) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::ok("x".repeat(200)))
+        }],
+        output: "x".repeat(200),
     }
 }
 

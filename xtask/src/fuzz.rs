@@ -89,7 +89,7 @@ const TARGETS: &[Target] = &[
         properties: 3,
         cases: CASES_PER_PASS,
     },
-    // The agent as a whole (brain's engine_fuzz.rs): a case is a whole execution.
+    // The agent as a whole (brain's tests/engine_fuzz.rs): a case is a whole execution.
     Target {
         short: "engine",
         package: "nerve-brain",

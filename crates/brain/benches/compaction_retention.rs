@@ -42,10 +42,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use nerve_brain::archive::MemoryArchive;
-use nerve_brain::compaction::{CompactionConfig, SUMMARY_PROMPT, transcript};
-use nerve_brain::stagnation::StagnationConfig;
-use nerve_brain::tokens::{CachedCounter, Estimate, estimate_messages};
+use nerve_brain::context::compaction_plan::{CompactionConfig, SUMMARY_PROMPT, transcript};
+use nerve_brain::context::memory_archive::MemoryArchive;
+use nerve_brain::guards::stagnation::StagnationConfig;
+use nerve_brain::provider::tokens::{CachedCounter, Estimate, estimate_messages};
 use nerve_brain::{
     AgentEngine, EngineConfig, HttpConfig, ModelRequest, ModelResponse, OpenAiConfig,
     OpenAiProvider, Provider, ProviderError, Task, TokenCounter,
@@ -707,7 +707,7 @@ fn measure(
         let counts: Vec<u64> = reference
             .messages
             .iter()
-            .map(nerve_brain::tokens::estimate_message)
+            .map(nerve_brain::provider::tokens::estimate_message)
             .collect();
         let in_outputs: u64 = reference
             .messages

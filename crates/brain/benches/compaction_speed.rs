@@ -22,19 +22,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use nerve_brain::compaction::{
+use nerve_brain::context::compaction_plan::{
     self, CompactionConfig, SummaryPolicy, extractive_summary, plan_mask, plan_summary,
 };
-use nerve_brain::prompt::PromptProfile;
-use nerve_brain::tokens::{estimate_message, estimate_text};
+use nerve_brain::provider::tokens::{estimate_message, estimate_text};
+use nerve_brain::run::system_prompt::PromptProfile;
 use nerve_brain::{
-    AgentEngine, EngineConfig, FinishReason, ModelRequest, ModelResponse, Provider, ProviderError,
-    ResumeState,
+    AgentEngine, EngineConfig, ModelRequest, ModelResponse, Provider, ProviderError, ResumeState,
 };
-use nerve_core::event::{CallPurpose, CompactionStrategy};
+use nerve_core::event::{CallPurpose, CompactionStrategy, ModelErrorKind};
 use nerve_core::{
-    Event, EventSink, ExecutionId, Message, MessagePart, MessageRole, MicroUsd, SinkError, TaskId,
-    TaskStatus, TokenUsage, ToolCall, ToolDefinition, ToolError, ToolExecutor, ToolOutput,
+    Event, EventSink, ExecutionId, FinishReason, Message, MessagePart, MessageRole, MicroUsd,
+    SinkError, TaskId, TaskStatus, TokenUsage, ToolCall, ToolDefinition, ToolError, ToolExecutor,
+    ToolOutput,
 };
 use tokio_util::sync::CancellationToken;
 use trajectory::Shape;
@@ -108,7 +108,7 @@ impl Provider for Model {
             CallPurpose::Summary => match &self.summary {
                 Some(summary) => Ok(answer(summary)),
                 None => Err(ProviderError::Permanent {
-                    kind: "server_error",
+                    kind: ModelErrorKind::ServerError,
                     message: "no summary in this scenario".into(),
                 }),
             },
@@ -381,7 +381,7 @@ fn main() {
     );
     println!("| step | median | fastest | slowest |");
     println!("|---|---|---|---|");
-    let transcript = compaction::transcript(&summarised, None);
+    let transcript = compaction_plan::transcript(&summarised, None);
     let rows: [(&str, (Duration, Duration, Duration)); 6] = [
         (
             "`plan_summary`",
@@ -395,7 +395,7 @@ fn main() {
         ),
         (
             "`transcript` (the summary call's input)",
-            time(|| compaction::transcript(&summarised, None)),
+            time(|| compaction_plan::transcript(&summarised, None)),
         ),
         (
             "counting that transcript (the summary call checks it fits)",
@@ -410,7 +410,7 @@ fn main() {
                     .flat_map(|m| &m.parts)
                     .filter_map(|p| {
                         if let MessagePart::ToolResult(r) = p {
-                            Some(compaction::digest(&r.content, 300).len())
+                            Some(compaction_plan::digest(&r.content, 300).len())
                         } else {
                             None
                         }

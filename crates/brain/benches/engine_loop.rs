@@ -2,52 +2,16 @@
 //! no-op tool, so what is measured is Nerve's bookkeeping (events, messages, guardrails,
 //! stagnation fingerprints). Per-turn cost must stay flat from 10 to 1,000 turns.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use divan::{Bencher, black_box};
 use nerve_brain::{AgentEngine, EngineConfig, ScriptedProvider, Task};
-use nerve_core::{
-    Event, EventSink, ExecutionId, SinkError, TaskId, TaskStatus, ToolCall, ToolDefinition,
-    ToolError, ToolExecutor, ToolOutput,
-};
+use nerve_core::testing::{CannedTools, MemorySink};
+use nerve_core::{ExecutionId, TaskId, TaskStatus};
 use tokio_util::sync::CancellationToken;
 
 fn main() {
     divan::main();
-}
-
-/// Keeps events in memory, as a log would keep them on disk.
-#[derive(Default)]
-struct MemorySink(Mutex<Vec<Event>>);
-
-#[async_trait]
-impl EventSink for MemorySink {
-    async fn append(&self, _execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        let mut events = self
-            .0
-            .lock()
-            .map_err(|_| SinkError::Unavailable("poisoned".into()))?;
-        events.push(event);
-        Ok(events.len() as u64)
-    }
-}
-
-struct NoopTool;
-
-#[async_trait]
-impl ToolExecutor for NoopTool {
-    fn definitions(&self) -> Vec<ToolDefinition> {
-        vec![ToolDefinition {
-            name: "read_file".into(),
-            description: "read".into(),
-            parameters: serde_json::json!({"type": "object"}),
-        }]
-    }
-
-    async fn execute(&self, _call: &ToolCall) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::ok("x".repeat(200)))
-    }
 }
 
 /// `turns` tool turns (each reading a different file, as the LangGraph anchor does), then
@@ -82,7 +46,7 @@ fn react_run(bencher: Bencher, turns: usize) {
             };
             AgentEngine::new(
                 Arc::new(provider),
-                Arc::new(NoopTool),
+                Arc::new(CannedTools::one("read_file", "x".repeat(200))),
                 Arc::new(MemorySink::default()),
                 config,
             )

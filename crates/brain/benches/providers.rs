@@ -15,11 +15,11 @@ use bytes::Bytes;
 use divan::Bencher;
 use divan::counter::BytesCount;
 use nerve_brain::TokenCounter;
-use nerve_brain::anthropic::MessagesStreamDecoder;
-use nerve_brain::openai::ChatStreamDecoder;
-use nerve_brain::sse::SseParser;
-use nerve_brain::stream::{MemorySource, ModelStream, StreamDecoder};
-use nerve_brain::tokens::{CachedCounter, Encoding, Estimate, Tiktoken, UsageEstimate};
+use nerve_brain::provider::anthropic::MessagesStreamDecoder;
+use nerve_brain::provider::openai::ChatStreamDecoder;
+use nerve_brain::provider::sse::SseParser;
+use nerve_brain::provider::stream::{MemorySource, ModelStream, StreamDecoder};
+use nerve_brain::provider::tokens::{CachedCounter, Encoding, Estimate, Tiktoken, UsageEstimate};
 use nerve_core::{Message, MessagePart, MessageRole, ToolCall, ToolCallId, ToolResult};
 
 fn main() {

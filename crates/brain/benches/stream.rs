@@ -39,15 +39,12 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use nerve_brain::{
     AgentEngine, Delta, DeltaObserver, EngineConfig, OpenAiConfig, OpenAiProvider, Task,
 };
 use nerve_core::event::CallPurpose;
-use nerve_core::{
-    Event, EventSink, ExecutionId, SinkError, TaskId, TaskStatus, TerminationReason, ToolCall,
-    ToolDefinition, ToolError, ToolExecutor, ToolOutput,
-};
+use nerve_core::testing::{CannedTools, DiscardSink};
+use nerve_core::{ExecutionId, TaskId, TaskStatus, TerminationReason};
 use tokio_util::sync::CancellationToken;
 
 const PACE: Duration = Duration::from_millis(2);
@@ -205,35 +202,13 @@ impl DeltaObserver for Arrivals {
     }
 }
 
-struct NoSink;
-
-#[async_trait]
-impl EventSink for NoSink {
-    async fn append(&self, _: ExecutionId, _: Event) -> Result<u64, SinkError> {
-        Ok(0)
-    }
-}
-
-struct NoTools;
-
-#[async_trait]
-impl ToolExecutor for NoTools {
-    fn definitions(&self) -> Vec<ToolDefinition> {
-        Vec::new()
-    }
-
-    async fn execute(&self, _: &ToolCall) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::ok(""))
-    }
-}
-
 /// The engine's path: one run whose single answer streams from the server.
 async fn engine(provider: &Arc<OpenAiProvider>) -> Vec<Instant> {
     let arrivals = Arc::new(Arrivals::default());
     let mut engine = AgentEngine::new(
         Arc::clone(provider) as Arc<dyn nerve_brain::Provider>,
-        Arc::new(NoTools),
-        Arc::new(NoSink),
+        Arc::new(CannedTools::default()),
+        Arc::new(DiscardSink),
         EngineConfig::default(),
     );
     engine.deltas = Arc::clone(&arrivals) as Arc<dyn DeltaObserver>;

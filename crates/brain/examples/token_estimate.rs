@@ -12,7 +12,7 @@
 mod corpus;
 
 use nerve_brain::TokenCounter;
-use nerve_brain::tokens::{Encoding, Estimate, Features, Tiktoken};
+use nerve_brain::provider::tokens::{Encoding, Estimate, Features, Tiktoken};
 
 struct Row {
     kind: &'static str,

@@ -1,44 +1,19 @@
-//! The guardrails and choices of one execution (`EngineConfig`) and the price table it
-//! charges by. Below every loop and every part of a running execution, so that they all
+//! The guardrails and choices of one execution (`EngineConfig`), the price it charges by
+//! among them (`Pricing`, which the model table owns). Below every loop and every part of a running execution, so that they all
 //! read it without importing the engine that wires them.
 
 use std::time::Duration;
 
-use nerve_core::{Complexity, LoopType, MicroUsd, TokenUsage};
+use nerve_core::{Complexity, LoopType, MicroUsd};
 
-use crate::approval::ToolPolicy;
-use crate::auto::AutoLoopConfig;
-use crate::compaction::CompactionConfig;
-use crate::prompt::PromptProfile;
-use crate::retry::RetryPolicy;
-use crate::stagnation::StagnationConfig;
+use crate::context::compaction_plan::CompactionConfig;
+use crate::guards::approval::ToolPolicy;
+use crate::guards::stagnation::StagnationConfig;
+use crate::loops::auto::AutoLoopConfig;
+use crate::provider::model_table::Pricing;
+use crate::provider::retry::RetryPolicy;
+use crate::run::system_prompt::PromptProfile;
 use crate::telemetry::TraceConfig;
-
-/// Prices in micro-dollars per million tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Pricing {
-    pub input_per_million: u64,
-    pub output_per_million: u64,
-    /// Input tokens read from the prompt cache; `None`: the input price.
-    pub cache_read_per_million: Option<u64>,
-    /// Input tokens written to the prompt cache; `None`: the input price.
-    pub cache_write_per_million: Option<u64>,
-}
-
-impl Pricing {
-    /// The cost of `usage`, cache reads and writes at their own prices. Rounded up per
-    /// class, so a budget is never under-charged.
-    pub fn cost(&self, usage: TokenUsage) -> MicroUsd {
-        let read = usage.cache_read_tokens.min(usage.input_tokens);
-        let write = usage.cache_write_tokens.min(usage.input_tokens - read);
-        let plain = usage.input_tokens - read - write;
-        let price = |p: Option<u64>| p.unwrap_or(self.input_per_million);
-        MicroUsd::for_tokens(plain, self.input_per_million)
-            + MicroUsd::for_tokens(read, price(self.cache_read_per_million))
-            + MicroUsd::for_tokens(write, price(self.cache_write_per_million))
-            + MicroUsd::for_tokens(usage.output_tokens, self.output_per_million)
-    }
-}
 
 /// The guardrails and choices of one execution. Defaults are the design's.
 #[derive(Debug, Clone)]
@@ -80,14 +55,14 @@ pub struct EngineConfig {
     /// What the tracing spans carry (content only when opted in, always redacted).
     pub trace: TraceConfig,
     /// Which project instructions (`AGENTS.md`, the user's file) the model is given.
-    pub instructions: crate::instructions::InstructionsConfig,
+    pub instructions: crate::run::instructions::InstructionsConfig,
     /// The skills the model may load (`skill`); their names and descriptions join the
     /// system prompt. None by default: a front end finds them.
-    pub skills: Vec<crate::skills::Skill>,
+    pub skills: Vec<crate::run::skills::Skill>,
     /// A child execution's parent and the call that started it (recorded in `started`).
     pub lineage: Lineage,
     /// Whether and how the model may hand work to child executions (`delegate`).
-    pub delegation: crate::delegate::DelegationConfig,
+    pub delegation: crate::run::delegate::DelegationConfig,
 }
 
 impl Default for EngineConfig {
@@ -118,10 +93,10 @@ impl Default for EngineConfig {
             prompt_profile: None,
             recorded_config: serde_json::Value::Null,
             trace: TraceConfig::default(),
-            instructions: crate::instructions::InstructionsConfig::default(),
+            instructions: crate::run::instructions::InstructionsConfig::default(),
             skills: Vec::new(),
             lineage: Lineage::default(),
-            delegation: crate::delegate::DelegationConfig::default(),
+            delegation: crate::run::delegate::DelegationConfig::default(),
         }
     }
 }

@@ -15,27 +15,27 @@ use nerve_core::{
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::approval::{Approval, Approver, Unattended};
-use crate::archive::MemoryArchive;
-use crate::auto::select_loop;
-use crate::caller::ModelCaller;
-use crate::compactor::context_tool_definitions;
-use crate::context::{AgentContext, ExecutionResult};
-use crate::journal::Journal;
-use crate::plan::{self, PlanMode};
-use crate::prompt::PromptProfile;
-use crate::provider::Provider;
-use crate::react;
-use crate::runner::{Guards, Hands, Progress, Run};
-use crate::stagnation::StagnationDetector;
+use crate::context::compactor::context_tool_definitions;
+use crate::context::memory_archive::MemoryArchive;
+use crate::guards::approval::{Approval, Approver, Unattended};
+use crate::guards::stagnation::StagnationDetector;
+use crate::loops::auto::select_loop;
+use crate::loops::plan_execute::{self, PlanMode};
+use crate::loops::react;
+use crate::provider::port::Provider;
+use crate::provider::text_tools::ToolProtocol;
+use crate::provider::tokens::{TokenCounter, counter_for_model};
+use crate::run::execution::{Guards, Hands, Progress, Run};
+use crate::run::journal::Journal;
+use crate::run::model_caller::ModelCaller;
+use crate::run::state::{AgentContext, ExecutionResult};
+use crate::run::system_prompt::PromptProfile;
+use crate::run::tool_calls::{self, Interrupted};
+use crate::run::workspace_tracker::WorkspaceTracker;
 use crate::stop::Stop;
 use crate::telemetry::{self, TraceConfig};
-use crate::text_tools::ToolProtocol;
-use crate::tokens::{TokenCounter, counter_for_model};
-use crate::turn::{self, Interrupted};
-use crate::workspace::WorkspaceTracker;
 
-pub use crate::config::{EngineConfig, Pricing};
+use crate::config::EngineConfig;
 
 /// The work handed to the agent.
 #[derive(Debug, Clone)]
@@ -126,7 +126,7 @@ pub struct AgentEngine {
     /// Where compaction archives context; in memory unless the log's archive is wired in.
     pub archive: Arc<dyn nerve_core::ContextArchive>,
     /// Who sees answers as they stream; nobody unless the CLI wires a display in.
-    pub deltas: Arc<dyn crate::stream::DeltaObserver>,
+    pub deltas: Arc<dyn crate::provider::stream::DeltaObserver>,
     /// Snapshots of the workspace at turn boundaries; `None`: none are taken.
     pub workspace: Option<Arc<dyn nerve_core::WorkspaceSnapshots>>,
     /// The user's hooks (run on the host by the runtime); `None`: none.
@@ -161,7 +161,7 @@ impl AgentEngine {
             sink,
             approver: Arc::new(Unattended),
             archive: Arc::new(MemoryArchive::default()),
-            deltas: Arc::new(crate::stream::IgnoreDeltas),
+            deltas: Arc::new(crate::provider::stream::IgnoreDeltas),
             workspace: None,
             hooks: None,
             children: None,
@@ -187,11 +187,11 @@ impl AgentEngine {
             ));
         }
         if !self.config.skills.is_empty() {
-            definitions.push(crate::skills::definition());
+            definitions.push(crate::run::skills::definition());
         }
         let delegates = self.config.delegation.enabled && self.config.lineage.parent.is_none();
         if delegates {
-            definitions.push(crate::delegate::definition());
+            definitions.push(crate::run::delegate::definition());
         }
         let tool_tokens = counter.count_tools(&definitions);
         let tool_protocol = self.provider.tool_protocol();
@@ -199,14 +199,14 @@ impl AgentEngine {
             ToolProtocol::Native => false,
             ToolProtocol::Text => true,
             // A resumed run that had switched goes on with text.
-            ToolProtocol::Auto => crate::text_tools::used(&messages),
+            ToolProtocol::Auto => crate::provider::text_tools::used(&messages),
         };
-        let instructions = crate::instructions::Tracker::resumed(&messages);
+        let instructions = crate::run::instructions::Tracker::resumed(&messages);
         Run {
             execution_id,
             config: self.config.clone(),
             journal: Journal::new(execution_id, Arc::clone(&self.sink)),
-            window: crate::window::Window::new(
+            window: crate::context::window::Window::new(
                 messages,
                 counter,
                 tool_tokens,
@@ -239,7 +239,7 @@ impl AgentEngine {
             delegator: delegates.then(|| {
                 Arc::new(EngineDelegator {
                     engine: self.clone(),
-                }) as crate::delegate::SharedDelegator
+                }) as crate::run::delegate::SharedDelegator
             }),
             delegated: (TokenUsage::default(), MicroUsd::ZERO),
         }
@@ -331,7 +331,7 @@ impl AgentEngine {
         let mut system = profile.system_prompt().to_owned();
         let instructions = start_instructions(&self.config, &*run.hands.tools).await;
         if !instructions.is_empty() {
-            system.push_str(&crate::instructions::system_section(&instructions));
+            system.push_str(&crate::run::instructions::system_section(&instructions));
             run.journal.record(Event::InstructionsLoaded(
                 nerve_core::event::InstructionsLoaded {
                     turn: 0,
@@ -340,12 +340,13 @@ impl AgentEngine {
             ));
         }
         if !self.config.skills.is_empty() {
-            system.push_str(&crate::skills::system_section(&self.config.skills));
+            system.push_str(&crate::run::skills::system_section(&self.config.skills));
         }
         run.push_message(Message::system(system));
-        crate::hooks::at(run, HookPoint::SessionStart, 0, None, serde_json::json!({})).await;
+        crate::run::hooks::at(run, HookPoint::SessionStart, 0, None, serde_json::json!({})).await;
         let prompt = serde_json::json!({ "prompt": task.description });
-        if let Some(why) = crate::hooks::at(run, HookPoint::UserPromptSubmit, 0, None, prompt).await
+        if let Some(why) =
+            crate::run::hooks::at(run, HookPoint::UserPromptSubmit, 0, None, prompt).await
         {
             return Err(Stop::new(
                 TerminationReason::Error,
@@ -376,7 +377,7 @@ impl AgentEngine {
             ));
         }
         let plan = plan_mode(self.config.loop_type, &self.config).and_then(|mode| {
-            plan::rebuild(&state.messages, mode, self.config.max_replans).map(|r| (mode, r))
+            plan_execute::rebuild(&state.messages, mode, self.config.max_replans).map(|r| (mode, r))
         });
         let loop_type = if plan.is_some() {
             self.config.loop_type
@@ -480,7 +481,7 @@ enum Begin<'a> {
         task: &'a Task,
     },
     /// With the plan loop rebuilt from the conversation, when it was one.
-    Resumed(&'a ResumeState, Option<(PlanMode, plan::Resumed)>),
+    Resumed(&'a ResumeState, Option<(PlanMode, plan_execute::Resumed)>),
     FollowUp(&'a ResumeState, &'a FollowUp),
 }
 
@@ -489,17 +490,17 @@ enum Begin<'a> {
 async fn start_instructions(
     config: &EngineConfig,
     tools: &dyn nerve_core::ToolExecutor,
-) -> Vec<crate::instructions::Loaded> {
+) -> Vec<crate::run::instructions::Loaded> {
     let mut loaded = Vec::new();
     if let Some(user) = &config.instructions.user {
-        loaded.push(crate::instructions::bounded(
+        loaded.push(crate::run::instructions::bounded(
             nerve_core::event::InstructionsSource::User,
             &user.path,
             &user.text,
         ));
     }
     if config.instructions.workspace
-        && let Some(root) = crate::instructions::root(tools).await
+        && let Some(root) = crate::run::instructions::root(tools).await
     {
         loaded.push(root);
     }
@@ -542,7 +543,7 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
         Begin::Resumed(state, mut plan) => match resume_start(&mut run, state, plan.as_mut()).await
         {
             Ok(()) => match plan {
-                Some((mode, resumed)) => plan::resume(&mut run, mode, resumed).await,
+                Some((mode, resumed)) => plan_execute::resume(&mut run, mode, resumed).await,
                 // The crash came after the final answer's turn was recorded and before the
                 // finish: the answer stands, the model is not asked again.
                 None if answered(run.window.messages()) => Stop::completed(),
@@ -553,7 +554,8 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
         Begin::FollowUp(state, follow_up) => {
             let prompt = serde_json::json!({ "prompt": follow_up.message });
             let turns = run.progress.turn_count();
-            match crate::hooks::at(&mut run, HookPoint::UserPromptSubmit, turns, None, prompt).await
+            match crate::run::hooks::at(&mut run, HookPoint::UserPromptSubmit, turns, None, prompt)
+                .await
             {
                 Some(why) => Stop::new(
                     TerminationReason::Error,
@@ -569,7 +571,7 @@ async fn execute_in(mut run: Run, begin: Begin<'_>) -> ExecutionResult {
     let turns = run.progress.turn_count();
     if !outcome.log_failed {
         let ending = serde_json::json!({ "termination_reason": outcome.reason });
-        crate::hooks::at(&mut run, HookPoint::Stop, turns, None, ending).await;
+        crate::run::hooks::at(&mut run, HookPoint::Stop, turns, None, ending).await;
     }
     finish(run, outcome).await
 }
@@ -611,7 +613,7 @@ async fn start_snapshot(run: &mut Run) -> Result<(), nerve_core::SinkError> {
 async fn resume_start(
     run: &mut Run,
     state: &ResumeState,
-    plan: Option<&mut (PlanMode, plan::Resumed)>,
+    plan: Option<&mut (PlanMode, plan_execute::Resumed)>,
 ) -> Result<(), Stop> {
     run.journal.record(Event::Resumed(Resumed {
         attempt: state.attempt,
@@ -639,7 +641,7 @@ async fn resume_start(
 }
 
 async fn settle_interrupted(run: &mut Run, state: &ResumeState) -> Result<(), Stop> {
-    turn::settle(
+    tool_calls::settle(
         run,
         Interrupted {
             number: state.turns + 1,
@@ -681,7 +683,7 @@ async fn follow_up_start(
 
 async fn drive(run: &mut Run) -> Stop {
     match plan_mode(run.progress.loop_type, &run.config) {
-        Some(mode) => plan::run(run, mode).await,
+        Some(mode) => plan_execute::run(run, mode).await,
         None => react::run(run).await,
     }
 }
@@ -750,7 +752,7 @@ async fn finish(mut run: Run, outcome: Stop) -> ExecutionResult {
     result(run, outcome.reason, error)
 }
 
-/// The engine's [`Delegator`](crate::delegate::Delegator): a child is this engine run
+/// The engine's [`Delegator`](crate::run::delegate::Delegator): a child is this engine run
 /// again as an execution of its own, on the same sandbox (its tools, narrowed to the
 /// request's), log, archive, approver and hooks, with its own provider view (a cassette's
 /// lines for its name), budget share and turn limit, no snapshots of its own (the parent's
@@ -772,12 +774,12 @@ impl EngineDelegator {
             engine.provider = provider;
         }
         engine.planner = None;
-        engine.tools = Arc::new(crate::delegate::Subset {
+        engine.tools = Arc::new(crate::run::delegate::Subset {
             inner: Arc::clone(&engine.tools),
             allowed: limits.tools.clone(),
         });
         engine.workspace = None;
-        engine.deltas = Arc::new(crate::stream::IgnoreDeltas);
+        engine.deltas = Arc::new(crate::provider::stream::IgnoreDeltas);
         let config = &mut engine.config;
         config.loop_type = LoopType::React;
         config.complexity = None;
@@ -816,7 +818,7 @@ pub struct ChildLimits {
 #[derive(Debug)]
 pub enum ChildState {
     /// The child ended (its parent did not record it): its outcome.
-    Ended(crate::delegate::ChildOutcome),
+    Ended(crate::run::delegate::ChildOutcome),
     /// The child did not end: what resuming it takes.
     Unfinished(Box<ChildResume>),
 }
@@ -852,7 +854,7 @@ fn child_outcome(
     child: ExecutionId,
     name: String,
     result: ExecutionResult,
-) -> crate::delegate::ChildOutcome {
+) -> crate::run::delegate::ChildOutcome {
     let answer = result
         .context
         .messages
@@ -861,7 +863,7 @@ fn child_outcome(
         .find(|m| m.role == nerve_core::MessageRole::Assistant)
         .map(Message::text_content)
         .unwrap_or_default();
-    crate::delegate::ChildOutcome {
+    crate::run::delegate::ChildOutcome {
         child,
         name,
         reason: result.termination_reason,
@@ -874,11 +876,11 @@ fn child_outcome(
 }
 
 #[async_trait::async_trait]
-impl crate::delegate::Delegator for EngineDelegator {
+impl crate::run::delegate::Delegator for EngineDelegator {
     async fn run_child(
         &self,
-        request: crate::delegate::ChildRequest,
-    ) -> Result<crate::delegate::ChildOutcome, String> {
+        request: crate::run::delegate::ChildRequest,
+    ) -> Result<crate::run::delegate::ChildOutcome, String> {
         let limits = ChildLimits {
             name: request.name,
             tools: request.tools,
@@ -908,7 +910,7 @@ impl crate::delegate::Delegator for EngineDelegator {
         parent: ExecutionId,
         call_id: ToolCallId,
         cancel: CancellationToken,
-    ) -> Option<Result<crate::delegate::ChildOutcome, String>> {
+    ) -> Option<Result<crate::run::delegate::ChildOutcome, String>> {
         let log = self.engine.children.as_ref()?;
         match log.child_of(parent, &call_id).await? {
             ChildState::Ended(outcome) => Some(Ok(outcome)),
@@ -973,10 +975,11 @@ mod tests {
     use std::time::Duration;
 
     use nerve_core::Event;
+    use nerve_core::event::{CallOutcome, ModelErrorKind};
 
     use super::*;
-    use crate::scripted::ScriptedProvider;
-    use crate::testing::{EchoTools, MemorySink};
+    use crate::provider::scripted::ScriptedProvider;
+    use nerve_core::testing::{EchoTools, MemorySink};
 
     struct Outcome {
         result: Result<ExecutionResult, EngineError>,
@@ -1174,7 +1177,7 @@ mod tests {
             })
             .collect();
         assert_eq!(retries.len(), 1);
-        assert_eq!(retries[0].error, "rate_limited");
+        assert_eq!(retries[0].error, ModelErrorKind::RateLimited);
         assert!(retries[0].delay_ms >= 5);
     }
 
@@ -1366,7 +1369,7 @@ mod tests {
                 }
             })
             .collect();
-        assert_eq!(called, ["cancelled"]);
+        assert_eq!(called, [CallOutcome::Cancelled]);
     }
 
     #[tokio::test]

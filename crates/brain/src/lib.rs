@@ -2,76 +2,41 @@
 //! well-defined end, and the guardrails around them. It reaches the event log and the
 //! sandbox only through the ports of `nerve-core`, so every loop runs in-process against
 //! fakes in tests and against SQLite and Docker in production.
+//!
+//! Its folders are its floors, from the bottom up (ARCHITECTURE.md, `tests/layout`):
+//! `provider` (one model call: the port, the wire formats, the clients, tokens, retry),
+//! `guards` (approval, stagnation, runaway streams), `context` (the window and its
+//! compaction), `run` (the running execution's parts and its tool calls), `loops` (ReAct,
+//! plan-execute and hybrid), and `engine`, which builds a run and drives a loop to its end.
+//! `config`, `stop` and `telemetry` sit beside the parts, below every loop.
 
-mod answer;
-pub mod anthropic;
-pub mod approval;
-pub mod archive;
-pub mod auto;
-mod builtin;
-mod call_repair;
-mod caller;
-pub mod compaction;
-mod compactor;
 pub mod config;
 pub mod context;
-pub mod delegate;
 pub mod engine;
-pub mod epistemic;
-mod hooks;
-pub mod http;
-pub mod instructions;
-mod journal;
-mod json_text;
-pub mod models;
-pub mod openai;
-mod plan;
-pub mod prompt;
+pub mod guards;
+pub mod loops;
 pub mod provider;
-mod react;
-mod relevance;
-mod request;
-pub mod retry;
-mod runaway;
-mod runner;
-pub mod scripted;
-pub mod skills;
-pub mod sse;
-pub mod stagnation;
-mod stop;
-pub mod stream;
+pub mod run;
+pub(crate) mod stop;
 pub mod telemetry;
-pub mod text_tools;
-pub mod tokens;
-mod turn;
-mod window;
-mod workspace;
 
 #[cfg(test)]
-mod compaction_tests;
-#[cfg(test)]
-mod engine_fuzz;
-#[cfg(test)]
-mod loop_tests;
-#[cfg(test)]
-mod prefix_tests;
-#[cfg(test)]
-mod testing;
+mod tests;
 
-pub use anthropic::{AnthropicConfig, AnthropicProvider};
-pub use config::{EngineConfig, Pricing};
-pub use context::{AgentContext, ExecutionResult};
+pub use config::EngineConfig;
 pub use engine::{
     AgentEngine, ChildLimits, ChildLog, ChildResume, ChildState, EngineError, FollowUp,
     ResumeState, Task,
 };
-pub use http::{ClientError, HttpConfig};
-pub use models::{ModelInfo, ModelOverride, ModelTable, ModelTableError};
-pub use openai::{OpenAiConfig, OpenAiProvider};
-pub use provider::{
-    FinishReason, ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, ToolProtocol,
-};
-pub use scripted::{ScriptError, ScriptedProvider};
-pub use stream::{Delta, DeltaObserver, IgnoreDeltas, ModelStream, StreamChunk};
+pub use provider::anthropic::{AnthropicConfig, AnthropicProvider};
+pub use provider::http::{ClientError, HttpConfig};
+pub use provider::model_call::{ModelRequest, ModelResponse, ProviderError, ToolChoice};
+pub use provider::model_table::{ModelInfo, ModelOverride, ModelTable, ModelTableError, Pricing};
+pub use provider::openai::{OpenAiConfig, OpenAiProvider};
+pub use provider::port::Provider;
+pub use provider::scripted::{ScriptError, ScriptedProvider};
+pub use provider::stream::{Delta, DeltaObserver, IgnoreDeltas, ModelStream, StreamChunk};
+pub use provider::text_tools::ToolProtocol;
+pub use provider::tokens::{TokenCounter, counter_for_model};
+pub use run::state::{AgentContext, ExecutionResult};
 pub use telemetry::TraceConfig;
-pub use tokens::{TokenCounter, counter_for_model};

@@ -20,7 +20,8 @@ use nerve_core::{
 use tracing::Span;
 use tracing::field::Empty;
 
-use crate::provider::{FinishReason, ModelResponse, ProviderError};
+use crate::provider::model_call::{ModelResponse, ProviderError};
+use nerve_core::FinishReason;
 
 /// Attribute names. The semantic-conventions crate has deprecated its GenAI constants, so
 /// Nerve keeps its own; the `gen_ai.*` ones follow the GenAI conventions, `nerve.*` are ours.
@@ -389,7 +390,7 @@ pub fn record_chat_result(
                 );
             }
         }
-        Err(error) => record_chat_error(span, config, error.kind(), &error.to_string()),
+        Err(error) => record_chat_error(span, config, error.kind().as_str(), &error.to_string()),
     }
 }
 
@@ -566,6 +567,7 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
+    use nerve_core::event::ModelErrorKind;
     use secrecy::SecretString;
     use tracing::Subscriber;
     use tracing::field::{Field, Visit};
@@ -755,10 +757,8 @@ mod tests {
                 attempt: 2,
             };
             let span = chat_span(info, &config, &[]);
-            let error = ProviderError::permanent(
-                crate::provider::kind::AUTH,
-                format!("key {SECRET} refused"),
-            );
+            let error =
+                ProviderError::permanent(ModelErrorKind::Auth, format!("key {SECRET} refused"));
             record_chat_result(&span, &config, "gpt-4o", &Err(error), MicroUsd::ZERO);
         });
         let fields = &spans[0].1;
@@ -933,8 +933,8 @@ mod tests {
     fn engine(cassette: &str, config: crate::EngineConfig) -> crate::AgentEngine {
         crate::AgentEngine::new(
             Arc::new(crate::ScriptedProvider::parse("test", cassette).unwrap()),
-            Arc::new(crate::testing::EchoTools::default()),
-            Arc::new(crate::testing::MemorySink::default()),
+            Arc::new(nerve_core::testing::EchoTools::default()),
+            Arc::new(nerve_core::testing::MemorySink::default()),
             config,
         )
     }

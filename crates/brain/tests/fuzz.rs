@@ -17,13 +17,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use nerve_brain::ScriptedProvider;
-use nerve_brain::anthropic::MessagesStreamDecoder;
-use nerve_brain::openai::ChatStreamDecoder;
-use nerve_brain::provider::{ModelResponse, ProviderError};
-use nerve_brain::sse::{SseEvent, SseParser};
-use nerve_brain::stream::{Delta, MemorySource, ModelStream, StreamChunk, StreamDecoder};
-use nerve_brain::tokens::{Estimate, UsageEstimate};
+use nerve_brain::provider::anthropic::MessagesStreamDecoder;
+use nerve_brain::provider::model_call::{ModelResponse, ProviderError};
+use nerve_brain::provider::openai::ChatStreamDecoder;
+use nerve_brain::provider::sse::{SseEvent, SseParser};
+use nerve_brain::provider::stream::{Delta, MemorySource, ModelStream, StreamChunk, StreamDecoder};
+use nerve_brain::provider::tokens::{Estimate, UsageEstimate};
 use nerve_core::MessagePart;
+use nerve_core::event::ModelErrorKind;
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -358,7 +359,7 @@ fn check_cut(
     assert!(answer.text().starts_with(&delta_text(deltas)), "{deltas:?}");
     if cut <= finish {
         let error = end.as_ref().unwrap_err();
-        assert_eq!(error.kind(), "truncated_stream", "{error}");
+        assert_eq!(error.kind(), ModelErrorKind::TruncatedStream, "{error}");
         assert!(error.is_transient());
     }
 }

@@ -15,16 +15,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use nerve_brain::anthropic::REDACTED_THINKING;
-use nerve_brain::retry::RetryPolicy;
+use nerve_brain::provider::anthropic::REDACTED_THINKING;
+use nerve_brain::provider::retry::RetryPolicy;
 use nerve_brain::{
-    AgentEngine, AnthropicConfig, AnthropicProvider, Delta, EngineConfig, FinishReason, HttpConfig,
-    ModelRequest, ModelResponse, ModelStream, OpenAiConfig, OpenAiProvider, Provider,
-    ProviderError, ScriptedProvider, StreamChunk, Task,
+    AgentEngine, AnthropicConfig, AnthropicProvider, Delta, EngineConfig, HttpConfig, ModelRequest,
+    ModelResponse, ModelStream, OpenAiConfig, OpenAiProvider, Provider, ProviderError,
+    ScriptedProvider, StreamChunk, Task,
 };
 use nerve_core::event::CallPurpose;
+use nerve_core::testing::MemorySink;
 use nerve_core::{
-    Event, EventSink, ExecutionId, Message, MessagePart, MessageRole, SinkError, TaskId,
+    Event, EventSink, ExecutionId, FinishReason, Message, MessagePart, MessageRole, TaskId,
     TaskStatus, TerminationReason, TokenUsage, ToolCall, ToolCallId, ToolDefinition, ToolError,
     ToolExecutor, ToolOutput, ToolResult,
 };
@@ -394,8 +395,8 @@ fn transient(error: &ProviderError) -> (&'static str, Option<Duration>) {
     match error {
         ProviderError::Transient {
             kind, retry_after, ..
-        } => (kind, *retry_after),
-        ProviderError::ContextOverflow(_) | ProviderError::Permanent { .. } => {
+        } => (kind.as_str(), *retry_after),
+        ProviderError::ContextOverflow { .. } | ProviderError::Permanent { .. } => {
             panic!("not transient: {error}")
         }
     }
@@ -884,12 +885,12 @@ async fn openai_rate_limits_and_server_errors() {
         transient(&call().await.unwrap_err()),
         ("server_error", None)
     );
-    assert_eq!(call().await.unwrap_err().kind(), "auth");
+    assert_eq!(call().await.unwrap_err().kind().as_str(), "auth");
     assert!(matches!(
         call().await.unwrap_err(),
-        ProviderError::ContextOverflow(_)
+        ProviderError::ContextOverflow { .. }
     ));
-    assert_eq!(call().await.unwrap_err().kind(), "quota");
+    assert_eq!(call().await.unwrap_err().kind().as_str(), "quota");
 }
 
 #[tokio::test]
@@ -1263,7 +1264,7 @@ async fn anthropic_errors_and_broken_streams() {
     );
     assert!(matches!(
         call().await.unwrap_err(),
-        ProviderError::ContextOverflow(_)
+        ProviderError::ContextOverflow { .. }
     ));
     let (deltas, end) = drain(provider.stream(request(&messages, &tools)).await).await;
     assert_eq!(
@@ -1284,18 +1285,6 @@ async fn anthropic_errors_and_broken_streams() {
 
 // ---------------------------------------------------------------------------------------
 // Through the engine: retries are logged, bad arguments become an error result.
-
-#[derive(Default)]
-struct MemorySink(Mutex<Vec<Event>>);
-
-#[async_trait]
-impl EventSink for MemorySink {
-    async fn append(&self, _: ExecutionId, event: Event) -> Result<u64, SinkError> {
-        let mut events = self.0.lock().unwrap();
-        events.push(event);
-        Ok(events.len() as u64)
-    }
-}
 
 /// A shell tool that reads its arguments the way the real tool layer does.
 struct StrictShell;
@@ -1349,7 +1338,7 @@ async fn run_engine(provider: Arc<dyn Provider>) -> (TerminationReason, Vec<Even
         .await
         .unwrap();
     assert_eq!(result.error, None);
-    let events = sink.0.lock().unwrap().clone();
+    let events = sink.events();
     (result.termination_reason, events)
 }
 
@@ -1358,7 +1347,7 @@ fn retries(events: &[Event]) -> Vec<(String, u64)> {
         .iter()
         .filter_map(|e| {
             if let Event::Retry(retry) = e {
-                Some((retry.error.clone(), retry.delay_ms))
+                Some((retry.error.to_string(), retry.delay_ms))
             } else {
                 None
             }
@@ -1561,7 +1550,7 @@ async fn the_output_limit_learns_the_servers_count_of_the_prompt() {
             "usage": {"prompt_tokens": input, "completion_tokens": 1, "total_tokens": input + 1}})
     };
     let (messages, tools) = (conversation(), tools());
-    let estimate = nerve_brain::tokens::counter_for_model("smollm2");
+    let estimate = nerve_brain::provider::tokens::counter_for_model("smollm2");
     let estimated = estimate.count_messages(&messages) + estimate.count_tools(&tools);
     let server = TestServer::start(vec![
         json(200, reported(estimated * 2)),
@@ -1590,7 +1579,7 @@ async fn the_output_limit_learns_the_servers_count_of_the_prompt() {
 #[tokio::test]
 async fn a_refusal_that_states_the_servers_count_calibrates_the_output_limit() {
     let (messages, tools) = (conversation(), tools());
-    let estimate = nerve_brain::tokens::counter_for_model("smollm2");
+    let estimate = nerve_brain::provider::tokens::counter_for_model("smollm2");
     let estimated = estimate.count_messages(&messages) + estimate.count_tools(&tools);
     let refusal = |stated: u64| {
         json(
@@ -1617,8 +1606,12 @@ async fn a_refusal_that_states_the_servers_count_calibrates_the_output_limit() {
             provider.complete(request(&messages, &tools)).await
         };
         match first {
-            Err(ProviderError::ContextOverflow(message)) => {
+            Err(ProviderError::ContextOverflow {
+                message,
+                stated_tokens,
+            }) => {
                 assert!(message.contains("in the messages"), "{message}");
+                assert!(stated_tokens.is_some(), "{message}");
             }
             other => panic!("stream {stream}: {other:?}"),
         }
@@ -1723,7 +1716,7 @@ async fn run_engine_with(
         .run(ExecutionId::new(), task, CancellationToken::new())
         .await
         .unwrap();
-    let events = sink.0.lock().unwrap().clone();
+    let events = sink.events();
     (result.termination_reason, events, result.error)
 }
 
@@ -1997,7 +1990,7 @@ async fn run_geometry(
         .run(ExecutionId::new(), task, CancellationToken::new())
         .await
         .unwrap();
-    let events = sink.0.lock().unwrap().clone();
+    let events = sink.events();
     let calls = tools.calls.lock().unwrap().clone();
     (result.termination_reason, events, calls)
 }

@@ -428,7 +428,7 @@ pub(crate) enum ApprovalArg {
     Never,
 }
 
-impl From<ApprovalArg> for nerve_brain::approval::ApprovalMode {
+impl From<ApprovalArg> for nerve_brain::guards::approval::ApprovalMode {
     fn from(arg: ApprovalArg) -> Self {
         match arg {
             ApprovalArg::ReadOnly => Self::ReadOnly,

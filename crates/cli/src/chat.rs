@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use nerve_brain::ExecutionResult;
-use nerve_brain::approval::{Approval, Approver};
+use nerve_brain::guards::approval::{Approval, Approver};
 use nerve_core::{ExecutionId, LoopType, TerminationReason, ToolCall};
 use nerve_runtime::RuntimeError;
 use nerve_runtime::launch::ChatRequest;

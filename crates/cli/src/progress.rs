@@ -12,7 +12,9 @@
 use std::sync::Mutex;
 
 use nerve_brain::Delta;
-use nerve_core::event::{ApprovalDecision, CallPurpose, ProxyVerdict, StagnationAction};
+use nerve_core::event::{
+    ApprovalDecision, CallOutcome, CallPurpose, ProxyVerdict, StagnationAction,
+};
 use nerve_core::{Event, ExecutionId, MessageRole, MicroUsd, TerminationReason, TokenUsage};
 
 use crate::output;
@@ -359,7 +361,7 @@ impl Display {
                 }
             }
             // Abandoned by a stop: no turn happened, and the stop was said already.
-            Event::ModelCalled(called) if called.outcome == "cancelled" => {}
+            Event::ModelCalled(called) if called.outcome == CallOutcome::Cancelled => {}
             Event::ModelCalled(called) => {
                 if called.purpose == CallPurpose::Agent {
                     status.turn = status.turn.max(called.turn);
@@ -367,11 +369,8 @@ impl Display {
                 if called.usage.input_tokens > 0 {
                     status.last_input = called.usage.input_tokens;
                 }
-                if called.outcome != "ok" {
-                    lines.push((
-                        Style::Error,
-                        format!("· model call failed: {}", first_line(&called.outcome)),
-                    ));
+                if let CallOutcome::Failed(kind) = called.outcome {
+                    lines.push((Style::Error, format!("· model call failed: {kind}")));
                 }
             }
             Event::ToolCallStarted(started) => {
@@ -413,7 +412,7 @@ impl Display {
                 format!(
                     "· retry {} after {}: waiting {} ms",
                     retry.attempt,
-                    first_line(&retry.error),
+                    retry.error.as_str(),
                     retry.delay_ms
                 ),
             )),

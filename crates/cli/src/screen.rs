@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use nerve_brain::Delta;
-use nerve_brain::approval::{Approval, Approver};
+use nerve_brain::guards::approval::{Approval, Approver};
 use nerve_core::event::CallPurpose;
 use nerve_core::{Event, ExecutionId, ToolCall};
 use nerve_runtime::observer::{Notice, Observer};

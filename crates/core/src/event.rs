@@ -26,6 +26,133 @@ pub enum CallPurpose {
     Summary,
 }
 
+/// What went wrong with a model call, by what retrying can change. The log spells each
+/// kind in snake_case (`model_called`'s `outcome`, `retry`'s `error`); whether a kind is
+/// retried, and how often, is the caller's retry policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelErrorKind {
+    /// HTTP 429, or a scripted `rate_limited`. Transient; honours Retry-After.
+    RateLimited,
+    /// HTTP 503/529, Anthropic's `overloaded_error`. Transient.
+    Overloaded,
+    /// Any other 5xx, HTTP 409, or an error event in the middle of a stream. Transient.
+    ServerError,
+    /// A 5xx whose body blames the request (a validation error, a chat template that
+    /// failed on it): llama.cpp's Python server answers so, and gateways pass a backend's
+    /// 400 on as a 500. Transient, but retried at most once.
+    ServerRejected,
+    /// No answer in time (connect, request or idle timeout; HTTP 408). Transient.
+    Timeout,
+    /// The connection could not be made or was reset before an answer. Transient.
+    Connection,
+    /// A stream that broke off, or ended without its done marker. Transient.
+    TruncatedStream,
+    /// The prompt does not fit the model's window: compact, then retry.
+    ContextOverflow,
+    /// HTTP 401/403: a missing, wrong or unauthorised key. Permanent.
+    Auth,
+    /// Any other 4xx: the request is wrong and will stay wrong. Permanent.
+    BadRequest,
+    /// HTTP 404 or 501: usually an unknown model or a wrong base URL. Permanent.
+    NotFound,
+    /// A 429 that says the account has no credit left (`insufficient_quota`). Permanent.
+    Quota,
+    /// The provider refused to answer (content filter, `refusal`). Permanent.
+    ContentFilter,
+    /// A 2xx answer that is not the API's format (wrong base URL, a proxy's page). Permanent.
+    InvalidResponse,
+    /// The streamed answer ran away (the same text over and over) and was stopped. The
+    /// call is asked again with a note about it (brain's `Run::call_model`), at most twice,
+    /// never the same request again: a model that samples greedily would repeat it.
+    Runaway,
+    /// The scripted provider has no line left for this kind of call. Permanent.
+    ScriptExhausted,
+}
+
+impl ModelErrorKind {
+    /// The kind as the log spells it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::RateLimited => "rate_limited",
+            Self::Overloaded => "overloaded",
+            Self::ServerError => "server_error",
+            Self::ServerRejected => "server_rejected",
+            Self::Timeout => "timeout",
+            Self::Connection => "connection",
+            Self::TruncatedStream => "truncated_stream",
+            Self::ContextOverflow => "context_overflow",
+            Self::Auth => "auth",
+            Self::BadRequest => "bad_request",
+            Self::NotFound => "not_found",
+            Self::Quota => "quota",
+            Self::ContentFilter => "content_filter",
+            Self::InvalidResponse => "invalid_response",
+            Self::Runaway => "runaway",
+            Self::ScriptExhausted => "script_exhausted",
+        }
+    }
+}
+
+impl std::fmt::Display for ModelErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a model call ended, as `model_called` records it: one string on the wire, `ok`,
+/// `cancelled` or the error's kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CallOutcome {
+    /// The model answered.
+    Ok,
+    /// The run was cancelled (or hit its deadline) while the call was in flight.
+    Cancelled,
+    /// The call failed.
+    Failed(ModelErrorKind),
+}
+
+impl CallOutcome {
+    /// The outcome as the log spells it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Cancelled => "cancelled",
+            Self::Failed(kind) => kind.as_str(),
+        }
+    }
+}
+
+impl std::fmt::Display for CallOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for CallOutcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for CallOutcome {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        match text.as_ref() {
+            "ok" => Ok(Self::Ok),
+            "cancelled" => Ok(Self::Cancelled),
+            other => {
+                use serde::de::IntoDeserializer;
+                let kind: Result<ModelErrorKind, serde::de::value::Error> =
+                    ModelErrorKind::deserialize(other.into_deserializer());
+                kind.map(Self::Failed).map_err(|_| {
+                    serde::de::Error::custom(format!("unknown model call outcome `{other}`"))
+                })
+            }
+        }
+    }
+}
+
 /// The first event of an execution: what was asked and how it will run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Started {
@@ -127,8 +254,8 @@ pub struct ChildEnding {
 pub struct ModelCalled {
     pub turn: u32,
     pub purpose: CallPurpose,
-    /// `ok`, or the error kind (`rate_limited`, `context_overflow`, ...).
-    pub outcome: String,
+    /// `ok`, `cancelled`, or the error's kind (`rate_limited`, `context_overflow`, ...).
+    pub outcome: CallOutcome,
     pub usage: TokenUsage,
     /// Milliseconds from sending the request to the first streamed delta. Only on calls
     /// answered over a live stream (absent on older logs, whole answers and the scripted
@@ -164,7 +291,7 @@ pub struct TaskTransition {
 pub struct Retry {
     pub turn: u32,
     pub attempt: u32,
-    pub error: String,
+    pub error: ModelErrorKind,
     pub delay_ms: u64,
 }
 

@@ -12,6 +12,8 @@ pub mod message;
 pub mod ports;
 pub mod redact;
 pub mod task;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod text;
 pub mod usage;
 

@@ -5,10 +5,11 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::event::{
-    ApprovalDecided, ApprovalDecision, ApprovalRequested, CallPurpose, Checkpoint, Compaction,
-    CompactionStrategy, CompactionTrigger, ContextCreated, Decider, Event, EventKind, Finish,
-    MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry, Stagnation,
-    StagnationAction, Started, TaskTransition, ToolCallFinished, ToolCallStarted, TurnCompleted,
+    ApprovalDecided, ApprovalDecision, ApprovalRequested, CallOutcome, CallPurpose, Checkpoint,
+    Compaction, CompactionStrategy, CompactionTrigger, ContextCreated, Decider, Event, EventKind,
+    Finish, MessageAppended, ModelCalled, ModelErrorKind, ProxyDecision, ProxyVerdict, Resumed,
+    Retry, Stagnation, StagnationAction, Started, TaskTransition, ToolCallFinished,
+    ToolCallStarted, TurnCompleted,
 };
 use crate::event::{
     ChangeKind, HookPoint, HookRan, HookVerdict, InstructionsFile, InstructionsLoaded,
@@ -143,7 +144,7 @@ fn events() {
         Event::ModelCalled(ModelCalled {
             turn: 1,
             purpose: CallPurpose::Agent,
-            outcome: "ok".into(),
+            outcome: CallOutcome::Ok,
             usage,
             time_to_first_token_ms: Some(412),
             tokens_per_second: Some(38.5),
@@ -175,7 +176,7 @@ fn events() {
         Event::Retry(Retry {
             turn: 2,
             attempt: 1,
-            error: "rate_limited".into(),
+            error: ModelErrorKind::RateLimited,
             delay_ms: 20,
         }),
         Event::Finish(Finish {
@@ -385,4 +386,48 @@ fn tool_call_started_with_and_without_a_repair() {
     let wire = serde_json::to_value(&repaired).unwrap();
     assert_eq!(wire["repaired"], "escaped 6 double quotes inside strings");
     assert_eq!(serde_json::from_value::<Event>(wire).unwrap(), repaired);
+}
+
+/// `model_called`'s outcome and `retry`'s error are one string each on the wire, every
+/// value read back as it was written, and a string that names no outcome is refused.
+#[test]
+fn call_outcomes_are_one_string_each() {
+    use ModelErrorKind::{
+        Auth, BadRequest, Connection, ContentFilter, ContextOverflow, InvalidResponse, NotFound,
+        Overloaded, Quota, RateLimited, Runaway, ScriptExhausted, ServerError, ServerRejected,
+        Timeout, TruncatedStream,
+    };
+    let kinds = [
+        RateLimited,
+        Overloaded,
+        ServerError,
+        ServerRejected,
+        Timeout,
+        Connection,
+        TruncatedStream,
+        ContextOverflow,
+        Auth,
+        BadRequest,
+        NotFound,
+        Quota,
+        ContentFilter,
+        InvalidResponse,
+        Runaway,
+        ScriptExhausted,
+    ];
+    let mut outcomes = vec![
+        (CallOutcome::Ok, "ok"),
+        (CallOutcome::Cancelled, "cancelled"),
+    ];
+    for kind in kinds {
+        assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        outcomes.push((CallOutcome::Failed(kind), kind.as_str()));
+    }
+    for (outcome, text) in outcomes {
+        assert_eq!(serde_json::to_value(outcome).unwrap(), text);
+        assert_eq!(outcome.to_string(), text);
+        let back: CallOutcome = serde_json::from_value(text.into()).unwrap();
+        assert_eq!(back, outcome);
+    }
+    assert!(serde_json::from_str::<CallOutcome>("\"melted\"").is_err());
 }

@@ -25,14 +25,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::client::conn::http1::SendRequest;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use nerve_core::{Event, EventSink, ExecutionId, SinkError};
+use nerve_core::ExecutionId;
+use nerve_core::testing::DiscardSink;
 use nerve_hands::proxy::{
     Credential, HostPattern, Proxy, ProxyConfig, ProxyLimits, ProxyRule, UpstreamScheme,
 };
@@ -46,15 +46,6 @@ const REQUESTS_PER_CLIENT: usize = 500;
 const THROUGHPUT_ROUNDS: usize = 3;
 const BIG_BYTES: usize = 64 << 20;
 const BIG_ROUNDS: usize = 7;
-
-struct NullSink;
-
-#[async_trait]
-impl EventSink for NullSink {
-    async fn append(&self, _execution: ExecutionId, _event: Event) -> Result<u64, SinkError> {
-        Ok(0)
-    }
-}
 
 /// `/small` answers `ok`; `/big` streams [`BIG_BYTES`] in 64 KiB chunks.
 async fn upstream() -> SocketAddr {
@@ -118,7 +109,7 @@ fn proxy(port: u16, credential: bool) -> Proxy {
         },
         ..ProxyConfig::new(vec![rule])
     };
-    Proxy::start(config, Arc::new(NullSink), ExecutionId::new()).unwrap()
+    Proxy::start(config, Arc::new(DiscardSink), ExecutionId::new()).unwrap()
 }
 
 /// Where a contender sends its requests.

@@ -28,7 +28,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use nerve_core::{Event, EventSink, ExecutionId, SinkError};
+use nerve_core::ExecutionId;
+use nerve_core::testing::DiscardSink;
 use nerve_hands::proxy::{
     HostPattern, Proxy, ProxyConfig, ProxyRule, Resolve, UpstreamScheme, normalize_host,
 };
@@ -38,15 +39,6 @@ use tokio::net::{TcpListener, UnixStream};
 
 /// An exchange that takes longer than this hangs.
 const LIVENESS: Duration = Duration::from_secs(60);
-
-struct Discard;
-
-#[async_trait]
-impl EventSink for Discard {
-    async fn append(&self, _execution: ExecutionId, _event: Event) -> Result<u64, SinkError> {
-        Ok(0)
-    }
-}
 
 /// Every name is 127.0.0.1: only names a rule allowed are ever asked for.
 struct Loopback;
@@ -106,7 +98,7 @@ fn bench() -> &'static Bench {
             // A request whose body never comes (a `content-length` larger than what was
             // sent) is answered when this runs out: short, so that such cases stay cheap.
             config.limits.total_timeout = Duration::from_secs(2);
-            let proxy = Proxy::start(config, Arc::new(Discard), ExecutionId::new()).unwrap();
+            let proxy = Proxy::start(config, Arc::new(DiscardSink), ExecutionId::new()).unwrap();
             (port, proxy)
         });
         Bench {

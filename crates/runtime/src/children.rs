@@ -28,7 +28,7 @@ impl ChildLog for LogChildren {
                 .config
                 .get("agent")
                 .and_then(|a| a.as_str())
-                .unwrap_or(nerve_brain::delegate::DEFAULT_NAME)
+                .unwrap_or(nerve_brain::run::delegate::DEFAULT_NAME)
                 .to_owned(),
             tools: serde_json::from_value(started.config["tools"].clone()).ok(),
             max_turns: started.max_turns,
@@ -47,16 +47,18 @@ impl ChildLog for LogChildren {
                 .find(|m| m.role == MessageRole::Assistant)
                 .map(nerve_core::Message::text_content)
                 .unwrap_or_default();
-            return Some(ChildState::Ended(nerve_brain::delegate::ChildOutcome {
-                child,
-                name: limits.name,
-                reason,
-                answer,
-                error: replay.error.clone(),
-                turns: replay.total_turns,
-                usage: replay.usage,
-                cost: replay.cost,
-            }));
+            return Some(ChildState::Ended(
+                nerve_brain::run::delegate::ChildOutcome {
+                    child,
+                    name: limits.name,
+                    reason,
+                    answer,
+                    error: replay.error.clone(),
+                    turns: replay.total_turns,
+                    usage: replay.usage,
+                    cost: replay.cost,
+                },
+            ));
         }
         let resumable = crate::resume::resumable(&self.db, &child.to_string())
             .await

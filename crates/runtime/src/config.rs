@@ -25,7 +25,7 @@ pub struct Config {
     #[serde(default)]
     pub policy: PolicySection,
     #[serde(default)]
-    pub compaction: Option<nerve_brain::compaction::CompactionConfig>,
+    pub compaction: Option<nerve_brain::context::compaction_plan::CompactionConfig>,
     /// Extra models, or overrides of the built-in table's windows and prices.
     #[serde(default)]
     pub models: Vec<ModelSection>,
@@ -44,10 +44,10 @@ pub struct Config {
     /// model table's).
     pub context_window: Option<u64>,
     /// How much the agent may do without a person: `read-only`, `ask`, `auto`, `never`.
-    pub approval: Option<nerve_brain::approval::ApprovalMode>,
+    pub approval: Option<nerve_brain::guards::approval::ApprovalMode>,
     /// `[[rules]]`: allow, ask or deny by tool, and for `shell` by command (first match wins).
     #[serde(default)]
-    pub rules: Vec<nerve_brain::approval::CommandRule>,
+    pub rules: Vec<nerve_brain::guards::approval::CommandRule>,
     /// `[[hooks.<point>]]`: commands run on the host at the execution's fixed points.
     #[serde(default)]
     pub hooks: crate::hooks::HooksSection,
@@ -77,8 +77,8 @@ pub struct DelegationSection {
 }
 
 impl DelegationSection {
-    fn build(&self) -> Result<nerve_brain::delegate::DelegationConfig, RuntimeError> {
-        let defaults = nerve_brain::delegate::DelegationConfig::default();
+    fn build(&self) -> Result<nerve_brain::run::delegate::DelegationConfig, RuntimeError> {
+        let defaults = nerve_brain::run::delegate::DelegationConfig::default();
         let share = self
             .budget_share_percent
             .unwrap_or(defaults.budget_share_percent);
@@ -96,7 +96,7 @@ impl DelegationSection {
         positive(self.max_parallel.map(|n| n as u64), "max_parallel")?;
         positive(self.max_turns.map(u64::from), "max_turns")?;
         positive(self.answer_bytes.map(|n| n as u64), "answer_bytes")?;
-        Ok(nerve_brain::delegate::DelegationConfig {
+        Ok(nerve_brain::run::delegate::DelegationConfig {
             enabled: self.enabled.unwrap_or(defaults.enabled),
             max_parallel: self.max_parallel.unwrap_or(defaults.max_parallel),
             max_turns: self.max_turns.unwrap_or(defaults.max_turns),
@@ -231,16 +231,16 @@ pub struct GuardrailsSection {
     pub max_replans: Option<u32>,
     pub reserve_tokens: Option<u64>,
     pub reserve_cost_percent: Option<u32>,
-    pub stagnation: Option<nerve_brain::stagnation::StagnationConfig>,
+    pub stagnation: Option<nerve_brain::guards::stagnation::StagnationConfig>,
 }
 
 /// `[policy]`: which tool calls run, ask or are refused. `default` is `allow` unless set.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicySection {
-    pub default: Option<nerve_brain::approval::PolicyAction>,
+    pub default: Option<nerve_brain::guards::approval::PolicyAction>,
     #[serde(default)]
-    pub rules: Vec<nerve_brain::approval::PolicyRule>,
+    pub rules: Vec<nerve_brain::guards::approval::PolicyRule>,
 }
 
 /// One `[[models]]` entry: prices in dollars per million tokens.
@@ -457,14 +457,15 @@ impl Config {
     pub fn engine_config(&self) -> Result<nerve_brain::EngineConfig, RuntimeError> {
         let defaults = nerve_brain::EngineConfig::default();
         let guards = &self.guardrails;
-        let policy =
-            nerve_brain::approval::ToolPolicy::build(nerve_brain::approval::PolicySettings {
+        let policy = nerve_brain::guards::approval::ToolPolicy::build(
+            nerve_brain::guards::approval::PolicySettings {
                 rules: self.rules.clone(),
                 patterns: self.policy.rules.clone(),
                 default: self.policy.default,
                 mode: self.approval,
-            })
-            .map_err(RuntimeError::config)?;
+            },
+        )
+        .map_err(RuntimeError::config)?;
         Ok(nerve_brain::EngineConfig {
             max_tokens_recoveries: guards
                 .max_tokens_recoveries

@@ -20,20 +20,26 @@ fn the_documented_example_parses() {
     };
     assert_eq!(
         engine.policy.evaluate(&push).0,
-        nerve_brain::approval::PolicyAction::Ask
+        nerve_brain::guards::approval::PolicyAction::Ask
     );
     assert_eq!(
         config.approval,
-        Some(nerve_brain::approval::ApprovalMode::Ask)
+        Some(nerve_brain::guards::approval::ApprovalMode::Ask)
     );
     for (command, expected) in [
-        ("git status", nerve_brain::approval::PolicyAction::Allow),
-        ("rm -rf x", nerve_brain::approval::PolicyAction::Deny),
+        (
+            "git status",
+            nerve_brain::guards::approval::PolicyAction::Allow,
+        ),
+        (
+            "rm -rf x",
+            nerve_brain::guards::approval::PolicyAction::Deny,
+        ),
         (
             "git status; rm -rf /",
-            nerve_brain::approval::PolicyAction::Deny,
+            nerve_brain::guards::approval::PolicyAction::Deny,
         ),
-        ("ls", nerve_brain::approval::PolicyAction::Ask),
+        ("ls", nerve_brain::guards::approval::PolicyAction::Ask),
     ] {
         let call = nerve_core::ToolCall {
             id: "c".into(),
@@ -97,7 +103,7 @@ fn the_top_level_keys_parse_and_a_bad_mode_is_named() {
     assert_eq!(config.context_window, Some(1000));
     assert_eq!(
         config.approval,
-        Some(nerve_brain::approval::ApprovalMode::Never)
+        Some(nerve_brain::guards::approval::ApprovalMode::Never)
     );
     let err = toml::from_str::<Config>("approval = \"sometimes\"\n")
         .unwrap_err()

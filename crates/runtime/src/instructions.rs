@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 
-use nerve_brain::instructions::{InstructionsConfig, MAX_BYTES, UserInstructions};
+use nerve_brain::run::instructions::{InstructionsConfig, MAX_BYTES, UserInstructions};
 
 use crate::RuntimeError;
 

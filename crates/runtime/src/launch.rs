@@ -507,7 +507,7 @@ pub fn recorded_engine_config(
         context_window: number("context_window"),
         // A directory's instructions go on being given unless the start said no (the
         // user's file and the root's are in the conversation already).
-        instructions: nerve_brain::instructions::InstructionsConfig {
+        instructions: nerve_brain::run::instructions::InstructionsConfig {
             workspace: recorded
                 .get("project_instructions")
                 .and_then(serde_json::Value::as_bool)
@@ -523,7 +523,7 @@ pub fn recorded_engine_config(
         // A child may not delegate in turn, resumed or not; its tools are the ones its
         // start recorded.
         delegation: if started.parent.is_some() {
-            nerve_brain::delegate::DelegationConfig::default()
+            nerve_brain::run::delegate::DelegationConfig::default()
         } else {
             config.engine_config()?.delegation
         },

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 /// agent) implements [`Observer`] without depending on brain.
 pub use nerve_brain::Delta;
 use nerve_brain::DeltaObserver;
-pub use nerve_brain::approval::Approval;
-use nerve_brain::approval::Approver;
+pub use nerve_brain::guards::approval::Approval;
+use nerve_brain::guards::approval::Approver;
 use nerve_core::event::CallPurpose;
 use nerve_core::{Enqueued, Event, EventSink, ExecutionId, SinkError, Snapshot, ToolCall};
 
@@ -183,6 +183,7 @@ mod tests {
 
     use nerve_core::TaskStatus;
     use nerve_core::event::TaskTransition;
+    use nerve_core::testing::MemorySink;
 
     use super::*;
 
@@ -200,24 +201,6 @@ mod tests {
         }
     }
 
-    /// A log that keeps the kinds it was given.
-    #[derive(Default)]
-    struct Log {
-        kept: Mutex<Vec<String>>,
-    }
-
-    #[async_trait]
-    impl EventSink for Log {
-        async fn append(&self, _execution: ExecutionId, event: Event) -> Result<u64, SinkError> {
-            let mut kept = self
-                .kept
-                .lock()
-                .map_err(|_| SinkError::Write("poisoned".into()))?;
-            kept.push(event.kind().as_str().to_owned());
-            Ok(kept.len() as u64)
-        }
-    }
-
     fn transition() -> Event {
         Event::TaskTransition(TaskTransition {
             from: TaskStatus::Created,
@@ -228,7 +211,7 @@ mod tests {
     #[tokio::test]
     async fn every_event_is_heard_before_the_log_gets_it() {
         let observer = Arc::new(Recorder::default());
-        let log = Arc::new(Log::default());
+        let log = Arc::new(MemorySink::default());
         let sink = ObservedSink {
             observer: Arc::clone(&observer) as Arc<dyn Observer>,
             inner: Arc::clone(&log) as Arc<dyn EventSink>,
@@ -240,7 +223,7 @@ mod tests {
             .unwrap();
         let heard = observer.heard.lock().unwrap().clone();
         assert_eq!(heard.len(), 3);
-        assert_eq!(heard, *log.kept.lock().unwrap());
+        assert_eq!(heard, log.kinds());
     }
 
     #[tokio::test]
@@ -278,7 +261,7 @@ mod tests {
         let later = Event::Retry(nerve_core::event::Retry {
             turn: 1,
             attempt: 1,
-            error: "e".into(),
+            error: nerve_core::event::ModelErrorKind::Timeout,
             delay_ms: 1,
         });
         assert!(children.of_child(child, std::slice::from_ref(&later)));

@@ -7,8 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use nerve_brain::ResumeState;
-use nerve_brain::approval::Approval;
-use nerve_core::event::{ApprovalDecided, ApprovalDecision, CallPurpose, Decider, Started};
+use nerve_brain::guards::approval::Approval;
+use nerve_core::event::{
+    ApprovalDecided, ApprovalDecision, CallOutcome, CallPurpose, Decider, Started,
+};
 use nerve_core::{
     Event, EventSink, ExecutionId, MAX_RESUMES, MessageRole, Redactor, TaskStatus,
     TerminationReason, TokenUsage, may_resume,
@@ -241,7 +243,8 @@ fn rebuild(
             ));
         } else if let Event::ModelCalled(called) = &event {
             *model_calls.entry(called.purpose).or_default() += 1;
-            unrecorded_answer = called.purpose == CallPurpose::Agent && called.outcome == "ok";
+            unrecorded_answer =
+                called.purpose == CallPurpose::Agent && called.outcome == CallOutcome::Ok;
             if called.purpose == CallPurpose::Agent && called.turn > replay.total_turns {
                 pending_turn_usage += called.usage;
             }

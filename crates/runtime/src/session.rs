@@ -247,7 +247,7 @@ impl Launch<'_> {
         engine.archive = Arc::clone(&log) as Arc<dyn nerve_core::ContextArchive>;
         let ears = Arc::new(Ears(observer));
         engine.deltas = Arc::clone(&ears) as Arc<dyn nerve_brain::DeltaObserver>;
-        engine.approver = Arc::clone(&ears) as Arc<dyn nerve_brain::approval::Approver>;
+        engine.approver = Arc::clone(&ears) as Arc<dyn nerve_brain::guards::approval::Approver>;
         if !self.config.hooks.is_empty() {
             engine.hooks = Some(Arc::new(crate::hooks::HostHooks {
                 hooks: self.config.hooks.clone(),

@@ -14,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
-use nerve_brain::approval::{ApprovalMode, PolicyAction};
+use nerve_brain::guards::approval::{ApprovalMode, PolicyAction};
 use serde::Serialize;
 
 use crate::RuntimeError;

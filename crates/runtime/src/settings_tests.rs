@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use nerve_brain::approval::ApprovalMode;
+use nerve_brain::guards::approval::ApprovalMode;
 
 use super::*;
 

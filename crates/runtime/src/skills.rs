@@ -11,7 +11,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use nerve_brain::skills::{MAX_BODY_BYTES, Skill, SkillFile};
+use nerve_brain::run::skills::{MAX_BODY_BYTES, Skill, SkillFile};
 use nerve_core::event::InstructionsSource;
 
 /// The largest `SKILL.md` read; a larger one is skipped.
@@ -124,7 +124,7 @@ fn read_skill(
         ));
     }
     let text = String::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_owned())?;
-    let parsed = nerve_brain::skills::parse(&text)?;
+    let parsed = nerve_brain::run::skills::parse(&text)?;
     let path = match source {
         InstructionsSource::Workspace => file
             .strip_prefix(workspace)

@@ -124,7 +124,7 @@ fn turn_events(turn: u32, index: u32) -> Vec<Event> {
         Event::ModelCalled(ModelCalled {
             turn,
             purpose: CallPurpose::Agent,
-            outcome: "ok".into(),
+            outcome: nerve_core::event::CallOutcome::Ok,
             usage: TokenUsage::new(12_000, 180),
             time_to_first_token_ms: None,
             tokens_per_second: None,

@@ -350,7 +350,7 @@ mod tests {
         let event = Event::Retry(nerve_core::event::Retry {
             turn: 1,
             attempt: 1,
-            error: "x".into(),
+            error: nerve_core::event::ModelErrorKind::Timeout,
             delay_ms: 1,
         });
         let encoded = encode_event(&event, &Redactor::new()).unwrap();

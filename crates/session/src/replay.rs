@@ -15,10 +15,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use nerve_core::event::{
-    ApprovalDecided, ApprovalRequested, CallPurpose, Compaction, ContextCreated, Finish,
-    InstructionsLoaded, MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed, Retry,
-    Stagnation, Started, TaskTransition, ToolCallFinished, ToolCallStarted, ToolProtocolSwitched,
-    TurnCompleted, WorkspaceRewound, WorkspaceSnapshot,
+    ApprovalDecided, ApprovalRequested, CallOutcome, CallPurpose, Compaction, ContextCreated,
+    Finish, InstructionsLoaded, MessageAppended, ModelCalled, ProxyDecision, ProxyVerdict, Resumed,
+    Retry, Stagnation, Started, TaskTransition, ToolCallFinished, ToolCallStarted,
+    ToolProtocolSwitched, TurnCompleted, WorkspaceRewound, WorkspaceSnapshot,
 };
 use nerve_core::{
     BlockId, Event, EventKind, Message, MessagePart, MessageRole, MicroUsd, TaskStatus,
@@ -375,7 +375,7 @@ impl Replayer {
             Event::ModelCalled(called) => {
                 // A call abandoned because the run was stopped begins no turn: the stopped
                 // run left none half done.
-                if called.outcome != "cancelled" {
+                if called.outcome != CallOutcome::Cancelled {
                     self.highest_begun = self.highest_begun.max(called.turn);
                 }
                 let purpose = match called.purpose {

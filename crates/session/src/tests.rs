@@ -65,7 +65,7 @@ fn model_called(n: u32) -> Event {
     Event::ModelCalled(ModelCalled {
         turn: n,
         purpose: CallPurpose::Agent,
-        outcome: "ok".into(),
+        outcome: nerve_core::event::CallOutcome::Ok,
         usage: TokenUsage::new(100, 10),
         time_to_first_token_ms: None,
         tokens_per_second: None,

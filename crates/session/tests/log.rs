@@ -69,7 +69,7 @@ fn turn_events(turn: u32) -> Vec<Event> {
         Event::ModelCalled(ModelCalled {
             turn,
             purpose: nerve_core::event::CallPurpose::Agent,
-            outcome: "ok".into(),
+            outcome: nerve_core::event::CallOutcome::Ok,
             usage: TokenUsage::new(1000, 50),
             time_to_first_token_ms: None,
             tokens_per_second: None,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use nerve_brain::TokenCounter;
-use nerve_brain::tokens::Estimate;
+use nerve_brain::provider::tokens::Estimate;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -247,7 +247,7 @@ mod tests {
             Event::ModelCalled(ModelCalled {
                 turn: 1,
                 purpose: CallPurpose::Agent,
-                outcome: "ok".into(),
+                outcome: nerve_core::event::CallOutcome::Ok,
                 usage: TokenUsage::new(1200, 40),
                 time_to_first_token_ms: Some(210),
                 tokens_per_second: Some(41.5),

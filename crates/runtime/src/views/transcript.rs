@@ -4,6 +4,7 @@
 //! replayed conversation, so compactions do not hide what happened before them.
 
 use crate::log::{Replay, StoredEvent};
+use nerve_core::event::CallOutcome;
 use nerve_core::{Event, MessagePart, MessageRole, ToolCall, ToolResult};
 
 /// The widest a tool call's argument or outcome line grows before it is clipped.
@@ -69,10 +70,14 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
                     // leaves no empty heading.
                     heading = Some(format!("turn {turn}"));
                 }
-                if called.outcome == "cancelled" {
-                    lines.push("  (model call abandoned: the execution was stopped)".to_owned());
-                } else if called.outcome != "ok" {
-                    lines.push(format!("  (model call failed: {})", called.outcome));
+                match called.outcome {
+                    CallOutcome::Ok => {}
+                    CallOutcome::Cancelled => {
+                        lines.push("  (model call abandoned: the execution was stopped)".to_owned())
+                    }
+                    CallOutcome::Failed(kind) => {
+                        lines.push(format!("  (model call failed: {kind})"));
+                    }
                 }
             }
             Event::MessageAppended(appended) => {
@@ -142,7 +147,7 @@ pub fn transcript(events: &[StoredEvent], replayed: &Replay) -> Vec<String> {
             Event::Retry(retry) => lines.push(format!(
                 "  (model call retried, attempt {}: {})",
                 retry.attempt,
-                clip_line(&retry.error)
+                clip_line(retry.error.as_str())
             )),
             Event::ApprovalRequested(asked) => lines.push(format!(
                 "  (approval asked for {} by rule `{}`)",
