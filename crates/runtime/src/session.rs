@@ -233,7 +233,7 @@ impl Launch<'_> {
                 .cloned()
                 .and_then(|tools| serde_json::from_value::<Option<Vec<String>>>(tools).ok())
                 .flatten();
-            nerve_brain::delegate::narrowed(tools, allowed)
+            nerve_brain::run::delegate::narrowed(tools, allowed)
         } else {
             tools
         };
