@@ -7,7 +7,8 @@
 //! server's own page (`auth::same_origin`). Everything shown is escaped and passes the
 //! redactor.
 
-mod execution;
+pub(crate) mod execution;
+pub(crate) mod fleet;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,8 +22,7 @@ use serde::Deserialize;
 
 use crate::app::{ApiError, App, read};
 use crate::auth::{COOKIE, check_scope, same_origin, session, session_cookie};
-
-pub(crate) use execution::{decide, execution};
+use crate::openapi::ErrorBody;
 
 /// The script of an execution's page, embedded in the binary.
 const LIVE_JS: &str = include_str!("live.js");
@@ -49,7 +49,7 @@ fn page(app: &App, status: StatusCode, title: &str, body: &str) -> Response {
     let html = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{} · nerve</title>\
          <meta name=\"viewport\" content=\"width=device-width\"><style>{STYLE}</style></head>\
-         <body><header><a href=\"/\">nerve</a></header><main>{body}</main></body></html>",
+         <body><header><a href=\"/\">nerve</a> · <a href=\"/fleet\">Fleet</a></header><main>{body}</main></body></html>",
         escape(title)
     );
     let html = app.redactor.redact(&html).into_owned();
@@ -119,6 +119,17 @@ pub(crate) fn logged_in(app: &App, headers: &HeaderMap) -> Result<Scope, Box<Res
         })
 }
 
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "web",
+    operation_id = "web_home",
+    security((), ("session" = [])),
+    responses(
+        (status = 200, description = "Logged in: the executions, a Log out button and (scope `run` or more) the start form. Without a session: the login form (an input named `token`).", content_type = "text/html", body = String),
+        (status = 401, description = "The session ended or its token was revoked: the login form.", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn home(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let scope = match logged_in(&app, &headers) {
         Ok(scope) => scope,
@@ -215,13 +226,30 @@ fn subdirectories(root: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-#[derive(Debug, Deserialize)]
+/// The start form.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(crate) struct Start {
+    /// A directory under a `--workspace-root`.
+    #[schema(value_type = String)]
     workspace: PathBuf,
     task: String,
 }
 
 /// `POST /executions` (the start form): the execution starts, and its page follows it.
+#[utoipa::path(
+    post,
+    path = "/executions",
+    tag = "web",
+    operation_id = "web_start",
+    request_body(content = Start, content_type = "application/x-www-form-urlencoded"),
+    security(("session" = [])),
+    responses(
+        (status = 303, description = "Started: to its page (`Location`)."),
+        (status = 400, description = "An empty task, a workspace that is not a directory: a page saying why.", content_type = "text/html", body = String),
+        (status = 401, description = "No session: a page saying why.", content_type = "text/html", body = String),
+        (status = 403, description = "Not from this server's page (`Origin`, `Sec-Fetch-Site`), a scope below `run`, a workspace outside every `--workspace-root`: a page saying why.", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn start(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -243,11 +271,26 @@ fn to_execution(app: &App, acted: Result<nerve_core::ExecutionId, ApiError>) -> 
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The login form.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(crate) struct Login {
+    /// An API token (`nerve token create`).
     token: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/login",
+    tag = "web",
+    operation_id = "web_login",
+    request_body(content = Login, content_type = "application/x-www-form-urlencoded"),
+    security(()),
+    responses(
+        (status = 303, description = "Logged in: to `/`, with the session cookie (`Set-Cookie: nerve_session=...; HttpOnly; SameSite=Strict`)."),
+        (status = 401, description = "An unknown or revoked token: the login form again.", content_type = "text/html", body = String),
+        (status = 403, description = "Not from this server's page (`Origin`, `Sec-Fetch-Site`).", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn login(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -288,6 +331,17 @@ pub(crate) async fn login(
 }
 
 /// `POST /logout`: the session ends (its cookie is refused from now on) and is cleared.
+#[utoipa::path(
+    post,
+    path = "/logout",
+    tag = "web",
+    operation_id = "web_logout",
+    security(("session" = [])),
+    responses(
+        (status = 303, description = "The session ended: to `/`, the cookie cleared."),
+        (status = 403, description = "Not from this server's page (`Origin`, `Sec-Fetch-Site`).", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn logout(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(error) = same_origin(&headers) {
         return refused(&app, &error);
@@ -309,6 +363,17 @@ pub(crate) async fn logout(State(app): State<Arc<App>>, headers: HeaderMap) -> R
 }
 
 /// `GET /assets/live.js`, for a logged-in page only (no route without authentication).
+#[utoipa::path(
+    get,
+    path = "/assets/live.js",
+    tag = "web",
+    operation_id = "web_script",
+    security(("session" = [])),
+    responses(
+        (status = 200, description = "The script that makes an execution's page follow its event stream.", content_type = "text/javascript", body = String),
+        (status = 401, description = "No web session.", body = ErrorBody),
+    ),
+)]
 pub(crate) async fn live_js(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(error) = session(&app, &headers, Scope::Read) {
         return app.respond(Err(error));
