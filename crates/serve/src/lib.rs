@@ -209,3 +209,29 @@ impl Server {
         Ok(())
     }
 }
+
+/// The settings of a server in a unit test: loopback, no workspace root, a provider that
+/// is never called.
+#[cfg(test)]
+pub(crate) fn test_settings() -> Settings {
+    Settings {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        workspace_roots: Vec::new(),
+        insecure_http: false,
+        tls: None,
+        body_limit: DEFAULT_BODY_LIMIT,
+        run: RunDefaults {
+            provider: "script:/nonexistent".to_owned(),
+            model: None,
+            loop_type: LoopType::React,
+            complexity: None,
+            max_turns: 3,
+            timeout_secs: None,
+            budget_usd: None,
+            budget_tokens: None,
+            context_window: None,
+            image: None,
+        },
+        allowed_providers: Vec::new(),
+    }
+}

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tower::ServiceExt as _;
 
 use super::*;
-use crate::{RunDefaults, Server, Settings};
+use crate::Server;
 
 fn doc() -> Value {
     serde_json::from_str(document()).unwrap()
@@ -24,26 +24,7 @@ fn doc() -> Value {
 async fn server() -> (tempfile::TempDir, Server, String) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("nerve.db");
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        workspace_roots: Vec::new(),
-        insecure_http: false,
-        tls: None,
-        body_limit: crate::DEFAULT_BODY_LIMIT,
-        run: RunDefaults {
-            provider: "script:/nonexistent".to_owned(),
-            model: None,
-            loop_type: nerve_core::LoopType::React,
-            complexity: None,
-            max_turns: 3,
-            timeout_secs: None,
-            budget_usd: None,
-            budget_tokens: None,
-            context_window: None,
-            image: None,
-        },
-        allowed_providers: Vec::new(),
-    };
+    let settings = crate::test_settings();
     let server = Server::bind(db.clone(), Config::default(), settings)
         .await
         .unwrap();

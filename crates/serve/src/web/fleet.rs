@@ -122,3 +122,7 @@ fn queue_table(tasks: &[FleetTask]) -> String {
          <tbody>{rows}</tbody></table>"
     )
 }
+
+#[cfg(test)]
+#[path = "fleet_tests.rs"]
+mod tests;
