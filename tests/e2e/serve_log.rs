@@ -248,6 +248,31 @@ fn the_log_stream_refuses_bad_positions_and_ends_with_its_token() {
     assert!(page.contains("class=\"no-fleet\""), "{page}");
     assert!(page.contains("it has no fleet"), "{page}");
     served.process.assert_alive("the end of the test");
+
+    // SIGTERM with a stream open: the stream ends and the server exits, rather than its
+    // graceful shutdown waiting for an answer that never ends by itself.
+    let mut stream = TcpStream::connect(addr.as_str()).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let head = format!(
+        "GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {read}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    assert!(status.contains(" 200 "), "{status}");
+    let stopping = Instant::now();
+    served.process.signal("TERM");
+    let mut rest = String::new();
+    // Returns when the server closes the stream; the read timeout (PATIENCE) bounds it.
+    reader.read_to_string(&mut rest).unwrap();
+    let output = served.process.wait();
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "the server took {:?} to stop",
+        stopping.elapsed()
+    );
 }
 
 /// The fleet's workers as the fleet page reads them, from the PostgreSQL log at `url`.
