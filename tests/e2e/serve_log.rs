@@ -336,3 +336,74 @@ fn a_real_worker_says_it_is_alive_and_that_it_stopped() {
     let stopped = wait_for_workers(&url, "the worker's stop", |w| w[0].stopped_at.is_some());
     assert!(stopped[0].stopped_at >= Some(first_seen), "{stopped:?}");
 }
+
+/// The schemathesis release that checks the served description against the server.
+const SCHEMATHESIS: &str = "4.32.5";
+
+/// The `schemathesis` executable from its venv under `~/.cache/nerve/` (installed from
+/// PyPI the first time); `None` (the test skips) without python3's `venv`, except under
+/// `NERVE_REQUIRE_DOCKER=1` (CI), where that is a failure.
+fn schemathesis() -> Option<std::path::PathBuf> {
+    let venv = crate::support::nerve_cache(&format!("schemathesis-{SCHEMATHESIS}"));
+    let python = std::process::Command::new("python3")
+        .args(["-c", "import venv"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !python && !venv.join(".nerve-complete").exists() {
+        let reason = "no python3 with venv to install schemathesis";
+        assert!(
+            !std::env::var("NERVE_REQUIRE_DOCKER").is_ok_and(|v| v == "1"),
+            "{reason} (required: NERVE_REQUIRE_DOCKER=1)"
+        );
+        eprintln!("skipping: {reason}");
+        return None;
+    }
+    let requirement = format!("schemathesis=={SCHEMATHESIS}");
+    Some(crate::support::python_venv(&venv, &requirement, "schemathesis").unwrap())
+}
+
+/// Schemathesis generates requests from the served description (valid ones and invalid
+/// ones, every operation, bounded in examples and time, with a fixed seed) and checks each
+/// answer against it: its status is documented, its content type and body match the
+/// schema, no 5xx. With a `read` token, so the changing routes answer their refusals. The
+/// log-wide stream is left out: its answer never ends by itself, and an answer that does
+/// not end is what the tool would flag.
+#[test]
+fn the_served_description_holds_for_every_answer_under_schemathesis() {
+    let Some(schemathesis) = schemathesis() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nerve.db");
+    let read = token(&db, "fuzzer", "read");
+    let served = serve(&db, &[], &[]);
+    let (status, document) = request(
+        &served.addr,
+        "GET",
+        "/api/v1/openapi.json",
+        Some(&read),
+        None,
+    );
+    assert_eq!(status, 200);
+    let path = dir.path().join("openapi.json");
+    std::fs::write(&path, document).unwrap();
+    let output = std::process::Command::new(schemathesis)
+        .arg("run")
+        .arg(&path)
+        .args(["--url", &format!("http://{}", served.addr)])
+        .args(["--header", &format!("Authorization: Bearer {read}")])
+        .args(["--exclude-path", "/api/v1/events"])
+        .args(["--max-examples", "15", "--seed", "35", "--workers", "1"])
+        .args(["--request-timeout", "10", "--max-time", "60"])
+        .args(["--warnings", "off", "--no-color"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{report}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(report.contains(" passed"), "{report}");
+}

@@ -106,7 +106,7 @@ pub(crate) async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
     path = "/api/v1/executions/{id}",
     tag = "api",
     operation_id = "show_execution",
-    params(("id" = String, Path, description = "The execution's id (a whole UUID).")),
+    params(("id" = String, Path, format = "uuid", description = "The execution's id (a whole UUID).")),
     security(("bearer" = []), ("session" = [])),
     responses(
         (status = 200, description = "The object of `nerve show --json` (= `replay --json`).", body = ExecutionReport),
@@ -177,7 +177,7 @@ pub(crate) async fn create(
     path = "/api/v1/executions/{id}/messages",
     tag = "api",
     operation_id = "send_message",
-    params(("id" = String, Path, description = "The execution's id (a whole UUID).")),
+    params(("id" = String, Path, format = "uuid", description = "The execution's id (a whole UUID).")),
     request_body = MessageBody,
     security(("bearer" = [])),
     responses(
@@ -240,7 +240,7 @@ pub(crate) async fn message(
     path = "/api/v1/executions/{id}/cancel",
     tag = "api",
     operation_id = "cancel_execution",
-    params(("id" = String, Path, description = "The execution's id (a whole UUID).")),
+    params(("id" = String, Path, format = "uuid", description = "The execution's id (a whole UUID).")),
     security(("bearer" = [])),
     responses(
         (status = 202, description = "It stops (`requested`), or, queued on a PostgreSQL log, will never run (`cancelled`).", body = CancelAnswer),
@@ -292,7 +292,7 @@ pub(crate) async fn cancel(
     path = "/api/v1/executions/{id}/approvals",
     tag = "api",
     operation_id = "decide_approval",
-    params(("id" = String, Path, description = "The execution's id (a whole UUID).")),
+    params(("id" = String, Path, format = "uuid", description = "The execution's id (a whole UUID).")),
     request_body = DecisionBody,
     security(("bearer" = [])),
     responses(

@@ -45,7 +45,7 @@ pub(crate) struct StreamFrom {
     tag = "api",
     operation_id = "execution_events",
     params(
-        ("id" = String, Path, description = "The execution's id (a whole UUID)."),
+        ("id" = String, Path, format = "uuid", description = "The execution's id (a whole UUID)."),
         ("after" = Option<u64>, Query, description = "Start after this sequence number (for a first connection; `Last-Event-ID` wins)."),
         ("Last-Event-ID" = Option<u64>, Header, description = "The sequence number of the last event the client saw: the stream resumes after it."),
     ),

@@ -76,13 +76,40 @@ impl Modify for Schemes {
 pub(crate) fn document() -> &'static str {
     static DOCUMENT: OnceLock<String> = OnceLock::new();
     DOCUMENT.get_or_init(|| {
-        crate::api::routes()
-            .into_openapi()
-            .to_pretty_json()
+        let mut document = serde_json::to_value(crate::api::routes().into_openapi())
             .unwrap_or_else(|e| {
-                format!("{{\"error\": \"the description does not serialize: {e}\"}}")
-            })
+                serde_json::json!({ "error": format!("the description does not serialize: {e}") })
+            });
+        absent_not_null(&mut document);
+        serde_json::to_string_pretty(&document).unwrap_or_default()
     })
+}
+
+/// An optional parameter (a header or a query field) is absent or has a value; it is never
+/// `null` (a header cannot be), whatever type utoipa writes for an `Option`.
+fn absent_not_null(document: &mut serde_json::Value) {
+    let Some(paths) = document.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    let parameters = paths
+        .values_mut()
+        .filter_map(|item| item.as_object_mut())
+        .flat_map(|item| item.values_mut())
+        .filter_map(|operation| operation.get_mut("parameters"))
+        .filter_map(|parameters| parameters.as_array_mut())
+        .flatten();
+    for parameter in parameters {
+        let Some(types) = parameter.pointer_mut("/schema/type") else {
+            continue;
+        };
+        let named: Vec<serde_json::Value> = types
+            .as_array()
+            .map(|list| list.iter().filter(|t| *t != "null").cloned().collect())
+            .unwrap_or_default();
+        if let [single] = named.as_slice() {
+            *types = single.clone();
+        }
+    }
 }
 
 /// `GET /api/v1/openapi.json`: the description, to a reader (a token of scope `read`, as

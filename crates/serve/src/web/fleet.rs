@@ -20,8 +20,8 @@ use crate::app::{App, read};
     operation_id = "web_fleet",
     security(("session" = [])),
     responses(
-        (status = 200, description = "The workers (last heartbeat, the executions each holds) and the task queue of a PostgreSQL log; on a SQLite log, one line saying it has no fleet. Without a session: the login form.", content_type = "text/html", body = String),
-        (status = 401, description = "The session ended or its token was revoked: the login form.", content_type = "text/html", body = String),
+        (status = 200, description = "The workers (last heartbeat, the executions each holds) and the task queue of a PostgreSQL log; on a SQLite log, one line saying it has no fleet.", content_type = "text/html", body = String),
+        (status = 401, description = "No session, or it ended, or its token was revoked: the login form.", content_type = "text/html", body = String),
     ),
 )]
 pub(crate) async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {

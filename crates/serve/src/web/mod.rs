@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use axum::Form;
 use axum::extract::State;
+use axum::extract::rejection::FormRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use nerve_runtime::tokens::Scope;
@@ -103,10 +104,11 @@ fn login_form(app: &App, status: StatusCode, message: Option<&str>) -> Response 
     page(app, status, "Log in", &body)
 }
 
-/// The scope of the request's live session, or the login form to answer with.
+/// The scope of the request's live session, or the login form to answer with: `200` on
+/// the home page without a session (where a visit starts), `401` on every other page.
 pub(crate) fn logged_in(app: &App, headers: &HeaderMap) -> Result<Scope, Box<Response>> {
     if session_cookie(headers).is_none() {
-        return Err(Box::new(login_form(app, StatusCode::OK, None)));
+        return Err(Box::new(login_form(app, StatusCode::UNAUTHORIZED, None)));
     }
     session(app, headers, Scope::Read)
         .map(|(_, scope)| scope)
@@ -131,6 +133,9 @@ pub(crate) fn logged_in(app: &App, headers: &HeaderMap) -> Result<Scope, Box<Res
     ),
 )]
 pub(crate) async fn home(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if session_cookie(&headers).is_none() {
+        return login_form(&app, StatusCode::OK, None);
+    }
     let scope = match logged_in(&app, &headers) {
         Ok(scope) => scope,
         Err(form) => return *form,
@@ -248,19 +253,30 @@ pub(crate) struct Start {
         (status = 400, description = "An empty task, a workspace that is not a directory: a page saying why.", content_type = "text/html", body = String),
         (status = 401, description = "No session: a page saying why.", content_type = "text/html", body = String),
         (status = 403, description = "Not from this server's page (`Origin`, `Sec-Fetch-Site`), a scope below `run`, a workspace outside every `--workspace-root`: a page saying why.", content_type = "text/html", body = String),
+        (status = 415, description = "Not a form (`application/x-www-form-urlencoded`): a page saying why.", content_type = "text/html", body = String),
+        (status = 422, description = "A field missing or malformed: a page saying why.", content_type = "text/html", body = String),
     ),
 )]
 pub(crate) async fn start(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Form(form): Form<Start>,
+    form: Result<Form<Start>, FormRejection>,
 ) -> Response {
     let started = async {
         same_origin(&headers)?;
         session(&app, &headers, Scope::Run)?;
+        let Form(form) = form.map_err(form_refused)?;
         crate::actions::create_execution(&app, &form.workspace, form.task, None).await
     };
     to_execution(&app, started.await)
+}
+
+/// A form body that is not the form's (not `application/x-www-form-urlencoded`: 415; a
+/// field missing or malformed: 422), as a refusal; checked after the credentials, as
+/// everything a route does.
+pub(crate) fn form_refused(rejection: FormRejection) -> ApiError {
+    let text = rejection.body_text();
+    ApiError::new(rejection.status(), text.lines().next().unwrap_or_default())
 }
 
 /// After a form that acted on an execution: its page, or why the form was refused.
@@ -289,16 +305,22 @@ pub(crate) struct Login {
         (status = 303, description = "Logged in: to `/`, with the session cookie (`Set-Cookie: nerve_session=...; HttpOnly; SameSite=Strict`)."),
         (status = 401, description = "An unknown or revoked token: the login form again.", content_type = "text/html", body = String),
         (status = 403, description = "Not from this server's page (`Origin`, `Sec-Fetch-Site`).", content_type = "text/html", body = String),
+        (status = 415, description = "Not a form (`application/x-www-form-urlencoded`): a page saying why.", content_type = "text/html", body = String),
+        (status = 422, description = "No `token` field: a page saying why.", content_type = "text/html", body = String),
     ),
 )]
 pub(crate) async fn login(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Form(login): Form<Login>,
+    login: Result<Form<Login>, FormRejection>,
 ) -> Response {
     if let Err(error) = same_origin(&headers) {
         return refused(&app, &error);
     }
+    let Form(login) = match login {
+        Ok(login) => login,
+        Err(rejection) => return refused(&app, &form_refused(rejection)),
+    };
     let token = login.token.trim();
     if check_scope(&app, token, Scope::Read).is_err() {
         return login_form(
