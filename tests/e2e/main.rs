@@ -41,6 +41,7 @@ mod sandbox_env;
 mod sandbox_python;
 mod serve;
 mod serve_browser;
+mod serve_log;
 mod serve_tls;
 mod settings;
 mod skills;

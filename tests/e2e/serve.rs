@@ -15,7 +15,7 @@ use crate::support::{
 };
 
 /// A secret the server's environment registers with the redactor (as a provider key).
-const SECRET: &str = "sk-serve-e2e-0123456789abcdefghijklmnopqrstuv";
+pub(crate) const SECRET: &str = "sk-serve-e2e-0123456789abcdefghijklmnopqrstuv";
 
 /// A running `nerve serve` and its address.
 pub(crate) struct Served {
@@ -64,7 +64,7 @@ pub(crate) fn token(db: &Path, name: &str, scope: &str) -> String {
 }
 
 /// One request with `Connection: close`; the status and the body (dechunked).
-fn request(
+pub(crate) fn request(
     addr: &str,
     method: &str,
     path: &str,

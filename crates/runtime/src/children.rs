@@ -88,7 +88,9 @@ impl LogChildren {
             else {
                 return None;
             };
-            nerve_session::EventStore::executions(store.as_ref()).await.ok()?
+            nerve_session::EventStore::executions(store.as_ref())
+                .await
+                .ok()?
         } else {
             // On the blocking pool: the SQLite reader is not `Sync`.
             let db = self.db.clone();

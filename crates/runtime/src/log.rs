@@ -10,8 +10,8 @@ use nerve_session::{EventStore, PgStore, SqliteSink, Store, is_postgres_url};
 // `verify`, `export`): the log's own read-side types, re-exported on purpose, so that a
 // front end reads the log through the runtime and never opens it itself.
 pub use nerve_session::{
-    ChainError, ExecutionLog, ExecutionSummary, Listener, QueueEntry, Replay, SessionError,
-    StoredEvent, redacted_json,
+    BadPosition, ChainError, ExecutionLog, ExecutionSummary, FleetTask, FleetWorker, Listener,
+    LogEvent, LogPosition, QueueEntry, Replay, SessionError, StoredEvent, redacted_json,
 };
 
 use crate::RuntimeError;
@@ -181,6 +181,39 @@ impl Reader {
         match self {
             Self::Sqlite(_) => Ok(None),
             Self::Postgres(store) => store.queue_entry(execution).await,
+        }
+    }
+
+    /// Where the log ends now: following it from here gets the events appended from now on.
+    pub async fn log_end(&self) -> Result<LogPosition, SessionError> {
+        match self {
+            Self::Sqlite(store) => store.log_end(),
+            Self::Postgres(store) => store.log_end().await,
+        }
+    }
+
+    /// The events of every execution after `after`, in the log's order (see
+    /// [`LogPosition`]), at most `limit`.
+    pub async fn log_events_after(
+        &self,
+        after: LogPosition,
+        limit: usize,
+    ) -> Result<Vec<LogEvent>, SessionError> {
+        match self {
+            Self::Sqlite(store) => store.log_events_after(after, limit),
+            Self::Postgres(store) => store.log_events_after(after, limit).await,
+        }
+    }
+
+    /// The fleet: the queue's latest tasks and the workers; `None` for a SQLite log, which
+    /// has no queue and no workers.
+    pub async fn fleet(&self) -> Result<Option<(Vec<FleetTask>, Vec<FleetWorker>)>, SessionError> {
+        match self {
+            Self::Sqlite(_) => Ok(None),
+            Self::Postgres(store) => Ok(Some((
+                store.fleet_tasks().await?,
+                store.fleet_workers().await?,
+            ))),
         }
     }
 

@@ -53,6 +53,9 @@ pub fn cancelled_note(id: ExecutionId) -> String {
 /// expired lease of a dead worker notifies nobody).
 const IDLE_RECHECK: Duration = Duration::from_secs(1);
 
+/// How often a worker says it is alive (the fleet's view shows its last heartbeat).
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
 /// How a worker is asked to work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSettings {
@@ -220,6 +223,7 @@ impl Worker {
             concurrency,
             self.lease.as_secs()
         ));
+        let heartbeat = tokio::spawn(heartbeats(Arc::clone(self), concurrency));
         let mut running: JoinSet<Handled> = JoinSet::new();
         // Ends: when the worker is drained (a signal, or the front end).
         while !self.drain.is_cancelled() {
@@ -251,6 +255,10 @@ impl Worker {
         // Ends: every execution stops (its token is cancelled: no new tool call starts, a
         // running command is interrupted and killed 2 s later, a model call is abandoned).
         while running.join_next().await.is_some() {}
+        heartbeat.abort();
+        if let Err(error) = self.store.worker_stopped(&self.name).await {
+            self.say(&format!("cannot record that this worker stopped: {error}"));
+        }
         self.say("drained; every claim released");
         Ok(())
     }
@@ -534,6 +542,35 @@ async fn git(args: &[&str]) -> Result<(), String> {
         .unwrap_or("git failed")
         .trim()
         .to_owned())
+}
+
+/// Says every [`HEARTBEAT`] that `worker` is alive, until aborted when it stops. A failed
+/// heartbeat is said once, until one succeeds again (the queue's own calls report a log
+/// that went away).
+async fn heartbeats(worker: Arc<Worker>, concurrency: usize) {
+    let host = worker
+        .name
+        .rsplit_once(':')
+        .map_or(worker.name.as_str(), |(host, _)| host)
+        .to_owned();
+    let concurrency = u32::try_from(concurrency).unwrap_or(u32::MAX);
+    let mut failing = false;
+    // Ends: aborted by `work` once the worker has drained.
+    loop {
+        match worker
+            .store
+            .worker_seen(&worker.name, &host, concurrency)
+            .await
+        {
+            Ok(()) => failing = false,
+            Err(error) if !failing => {
+                failing = true;
+                worker.say(&format!("cannot record a heartbeat: {error}"));
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(HEARTBEAT).await;
+    }
 }
 
 /// `host:pid`, unique among live workers.

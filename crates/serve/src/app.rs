@@ -32,6 +32,9 @@ pub(crate) struct App {
     pub(crate) runs: Runs,
     /// The web view's logins.
     pub(crate) sessions: Sessions,
+    /// Cancelled when the server stops: the event streams end, so that the graceful
+    /// shutdown, which waits for every answer to finish, does not wait for them forever.
+    pub(crate) stopping: tokio_util::sync::CancellationToken,
 }
 
 /// A refused or failed request: its status and one line saying why.

@@ -76,6 +76,16 @@ impl Credential {
             .map(|token| Self::Bearer(token.trim().to_owned().into()))
     }
 
+    /// [`Credential::of`], or 401 when the headers hold none.
+    pub(crate) fn required(headers: &HeaderMap) -> Result<Self, ApiError> {
+        Self::of(headers).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "no credential to follow the stream with",
+            )
+        })
+    }
+
     /// Whether it still authorizes reading.
     pub(crate) async fn still_valid(&self, app: &App) -> bool {
         let token = match self {

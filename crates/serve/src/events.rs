@@ -22,14 +22,15 @@ use tokio::sync::mpsc;
 
 use crate::app::{ApiError, App, execution_id};
 use crate::auth::{Credential, authorize_read};
+use crate::openapi::ErrorBody;
 
 /// How often the log is read for new events.
-const POLL: Duration = Duration::from_millis(200);
+pub(crate) const POLL: Duration = Duration::from_millis(200);
 /// Events buffered for a slow client before the reader waits for it.
 const BUFFER: usize = 256;
 /// How often a stream checks that its token (or web session) still holds: a revocation or
 /// a logout ends the streams it authorized within this.
-const RECHECK: Duration = Duration::from_secs(1);
+pub(crate) const RECHECK: Duration = Duration::from_secs(1);
 
 /// `?after=N`: where a stream starts when no `Last-Event-ID` says.
 #[derive(Debug, serde::Deserialize)]
@@ -38,6 +39,24 @@ pub(crate) struct StreamFrom {
     after: Option<u64>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/executions/{id}/events",
+    tag = "api",
+    operation_id = "execution_events",
+    params(
+        ("id" = String, Path, format = "uuid", description = "The execution's id (a whole UUID)."),
+        ("after" = Option<u64>, Query, description = "Start after this sequence number (for a first connection; `Last-Event-ID` wins)."),
+        ("Last-Event-ID" = Option<u64>, Header, description = "The sequence number of the last event the client saw: the stream resumes after it."),
+    ),
+    security(("bearer" = []), ("session" = [])),
+    responses(
+        (status = 200, description = "Server-Sent Events: each event's `id:` is its sequence number and its `data:` the event as `nerve events ID --json` lists it (the schema `EventItem`). The stream ends after the execution's `finish` event; comment lines keep it alive.", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A malformed id, `Last-Event-ID` or query.", body = ErrorBody),
+        (status = 401, description = "No token, or an unknown or revoked one.", body = ErrorBody),
+        (status = 404, description = "No execution with this id.", body = ErrorBody),
+    ),
+)]
 pub(crate) async fn stream(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -74,25 +93,31 @@ pub(crate) async fn stream(
                 format!("no execution with id {execution}"),
             ));
         }
-        let credential = Credential::of(&headers).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "no credential to follow the stream with",
-            )
-        })?;
+        let credential = Credential::required(&headers)?;
         Ok((execution, after, credential))
     };
     let (execution, after, credential) = match opened.await {
         Ok(opened) => opened,
         Err(error) => return app.respond(Err(error)),
     };
+    sse(&app, move |app, sender| async move {
+        follow(&app, execution, after, &credential, &sender).await;
+    })
+}
+
+/// A `text/event-stream` answer of the events `follow` sends. The follower runs on a
+/// blocking thread (the SQLite reader is not `Sync`); the stream ends when it returns
+/// (it returns when the client goes away too: its sends fail).
+pub(crate) fn sse<F, Fut>(app: &Arc<App>, follow: F) -> Response
+where
+    F: FnOnce(Arc<App>, mpsc::Sender<Event>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
     let (sender, receiver) = mpsc::channel::<Event>(BUFFER);
-    let follower = Arc::clone(&app);
-    // The follower reads the log on a blocking thread (the SQLite reader is not `Sync`)
-    // and ends with the stream: at the finish event, or when the client goes away.
+    let follower = Arc::clone(app);
     tokio::task::spawn_blocking(move || {
         let handle = tokio::runtime::Handle::current();
-        handle.block_on(follow(&follower, execution, after, &credential, &sender));
+        handle.block_on(follow(follower, sender));
     });
     let events = tokio_stream(receiver).map(Ok::<_, Infallible>);
     Sse::new(events)
@@ -101,7 +126,9 @@ pub(crate) async fn stream(
 }
 
 /// The receiver as a stream, item by item.
-fn tokio_stream(receiver: mpsc::Receiver<Event>) -> impl futures_util::Stream<Item = Event> {
+pub(crate) fn tokio_stream(
+    receiver: mpsc::Receiver<Event>,
+) -> impl futures_util::Stream<Item = Event> {
     futures_util::stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|event| (event, receiver))
     })
@@ -153,8 +180,8 @@ async fn follow(
             });
     let mut checked = std::time::Instant::now();
     // Ends: at the finish event, when the client is gone (a send fails or the channel
-    // closed), when the credential no longer holds, or when the execution does not run
-    // here and the client has seen its finish (or it has no event at all).
+    // closed), when the server stops, when the credential no longer holds, or when the
+    // execution does not run here and the client has seen its finish (or it has no event).
     loop {
         if checked.elapsed() >= RECHECK {
             if !credential.still_valid(app).await {
@@ -193,6 +220,7 @@ async fn follow(
         tokio::select! {
             () = tokio::time::sleep(POLL) => {}
             () = sender.closed() => return,
+            () = app.stopping.cancelled() => return,
         }
     }
 }

@@ -11,10 +11,13 @@
 //! - `runs`: the executions this server runs, by id, for `cancel` and for a stream to wait
 //!   on an execution that has not written its first event yet.
 //! - `events`: an execution's events as a resumable `text/event-stream`.
+//! - `log_stream`: every execution's events, in the log's order, as one resumable stream.
+//! - `openapi`: the OpenAPI description, generated from the handlers and the answers' types.
 //! - `sessions`: the web view's logins (a random id in the cookie stands for the token).
 //! - `tls`: HTTPS with the server's own certificate (rustls).
 //! - `web`: the web view: a token login, the executions and a form that starts one, an
-//!   execution's page (transcript, live events, approvals, totals, the diff per turn).
+//!   execution's page (transcript, live events, approvals, totals, the diff per turn), and
+//!   the fleet's queue and workers.
 //!
 //! The security model is in docs/api.md: no route without a token, scopes that include
 //! one another, no CORS, bounded bodies, loopback unless TLS or `--insecure-http`.
@@ -24,6 +27,8 @@ mod api;
 mod app;
 mod auth;
 mod events;
+mod log_stream;
+mod openapi;
 mod runs;
 mod sessions;
 mod tls;
@@ -155,6 +160,7 @@ impl Server {
             redactor,
             runs: runs::Runs::default(),
             sessions: sessions::Sessions::default(),
+            stopping: CancellationToken::new(),
         });
         Ok(Self {
             listener,
@@ -181,7 +187,11 @@ impl Server {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServeError> {
         let router = api::router(Arc::clone(&self.app));
         let stop = shutdown.clone();
-        let stopped = async move { stop.cancelled().await };
+        let stopping = self.app.stopping.clone();
+        let stopped = async move {
+            stop.cancelled().await;
+            stopping.cancel();
+        };
         match self.listener {
             Listener::Plain(listener) => {
                 axum::serve(listener, router)
@@ -197,5 +207,31 @@ impl Server {
         .map_err(|e| ServeError::Io(format!("the listener failed: {e}")))?;
         self.app.runs.stop_all().await;
         Ok(())
+    }
+}
+
+/// The settings of a server in a unit test: loopback, no workspace root, a provider that
+/// is never called.
+#[cfg(test)]
+pub(crate) fn test_settings() -> Settings {
+    Settings {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        workspace_roots: Vec::new(),
+        insecure_http: false,
+        tls: None,
+        body_limit: DEFAULT_BODY_LIMIT,
+        run: RunDefaults {
+            provider: "script:/nonexistent".to_owned(),
+            model: None,
+            loop_type: LoopType::React,
+            complexity: None,
+            max_turns: 3,
+            timeout_secs: None,
+            budget_usd: None,
+            budget_tokens: None,
+            context_window: None,
+            image: None,
+        },
+        allowed_providers: Vec::new(),
     }
 }

@@ -9,9 +9,11 @@ mod encode;
 mod event_store;
 #[cfg(feature = "kill-points")]
 pub mod kill_points;
+mod log_order;
 mod pg;
 #[cfg(any(test, feature = "test-cluster"))]
 pub mod pg_cluster;
+mod pg_fleet;
 mod pg_queue;
 mod replay;
 mod schema;
@@ -25,8 +27,10 @@ pub use archive::{ArchiveBlock, ArchiveHit, NewBlock, fts_query};
 pub use chain::{ChainError, GENESIS_HASH, StoredEvent, verify_events};
 pub use encode::redacted_json;
 pub use event_store::EventStore;
+pub use log_order::{BadPosition, LogEvent, LogPosition};
 pub use pg::tls::SslMode;
 pub use pg::{PgStore, is_postgres_url};
+pub use pg_fleet::{FleetTask, FleetWorker};
 pub use pg_queue::{Cancelled, Claim, LeaseState, Listener, QueueEntry};
 pub use replay::{
     COMPLETE_AT, CheckpointMark, CompactionRecord, Gap, GapKind, PendingApproval, ProxyTally,

@@ -41,7 +41,7 @@ mod writer;
 use writer::{BlockColumns, EventColumns, run_writer, update_heads};
 
 /// The schema version this Nerve writes.
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 /// The most writes committed in one transaction.
 const MAX_BATCH: usize = 1024;
 /// Connections for reads (the writer holds one more).
@@ -147,6 +147,22 @@ const MIGRATIONS: &[&str] = &[
         created_at   TEXT NOT NULL,
         last_used_at TEXT,
         revoked_at   TEXT
+    );
+    ",
+    // 5: the log's order across executions (`log_order.rs`: the writing transaction's id
+    // and a row number, filled in by the defaults, so appends are unchanged), and the
+    // workers that say they are alive (`pg_fleet.rs`).
+    r"
+    ALTER TABLE events ADD COLUMN tx xid8 NOT NULL DEFAULT pg_current_xact_id();
+    ALTER TABLE events ADD COLUMN log_id BIGINT GENERATED ALWAYS AS IDENTITY;
+    CREATE INDEX events_in_log_order ON events (tx, log_id);
+    CREATE TABLE workers (
+        worker      TEXT PRIMARY KEY,
+        host        TEXT NOT NULL,
+        concurrency INTEGER NOT NULL,
+        started_at  TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        last_seen   TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        stopped_at  TIMESTAMPTZ
     );
     ",
 ];

@@ -347,7 +347,7 @@ impl Store {
         &self.path
     }
 
-    fn sql_err(&self, source: rusqlite::Error) -> SessionError {
+    pub(crate) fn sql_err(&self, source: rusqlite::Error) -> SessionError {
         SessionError::Sqlite {
             path: self.path.clone(),
             source,
@@ -1052,16 +1052,7 @@ impl Store {
             .and_then(|mut stmt| {
                 stmt.query_map([&id], |row| {
                     Ok(LoggedEvent {
-                        event: StoredEvent {
-                            execution_id: row.get(0)?,
-                            seq: to_u64(row.get(1)?),
-                            ts: row.get(2)?,
-                            kind: row.get(3)?,
-                            version: row.get(4)?,
-                            payload: row.get(5)?,
-                            prev_hash: row.get(6)?,
-                            hash: row.get(7)?,
-                        },
+                        event: stored_event(row)?,
                         snapshot: row.get(8)?,
                     })
                 })?
@@ -1211,19 +1202,22 @@ fn read_events(
     after: u64,
 ) -> rusqlite::Result<Vec<StoredEvent>> {
     let mut stmt = conn.prepare_cached(sql)?;
-    let rows = stmt.query_map(params![execution, to_i64(after)], |row| {
-        Ok(StoredEvent {
-            execution_id: row.get(0)?,
-            seq: to_u64(row.get(1)?),
-            ts: row.get(2)?,
-            kind: row.get(3)?,
-            version: row.get(4)?,
-            payload: row.get(5)?,
-            prev_hash: row.get(6)?,
-            hash: row.get(7)?,
-        })
-    })?;
+    let rows = stmt.query_map(params![execution, to_i64(after)], stored_event)?;
     rows.collect()
+}
+
+/// An event from the first eight columns of `row` (those of [`SELECT_EVENTS`]).
+pub(crate) fn stored_event(row: &Row<'_>) -> rusqlite::Result<StoredEvent> {
+    Ok(StoredEvent {
+        execution_id: row.get(0)?,
+        seq: to_u64(row.get(1)?),
+        ts: row.get(2)?,
+        kind: row.get(3)?,
+        version: row.get(4)?,
+        payload: row.get(5)?,
+        prev_hash: row.get(6)?,
+        hash: row.get(7)?,
+    })
 }
 
 /// A row of [`SELECT_EVENTS`], borrowed from SQLite's buffers.

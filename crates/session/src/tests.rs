@@ -1901,6 +1901,7 @@ async fn the_writer_serves_id_prefixes_like_the_store() {
 }
 
 mod backends;
+mod log_order;
 
 /// A summary restating an output ranks below the output itself, however well it matches.
 #[tokio::test]

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::Form;
+use axum::extract::rejection::FormRejection;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -24,6 +25,20 @@ use crate::auth::{same_origin, session};
 /// The most turns whose diff the page shows (the latest ones).
 const DIFF_TURNS: usize = 50;
 
+#[utoipa::path(
+    get,
+    path = "/executions/{id}",
+    tag = "web",
+    operation_id = "web_execution",
+    params(("id" = String, Path, format = "uuid", description = "The execution's id (a whole UUID).")),
+    security(("session" = [])),
+    responses(
+        (status = 200, description = "The execution's page: state, totals, completeness and gaps, the calls waiting for a decision, the transcript, the diff per turn; live while it runs.", content_type = "text/html", body = String),
+        (status = 400, description = "The id is not an execution id: a page saying why.", content_type = "text/html", body = String),
+        (status = 401, description = "No session, or it ended, or its token was revoked: the login form.", content_type = "text/html", body = String),
+        (status = 404, description = "No execution with this id: a page saying why.", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn execution(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -262,24 +277,47 @@ async fn diffs(app: &App, execution: nerve_core::ExecutionId, replayed: &Replay)
     out
 }
 
-#[derive(Debug, Deserialize)]
+/// The Approve and Deny buttons.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(crate) struct DecisionForm {
+    /// The parked call's id.
     call_id: String,
+    /// `allow` or `deny`.
     decision: String,
 }
 
 /// `POST /executions/{id}/approvals` (the Approve and Deny buttons): recorded as the API
 /// records it; back to the page, which follows the resumed execution.
+#[utoipa::path(
+    post,
+    path = "/executions/{id}/approvals",
+    tag = "web",
+    operation_id = "web_decide",
+    params(("id" = String, Path, format = "uuid", description = "The execution's id (a whole UUID).")),
+    request_body(content = DecisionForm, content_type = "application/x-www-form-urlencoded"),
+    security(("session" = [])),
+    responses(
+        (status = 303, description = "Recorded (and resumed once nothing is left pending): to the execution's page."),
+        (status = 400, description = "The id is not an execution id: a page saying why.", content_type = "text/html", body = String),
+        (status = 401, description = "No session: a page saying why.", content_type = "text/html", body = String),
+        (status = 403, description = "Not from this server's page, or a scope below `approve`: a page saying why.", content_type = "text/html", body = String),
+        (status = 404, description = "No call of this execution waits for a decision: a page saying why.", content_type = "text/html", body = String),
+        (status = 409, description = "The execution is not parked: a page saying why.", content_type = "text/html", body = String),
+        (status = 415, description = "Not a form (`application/x-www-form-urlencoded`): a page saying why.", content_type = "text/html", body = String),
+        (status = 422, description = "A field missing or malformed, a decision other than allow or deny: a page saying why.", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn decide(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     UrlPath(id): UrlPath<String>,
-    Form(form): Form<DecisionForm>,
+    form: Result<Form<DecisionForm>, FormRejection>,
 ) -> Response {
     let decided = async {
         same_origin(&headers)?;
         let (name, _) = session(&app, &headers, Scope::Approve).await?;
         let execution = execution_id(&id)?;
+        let Form(form) = form.map_err(super::form_refused)?;
         let deny = match form.decision.as_str() {
             "allow" => false,
             "deny" => true,

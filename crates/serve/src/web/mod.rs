@@ -7,13 +7,15 @@
 //! server's own page (`auth::same_origin`). Everything shown is escaped and passes the
 //! redactor.
 
-mod execution;
+pub(crate) mod execution;
+pub(crate) mod fleet;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::Form;
 use axum::extract::State;
+use axum::extract::rejection::FormRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use nerve_runtime::tokens::Scope;
@@ -21,8 +23,7 @@ use serde::Deserialize;
 
 use crate::app::{ApiError, App, read};
 use crate::auth::{COOKIE, check_scope, same_origin, session, session_cookie};
-
-pub(crate) use execution::{decide, execution};
+use crate::openapi::ErrorBody;
 
 /// The script of an execution's page, embedded in the binary.
 const LIVE_JS: &str = include_str!("live.js");
@@ -49,7 +50,7 @@ fn page(app: &App, status: StatusCode, title: &str, body: &str) -> Response {
     let html = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{} · nerve</title>\
          <meta name=\"viewport\" content=\"width=device-width\"><style>{STYLE}</style></head>\
-         <body><header><a href=\"/\">nerve</a></header><main>{body}</main></body></html>",
+         <body><header><a href=\"/\">nerve</a> · <a href=\"/fleet\">Fleet</a></header><main>{body}</main></body></html>",
         escape(title)
     );
     let html = app.redactor.redact(&html).into_owned();
@@ -103,10 +104,11 @@ fn login_form(app: &App, status: StatusCode, message: Option<&str>) -> Response 
     page(app, status, "Log in", &body)
 }
 
-/// The scope of the request's live session, or the login form to answer with.
+/// The scope of the request's live session, or the login form to answer with: `200` on
+/// the home page without a session (where a visit starts), `401` on every other page.
 pub(crate) async fn logged_in(app: &App, headers: &HeaderMap) -> Result<Scope, Box<Response>> {
     if session_cookie(headers).is_none() {
-        return Err(Box::new(login_form(app, StatusCode::OK, None)));
+        return Err(Box::new(login_form(app, StatusCode::UNAUTHORIZED, None)));
     }
     session(app, headers, Scope::Read)
         .await
@@ -120,7 +122,21 @@ pub(crate) async fn logged_in(app: &App, headers: &HeaderMap) -> Result<Scope, B
         })
 }
 
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "web",
+    operation_id = "web_home",
+    security((), ("session" = [])),
+    responses(
+        (status = 200, description = "Logged in: the executions, a Log out button and (scope `run` or more) the start form. Without a session: the login form (an input named `token`).", content_type = "text/html", body = String),
+        (status = 401, description = "The session ended or its token was revoked: the login form.", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn home(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if session_cookie(&headers).is_none() {
+        return login_form(&app, StatusCode::OK, None);
+    }
     let scope = match logged_in(&app, &headers).await {
         Ok(scope) => scope,
         Err(form) => return *form,
@@ -212,24 +228,52 @@ fn subdirectories(root: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-#[derive(Debug, Deserialize)]
+/// The start form.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(crate) struct Start {
+    /// A directory under a `--workspace-root`.
+    #[schema(value_type = String)]
     workspace: PathBuf,
     task: String,
 }
 
 /// `POST /executions` (the start form): the execution starts, and its page follows it.
+#[utoipa::path(
+    post,
+    path = "/executions",
+    tag = "web",
+    operation_id = "web_start",
+    request_body(content = Start, content_type = "application/x-www-form-urlencoded"),
+    security(("session" = [])),
+    responses(
+        (status = 303, description = "Started: to its page (`Location`)."),
+        (status = 400, description = "An empty task, a workspace that is not a directory: a page saying why.", content_type = "text/html", body = String),
+        (status = 401, description = "No session: a page saying why.", content_type = "text/html", body = String),
+        (status = 403, description = "Not from this server's page (`Origin`, `Sec-Fetch-Site`), a scope below `run`, a workspace outside every `--workspace-root`: a page saying why.", content_type = "text/html", body = String),
+        (status = 415, description = "Not a form (`application/x-www-form-urlencoded`): a page saying why.", content_type = "text/html", body = String),
+        (status = 422, description = "A field missing or malformed: a page saying why.", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn start(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Form(form): Form<Start>,
+    form: Result<Form<Start>, FormRejection>,
 ) -> Response {
     let started = async {
         same_origin(&headers)?;
         session(&app, &headers, Scope::Run).await?;
+        let Form(form) = form.map_err(form_refused)?;
         crate::actions::create_execution(&app, &form.workspace, form.task, None).await
     };
     to_execution(&app, started.await)
+}
+
+/// A form body that is not the form's (not `application/x-www-form-urlencoded`: 415; a
+/// field missing or malformed: 422), as a refusal; checked after the credentials, as
+/// everything a route does.
+pub(crate) fn form_refused(rejection: FormRejection) -> ApiError {
+    let text = rejection.body_text();
+    ApiError::new(rejection.status(), text.lines().next().unwrap_or_default())
 }
 
 /// After a form that acted on an execution: its page, or why the form was refused.
@@ -240,19 +284,40 @@ fn to_execution(app: &App, acted: Result<nerve_core::ExecutionId, ApiError>) -> 
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The login form.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(crate) struct Login {
+    /// An API token (`nerve token create`).
     token: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/login",
+    tag = "web",
+    operation_id = "web_login",
+    request_body(content = Login, content_type = "application/x-www-form-urlencoded"),
+    security(()),
+    responses(
+        (status = 303, description = "Logged in: to `/`, with the session cookie (`Set-Cookie: nerve_session=...; HttpOnly; SameSite=Strict`)."),
+        (status = 401, description = "An unknown or revoked token: the login form again.", content_type = "text/html", body = String),
+        (status = 403, description = "Not from this server's page (`Origin`, `Sec-Fetch-Site`).", content_type = "text/html", body = String),
+        (status = 415, description = "Not a form (`application/x-www-form-urlencoded`): a page saying why.", content_type = "text/html", body = String),
+        (status = 422, description = "No `token` field: a page saying why.", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn login(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Form(login): Form<Login>,
+    login: Result<Form<Login>, FormRejection>,
 ) -> Response {
     if let Err(error) = same_origin(&headers) {
         return refused(&app, &error);
     }
+    let Form(login) = match login {
+        Ok(login) => login,
+        Err(rejection) => return refused(&app, &form_refused(rejection)),
+    };
     let token = login.token.trim();
     if check_scope(&app, token, Scope::Read).await.is_err() {
         return login_form(
@@ -285,6 +350,17 @@ pub(crate) async fn login(
 }
 
 /// `POST /logout`: the session ends (its cookie is refused from now on) and is cleared.
+#[utoipa::path(
+    post,
+    path = "/logout",
+    tag = "web",
+    operation_id = "web_logout",
+    security(("session" = [])),
+    responses(
+        (status = 303, description = "The session ended: to `/`, the cookie cleared."),
+        (status = 403, description = "Not from this server's page (`Origin`, `Sec-Fetch-Site`).", content_type = "text/html", body = String),
+    ),
+)]
 pub(crate) async fn logout(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(error) = same_origin(&headers) {
         return refused(&app, &error);
@@ -306,6 +382,17 @@ pub(crate) async fn logout(State(app): State<Arc<App>>, headers: HeaderMap) -> R
 }
 
 /// `GET /assets/live.js`, for a logged-in page only (no route without authentication).
+#[utoipa::path(
+    get,
+    path = "/assets/live.js",
+    tag = "web",
+    operation_id = "web_script",
+    security(("session" = [])),
+    responses(
+        (status = 200, description = "The script that makes an execution's page follow its event stream.", content_type = "text/javascript", body = String),
+        (status = 401, description = "No web session.", body = ErrorBody),
+    ),
+)]
 pub(crate) async fn live_js(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(error) = session(&app, &headers, Scope::Read).await {
         return app.respond(Err(error));
