@@ -28,7 +28,9 @@ async fn server() -> (tempfile::TempDir, Server, String) {
     let server = Server::bind(db.clone(), Config::default(), settings)
         .await
         .unwrap();
-    let token = nerve_runtime::tokens::create(&db, "reader", Scope::Read).unwrap();
+    let token = nerve_runtime::tokens::create(&db, "reader", Scope::Read)
+        .await
+        .unwrap();
     (dir, server, token)
 }
 
@@ -218,6 +220,8 @@ fn the_documented_answers_are_the_runtime_views() {
         updated_at: "u".to_owned(),
         task: None,
         workspace: None,
+        parent: Some("p".to_owned()),
+        call_id: Some("c".to_owned()),
         loop_type: None,
         model: None,
         task_status: None,

@@ -5,7 +5,7 @@
 //! log the server was given, which is all this test is about.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -20,14 +20,16 @@ use crate::app::App;
 
 /// The server's state on the PostgreSQL log at `url`, with its tokens in `tokens`; a
 /// session cookie of a `read` token.
-fn app(url: &str, tokens: &Path) -> (Arc<App>, String) {
-    let token = nerve_runtime::tokens::create(tokens, "reader", Scope::Read).unwrap();
+async fn app(url: &str, tokens: &Path) -> (Arc<App>, String) {
+    let token = nerve_runtime::tokens::create(tokens, "reader", Scope::Read)
+        .await
+        .unwrap();
     let db: &'static Path = Box::leak(Path::new(url).to_path_buf().into_boxed_path());
     let app = Arc::new(App {
         db,
         config: Box::leak(Box::new(Config::default())),
         settings: crate::test_settings(),
-        tokens: Mutex::new(nerve_runtime::tokens::open(tokens).unwrap()),
+        tokens: nerve_runtime::tokens::open(tokens).await.unwrap(),
         redactor: Arc::new(Redactor::new()),
         runs: crate::runs::Runs::default(),
         sessions: crate::sessions::Sessions::default(),
@@ -75,7 +77,7 @@ async fn the_fleet_page_shows_the_queue_and_the_workers_of_a_postgres_log() {
     let store = PgStore::connect(&url, Arc::new(Redactor::new()))
         .await
         .unwrap();
-    let (app, cookie) = app(&url, &dir.path().join("tokens.db"));
+    let (app, cookie) = app(&url, &dir.path().join("tokens.db")).await;
 
     let empty = page(&app, &cookie).await;
     assert!(empty.contains("No worker has said it is alive"), "{empty}");
