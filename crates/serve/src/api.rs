@@ -1,12 +1,12 @@
 //! The routes of `/api/v1`: each checks the caller's token first, then does one thing
 //! through the runtime, and answers JSON that went through the redactor.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use nerve_runtime::launch::ContinueRequest;
 use nerve_runtime::resume::Approved;
@@ -34,7 +34,7 @@ pub(crate) fn routes() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(approval))
         .routes(routes!(crate::events::stream))
         .routes(routes!(crate::log_stream::stream))
-        .routes(routes!(crate::openapi::openapi_json))
+        .routes(routes!(openapi_json))
         .routes(routes!(crate::web::home))
         .routes(routes!(crate::web::start))
         .routes(routes!(crate::web::execution::execution))
@@ -337,4 +337,72 @@ pub(crate) async fn approval(
         )
     };
     app.respond(answered.await)
+}
+
+/// The document, made once.
+pub(crate) fn document() -> &'static str {
+    static DOCUMENT: OnceLock<String> = OnceLock::new();
+    DOCUMENT.get_or_init(|| {
+        let mut document = serde_json::to_value(crate::api::routes().into_openapi())
+            .unwrap_or_else(|e| {
+                serde_json::json!({ "error": format!("the description does not serialize: {e}") })
+            });
+        absent_not_null(&mut document);
+        serde_json::to_string_pretty(&document).unwrap_or_default()
+    })
+}
+
+/// An optional parameter (a header or a query field) is absent or has a value; it is never
+/// `null` (a header cannot be), whatever type utoipa writes for an `Option`.
+fn absent_not_null(document: &mut serde_json::Value) {
+    let Some(paths) = document.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    let parameters = paths
+        .values_mut()
+        .filter_map(|item| item.as_object_mut())
+        .flat_map(|item| item.values_mut())
+        .filter_map(|operation| operation.get_mut("parameters"))
+        .filter_map(|parameters| parameters.as_array_mut())
+        .flatten();
+    for parameter in parameters {
+        let Some(types) = parameter.pointer_mut("/schema/type") else {
+            continue;
+        };
+        let named: Vec<serde_json::Value> = types
+            .as_array()
+            .map(|list| list.iter().filter(|t| *t != "null").cloned().collect())
+            .unwrap_or_default();
+        if let [single] = named.as_slice() {
+            *types = single.clone();
+        }
+    }
+}
+
+/// `GET /api/v1/openapi.json`: the description, to a reader (a token of scope `read`, as
+/// every other route: "no route without authentication").
+#[utoipa::path(
+    get,
+    path = "/api/v1/openapi.json",
+    tag = "api",
+    operation_id = "openapi",
+    security(("bearer" = []), ("session" = [])),
+    responses(
+        (status = 200, description = "This document (OpenAPI 3.1).", content_type = "application/json", body = Object),
+        (status = 401, description = "No token, or an unknown or revoked one.", body = ErrorBody),
+    ),
+)]
+pub(crate) async fn openapi_json(
+    axum::extract::State(app): axum::extract::State<std::sync::Arc<App>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(error) = authorize_read(&app, &headers).await {
+        return app.respond(Err(error));
+    }
+    let mut response = (StatusCode::OK, document()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }

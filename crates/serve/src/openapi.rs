@@ -6,19 +6,13 @@
 //!
 //! Two security schemes: the `Authorization: Bearer` token (`bearer`) and the web view's
 //! session cookie (`session`), which stands for a token on the reading routes and the web
-//! view's own forms only (docs/api.md).
+//! view's own forms only (docs/api.md). The document itself is made and served by `api`,
+//! which owns the routes it describes.
 
-use std::sync::OnceLock;
-
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use nerve_runtime::log::ExecutionSummary;
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
-
-use crate::app::App;
-use crate::auth::authorize_read;
 
 /// The document's frame: what it is, and its security schemes. The paths come from the
 /// router (`api::routes`).
@@ -70,74 +64,6 @@ impl Modify for Schemes {
             ))),
         );
     }
-}
-
-/// The document, made once.
-pub(crate) fn document() -> &'static str {
-    static DOCUMENT: OnceLock<String> = OnceLock::new();
-    DOCUMENT.get_or_init(|| {
-        let mut document = serde_json::to_value(crate::api::routes().into_openapi())
-            .unwrap_or_else(|e| {
-                serde_json::json!({ "error": format!("the description does not serialize: {e}") })
-            });
-        absent_not_null(&mut document);
-        serde_json::to_string_pretty(&document).unwrap_or_default()
-    })
-}
-
-/// An optional parameter (a header or a query field) is absent or has a value; it is never
-/// `null` (a header cannot be), whatever type utoipa writes for an `Option`.
-fn absent_not_null(document: &mut serde_json::Value) {
-    let Some(paths) = document.get_mut("paths").and_then(|p| p.as_object_mut()) else {
-        return;
-    };
-    let parameters = paths
-        .values_mut()
-        .filter_map(|item| item.as_object_mut())
-        .flat_map(|item| item.values_mut())
-        .filter_map(|operation| operation.get_mut("parameters"))
-        .filter_map(|parameters| parameters.as_array_mut())
-        .flatten();
-    for parameter in parameters {
-        let Some(types) = parameter.pointer_mut("/schema/type") else {
-            continue;
-        };
-        let named: Vec<serde_json::Value> = types
-            .as_array()
-            .map(|list| list.iter().filter(|t| *t != "null").cloned().collect())
-            .unwrap_or_default();
-        if let [single] = named.as_slice() {
-            *types = single.clone();
-        }
-    }
-}
-
-/// `GET /api/v1/openapi.json`: the description, to a reader (a token of scope `read`, as
-/// every other route: "no route without authentication").
-#[utoipa::path(
-    get,
-    path = "/api/v1/openapi.json",
-    tag = "api",
-    operation_id = "openapi",
-    security(("bearer" = []), ("session" = [])),
-    responses(
-        (status = 200, description = "This document (OpenAPI 3.1).", content_type = "application/json", body = Object),
-        (status = 401, description = "No token, or an unknown or revoked one.", body = ErrorBody),
-    ),
-)]
-pub(crate) async fn openapi_json(
-    axum::extract::State(app): axum::extract::State<std::sync::Arc<App>>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(error) = authorize_read(&app, &headers).await {
-        return app.respond(Err(error));
-    }
-    let mut response = (StatusCode::OK, document()).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 /// A refused or failed request.

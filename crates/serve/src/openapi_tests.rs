@@ -14,6 +14,7 @@ use tower::ServiceExt as _;
 
 use super::*;
 use crate::Server;
+use crate::api::document;
 
 fn doc() -> Value {
     serde_json::from_str(document()).unwrap()
