@@ -185,8 +185,13 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
                 |_| e.started_at.clone(),
                 |at| ago((now - at).whole_seconds()),
             );
+            let marker = match (child, e.parent.as_deref()) {
+                (true, _) => "└─ ".to_owned(),
+                (false, Some(parent)) => format!("(child of {}) ", short_id(parent)),
+                (false, None) => String::new(),
+            };
             output::line(&format!(
-                "{}  {started:<12}  {:<16}  {:>6}  {:<WORKSPACE_WIDTH$}  {}",
+                "{}  {started:<12}  {:<16}  {:>6}  {:<WORKSPACE_WIDTH$}  {marker}{}",
                 e.execution_id,
                 e.termination_reason
                     .as_deref()
@@ -194,18 +199,10 @@ pub(crate) async fn list(db: &Path, json: bool, status: Option<StatusArg>) -> Re
                     .unwrap_or("unfinished"),
                 e.events,
                 short_workspace(e.workspace.as_deref().unwrap_or("-"), home.as_deref()),
-                format!(
-                    "{}{}",
-                    match (child, e.parent.as_deref()) {
-                        (true, _) => "└─ ".to_owned(),
-                        (false, Some(parent)) => format!("(child of {}) ", short_id(parent)),
-                        (false, None) => String::new(),
-                    },
-                    e.task
-                        .as_deref()
-                        .and_then(|t| t.lines().next())
-                        .unwrap_or_default()
-                )
+                e.task
+                    .as_deref()
+                    .and_then(|t| t.lines().next())
+                    .unwrap_or_default()
             ));
         }
     }
