@@ -788,6 +788,16 @@ pub(crate) fn stored_event(row: &Row) -> Result<StoredEvent, tokio_postgres::Err
     })
 }
 
+/// A row of [`SUMMARY_COLUMNS`]: [`summary`]'s columns, then the parent and the call its
+/// `started` names (columns 16 and 17).
+fn listed_summary(row: &Row) -> Result<ExecutionSummary, tokio_postgres::Error> {
+    Ok(ExecutionSummary {
+        parent: row.try_get(16)?,
+        call_id: row.try_get(17)?,
+        ..summary(row)?
+    })
+}
+
 fn summary(row: &Row) -> Result<ExecutionSummary, tokio_postgres::Error> {
     let count =
         |i: usize| -> Result<u64, tokio_postgres::Error> { Ok(to_u64(row.try_get::<_, i64>(i)?)) };
@@ -808,8 +818,8 @@ fn summary(row: &Row) -> Result<ExecutionSummary, tokio_postgres::Error> {
         cost_micro_usd: count(13)?,
         resumes: u32::try_from(count(14)?).unwrap_or(u32::MAX),
         workspace: row.try_get(15)?,
-        parent: row.try_get(16)?,
-        call_id: row.try_get(17)?,
+        parent: None,
+        call_id: None,
         queue_state: None,
     })
 }
@@ -1013,7 +1023,7 @@ impl EventStore for PgStore {
             .map_err(|e| self.db_err(&e))?;
         rows.iter()
             .map(|row| {
-                let mut listed = summary(row)?;
+                let mut listed = listed_summary(row)?;
                 listed.queue_state = row.try_get(18)?;
                 Ok(listed)
             })
@@ -1035,7 +1045,7 @@ impl EventStore for PgStore {
             .await
             .map_err(|e| self.db_err(&e))?
             .ok_or(SessionError::UnknownExecution(id))?;
-        summary(&row).map_err(|e| self.db_err(&e))
+        listed_summary(&row).map_err(|e| self.db_err(&e))
     }
 
     async fn latest_checkpoint(

@@ -769,7 +769,9 @@ impl Store {
             )
         };
         let mut stmt = self.conn.prepare(sql).map_err(|e| self.sql_err(e))?;
-        let rows = stmt.query_map([], summary).map_err(|e| self.sql_err(e))?;
+        let rows = stmt
+            .query_map([], listed_summary)
+            .map_err(|e| self.sql_err(e))?;
         rows.collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.sql_err(e))
     }
@@ -827,7 +829,7 @@ impl Store {
         };
         let id = execution.to_string();
         self.conn
-            .query_row(sql, [&id], summary)
+            .query_row(sql, [&id], listed_summary)
             .optional()
             .map_err(|e| self.sql_err(e))?
             .ok_or(SessionError::UnknownExecution(id))
@@ -1239,6 +1241,16 @@ fn fields<'a>(row: &'a Row<'_>) -> rusqlite::Result<Fields<'a>> {
     })
 }
 
+/// A row of [`with_last_event`] or [`with_last_keyed_event`]: [`summary`]'s columns, then
+/// the parent and the call its `started` names (columns 16 and 17).
+fn listed_summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
+    Ok(ExecutionSummary {
+        parent: row.get(16)?,
+        call_id: row.get(17)?,
+        ..summary(row)?
+    })
+}
+
 /// A row of [`with_last_event`]: the index columns, then the last event's time and number.
 fn summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
     Ok(ExecutionSummary {
@@ -1258,8 +1270,8 @@ fn summary(row: &Row<'_>) -> rusqlite::Result<ExecutionSummary> {
         updated_at: row.get(13)?,
         events: to_u64(row.get(14)?),
         workspace: row.get(15)?,
-        parent: row.get(16)?,
-        call_id: row.get(17)?,
+        parent: None,
+        call_id: None,
         queue_state: None,
     })
 }

@@ -1936,8 +1936,17 @@ async fn a_runaway_retry_is_fitted_again_with_its_note_at_a_small_window() {
             .any(|e| matches!(e, Event::Compaction(_)));
         assert!(
             prompt(retry) <= budget || refitted,
-            "window {window}: the retry holds {} tokens, over the budget of {budget}, and was not refitted",
-            prompt(retry)
+            "window {window}: the retry holds {} tokens, over the budget of {budget}, and was not refitted; turn {} tokens; events {:?}; retry {:?}",
+            prompt(retry),
+            prompt(turn),
+            events.iter().map(|e| e.kind()).collect::<Vec<_>>(),
+            retry
+                .iter()
+                .map(|m| (
+                    counter.count_message(m),
+                    m.text_content().chars().take(120).collect::<String>()
+                ))
+                .collect::<Vec<_>>()
         );
         if prompt(turn) + counter.count_message(note) > budget && prompt(retry) <= budget {
             brought_back += 1;
