@@ -105,12 +105,21 @@ const BOTH: &[Mode] = &[Mode::Streamed, Mode::NotStreamed];
 /// The configuration file of a run in `mode`. Behind LiteLLM the Messages endpoint fronts
 /// a model that is not Claude: no cache breakpoints.
 fn config(dir: &Path, mode: Mode) -> PathBuf {
-    let path = dir.join(format!("nerve-{mode:?}.toml"));
-    let settings = match mode {
+    config_limited(dir, mode, None)
+}
+
+/// [`config`], with whole answers limited to `limit_secs` when given.
+fn config_limited(dir: &Path, mode: Mode, limit_secs: Option<u64>) -> PathBuf {
+    let path = dir.join(format!("nerve-{mode:?}-{limit_secs:?}.toml"));
+    let mut settings = match mode {
         Mode::Streamed => "",
         Mode::NotStreamed => "stream = false\n",
         Mode::Forced => "tool_choice = \"shell\"\n",
-    };
+    }
+    .to_owned();
+    if let Some(secs) = limit_secs {
+        settings.push_str(&format!("request_timeout_secs = {secs}\n"));
+    }
     std::fs::write(
         &path,
         format!(
@@ -137,6 +146,13 @@ struct Route {
     /// `chatml-function-calling`, where SmolLM2 calls a tool on nearly every turn, whatever
     /// it is asked (seen here: 4 of 4 turns of "reply with the single word hello").
     answers_in_text: bool,
+    /// The longest a whole answer may take on this route (`request_timeout_secs`), where
+    /// the model can run away: SmolLM2 behind llama-cpp-python can write a tool call's
+    /// arguments until the window is full, since the server ignores `max_tokens` there (seen
+    /// in CI: one answer still unfinished after 300 s, 17:03:50 to 17:08:51). Such an answer
+    /// ends in a `timeout`, is retried, and the run goes on; on this route that is the
+    /// model, not a fault of Nerve's requests.
+    runaway_limit_secs: Option<u64>,
 }
 
 /// What a route does with tools.
@@ -170,6 +186,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             key: servers.llama_key.clone(),
             tools: Tools::Works,
             answers_in_text: true,
+            runaway_limit_secs: None,
         },
         Route {
             name: "llama-cpp-python direct",
@@ -180,6 +197,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             key: servers.llama_key.clone(),
             tools: Tools::Whole,
             answers_in_text: false,
+            runaway_limit_secs: Some(90),
         },
         Route {
             name: "LiteLLM chat completions",
@@ -190,6 +208,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             key: servers.key.clone(),
             tools: Tools::Works,
             answers_in_text: true,
+            runaway_limit_secs: None,
         },
         Route {
             name: "LiteLLM messages",
@@ -200,6 +219,7 @@ fn routes(servers: &Servers) -> Vec<Route> {
             key: servers.key.clone(),
             tools: Tools::Works,
             answers_in_text: true,
+            runaway_limit_secs: None,
         },
     ]
 }
@@ -274,7 +294,7 @@ fn run_task(
 ) -> (Output, Vec<Exchange>) {
     let workspace = workspace(dir, &format!("{}-{mode:?}", route.name));
     let recorder = Recorder::start(&route.base);
-    let config = config(dir, mode);
+    let config = config_limited(dir, mode, route.runaway_limit_secs);
     let env = route.env(&recorder.base, &route.key, &config);
     let args = run_args(workspace.to_str().unwrap(), route, task, max_turns);
     let output = wait_long(spawn_nerve_env(db, &args, &as_env(&env)));
@@ -587,15 +607,20 @@ fn finished(
         .map(|e| format!("{} {}", e.status, String::from_utf8_lossy(&e.answer)))
         .collect();
     let shown = format!("{shown} refused: {refused:?}");
+    let runaway = |o: &String| route.runaway_limit_secs.is_some() && o.starts_with("timeout");
     assert!(
         trace
             .outcomes
             .iter()
-            .all(|o| o == "ok" || o == "context_overflow"),
+            .all(|o| o == "ok" || o == "context_overflow" || runaway(o)),
         "{:?}: {shown}",
         trace.outcomes
     );
-    assert!(trace.retries.is_empty(), "{:?}: {shown}", trace.retries);
+    assert!(
+        trace.retries.iter().all(runaway),
+        "{:?}: {shown}",
+        trace.retries
+    );
     assert_ne!(summary["termination_reason"], "error", "{shown}");
     assert!(
         exchanges

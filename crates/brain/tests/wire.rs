@@ -58,6 +58,8 @@ enum Reply {
     },
     /// Reads the request and never answers.
     Hang,
+    /// `reply` after `wait` of silence: a model writing a whole answer before sending it.
+    Late { wait: Duration, reply: Box<Reply> },
 }
 
 fn json(status: u16, body: serde_json::Value) -> Reply {
@@ -202,6 +204,10 @@ async fn write_reply(mut socket: TcpStream, reply: Reply, hung_up: &tokio::sync:
         }
         Reply::Hang => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        Reply::Late { wait, reply } => {
+            tokio::time::sleep(wait).await;
+            Box::pin(write_reply(socket, *reply, hung_up)).await;
         }
     }
 }
@@ -983,6 +989,28 @@ fn openai_idle(server: &TestServer, idle: Duration) -> OpenAiProvider {
         ..http()
     };
     OpenAiProvider::new(config).unwrap()
+}
+
+#[tokio::test]
+async fn a_whole_answer_slower_than_the_idle_limit_is_waited_for() {
+    // Silent for four idle limits before the whole answer (a non-streaming server sends
+    // nothing until the model is done): the request timeout bounds that wait, not the
+    // idle limit (which cut llama-cpp-python's long answers off at 300 s of 600).
+    let answer = serde_json::json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+    });
+    let server = TestServer::start(vec![Reply::Late {
+        wait: Duration::from_millis(800),
+        reply: Box::new(json(200, answer)),
+    }])
+    .await;
+    let (messages, tools) = (conversation(), tools());
+    let provider = openai_idle(&server, Duration::from_millis(200));
+    let response = provider.complete(request(&messages, &tools)).await.unwrap();
+    assert_eq!(response.message.text_content(), "done");
 }
 
 #[tokio::test]

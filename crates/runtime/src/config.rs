@@ -174,6 +174,10 @@ pub struct OpenAiSection {
     pub tool_choice: Option<ToolChoiceSetting>,
     /// How tool calls travel: `"native"`, `"text"` or `"auto"` (the default).
     pub tool_protocol: Option<nerve_brain::ToolProtocol>,
+    /// Seconds a whole (non-streamed) answer may take, answer included (default 600).
+    pub request_timeout_secs: Option<std::num::NonZeroU64>,
+    /// Seconds of silence a stream may keep, headers or body (default 300).
+    pub idle_timeout_secs: Option<std::num::NonZeroU64>,
 }
 
 /// `tool_choice` of a provider's section: `"auto"` (the default: the model decides),
@@ -220,6 +224,10 @@ pub struct AnthropicSection {
     pub tool_choice: Option<ToolChoiceSetting>,
     /// How tool calls travel: `"native"`, `"text"` or `"auto"` (the default).
     pub tool_protocol: Option<nerve_brain::ToolProtocol>,
+    /// Seconds a whole (non-streamed) answer may take, answer included (default 600).
+    pub request_timeout_secs: Option<std::num::NonZeroU64>,
+    /// Seconds of silence a stream may keep, headers or body (default 300).
+    pub idle_timeout_secs: Option<std::num::NonZeroU64>,
 }
 
 /// `[guardrails]`: limits and recoveries of every run (command-line flags win).
@@ -531,6 +539,14 @@ impl Config {
             anthropic_tool_choice: self.providers.anthropic.tool_choice.clone().map(|c| c.0),
             openai_tool_protocol: self.providers.openai.tool_protocol,
             anthropic_tool_protocol: self.providers.anthropic.tool_protocol,
+            openai_timeouts: crate::provider::Timeouts {
+                request_secs: self.providers.openai.request_timeout_secs,
+                idle_secs: self.providers.openai.idle_timeout_secs,
+            },
+            anthropic_timeouts: crate::provider::Timeouts {
+                request_secs: self.providers.anthropic.request_timeout_secs,
+                idle_secs: self.providers.anthropic.idle_timeout_secs,
+            },
         })
     }
 
@@ -1026,6 +1042,30 @@ mod tests {
                 error.contains("tool_choice") || error.contains("invalid type"),
                 "{bad}: {error}"
             );
+        }
+    }
+
+    #[test]
+    fn provider_timeouts_are_whole_seconds_above_zero() {
+        let timeouts = |text: &str| {
+            let config: Config = toml::from_str(text).unwrap();
+            let settings = config.provider_settings(None).unwrap();
+            (settings.openai_timeouts, settings.anthropic_timeouts)
+        };
+        let unset = crate::provider::Timeouts::default();
+        assert_eq!(timeouts(""), (unset, unset));
+        let (openai, anthropic) = timeouts(
+            "[providers.openai]\nrequest_timeout_secs = 240\n[providers.anthropic]\nidle_timeout_secs = 30",
+        );
+        assert_eq!(openai.request_secs.map(|s| s.get()), Some(240));
+        assert_eq!(openai.idle_secs, None);
+        assert_eq!(anthropic.idle_secs.map(|s| s.get()), Some(30));
+        for bad in ["0", "-5", "1.5", "\"60\""] {
+            let error =
+                toml::from_str::<Config>(&format!("[providers.openai]\nidle_timeout_secs = {bad}"))
+                    .unwrap_err()
+                    .to_string();
+            assert!(error.contains("idle_timeout_secs"), "{bad}: {error}");
         }
     }
 

@@ -19,13 +19,14 @@
 //! configuration error (exit 2, nothing written). When a proxy variable applies to the
 //! endpoint's scheme the check is skipped, since the proxy, not us, connects.
 
+use std::num::NonZeroU64;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nerve_brain::{
-    AnthropicConfig, AnthropicProvider, ModelTable, OpenAiConfig, OpenAiProvider, Provider,
-    ScriptedProvider, ToolChoice, ToolProtocol,
+    AnthropicConfig, AnthropicProvider, HttpConfig, ModelTable, OpenAiConfig, OpenAiProvider,
+    Provider, ScriptedProvider, ToolChoice, ToolProtocol,
 };
 use secrecy::SecretString;
 
@@ -67,6 +68,32 @@ pub struct Settings {
     pub openai_tool_protocol: Option<ToolProtocol>,
     /// `[providers.anthropic] tool_protocol`; `auto` unless set.
     pub anthropic_tool_protocol: Option<ToolProtocol>,
+    /// `[providers.openai] request_timeout_secs` and `idle_timeout_secs`.
+    pub openai_timeouts: Timeouts,
+    /// `[providers.anthropic] request_timeout_secs` and `idle_timeout_secs`.
+    pub anthropic_timeouts: Timeouts,
+}
+
+/// A provider section's timeouts; the client's defaults where unset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// A whole (non-streamed) answer, answer included.
+    pub request_secs: Option<NonZeroU64>,
+    /// The longest silence of a stream.
+    pub idle_secs: Option<NonZeroU64>,
+}
+
+impl Timeouts {
+    /// `http` with these timeouts where they are set.
+    fn applied(self, mut http: HttpConfig) -> HttpConfig {
+        if let Some(secs) = self.request_secs {
+            http.request_timeout = Duration::from_secs(secs.get());
+        }
+        if let Some(secs) = self.idle_secs {
+            http.idle_timeout = Duration::from_secs(secs.get());
+        }
+        http
+    }
 }
 
 impl Default for Settings {
@@ -81,6 +108,8 @@ impl Default for Settings {
             anthropic_tool_choice: None,
             openai_tool_protocol: None,
             anthropic_tool_protocol: None,
+            openai_timeouts: Timeouts::default(),
+            anthropic_timeouts: Timeouts::default(),
         }
     }
 }
@@ -156,6 +185,7 @@ fn build_with(
             config.stream = settings.openai_stream.unwrap_or(true);
             config.tool_choice = settings.openai_tool_choice.clone().unwrap_or_default();
             config.tool_protocol = settings.openai_tool_protocol.unwrap_or_default();
+            config.http = settings.openai_timeouts.applied(config.http);
             let url = config.base_url.clone();
             let provider = OpenAiProvider::new(config)
                 .map_err(|e| RuntimeError::provider(format!("provider openai: {e}")))?;
@@ -187,6 +217,7 @@ fn build_with(
             config.stream = settings.anthropic_stream.unwrap_or(true);
             config.tool_choice = settings.anthropic_tool_choice.clone().unwrap_or_default();
             config.tool_protocol = settings.anthropic_tool_protocol.unwrap_or_default();
+            config.http = settings.anthropic_timeouts.applied(config.http);
             let url = config.base_url.clone();
             let provider = AnthropicProvider::new(config)
                 .map_err(|e| RuntimeError::provider(format!("provider anthropic: {e}")))?;
@@ -324,6 +355,25 @@ fn describe_connect(error: &std::io::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeout_set_replaces_only_its_own_default() {
+        let defaults = HttpConfig::default();
+        let request = Timeouts {
+            request_secs: NonZeroU64::new(240),
+            idle_secs: None,
+        }
+        .applied(defaults.clone());
+        assert_eq!(request.request_timeout, Duration::from_secs(240));
+        assert_eq!(request.idle_timeout, defaults.idle_timeout);
+        let idle = Timeouts {
+            request_secs: None,
+            idle_secs: NonZeroU64::new(30),
+        }
+        .applied(defaults.clone());
+        assert_eq!(idle.idle_timeout, Duration::from_secs(30));
+        assert_eq!(idle.request_timeout, defaults.request_timeout);
+    }
 
     fn check(
         spec: &str,

@@ -210,7 +210,7 @@ fn call_names(results: &[&ToolResult]) -> String {
 }
 
 /// Messages of this many tokens or fewer are never clipped to make room.
-const CLIP_FLOOR_TOKENS: u64 = 48;
+pub(crate) const CLIP_FLOOR_TOKENS: u64 = 48;
 
 /// How many times one message is clipped again, each time shorter, when its first clip
 /// still counts over what it may keep (text denser in tokens than its own average).

@@ -25,7 +25,8 @@ pub struct HttpConfig {
     /// A whole non-streaming call, answer included. Streams are bounded by `idle_timeout`
     /// instead, so a long answer that keeps flowing is never cut.
     pub request_timeout: Duration,
-    /// The longest silence while waiting for response bytes (headers or body).
+    /// The longest silence while waiting for a stream's bytes (headers or body), and
+    /// while reading a whole answer's body once its headers came.
     pub idle_timeout: Duration,
     /// Honour `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` from the environment.
     pub proxy_from_env: bool,
@@ -159,7 +160,15 @@ impl HttpClient {
         } else {
             request = request.timeout(self.request_timeout);
         }
-        let response = match tokio::time::timeout(self.idle_timeout, request.send()).await {
+        // A stream's headers come at once, so a long wait for them is silence. A whole
+        // answer's come only with the answer, after the model wrote all of it: the request
+        // timeout above bounds that wait, and the idle limit must not cut it shorter.
+        let waited = if streaming {
+            tokio::time::timeout(self.idle_timeout, request.send()).await
+        } else {
+            Ok(request.send().await)
+        };
+        let response = match waited {
             Ok(sent) => sent.map_err(send_error)?,
             Err(_) => {
                 return Err(ProviderError::transient(

@@ -1934,8 +1934,17 @@ async fn a_runaway_retry_is_fitted_again_with_its_note_at_a_small_window() {
             .iter()
             .take_while(|e| !matches!(e, Event::ModelCalled(_)))
             .any(|e| matches!(e, Event::Compaction(_)));
+        // Or the fit found nothing to take out: the retry is the turn's request and the
+        // note, and every message after the task is at the clip floor or below (the turn
+        // was fitted as far as it goes already). Whether the masked output lands just above
+        // the floor or on it depends on the random block id its placeholder names: the
+        // test once required a compaction here and failed one run in twenty.
+        let nothing_left = retry[..retry.len() - 1] == turn[..]
+            && turn[2..]
+                .iter()
+                .all(|m| counter.count_message(m) <= crate::context::compactor::CLIP_FLOOR_TOKENS);
         assert!(
-            prompt(retry) <= budget || refitted,
+            prompt(retry) <= budget || refitted || nothing_left,
             "window {window}: the retry holds {} tokens, over the budget of {budget}, and was not refitted; turn {} tokens; events {:?}; retry {:?}",
             prompt(retry),
             prompt(turn),
