@@ -629,7 +629,15 @@ fn finished(
         "{shown}"
     );
     let calls = check_streaming(exchanges, route, mode, &shown);
-    assert_eq!(calls.len(), trace.outcomes.len(), "{shown}");
+    // A request Nerve gave up on has its answer recorded only if the server finished it
+    // before the recorder settled (llama-cpp-python goes on writing for a client that left).
+    let abandoned = trace.outcomes.iter().filter(|o| runaway(o)).count();
+    assert!(
+        (trace.outcomes.len() - abandoned..=trace.outcomes.len()).contains(&calls.len()),
+        "{} calls recorded, {} model calls of which {abandoned} timed out: {shown}",
+        calls.len(),
+        trace.outcomes.len()
+    );
     Finished {
         summary,
         id,
