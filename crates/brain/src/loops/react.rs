@@ -30,6 +30,12 @@ const CONTINUE_AFTER_MAX_TOKENS: &str =
     "[Nerve] Your answer was cut off by the output limit. Continue exactly where you stopped.";
 const REPROMPT_AFTER_FAILURE: &str = "[Nerve] Your last tool call failed and you ended without an answer. \
 Read the error, then either fix the problem with another tool call or explain why the task cannot be done.";
+/// For a model that writes its calls as text (a small local model, in practice): an answer
+/// right after a failed call, with nothing run since, is more often a fix described than a
+/// fix made. Asked once per failure; a second answer ends the run.
+const REPROMPT_TEXT_AFTER_FAILURE: &str = "[Nerve] Your last tool call failed and nothing has run since, \
+so nothing you described has been done. If the task still needs a change, make it now with a tool call; \
+if it is done or cannot be done, give your final answer again.";
 
 pub(crate) async fn run(run: &mut Run) -> Stop {
     // Ends: each pass is one turn, and `check_boundary` ends the run at `max_turns` (and at
@@ -133,15 +139,33 @@ fn after_turn(
         run.push_message(Message::user(CONTINUE_AFTER_MAX_TOKENS));
         return Ok(TurnEnd::Continue);
     }
-    if text.trim().is_empty()
+    if run.progress.guards.premature_reprompts < run.config.premature_end_retries
         && last_tool_result_failed(run.window.messages())
-        && run.progress.guards.premature_reprompts < run.config.premature_end_retries
     {
-        run.progress.guards.premature_reprompts += 1;
-        run.push_message(Message::user(REPROMPT_AFTER_FAILURE));
-        return Ok(TurnEnd::Continue);
+        let reprompt = if text.trim().is_empty() {
+            Some(REPROMPT_AFTER_FAILURE)
+        } else if run.tools_as_text && !reprompted_since_last_result(run.window.messages()) {
+            Some(REPROMPT_TEXT_AFTER_FAILURE)
+        } else {
+            None
+        };
+        if let Some(reprompt) = reprompt {
+            run.progress.guards.premature_reprompts += 1;
+            run.push_message(Message::user(reprompt));
+            return Ok(TurnEnd::Continue);
+        }
     }
     Ok(TurnEnd::Final(text))
+}
+
+/// Whether the text re-prompt was already sent after the last tool result: the model, asked
+/// once, answered again, and that answer stands.
+fn reprompted_since_last_result(messages: &[Message]) -> bool {
+    messages
+        .iter()
+        .rev()
+        .take_while(|m| m.role != MessageRole::Tool)
+        .any(|m| m.role == MessageRole::User && m.text_content() == REPROMPT_TEXT_AFTER_FAILURE)
 }
 
 fn record_stagnation(

@@ -1595,7 +1595,14 @@ async fn run_protocol_on(
     live: bool,
     cassette: &str,
 ) -> (Outcome, Vec<(Vec<nerve_core::Message>, usize)>) {
-    run_protocol_in(protocol, live, cassette, EngineConfig::default()).await
+    run_protocol_in(
+        protocol,
+        live,
+        cassette,
+        EngineConfig::default(),
+        EchoTools::default(),
+    )
+    .await
 }
 
 /// [`run_protocol_on`] with `config`.
@@ -1604,6 +1611,7 @@ async fn run_protocol_in(
     live: bool,
     cassette: &str,
     config: EngineConfig,
+    tools: EchoTools,
 ) -> (Outcome, Vec<(Vec<nerve_core::Message>, usize)>) {
     let provider = Arc::new(Protocol {
         inner: ScriptedProvider::parse("test", cassette).unwrap(),
@@ -1612,7 +1620,7 @@ async fn run_protocol_in(
         seen: std::sync::Mutex::default(),
     });
     let sink = Arc::new(MemorySink::default());
-    let tools = Arc::new(EchoTools::default());
+    let tools = Arc::new(tools);
     let engine = AgentEngine::new(
         Arc::clone(&provider) as Arc<dyn crate::Provider>,
         Arc::clone(&tools) as Arc<dyn nerve_core::ToolExecutor>,
@@ -1678,6 +1686,105 @@ async fn auto_switches_to_text_calls_when_the_model_writes_one() {
         second[3].text_content(),
         "<tool_response>\n{\"command\":\"ls\"}\n</tool_response>"
     );
+}
+
+/// The re-prompts a run got whose text contains `needle`.
+fn reprompts(outcome: &Outcome, needle: &str) -> usize {
+    outcome
+        .injected()
+        .into_iter()
+        .filter(|t| t.contains(needle))
+        .count()
+}
+
+#[tokio::test]
+async fn a_text_model_that_describes_a_fix_after_a_failure_is_asked_once_to_make_it() {
+    let call = |command: &str| {
+        says(&format!(
+            "<tool_call>\n{{\"name\": \"shell\", \"arguments\": {{\"command\": \"{command}\"}}}}\n</tool_call>"
+        ))
+    };
+    let failing = || EchoTools {
+        fail: true,
+        ..EchoTools::default()
+    };
+    let described = "Change `load_config` to return the default when the key is missing.";
+    const ASKED: &str = "nothing you described has been done";
+    // Asked, the model insists: its second answer ends the run (the limit would allow two).
+    let (outcome, _) = run_protocol_in(
+        crate::ToolProtocol::Text,
+        false,
+        &lines(&[
+            call("pytest"),
+            says(described),
+            says("It cannot be done."),
+            says("never read"),
+        ]),
+        EngineConfig::default(),
+        failing(),
+    )
+    .await;
+    assert_eq!(reprompts(&outcome, ASKED), 1);
+    assert_eq!(outcome.result.context.turn_count(), 3);
+    let last = outcome.result.context.messages.last().unwrap();
+    assert_eq!(last.text_content(), "It cannot be done.");
+
+    // Asked, the model makes the change (a call, which fails again here) and describes
+    // again: the new failure is asked about once more.
+    let cassette = lines(&[
+        call("pytest"),
+        says(described),
+        call("edit"),
+        says(described),
+        says("It cannot be done."),
+        says("never read"),
+    ]);
+    let (outcome, _) = run_protocol_in(
+        crate::ToolProtocol::Text,
+        false,
+        &cassette,
+        EngineConfig::default(),
+        failing(),
+    )
+    .await;
+    assert_eq!(
+        outcome.result.termination_reason,
+        TerminationReason::Completed
+    );
+    assert_eq!(reprompts(&outcome, ASKED), 2);
+    assert_eq!(outcome.tools.calls.lock().unwrap().len(), 2);
+    assert_eq!(outcome.result.context.turn_count(), 5);
+
+    // The same answers from a model on native tools stand: its text is its answer.
+    let native = lines(&[tool("pytest"), says(described), says("never read")]);
+    let outcome = run(&native, EngineConfig::default(), failing()).await;
+    assert_eq!(reprompts(&outcome, ASKED), 0);
+    assert_eq!(outcome.result.context.turn_count(), 2);
+
+    // After a call that succeeded, a text model's answer stands.
+    let (outcome, _) = run_protocol(
+        crate::ToolProtocol::Text,
+        &lines(&[call("pytest"), says("All tests pass."), says("never read")]),
+    )
+    .await;
+    assert_eq!(reprompts(&outcome, ASKED), 0);
+    assert_eq!(outcome.result.context.turn_count(), 2);
+
+    // `premature_end_retries = 0` turns the guard off.
+    let config = EngineConfig {
+        premature_end_retries: 0,
+        ..EngineConfig::default()
+    };
+    let (outcome, _) = run_protocol_in(
+        crate::ToolProtocol::Text,
+        false,
+        &lines(&[call("pytest"), says(described), says("never read")]),
+        config,
+        failing(),
+    )
+    .await;
+    assert_eq!(reprompts(&outcome, ASKED), 0);
+    assert_eq!(outcome.result.context.turn_count(), 2);
 }
 
 #[tokio::test]
@@ -1912,8 +2019,14 @@ async fn a_runaway_retry_is_fitted_again_with_its_note_at_a_small_window() {
         };
         config.compaction.soft_percent = 100;
         config.compaction.hard_percent = 100;
-        let (outcome, seen) =
-            run_protocol_in(crate::ToolProtocol::Native, true, &cassette, config).await;
+        let (outcome, seen) = run_protocol_in(
+            crate::ToolProtocol::Native,
+            true,
+            &cassette,
+            config,
+            EchoTools::default(),
+        )
+        .await;
         let events = outcome.events();
         let Some(ran_away) = events
             .iter()
