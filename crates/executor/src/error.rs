@@ -83,11 +83,14 @@ pub enum Error {
         path: String,
     },
 
-    /// `edit_file`'s `old_text` does not occur (or is empty). The model should re-read the file.
-    #[error("old_text not found in {path}")]
+    /// `edit_file`'s `old_text` does not occur (or is empty). The model should re-read the
+    /// file, or copy the most similar lines the hint shows.
+    #[error("old_text not found in {path}{hint}")]
     NoMatch {
         /// The path as the request gave it.
         path: String,
+        /// Empty, or where the most similar text is (`closest::hint`), on the same line.
+        hint: String,
     },
 
     /// `edit_file`'s `old_text` occurs more than once and `replace_all` is false.

@@ -205,6 +205,7 @@ pub(crate) fn edit_file(
     if count == 0 {
         return Err(Error::NoMatch {
             path: path.to_owned(),
+            hint: crate::closest::hint(&text, &request.old_text),
         });
     }
     if count > 1 && !request.replace_all {
@@ -498,6 +499,15 @@ mod tests {
             Err("old_text matches 3 times in f.txt; pass replace_all or give more context"),
         );
         check_edit("abc", "zzz", "y", false, Err("old_text not found in f.txt"));
+        check_edit(
+            "def f():\n    return 1\n",
+            "return 2",
+            "return 3",
+            false,
+            Err(
+                "old_text not found in f.txt; the most similar text is line 2, as a JSON string: \"    return 1\"",
+            ),
+        );
         check_edit(
             "abc",
             "",

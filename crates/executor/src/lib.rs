@@ -17,6 +17,7 @@
 //! knows about Docker or the host, which only sees the protocol module.
 
 mod args;
+mod closest;
 mod confine;
 mod control;
 mod error;
