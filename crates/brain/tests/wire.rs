@@ -2176,11 +2176,12 @@ async fn an_edit_with_an_unescaped_docstring_and_raw_line_breaks_is_repaired() {
 }
 
 /// A `<tool_call>` block with a raw line break in its command, and a bare call missing its
-/// last brace at the end of an answer: each repaired and run.
+/// last brace at the end of an answer: each repaired and run. (The command fails, so the
+/// text answer after it is asked once to make the change it describes: a second answer.)
 #[tokio::test]
 async fn a_raw_line_break_and_a_missing_last_brace_are_repaired() {
     let tagged = "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"cd tests &&\npython3 -m pytest -q\"}}\n</tool_call>";
-    let (reason, events, calls) = run_qwen(&[tagged, "Done."]).await;
+    let (reason, events, calls) = run_qwen(&[tagged, "Done.", "Done."]).await;
     assert_eq!(reason, TerminationReason::Completed);
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(
@@ -2194,7 +2195,7 @@ async fn a_raw_line_break_and_a_missing_last_brace_are_repaired() {
         )]
     );
     let bare = "Let me run the tests.\n{\"name\": \"shell\", \"arguments\": {\"command\": \"python3 -m pytest -q\"}";
-    let (reason, events, calls) = run_qwen(&[bare, "Done."]).await;
+    let (reason, events, calls) = run_qwen(&[bare, "Done.", "Done."]).await;
     assert_eq!(reason, TerminationReason::Completed);
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(
@@ -2222,7 +2223,7 @@ async fn prose_examples_and_calls_beyond_repair_are_left_alone() {
         assert!(!switched(&events), "{answer}");
     }
     let cut = "<tool_call>\n{\"name\": \"write_file\", \"arguments\": {\"path\": \"a.py\", \"content\": \"def f():\n    return \"x";
-    let (reason, events, calls) = run_qwen(&[cut, "Done."]).await;
+    let (reason, events, calls) = run_qwen(&[cut, "Done.", "Done."]).await;
     assert_eq!(reason, TerminationReason::Completed);
     assert!(calls.is_empty(), "{calls:?}");
     let results = results(&events);

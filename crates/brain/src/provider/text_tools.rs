@@ -90,10 +90,15 @@ pub(crate) fn parse(text: &str, tools: &[ToolDefinition], strict: bool) -> Vec<T
     let known = |name: &str| tools.iter().any(|tool| tool.name == name);
     let keys = member_keys(tools);
     let mut calls = Vec::new();
-    for block in blocks(text, &keys) {
+    let blocks = blocks(text, &keys);
+    let alone = matches!(blocks.as_slice(), [only] if is_whole_answer(text, only.body));
+    for block in blocks {
         let call = read_block(block.body, &keys);
         let counts = match (&call.name, block.tagged) {
             (Some(name), _) if known(name) => true,
+            // The whole answer is one well-formed call: meant as a call, whatever it names
+            // (an unknown tool gets an error result that lists the tools).
+            (Some(_), _) if alone && call.arguments.is_ok() => true,
             (_, true) => !strict,
             (Some(_), false) => !strict && call.arguments.is_ok(),
             (None, false) => false,
@@ -230,6 +235,17 @@ fn objects(body: &str) -> Option<Vec<&str>> {
         rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
     }
     (found.len() > 1).then_some(found)
+}
+
+/// Whether `body` is all of `text`: nothing around it but white space, its `<tool_call>`
+/// tags and a code fence.
+fn is_whole_answer(text: &str, body: &str) -> bool {
+    let mut whole = text.trim();
+    if let Some(inner) = whole.strip_prefix(OPEN_TAG) {
+        let inner = inner.trim();
+        whole = inner.strip_suffix(CLOSE_TAG).unwrap_or(inner).trim();
+    }
+    unfenced(whole) == body.trim()
 }
 
 /// `body` without a code fence around it (a model may fence the JSON inside the tags).
@@ -564,16 +580,38 @@ mod tests {
             &[],
             &[],
         );
-        // A call of a tool that does not exist: only leniently (it gets "unknown tool").
+        // A call of a tool that does not exist (it gets "unknown tool"): only leniently,
+        // unless it is the whole answer and well formed.
         check(
-            "```json\n{\"name\": \"run_tests\", \"arguments\": {}}\n```",
+            "Run it like this:\n```json\n{\"name\": \"run_tests\", \"arguments\": {}}\n```",
             &[],
             &["run_tests({})"],
         );
         check(
-            "<tool_call>\n{\"name\": \"run_tests\"}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"run_tests\"}\n</tool_call> and then read it",
             &[],
             &["run_tests({})"],
+        );
+        // Qwen2.5-Coder-1.5B's whole first answer on eval task 09: `python3` is no tool.
+        let alone = "```json\n{\n  \"name\": \"python3\",\n  \"arguments\": {\n    \"command\": \"python3 -m pytest -q\",\n    \"timeout_secs\": 60,\n    \"workdir\": null\n  }\n}\n```";
+        let read =
+            r#"python3({"command":"python3 -m pytest -q","timeout_secs":60,"workdir":null})"#;
+        check(alone, &[read], &[read]);
+        check(
+            "<tool_call>\n{\"name\": \"run_tests\", \"arguments\": {}}\n</tool_call>",
+            &["run_tests({})"],
+            &["run_tests({})"],
+        );
+        check(
+            "  {\"name\": \"run_tests\", \"arguments\": {}}\n",
+            &["run_tests({})"],
+            &["run_tests({})"],
+        );
+        // Alone but not a well-formed call: not a call of an unknown tool.
+        check(
+            "```json\n{\"name\": \"run_tests\", \"arguments\": [1]}\n```",
+            &[],
+            &[],
         );
     }
 
