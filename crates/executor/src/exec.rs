@@ -482,6 +482,20 @@ mod tests {
 
     /// Runs `command` and writes a line to its request channel after `after`.
     fn interrupted(command: &str, after: Duration, grace: Option<Duration>) -> ExecOutput {
+        // An ignored SIGINT is inherited by the command, which then outlives its interrupt:
+        // say so rather than fail on the signal it died of.
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let ignored = status
+            .lines()
+            .find_map(|line| line.strip_prefix("SigIgn:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .unwrap_or(0);
+        assert_eq!(
+            ignored & (1 << (rustix::process::Signal::INT.as_raw() - 1)),
+            0,
+            "SIGINT is ignored in this test process (started in the background by a shell \
+             without job control?): run it with `env --default-signal=INT`"
+        );
         let (host, executor) = std::os::unix::net::UnixStream::pair().unwrap();
         let writer = std::thread::spawn(move || {
             std::thread::sleep(after);
